@@ -1,0 +1,17 @@
+"""The ``ledgerq`` command."""
+
+from __future__ import annotations
+
+import click
+
+from ledgerq import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ledgerq")
+def cli() -> None:
+    """Ordered, lossless batch submission to distributed ledgers."""
+
+
+def main() -> None:
+    cli()

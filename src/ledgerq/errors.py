@@ -1,0 +1,77 @@
+"""One error hierarchy for the whole package.
+
+Driver and library errors are translated at the edge (``raise ... from exc``);
+every message says what went wrong and, where it can, what to do.
+"""
+
+from __future__ import annotations
+
+
+class LedgerqError(Exception):
+    """Root of every error ledgerq raises on purpose."""
+
+
+class ConfigError(LedgerqError):
+    """A configuration value is missing or invalid; the message names the key."""
+
+
+class InvalidBatchError(LedgerqError):
+    """A BatchList, batch or transaction broke a rule of the Sawtooth format.
+
+    ``batch_id`` / ``transaction_id`` name the offender when known; ``rule``
+    is a short machine-readable name of the broken rule.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rule: str,
+        batch_id: str | None = None,
+        transaction_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.batch_id = batch_id
+        self.transaction_id = transaction_id
+
+
+class StoreError(LedgerqError):
+    """The batch tracking store failed."""
+
+
+class StoreUnavailableError(StoreError):
+    """The database cannot be reached; retry later or check the URL."""
+
+
+class DuplicateBatchError(StoreError):
+    """A batch id (per service) or data change id is already tracked."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        batch_id: str | None = None,
+        data_change_id: str | None = None,
+        service_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.batch_id = batch_id
+        self.data_change_id = data_change_id
+        self.service_id = service_id
+
+
+class BatchNotFoundError(StoreError):
+    """No tracked batch has that id (or data change id) in that service."""
+
+
+class SchemaVersionError(StoreError):
+    """The database schema is older, newer or unknown to this ledgerq."""
+
+
+class FencedOffError(StoreError):
+    """This instance no longer holds the claim it acted on; the write did not land."""
+
+
+class LedgerError(LedgerqError):
+    """A ledger (DLT) call failed."""

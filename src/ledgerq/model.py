@@ -1,0 +1,231 @@
+"""The batch tracking model: the seed's structs as immutable, typed values.
+
+These values cross every boundary of the gateway (codec → store → queuer →
+submitter → monitor). They are plain frozen dataclasses; no driver type ever
+appears in them.
+
+Conventions a caller relies on:
+
+* ``batch_header`` *is* the batch id (the batch header signature, 128 hex
+  characters for secp256k1); ``transaction_header`` is the transaction id.
+* ``service_id`` is never ``None``: ledgers without services (plain Sawtooth)
+  use :data:`NO_SERVICE`, a value no Splinter service id can take.
+* Timestamps are integer **milliseconds** since the Unix epoch (UTC). The seed
+  used whole seconds, which cannot order sub-second events; see
+  ``docs/schema.md``.
+* ``seq`` is the store's acceptance order: strictly increasing in the order
+  batches were accepted, across requests and within one ``BatchList``. It is
+  ``None`` until the batch has been stored.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import ClassVar, TypeAlias
+
+#: Stands in for the service id of ledgers without services. Splinter service
+#: ids are ``circuit::service`` with alphanumeric parts, so a leading ``#``
+#: can never collide with one.
+NO_SERVICE = "#none"
+
+#: Longest accepted service id: a Splinter circuit id (11 characters), ``::``
+#: and a service id (4 characters) make 17, the seed's VARCHAR(17). We allow
+#: more room for Sawtooth-only deployments that name their scopes freely.
+MAX_SERVICE_ID_LENGTH = 64
+
+
+class BatchStatusName(enum.StrEnum):
+    """The status of a batch without its transaction details."""
+
+    UNKNOWN = "Unknown"
+    PENDING = "Pending"
+    DELAYED = "Delayed"
+    INVALID = "Invalid"
+    VALID = "Valid"
+    COMMITTED = "Committed"
+
+    @property
+    def is_final(self) -> bool:
+        return self in _FINAL
+
+    @classmethod
+    def parse(cls, value: str) -> BatchStatusName:
+        """Accept ``Committed``, ``committed`` or ``COMMITTED``."""
+        for member in cls:
+            if member.value.lower() == value.strip().lower():
+                return member
+        valid = ", ".join(m.value for m in cls)
+        raise ValueError(f"unknown batch status {value!r}; expected one of {valid}")
+
+
+_FINAL = frozenset({BatchStatusName.INVALID, BatchStatusName.VALID, BatchStatusName.COMMITTED})
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidTransaction:
+    transaction_id: str
+    # Errors from the DLT itself.
+    error_message: str | None = None
+    error_data: bytes | None = None
+    # Other errors, such as a 404 when attempting to submit to the DLT.
+    external_error_status: str | None = None
+    external_error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ValidTransaction:
+    transaction_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Status:
+    name: ClassVar[BatchStatusName]
+
+    @property
+    def is_final(self) -> bool:
+        return self.name.is_final
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown(_Status):
+    """The ledger does not know the batch (it lost it, or never got it)."""
+
+    name: ClassVar[BatchStatusName] = BatchStatusName.UNKNOWN
+
+
+@dataclass(frozen=True, slots=True)
+class Pending(_Status):
+    """The ledger has the batch and has not decided yet."""
+
+    name: ClassVar[BatchStatusName] = BatchStatusName.PENDING
+
+
+@dataclass(frozen=True, slots=True)
+class Delayed(_Status):
+    """The ledger was busy (503/429) after every retry; wait out the delay window."""
+
+    name: ClassVar[BatchStatusName] = BatchStatusName.DELAYED
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid(_Status):
+    """Final: the ledger rejected the batch; never resubmitted."""
+
+    transactions: tuple[InvalidTransaction, ...] = ()
+    name: ClassVar[BatchStatusName] = BatchStatusName.INVALID
+
+
+@dataclass(frozen=True, slots=True)
+class Valid(_Status):
+    """Final: the ledger validated the batch."""
+
+    transactions: tuple[ValidTransaction, ...] = ()
+    name: ClassVar[BatchStatusName] = BatchStatusName.VALID
+
+
+@dataclass(frozen=True, slots=True)
+class Committed(_Status):
+    """Final: the batch is on the ledger."""
+
+    transactions: tuple[ValidTransaction, ...] = ()
+    name: ClassVar[BatchStatusName] = BatchStatusName.COMMITTED
+
+
+BatchStatus: TypeAlias = Unknown | Pending | Delayed | Invalid | Valid | Committed
+
+
+def status_from_name(
+    name: BatchStatusName,
+    *,
+    valid: tuple[ValidTransaction, ...] = (),
+    invalid: tuple[InvalidTransaction, ...] = (),
+) -> BatchStatus:
+    """Build a status from its name and, for final ones, its transactions."""
+    match name:
+        case BatchStatusName.UNKNOWN:
+            return Unknown()
+        case BatchStatusName.PENDING:
+            return Pending()
+        case BatchStatusName.DELAYED:
+            return Delayed()
+        case BatchStatusName.INVALID:
+            return Invalid(invalid)
+        case BatchStatusName.VALID:
+            return Valid(valid)
+        case BatchStatusName.COMMITTED:
+            return Committed(valid)
+
+
+@dataclass(frozen=True, slots=True)
+class SubmissionError:
+    error_type: str
+    error_message: str
+
+
+@dataclass(frozen=True, slots=True)
+class TrackingTransaction:
+    family_name: str
+    family_version: str
+    transaction_header: str
+    payload: bytes
+    signer_public_key: str
+    service_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionReceipt:
+    transaction_id: str
+    result_valid: bool
+    error_message: str | None = None
+    error_data: bytes | None = None
+    # The seed typed this String in the struct and BYTEA in the table; it is
+    # the ledger's serialized receipt, so bytes.
+    serialized_receipt: bytes = b""
+    external_status: str | None = None
+    external_error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TrackingBatch:
+    service_id: str
+    batch_header: str
+    data_change_id: str | None
+    signer_public_key: str
+    trace: bool
+    serialized_batch: bytes
+    submitted: bool = False
+    created_at: int = 0
+    transactions: tuple[TrackingTransaction, ...] = ()
+    batch_status: BatchStatus | None = None
+    submission_error: SubmissionError | None = None
+    # ledgerq additions (not in the seed), filled in by the store:
+    seq: int | None = None
+    #: When the submitter last finished an attempt (ms); starts the delay window.
+    last_attempt_at: int | None = None
+    #: How many submission attempts were recorded.
+    attempts: int = 0
+
+    @property
+    def batch_id(self) -> str:
+        return self.batch_header
+
+    @property
+    def status_name(self) -> BatchStatusName | None:
+        return None if self.batch_status is None else self.batch_status.name
+
+    @property
+    def is_final(self) -> bool:
+        return self.batch_status is not None and self.batch_status.is_final
+
+
+@dataclass(frozen=True, slots=True)
+class TrackingBatchList:
+    batches: tuple[TrackingBatch, ...] = field(default_factory=tuple)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[TrackingBatch]:
+        return iter(self.batches)
