@@ -121,7 +121,13 @@ def test_final_batches_are_never_queued_and_never_lock(
         (Unknown(), True),  # being resubmitted
         (Delayed(), True),  # being resubmitted
     ],
-    ids=["submitted-none", "submitted-pending", "pending", "submitted-unknown", "submitted-delayed"],
+    ids=[
+        "submitted-none",
+        "submitted-pending",
+        "pending",
+        "submitted-unknown",
+        "submitted-delayed",
+    ],
 )
 def test_a_batch_in_flight_locks_its_service_and_is_not_queued(
     status: BatchStatus | None, submitted: bool
