@@ -108,7 +108,7 @@ async def test_stale_submission_is_recovered_after_asking_the_ledger() -> None:
 
 
 async def test_event_for_watched_batch_is_applied_and_unlocks_service() -> None:
-    store, ledger, recorder, monitor, _ = setup()
+    store, _ledger, recorder, monitor, _ = setup()
     unlocked: list[str] = []
     recorder.add_unlock_listener(unlocked.append)
     b = batch("a", 1)
@@ -150,7 +150,7 @@ async def test_event_before_accept_is_held_until_accepted() -> None:
 
 
 async def test_unwatched_event_triggers_a_poll() -> None:
-    store, ledger, recorder, monitor, _ = setup(poll_interval_s=30, min_poll_interval_s=0)
+    _store, ledger, _recorder, monitor, _ = setup(poll_interval_s=30, min_poll_interval_s=0)
     ledger.event_queue = asyncio.Queue()
     task = asyncio.create_task(monitor.run())
     for _ in range(20):

@@ -32,7 +32,7 @@ def make(
     return Submitter(store, ledger, recorder, s, sleep=sleeps), recorder, sleeps
 
 
-async def run_until(submitter: Submitter, done: asyncio.Event | None, cond: object) -> None:
+async def run_until(submitter: Submitter, cond: object) -> None:
     task = asyncio.create_task(submitter.run())
     for _ in range(2000):
         if callable(cond) and cond():
@@ -54,7 +54,7 @@ async def test_outcomes_are_recorded() -> None:
         lost.batch_id: [Ambiguous("timeout")],
     }
     submitter, _, sleeps = make(store, ledger, max_retries=2, backoff_initial_ms=10)
-    await run_until(submitter, None, lambda: len(store.writes) >= 10)
+    await run_until(submitter, lambda: len(store.writes) >= 10)
     status = {b: store.batches[b].status_name for b in store.batches}
     assert status[ok.batch_id] is BatchStatusName.PENDING
     assert store.batches[ok.batch_id].submitted
@@ -85,7 +85,7 @@ async def test_retry_after_is_honoured_and_capped() -> None:
     ledger = ScriptedLedger()
     ledger.script = {b.batch_id: [Busy(429, retry_after_ms=700), Busy(429, retry_after_ms=9000)]}
     submitter, _, sleeps = make(store, ledger, backoff_initial_ms=5, backoff_max_ms=1000)
-    await run_until(submitter, None, lambda: store.batches[b.batch_id].status_name is not None)
+    await run_until(submitter, lambda: store.batches[b.batch_id].status_name is not None)
     assert sleeps.calls == [0.7, 1.0]
     assert store.batches[b.batch_id].status_name is BatchStatusName.PENDING
 
@@ -133,8 +133,9 @@ async def test_stop_drains_in_flight_submissions() -> None:
     ledger.gate = asyncio.Event()
     submitter, _, _ = make(store, ledger)
     task = asyncio.create_task(submitter.run())
-    while len(ledger.sent) < 2:
+    for _ in range(100):
         await asyncio.sleep(0)
+    assert len(ledger.sent) == 2
     submitter.stop()
     await asyncio.sleep(0)
     assert not task.done()  # waiting for the two POSTs
