@@ -17,6 +17,10 @@ from ledgerq.commands.bench import bench  # noqa: E402
 
 cli.add_command(bench)
 
+from ledgerq.commands.node import node  # noqa: E402
+
+cli.add_command(node)
+
 
 def main() -> None:
     cli()

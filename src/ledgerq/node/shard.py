@@ -117,7 +117,9 @@ class Shard:
     def _on_acquire_lock(self, msg: KVSAcquireLock) -> None:
         ts = msg.timestamp
         if ts <= self.seen_all:
-            raise RuntimeError(f"shard {self.index}: lock at {ts} after UpdateSeenAll {self.seen_all}")
+            raise RuntimeError(
+                f"shard {self.index}: lock at {ts} after UpdateSeenAll {self.seen_all}"
+            )
         keys = self._keys
         count = 0
         for key, requested in _read_keys(msg):

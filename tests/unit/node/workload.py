@@ -100,8 +100,9 @@ class Issuer:
         if isinstance(msg, TransactionAck):
             self.acks.append(msg)
         elif isinstance(msg, ExecutionSummary):
-            assert msg.tx_id not in self.summaries or True
-            self.summaries.setdefault(msg.tx_id + "@" + str(msg.fingerprint), msg)
+            key = f"{msg.tx_id}@{msg.fingerprint}"
+            assert key not in self.summaries  # one summary per ordering
+            self.summaries[key] = msg
         elif isinstance(msg, SendLog):
             self.logs.append(msg)
         else:

@@ -15,7 +15,7 @@ from typing import Protocol
 from ledgerq.node.messages import KVSDatum, KVSKey
 
 
-class InvalidTransaction(Exception):  # noqa: N818 - Sawtooth's name for it
+class InvalidTransaction(Exception):
     """The transaction is invalid; ``str(exc)`` is the message clients see."""
 
     def __init__(self, message: str, extended_data: bytes = b"") -> None:

@@ -37,7 +37,7 @@ def make_address(name: str) -> str:
 
 class IntkeyHandler:
     family_name = FAMILY_NAME
-    family_versions = ("1.0",)
+    family_versions: tuple[str, ...] = ("1.0",)
 
     def apply(self, transaction: TransactionLike, context: Context) -> None:
         verb, name, value = _unpack(transaction.payload)
