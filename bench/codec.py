@@ -83,7 +83,9 @@ def command(batches: int, per_list: int, rounds: int, write: bool) -> None:
             for i in range(batches):
                 built.append(shape.build(signer, i))
                 bar.advance(task)
-            lists = [encode_batch_list(built[i : i + per_list]) for i in range(0, batches, per_list)]
+            lists = [
+                encode_batch_list(built[i : i + per_list]) for i in range(0, batches, per_list)
+            ]
             size = statistics.mean(len(b.serialized) for b in built)
 
             def verified(lists: list[bytes] = lists) -> None:
