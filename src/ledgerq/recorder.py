@@ -40,7 +40,6 @@ from ledgerq.dlt.base import LedgerBatchStatus
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
-    Delayed,
     Invalid,
     InvalidTransaction,
     Pending,
@@ -134,9 +133,17 @@ class Recorder:
             listener(batch.batch_id, batch.service_id)
 
     async def delayed(self, batch: TrackingBatch, message: str) -> None:
-        await self._write(
-            batch.batch_id, batch.service_id, Delayed(), SubmissionError("busy", message)
+        # Recorded as an attempt, so its time (which starts the delay window)
+        # is the end of the retries, not the start.
+        await self._store.change_batch_to_submitted(
+            batch.batch_id,
+            batch.service_id,
+            None,
+            BatchStatusName.DELAYED,
+            SubmissionError("busy", message),
+            now=self._clock(),
         )
+        self._unlocked(batch.service_id)
 
     async def rejected(self, batch: TrackingBatch, status: int, message: str) -> None:
         # The rejection concerns the whole batch: record it against every
