@@ -21,6 +21,7 @@ from ledgerq.model import (
     TrackingTransaction,
     TransactionReceipt,
     Unknown,
+    status_from_name,
 )
 
 
@@ -60,23 +61,33 @@ class MemoryPipelineStore:
         self,
         batch_id: str,
         service_id: str,
-        transaction_receipts: Sequence[TransactionReceipt] = (),
-        dlt_status: str | None = None,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        dlt_status: str | BatchStatusName | None = None,
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
     ) -> None:
         b = self.batches[batch_id]
-        self.batches[batch_id] = replace(b, submitted=True)
         self.taken_at[batch_id] = now or 0
-        self.writes.append((batch_id, None))
+        if dlt_status is None:
+            self.batches[batch_id] = replace(b, submitted=True, last_attempt_at=now)
+            self.writes.append((batch_id, None))
+        else:
+            await self.update_batch_status(
+                batch_id,
+                service_id,
+                status_from_name(BatchStatusName(dlt_status)),
+                submission_error=submission_error,
+                now=now,
+            )
+            self.batches[batch_id] = replace(self.batches[batch_id], last_attempt_at=now)
 
     async def update_batch_status(
         self,
         id: str,
         service_id: str,
         status: BatchStatus | None,
-        transaction_receipts: Sequence[TransactionReceipt] = (),
+        transaction_receipts: list[TransactionReceipt] | None = None,
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,

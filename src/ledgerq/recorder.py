@@ -32,7 +32,7 @@ ledger: UNKNOWN           ``{not submitted, Unknown}``
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 from ledgerq.clock import Clock, now_ms
@@ -40,7 +40,6 @@ from ledgerq.dlt.base import LedgerBatchStatus
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
-    Delayed,
     Invalid,
     InvalidTransaction,
     Pending,
@@ -63,8 +62,8 @@ class StatusWriter(Protocol):
         self,
         batch_id: str,
         service_id: str,
-        transaction_receipts: Sequence[TransactionReceipt] = (),
-        dlt_status: str | None = None,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        dlt_status: str | BatchStatusName | None = None,
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
@@ -75,16 +74,16 @@ class StatusWriter(Protocol):
         id: str,
         service_id: str,
         status: BatchStatus | None,
-        transaction_receipts: Sequence[TransactionReceipt] = (),
+        transaction_receipts: list[TransactionReceipt] | None = None,
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
     ) -> None: ...
 
 
-def _receipts(status: BatchStatus) -> tuple[TransactionReceipt, ...]:
+def _receipts(status: BatchStatus) -> list[TransactionReceipt]:
     if isinstance(status, Invalid):
-        return tuple(
+        return [
             TransactionReceipt(
                 transaction_id=t.transaction_id,
                 result_valid=False,
@@ -94,11 +93,11 @@ def _receipts(status: BatchStatus) -> tuple[TransactionReceipt, ...]:
                 external_error_message=t.external_error_message,
             )
             for t in status.transactions
-        )
+        ]
     if status.name in (BatchStatusName.COMMITTED, BatchStatusName.VALID):
         txs = getattr(status, "transactions", ())
-        return tuple(TransactionReceipt(t.transaction_id, result_valid=True) for t in txs)
-    return ()
+        return [TransactionReceipt(t.transaction_id, result_valid=True) for t in txs]
+    return []
 
 
 class Recorder:
@@ -125,7 +124,7 @@ class Recorder:
     async def submitting(self, batch: TrackingBatch) -> None:
         """The submitter took ``batch``: ``submitted`` guards it from the queuer."""
         await self._store.change_batch_to_submitted(
-            batch.batch_id, batch.service_id, (), None, None, now=self._clock()
+            batch.batch_id, batch.service_id, None, None, None, now=self._clock()
         )
 
     async def accepted(self, batch: TrackingBatch) -> None:
@@ -134,9 +133,17 @@ class Recorder:
             listener(batch.batch_id, batch.service_id)
 
     async def delayed(self, batch: TrackingBatch, message: str) -> None:
-        await self._write(
-            batch.batch_id, batch.service_id, Delayed(), SubmissionError("busy", message)
+        # Recorded as an attempt, so its time (which starts the delay window)
+        # is the end of the retries, not the start.
+        await self._store.change_batch_to_submitted(
+            batch.batch_id,
+            batch.service_id,
+            None,
+            BatchStatusName.DELAYED,
+            SubmissionError("busy", message),
+            now=self._clock(),
         )
+        self._unlocked(batch.service_id)
 
     async def rejected(self, batch: TrackingBatch, status: int, message: str) -> None:
         # The rejection concerns the whole batch: record it against every

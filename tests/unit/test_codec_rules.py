@@ -345,3 +345,12 @@ def test_longest_service_id_is_accepted() -> None:
     _, encoded = good_batch()
     service_id = "s" * MAX_SERVICE_ID_LENGTH
     assert parse_batch_list(batch_list([encoded]), service_id)[0].service_id == service_id
+
+
+def test_id_checks_come_before_any_signature_check() -> None:
+    # Cheap string checks first, so a malformed batch costs no curve arithmetic.
+    tx = hand_tx(ALICE, b"p", signature="ef" * 64)  # also a bad transaction signature
+    _, encoded = hand_batch(ALICE, [tx, tx], signature="ab" * 64)
+    rejects(batch_list([encoded]), "duplicate_transaction_id")
+    _, encoded = hand_batch(ALICE, [tx], declared_ids=["cd" * 64], signature="ab" * 64)
+    rejects(batch_list([encoded]), "transaction_ids_mismatch")

@@ -56,7 +56,17 @@ DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 
 
 def _short(value: str) -> str:
-    return value if len(value) <= 24 else value[:16] + "…"
+    """``value`` for a message: whole if it could be an id or key, else its start."""
+    return value if len(value) <= SIGNATURE_HEX_LENGTH else value[:16] + "…"
+
+
+def _first_repeated(values: tuple[str, ...]) -> str | None:
+    seen: set[str] = set()
+    for value in values:
+        if value in seen:
+            return value
+        seen.add(value)
+    return None
 
 
 def decode_batch_list(
@@ -136,24 +146,14 @@ def _decode_batch(serialized: bytes, index: int | None, verify: bool) -> ParsedB
             rule="malformed_public_key",
             batch_id=batch_id,
         )
-    if verify and not verify_signature(signer, header_bytes, batch_id):
-        raise InvalidBatchError(
-            f"the header_signature of {where} is not a signature of its header by "
-            f"{signer}; sign the serialized BatchHeader with the signer's key",
-            rule="bad_batch_signature",
-            batch_id=batch_id,
-        )
     if not message.transactions:
         raise InvalidBatchError(
             f"{where} holds no transactions; a batch needs at least one",
             rule="empty_batch",
             batch_id=batch_id,
         )
-    transactions = tuple(
-        _decode_transaction(tx, number, where, batch_id, signer, verify)
-        for number, tx in enumerate(message.transactions)
-    )
-    actual_ids = tuple(tx.header_signature for tx in transactions)
+    # String comparisons first: a batch that fails them costs no signature checks.
+    actual_ids = tuple(tx.header_signature for tx in message.transactions)
     declared_ids = tuple(header.transaction_ids)
     if declared_ids != actual_ids:
         raise InvalidBatchError(
@@ -163,14 +163,25 @@ def _decode_batch(serialized: bytes, index: int | None, verify: bool) -> ParsedB
             rule="transaction_ids_mismatch",
             batch_id=batch_id,
         )
-    if len(set(actual_ids)) != len(actual_ids):
-        duplicate = next(i for i in actual_ids if actual_ids.count(i) > 1)
+    duplicate = _first_repeated(actual_ids)
+    if duplicate is not None:
         raise InvalidBatchError(
-            f"{where} holds transaction {duplicate} more than once",
+            f"{where} holds transaction {_short(duplicate)} more than once",
             rule="duplicate_transaction_id",
             batch_id=batch_id,
             transaction_id=duplicate,
         )
+    if verify and not verify_signature(signer, header_bytes, batch_id):
+        raise InvalidBatchError(
+            f"the header_signature of {where} is not a signature of its header by "
+            f"{signer}; sign the serialized BatchHeader with the signer's key",
+            rule="bad_batch_signature",
+            batch_id=batch_id,
+        )
+    transactions = tuple(
+        _decode_transaction(tx, number, where, batch_id, signer, verify)
+        for number, tx in enumerate(message.transactions)
+    )
     return ParsedBatch(
         header_signature=batch_id,
         signer_public_key=signer,
