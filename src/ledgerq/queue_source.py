@@ -39,6 +39,9 @@ from ledgerq.errors import StoreError
 from ledgerq.model import BatchStatusName, TrackingBatch
 from ledgerq.queuer import DEFAULT_DELAY_WINDOW_MS, RoundStore
 
+#: How soon to hand back to a caller whose ``exclude`` holds back work.
+_DEFERRED_RETRY_S = 0.002
+
 ServiceFilter = Callable[[], Collection[str] | None]
 
 _Key = tuple[str, str]
@@ -110,41 +113,79 @@ class QueueSource:
 
     async def get(self, max_wait: float | None = None) -> TrackingBatch | None:
         """The next batch, waiting up to ``max_wait`` seconds (``None``: for ever)."""
+        batches = await self._wait_for(1, frozenset(), max_wait)
+        return batches[0] if batches else None
+
+    async def next(self) -> TrackingBatch | None:
+        """The next batch without waiting; ``None`` if the store has none."""
+        batches, _ = await self._take(1, frozenset())
+        return batches[0] if batches else None
+
+    async def next_batches(
+        self, limit: int, *, exclude: frozenset[str], timeout_s: float
+    ) -> list[TrackingBatch]:
+        """Up to ``limit`` batches in round order, at most one per service and
+        none of ``exclude``; waits up to ``timeout_s`` for work, else ``[]``.
+
+        This is the submitter's :class:`ledgerq.submitter.BatchSource`.
+        """
+        return await self._wait_for(limit, exclude, timeout_s)
+
+    async def _wait_for(
+        self, limit: int, exclude: frozenset[str], max_wait: float | None
+    ) -> list[TrackingBatch]:
         loop = asyncio.get_running_loop()
         deadline = None if max_wait is None else loop.time() + max_wait
         while True:
             # Cleared before looking, so a wake-up during the query is not lost.
             self._event.clear()
-            batch = await self.next()
-            if batch is not None:
-                return batch
-            wait = self._poll_interval
+            batches, deferred = await self._take(limit, exclude)
+            if batches:
+                return batches
+            wait = _DEFERRED_RETRY_S if deferred else self._poll_interval
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    return None
+                    return []
                 wait = min(wait, remaining)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._event.wait(), wait)
+            if deferred:
+                # Let the caller ask again with its up-to-date ``exclude``.
+                return []
 
-    async def next(self) -> TrackingBatch | None:
-        """The next batch, asking the store at most twice; ``None`` if there is none."""
+    async def _take(self, limit: int, exclude: frozenset[str]) -> tuple[list[TrackingBatch], bool]:
+        """Pop up to ``limit`` batches, asking the store at most twice.
+
+        Also says whether work was *deferred*: picks or wake-ups of services
+        in ``exclude``, kept for when the caller no longer excludes them.
+        """
         async with self._lock:
             now = self._clock()
             self._expire_holds(now)
             if self._woken:
-                woken, self._woken = self._woken, set()
-                targets = self._allowed(woken - self._in_round)
+                woken = self._woken
+                self._woken = woken & exclude
+                targets = self._allowed(woken - self._in_round - exclude)
                 if targets:
                     await self._refill(now, targets)
             if not self._round:
                 await self._refill(now, None)
-            if not self._round:
-                return None
-            batch = self._round.popleft()
-            self._in_round.discard(batch.service_id)
-            self._held[_key(batch)] = _Hold(_version(batch), now)
-            return batch
+            taken: list[TrackingBatch] = []
+            skipped: list[TrackingBatch] = []
+            while self._round and len(taken) < limit:
+                batch = self._round.popleft()
+                if batch.service_id in exclude:
+                    # The caller is still finishing this service's previous
+                    # batch (already final or Unknown in the store): keep the
+                    # pick in place for its next call.
+                    skipped.append(batch)
+                    continue
+                self._in_round.discard(batch.service_id)
+                self._held[_key(batch)] = _Hold(_version(batch), now)
+                taken.append(batch)
+            self._round.extendleft(reversed(skipped))
+            return taken, bool(skipped or self._woken)
 
     def _allowed(self, services: set[str]) -> set[str]:
         if self._services is None:

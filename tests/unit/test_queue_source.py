@@ -277,3 +277,44 @@ async def test_a_store_that_hangs_raises_a_store_error(clock: ManualClock) -> No
 def test_negative_delay_window_is_refused(store: MemoryRounds) -> None:
     with pytest.raises(ValueError, match="delay_window_ms"):
         QueueSource(store, delay_window_ms=-1)
+
+
+async def test_next_batches_serves_up_to_limit_keeping_excluded_picks_for_later(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    a, b, c, d = (store.add(s)[0] for s in "abcd")
+    src = source(store, clock)
+    got = await src.next_batches(2, exclude=frozenset({"b"}), timeout_s=0)
+    assert [x.batch_id for x in got] == [a, c]
+    # The caller was still finishing b's previous batch; now it is free.
+    got = await src.next_batches(5, exclude=frozenset(), timeout_s=0)
+    assert [x.batch_id for x in got] == [b, d]
+
+
+async def test_a_wake_up_for_an_excluded_service_is_kept_until_it_is_free(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    (first, second) = store.add("a", 2)
+    src = source(store, clock, poll_interval=3_600)
+    assert await ids(src, 1) == [first]
+    # Committed and announced before the caller forgot about it.
+    store.update(first, submitted=True, batch_status=Committed())
+    src.wake("a")
+    got = await src.next_batches(5, exclude=frozenset({"a"}), timeout_s=3_600)
+    assert got == []  # handed back at once, not after the hour
+    got = await src.next_batches(5, exclude=frozenset(), timeout_s=0)
+    assert [x.batch_id for x in got] == [second]
+
+
+async def test_next_batches_waits_for_a_wake_up_then_gives_up(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    src = source(store, clock, poll_interval=3_600)
+    assert await src.next_batches(3, exclude=frozenset(), timeout_s=0) == []
+    waiter = asyncio.create_task(src.next_batches(3, exclude=frozenset(), timeout_s=3_600))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    (first,) = store.add("a")
+    src.wake("a")
+    got = await asyncio.wait_for(waiter, 10)
+    assert [x.batch_id for x in got] == [first]
