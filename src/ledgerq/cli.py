@@ -13,5 +13,11 @@ def cli() -> None:
     """Ordered, lossless batch submission to distributed ledgers."""
 
 
+from ledgerq.commands.store import migrate, store  # noqa: E402
+
+cli.add_command(migrate)
+cli.add_command(store)
+
+
 def main() -> None:
     cli()
