@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: run test lint format typecheck bench bench-compare clean
+.PHONY: run test lint format typecheck bench bench-compare clean protos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,17 @@ format: $(VENV)/.dev
 
 bench: $(VENV)/.bench
 	$(BIN)/ledgerq bench all
+
+# Regenerate the Sawtooth protobuf modules from the .proto files kept in the
+# package; the generated files are committed, so this is only needed when the
+# .proto files or the protobuf major version change.
+PROTO_DIR := src/ledgerq/codec/proto
+PROTO_OUT := src/ledgerq/codec
+protos: $(VENV)/.dev
+	$(BIN)/python -m grpc_tools.protoc -I$(PROTO_DIR) --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \
+		$(PROTO_DIR)/batch.proto $(PROTO_DIR)/transaction.proto
+	sed -i 's/^import transaction_pb2 as /from ledgerq.codec import transaction_pb2 as /' \
+		$(PROTO_OUT)/batch_pb2.py $(PROTO_OUT)/batch_pb2.pyi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

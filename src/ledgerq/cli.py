@@ -13,6 +13,10 @@ def cli() -> None:
     """Ordered, lossless batch submission to distributed ledgers."""
 
 
+from ledgerq.commands.bench import bench  # noqa: E402
+
+cli.add_command(bench)
+
 from ledgerq.commands.store import migrate, store  # noqa: E402
 
 cli.add_command(migrate)

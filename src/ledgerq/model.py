@@ -221,6 +221,21 @@ class TrackingBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class Fence:
+    """The claim a write on behalf of a service is made under.
+
+    A fenced store write lands only if ``instance_id`` still holds the claim on
+    the batch's service at ``epoch``; the epoch grows on every hand-over, so an
+    instance that lost a claim (even one it later took back) cannot write with
+    the fence it held before. Used by PostgreSQL stores shared by several
+    gateway instances; single-instance stores take ``fence=None``.
+    """
+
+    instance_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class TrackingBatchList:
     batches: tuple[TrackingBatch, ...] = field(default_factory=tuple)
 

@@ -1,0 +1,1 @@
+"""The ``ledgerq`` subcommands, one module per area; ``ledgerq.cli`` registers them."""

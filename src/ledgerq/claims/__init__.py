@@ -1,0 +1,20 @@
+"""High availability: gateway instances share services through claims.
+
+* :class:`ClaimManager` — claims, two-phase expiry, fair share and hand-over
+  on a shared PostgreSQL database (see :mod:`ledgerq.claims.manager`);
+* :class:`ClaimSettings` — their timing, with the trade-offs of each default;
+* :class:`SingleInstanceLock` — refuses a second gateway on one SQLite file.
+"""
+
+from ledgerq.claims.lock import SingleInstanceLock
+from ledgerq.claims.manager import ClaimManager, CycleReport, HeldClaim
+from ledgerq.claims.settings import ClaimSettings, generate_instance_id
+
+__all__ = [
+    "ClaimManager",
+    "ClaimSettings",
+    "CycleReport",
+    "HeldClaim",
+    "SingleInstanceLock",
+    "generate_instance_id",
+]

@@ -1,0 +1,266 @@
+"""One validated settings object, built from flags over ``LEDGERQ_*`` environment
+variables over a TOML file over defaults, and passed down explicitly.
+
+Keys are dotted (``submitter.slots``). In the TOML file they are tables
+(``[submitter]`` / ``slots = 64``) or top-level keys (``db = "..."``); in the
+environment ``LEDGERQ_`` + the key upper-cased with dots as underscores
+(``LEDGERQ_SUBMITTER_SLOTS=64``); as flags, whatever the command maps onto
+them. The file is ``--config PATH``, else ``$LEDGERQ_CONFIG``, else
+``ledgerq.toml`` in the working directory if present.
+
+An invalid value is refused with :class:`~ledgerq.errors.ConfigError` naming
+the key and where the value came from. :attr:`Settings.sources` records, for
+every key, which layer its value came from (``default``, ``file``, ``env``,
+``flag``), for ``ledgerq config show``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ledgerq.errors import ConfigError
+from ledgerq.monitor import MonitorSettings
+from ledgerq.submitter import SubmitterSettings
+
+ENV_PREFIX = "LEDGERQ_"
+DEFAULT_CONFIG_FILE = "ledgerq.toml"
+
+
+def parse_bind(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` → (host, port); raises ``ValueError`` with what is wrong."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} is out of range 0-65535")
+    return host.strip("[]"), port
+
+
+def _ledger(value: str) -> str:
+    if value == "node" or value.startswith(
+        ("sawtooth+http://", "sawtooth+https://", "splinter+http://", "splinter+https://")
+    ):
+        return value
+    raise ValueError(f"{value!r}: use node, sawtooth+http://HOST:PORT or splinter+http://HOST:PORT")
+
+
+def _db(value: str) -> str:
+    if value.startswith(("sqlite:///", "postgresql://", "postgres://", "memory://")):
+        return value
+    raise ValueError(f"{value!r}: use sqlite:///PATH, postgresql://... or memory://")
+
+
+def _bind(value: str) -> str:
+    parse_bind(value)
+    return value
+
+
+def _positive(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        v = kind(value)
+        if v <= 0:
+            raise ValueError(f"{value!r} must be greater than 0")
+        return v
+
+    return check
+
+
+def _non_negative(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        v = kind(value)
+        if v < 0:
+            raise ValueError(f"{value!r} must not be negative")
+        return v
+
+    return check
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not a boolean (true/false)")
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not an integer")
+    return int(value)
+
+
+def _log_level(value: str) -> str:
+    level = str(value).upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(f"{value!r}: use debug, info, warning or error")
+    return level
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+
+
+KEYS: tuple[Key, ...] = (
+    Key("db", _db, "sqlite:///ledgerq.sqlite3", "batch tracking store URL"),
+    Key("ledger", _ledger, "node", "node (in-process), sawtooth+http://H:P or splinter+http://H:P"),
+    Key("bind", _bind, "127.0.0.1:8080", "HOST:PORT the gateway listens on"),
+    Key("node.data_dir", str, "", "in-process node data directory (default: next to the db)"),
+    Key("node.shards", _positive(_int), 4, "in-process node shard count"),
+    Key("node.ephemeral", _bool, False, "in-process node keeps nothing on disk"),
+    Key("delay_window_ms", _non_negative(_int), 15_000, "wait after a Delayed batch (ms)"),
+    Key("max_body_bytes", _positive(_int), 10 * 1024 * 1024, "largest accepted BatchList"),
+    Key("submitter.slots", _positive(_int), 256, "concurrent submissions"),
+    Key("submitter.max_retries", _non_negative(_int), 5, "busy retries before Delayed"),
+    Key("submitter.backoff_initial_ms", _non_negative(_int), 20, "first retry backoff (ms)"),
+    Key("submitter.backoff_max_ms", _non_negative(_int), 2_000, "longest retry backoff (ms)"),
+    Key("submitter.poll_timeout_s", _positive(float), 1.0, "queue poll fallback (s)"),
+    Key("ledger_timeout.connect_s", _positive(float), 3.0, "ledger connect timeout (s)"),
+    Key("ledger_timeout.submit_s", _positive(float), 10.0, "ledger POST timeout (s)"),
+    Key("monitor.poll_interval_s", _positive(float), 1.0, "status poll fallback (s)"),
+    Key("monitor.wait_s", _non_negative(float), 1.0, "long-poll wait of a status read (s)"),
+    Key("monitor.stale_after_ms", _positive(_int), 60_000, "recover {submitted, None} after (ms)"),
+    Key("log.level", _log_level, "INFO", "debug, info, warning or error"),
+    Key("log.json", _bool, False, "JSON log lines"),
+)
+_BY_NAME = {k.name: k for k in KEYS}
+
+
+def env_name(key: str) -> str:
+    return ENV_PREFIX + key.upper().replace(".", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    values: Mapping[str, Any]
+    sources: Mapping[str, str] = field(default_factory=dict)
+    config_file: str | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @property
+    def db(self) -> str:
+        return str(self.values["db"])
+
+    @property
+    def ledger(self) -> str:
+        return str(self.values["ledger"])
+
+    @property
+    def bind(self) -> tuple[str, int]:
+        return parse_bind(self.values["bind"])
+
+    @property
+    def node_data_dir(self) -> Path:
+        configured = self.values["node.data_dir"]
+        if configured:
+            return Path(configured)
+        if self.db.startswith("sqlite:///"):
+            db_path = Path(self.db.removeprefix("sqlite:///"))
+            return db_path.with_name(db_path.stem + "-node")
+        return Path("ledgerq-data") / "node"
+
+    @property
+    def submitter(self) -> SubmitterSettings:
+        v = self.values
+        return SubmitterSettings(
+            slots=v["submitter.slots"],
+            max_retries=v["submitter.max_retries"],
+            backoff_initial_ms=v["submitter.backoff_initial_ms"],
+            backoff_max_ms=v["submitter.backoff_max_ms"],
+            poll_timeout_s=v["submitter.poll_timeout_s"],
+        )
+
+    @property
+    def monitor(self) -> MonitorSettings:
+        v = self.values
+        return MonitorSettings(
+            poll_interval_s=v["monitor.poll_interval_s"],
+            wait_s=v["monitor.wait_s"],
+            stale_after_ms=v["monitor.stale_after_ms"],
+        )
+
+
+def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+    cwd: Path | None = None,
+) -> Settings:
+    """Build and validate the settings; raises ``ConfigError`` naming the key."""
+    env = os.environ if environ is None else environ
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+
+    path: Path | None = None
+    if config_file is not None:
+        path = Path(config_file)
+    elif env.get(ENV_PREFIX + "CONFIG"):
+        path = Path(env[ENV_PREFIX + "CONFIG"])
+    else:
+        candidate = (cwd or Path.cwd()) / DEFAULT_CONFIG_FILE
+        path = candidate if candidate.is_file() else None
+    if path is not None:
+        try:
+            doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read the configuration file {path}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from exc
+        from_file = _flatten(doc)
+        unknown = sorted(set(from_file) - set(_BY_NAME))
+        if unknown:
+            raise ConfigError(
+                f"unknown key {unknown[0]!r} in {path}; known keys: {', '.join(_BY_NAME)}"
+            )
+        layers.append(("file", from_file))
+
+    layers.append(
+        ("env", {k.name: env[env_name(k.name)] for k in KEYS if env.get(env_name(k.name))})
+    )
+    layers.append(("flag", {k: v for k, v in (flags or {}).items() if v is not None}))
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key in KEYS:
+        raw, source = key.default, "default"
+        for layer_name, layer in layers:
+            if key.name in layer:
+                raw, source = layer[key.name], layer_name
+        try:
+            values[key.name] = key.parse(raw)
+        except (TypeError, ValueError) as exc:
+            where = {"env": env_name(key.name), "file": str(path), "flag": "command line"}.get(
+                source, "defaults"
+            )
+            raise ConfigError(f"invalid {key.name} (from {where}): {exc}") from exc
+        sources[key.name] = source
+    settings = Settings(values, sources, str(path) if path else None)
+    # Cross-key checks live in the component settings; surface them now.
+    settings.submitter  # noqa: B018
+    settings.monitor  # noqa: B018
+    return settings

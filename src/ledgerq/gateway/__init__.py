@@ -1,0 +1,1 @@
+"""The gateway: REST API, queue source, submitter and monitor around one store."""

@@ -1,0 +1,152 @@
+"""The gateway: API, queue source, submitter and monitor wired around one store.
+
+:class:`Gateway` owns nothing it did not build: the caller opens the store
+and the ledger client (and closes them after :meth:`Gateway.run` returns).
+
+Wake-ups are event driven inside the process: an accepted ``POST /batches``
+wakes the queue source for its services, and every recorder write that
+frees a service (a final status, ``Unknown``, ``Delayed``) wakes the queue
+source for that service and the long-polling ``/batch_statuses`` readers.
+Between processes (several gateways on one PostgreSQL) a
+:class:`~ledgerq.gateway.notify.PgWakeups` relays the same wake-ups over
+``LISTEN``/``NOTIFY``. Polling (``submitter.poll_timeout_s``,
+``monitor.poll_interval_s``) is the fallback only.
+
+:meth:`Gateway.stop` stops accepting work: the submitter drains its
+in-flight submissions (each is recorded), the monitor stops, the HTTP server
+closes; then :meth:`Gateway.run` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from ledgerq.clock import Clock, now_ms
+from ledgerq.config import Settings
+from ledgerq.dlt.base import LedgerClient
+from ledgerq.gateway.api import ApiStore, Changes, GatewayApi
+from ledgerq.gateway.sources import ListingStore, StoreMonitorSource, SubmitterQueue
+from ledgerq.model import TrackingBatch
+from ledgerq.monitor import Monitor
+from ledgerq.queue_source import QueueSource
+from ledgerq.queuer import RoundStore
+from ledgerq.recorder import Recorder, StatusWriter
+from ledgerq.submitter import Submitter
+
+log = logging.getLogger(__name__)
+
+
+class GatewayStore(ApiStore, ListingStore, RoundStore, StatusWriter, Protocol):
+    """Every store role the gateway uses."""
+
+
+class Wakeups(Protocol):
+    """Relays wake-ups to other processes."""
+
+    def publish(self, service_id: str) -> None: ...
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: Settings,
+        store: GatewayStore,
+        ledger: LedgerClient,
+        *,
+        clock: Clock = now_ms,
+        check_service_id: Callable[[str], None] = lambda _s: None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.ledger = ledger
+        self.changes = Changes()
+        self.recorder = Recorder(store, clock=clock)
+        self.queue = QueueSource(
+            store,
+            clock=clock,
+            delay_window_ms=settings["delay_window_ms"],
+            poll_interval=settings.submitter.poll_timeout_s,
+        )
+        self.submitter = Submitter(
+            SubmitterQueue(self.queue), ledger, self.recorder, settings.submitter
+        )
+        self.monitor = Monitor(
+            StoreMonitorSource(store),
+            ledger,
+            self.recorder,
+            settings.monitor,
+            clock=clock,
+            held=self.submitter.held_batches,
+        )
+        self.api = GatewayApi(
+            store,
+            on_accepted=self._accepted,
+            check_service_id=check_service_id,
+            is_ready=lambda: self._running,
+            max_body_bytes=settings["max_body_bytes"],
+            changes=self.changes,
+            clock=clock,
+        )
+        self.recorder.add_unlock_listener(self.wake)
+        self._wakeups: list[Wakeups] = []
+        self._running = False
+        self._stop = asyncio.Event()
+        self.port: int | None = None
+        self.started = asyncio.Event()
+
+    def add_wakeups(self, relay: Wakeups) -> None:
+        self._wakeups.append(relay)
+
+    def wake(self, service_id: str, *, relay: bool = True) -> None:
+        """A service's state changed: look for its next batch now."""
+        self.queue.wake(service_id)
+        self.changes.notify(service_id)
+        if relay:
+            for w in self._wakeups:
+                w.publish(service_id)
+
+    def _accepted(self, batches: Sequence[TrackingBatch]) -> None:
+        for service_id in {b.service_id for b in batches}:
+            self.wake(service_id)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, *, extra: Sequence[Any] = ()) -> None:
+        """Serve until :meth:`stop`; ``extra``: more coroutines to run alongside."""
+        host, port = self.settings.bind
+        runner = web.AppRunner(self.api.app(), access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+            self.port = runner.addresses[0][1]
+            log.info(
+                "gateway listening on http://%s:%s, ledger %s",
+                host,
+                self.port,
+                self.ledger.description,
+            )
+            async with asyncio.TaskGroup() as tasks:
+                submitter = tasks.create_task(self.submitter.run())
+                monitor = tasks.create_task(self.monitor.run())
+                others = [tasks.create_task(c) for c in extra]
+                self._running = True
+                self.started.set()
+                await self._stop.wait()
+                self._running = False
+                log.info("gateway stopping: draining in-flight submissions")
+                self.submitter.stop()
+                await submitter
+                self.monitor.stop()
+                await monitor
+                for t in others:
+                    t.cancel()
+        finally:
+            await runner.cleanup()
+        log.info("gateway stopped")

@@ -1,0 +1,242 @@
+"""The queue the submitter pulls from, one batch at a time.
+
+:class:`QueueSource` serves the one-round serial queuer's rounds
+(:class:`ledgerq.queuer.RoundStore.queue_round`) to the submitter:
+
+* **One round at a time.** When the current round is used up, the next pull
+  asks the store for a new one. Every service with work has one batch in a
+  round, so a service with 10,000 waiting batches delays a service with one
+  batch by at most the rest of the current round.
+* **Woken, not polled.** :meth:`QueueSource.wake` says a service's state
+  changed in the store (a batch accepted, committed, found ``Unknown``...).
+  The next pull then asks the store for that service's pick and appends it to
+  the *end* of the current round, unless the service already has a batch
+  waiting in it — so a busy service still gets at most one batch per round
+  position and nobody is overtaken. Waiters in :meth:`QueueSource.get` return
+  at once; without a wake-up they look again every ``poll_interval`` (for
+  ``Delayed`` batches whose window passes, which no event announces).
+* **Never twice.** A batch handed out is *held* until the store shows it
+  changed (a new status, attempt count or attempt time), a round that covers
+  its service no longer contains it, or ``hold_ms`` passes (the submitter
+  died before recording anything). Until then it is not handed out again,
+  even if the store — not yet told ``submitted = true`` — still queues it.
+* A round is a snapshot: the submitter records ``submitted = true`` (fenced,
+  under HA) before posting, and must treat a refused write as "not mine".
+
+``wake`` must be called after the store write it announces has committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from ledgerq.clock import Clock, now_ms
+from ledgerq.errors import StoreError
+from ledgerq.model import BatchStatusName, TrackingBatch
+from ledgerq.queuer import DEFAULT_DELAY_WINDOW_MS, RoundStore
+
+#: How soon to hand back to a caller whose ``exclude`` holds back work.
+_DEFERRED_RETRY_S = 0.002
+
+ServiceFilter = Callable[[], Collection[str] | None]
+
+_Key = tuple[str, str]
+_Version = tuple[BatchStatusName | None, int, int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    version: _Version
+    taken_at: int
+
+
+def _key(batch: TrackingBatch) -> _Key:
+    return (batch.service_id, batch.batch_header)
+
+
+def _version(batch: TrackingBatch) -> _Version:
+    return (batch.status_name, batch.attempts, batch.last_attempt_at)
+
+
+class QueueSource:
+    """Serves rounds from a :class:`RoundStore` one batch at a time."""
+
+    def __init__(
+        self,
+        store: RoundStore,
+        *,
+        clock: Clock = now_ms,
+        delay_window_ms: int = DEFAULT_DELAY_WINDOW_MS,
+        services: ServiceFilter | None = None,
+        round_limit: int | None = None,
+        hold_ms: int | None = None,
+        poll_interval: float = 1.0,
+        query_timeout: float = 30.0,
+    ) -> None:
+        if delay_window_ms < 0:
+            raise ValueError(f"delay_window_ms must be >= 0, got {delay_window_ms}")
+        self._store = store
+        self._clock = clock
+        self._delay_window_ms = delay_window_ms
+        self._services = services
+        self._round_limit = round_limit
+        self._hold_ms = delay_window_ms if hold_ms is None else hold_ms
+        self._poll_interval = poll_interval
+        self._query_timeout = query_timeout
+        self._round: deque[TrackingBatch] = deque()
+        self._in_round: set[str] = set()
+        self._held: dict[_Key, _Hold] = {}
+        self._woken: set[str] = set()
+        self._event = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self.rounds = 0
+
+    @property
+    def queued(self) -> int:
+        """Batches left in the current round."""
+        return len(self._round)
+
+    @property
+    def held(self) -> int:
+        """Batches handed out that the store has not yet shown as taken."""
+        return len(self._held)
+
+    def wake(self, service_id: str | None = None) -> None:
+        """A service's state changed in the store (``None``: some service)."""
+        if service_id is not None:
+            self._woken.add(service_id)
+        self._event.set()
+
+    async def get(self, max_wait: float | None = None) -> TrackingBatch | None:
+        """The next batch, waiting up to ``max_wait`` seconds (``None``: for ever)."""
+        batches = await self._wait_for(1, frozenset(), max_wait)
+        return batches[0] if batches else None
+
+    async def next(self) -> TrackingBatch | None:
+        """The next batch without waiting; ``None`` if the store has none."""
+        batches, _ = await self._take(1, frozenset())
+        return batches[0] if batches else None
+
+    async def next_batches(
+        self, limit: int, *, exclude: frozenset[str], timeout_s: float
+    ) -> list[TrackingBatch]:
+        """Up to ``limit`` batches in round order, at most one per service and
+        none of ``exclude``; waits up to ``timeout_s`` for work, else ``[]``.
+
+        This is the submitter's :class:`ledgerq.submitter.BatchSource`.
+        """
+        return await self._wait_for(limit, exclude, timeout_s)
+
+    async def _wait_for(
+        self, limit: int, exclude: frozenset[str], max_wait: float | None
+    ) -> list[TrackingBatch]:
+        loop = asyncio.get_running_loop()
+        deadline = None if max_wait is None else loop.time() + max_wait
+        while True:
+            # Cleared before looking, so a wake-up during the query is not lost.
+            self._event.clear()
+            batches, deferred = await self._take(limit, exclude)
+            if batches:
+                return batches
+            wait = _DEFERRED_RETRY_S if deferred else self._poll_interval
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                wait = min(wait, remaining)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), wait)
+            if deferred:
+                # Let the caller ask again with its up-to-date ``exclude``.
+                return []
+
+    async def _take(self, limit: int, exclude: frozenset[str]) -> tuple[list[TrackingBatch], bool]:
+        """Pop up to ``limit`` batches, asking the store at most twice.
+
+        Also says whether work was *deferred*: picks or wake-ups of services
+        in ``exclude``, kept for when the caller no longer excludes them.
+        """
+        async with self._lock:
+            now = self._clock()
+            self._expire_holds(now)
+            if self._woken:
+                woken = self._woken
+                self._woken = woken & exclude
+                targets = self._allowed(woken - self._in_round - exclude)
+                if targets:
+                    await self._refill(now, targets)
+            if not self._round:
+                await self._refill(now, None)
+            taken: list[TrackingBatch] = []
+            skipped: list[TrackingBatch] = []
+            while self._round and len(taken) < limit:
+                batch = self._round.popleft()
+                if batch.service_id in exclude:
+                    # The caller is still finishing this service's previous
+                    # batch (already final or Unknown in the store): keep the
+                    # pick in place for its next call.
+                    skipped.append(batch)
+                    continue
+                self._in_round.discard(batch.service_id)
+                self._held[_key(batch)] = _Hold(_version(batch), now)
+                taken.append(batch)
+            self._round.extendleft(reversed(skipped))
+            return taken, bool(skipped or self._woken)
+
+    def _allowed(self, services: set[str]) -> set[str]:
+        if self._services is None:
+            return services
+        allowed = self._services()
+        return services if allowed is None else services & set(allowed)
+
+    def _expire_holds(self, now: int) -> None:
+        expired = [k for k, h in self._held.items() if now - h.taken_at >= self._hold_ms]
+        for key in expired:
+            del self._held[key]
+
+    async def _refill(self, now: int, targets: set[str] | None) -> None:
+        services = targets
+        limit = None if targets is not None else self._round_limit
+        if services is None and self._services is not None:
+            allowed = self._services()
+            services = None if allowed is None else set(allowed)
+        try:
+            picks = await asyncio.wait_for(
+                self._store.queue_round(
+                    now=now,
+                    delay_window_ms=self._delay_window_ms,
+                    services=services,
+                    limit=limit,
+                ),
+                self._query_timeout,
+            )
+        except TimeoutError as exc:
+            raise StoreError(
+                f"the store did not return a round within {self._query_timeout} s; "
+                "check the database's load and connectivity"
+            ) from exc
+        if targets is None:
+            self.rounds += 1
+        returned = {_key(b) for b in picks}
+        # A held batch missing from a round that covers its service is no
+        # longer queueable in the store: the store has caught up. A round cut
+        # short by the limit covers nothing for sure.
+        if limit is None or len(picks) < limit:
+            for key in list(self._held):
+                covered = services is None or key[0] in services
+                if covered and key not in returned:
+                    del self._held[key]
+        for batch in picks:
+            hold = self._held.get(_key(batch))
+            if hold is not None:
+                if hold.version == _version(batch):
+                    continue  # the store has not recorded the hand-out yet
+                del self._held[_key(batch)]
+            if batch.service_id in self._in_round:
+                continue
+            self._round.append(batch)
+            self._in_round.add(batch.service_id)

@@ -1,0 +1,236 @@
+"""The batch submitter (Grid's ``batch_submitter.md``), on asyncio.
+
+A *poller* pulls ready batches from a :class:`BatchSource` (the queuer) and
+starts one task per batch, at most ``slots`` at a time, never two of one
+service. Each task POSTs through the :class:`~ledgerq.dlt.LedgerClient`
+(the client resolves the URL per attempt) and reports its outcome to the
+:class:`~ledgerq.recorder.Recorder`, which writes the store:
+
+* before the first attempt the batch is marked ``submitted`` (so no queuer
+  round hands it out again);
+* ``Accepted`` → ``Pending``;
+* ``Busy`` (503/429) and ``Unreachable`` are retried with exponential backoff
+  (honouring ``Retry-After``, capped) up to ``max_retries`` times, then
+  ``Delayed`` — the recorded attempt time starts the delay window;
+* ``Rejected`` (other 4xx) → ``Invalid`` with the ledger's message;
+* ``Ambiguous`` (timeout, reset after sending, 5xx) → ``Unknown``; never
+  resent here: the monitor asks the ledger first.
+
+Every submission logs at info level when taken and when finished, with the
+batch and service ids, attempts and duration, so stuck batches show up.
+
+:meth:`Submitter.stop` stops taking new batches and waits for the in-flight
+ones to finish and be recorded (drain); :meth:`Submitter.run` then returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ledgerq.dlt.base import (
+    Accepted,
+    Ambiguous,
+    Busy,
+    LedgerClient,
+    Rejected,
+    SubmitResult,
+    Unreachable,
+)
+from ledgerq.errors import ConfigError, LedgerqError
+from ledgerq.model import TrackingBatch
+from ledgerq.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class BatchSource(Protocol):
+    """The queue the submitter polls (the queuer's role)."""
+
+    async def next_batches(
+        self, limit: int, *, exclude: frozenset[str], timeout_s: float
+    ) -> Sequence[TrackingBatch]:
+        """Up to ``limit`` batches ready to submit, at most one per service and
+        none of the services in ``exclude``; waits up to ``timeout_s`` for work
+        and returns an empty sequence if none came."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitterSettings:
+    #: Concurrent submissions (each its own task and HTTP request).
+    slots: int = 256
+    #: Retries of a Busy/Unreachable answer before recording Delayed.
+    max_retries: int = 5
+    backoff_initial_ms: int = 20
+    backoff_max_ms: int = 2_000
+    #: How long the poller waits for work before asking again (fallback only:
+    #: the source wakes it as soon as a service is unlocked).
+    poll_timeout_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ConfigError(f"submitter.slots must be at least 1, not {self.slots}")
+        if self.max_retries < 0:
+            raise ConfigError(f"submitter.max_retries must be >= 0, not {self.max_retries}")
+        if self.backoff_initial_ms < 0 or self.backoff_max_ms < self.backoff_initial_ms:
+            raise ConfigError("submitter.backoff_* must satisfy 0 <= initial <= max")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a submission ended in, after retries."""
+
+    result: SubmitResult
+    attempts: int
+
+
+class Submitter:
+    def __init__(
+        self,
+        source: BatchSource,
+        ledger: LedgerClient,
+        recorder: Recorder,
+        settings: SubmitterSettings | None = None,
+        *,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._source = source
+        self._ledger = ledger
+        self._recorder = recorder
+        self.settings = settings or SubmitterSettings()
+        self._sleep = sleep
+        self._in_flight: dict[str, str] = {}  # service id -> batch id
+        #: Batch ids being submitted right now (live; the monitor leaves them alone).
+        self.held_batches: set[str] = set()
+        self._slot_free = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self.submitted_total = 0
+
+    @property
+    def in_flight(self) -> dict[str, str]:
+        """Services with a submission in progress (a copy)."""
+        return dict(self._in_flight)
+
+    def stop(self) -> None:
+        """Take no new batches; :meth:`run` returns once in-flight ones are recorded."""
+        self._stopping.set()
+        self._slot_free.set()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            while not self._stopping.is_set():
+                free = self.settings.slots - len(self._in_flight)
+                if free <= 0:
+                    self._slot_free.clear()
+                    await self._slot_free.wait()
+                    continue
+                batches = await self._next(free)
+                for batch in batches:
+                    if self._stopping.is_set():
+                        break
+                    if batch.service_id in self._in_flight:
+                        continue  # never two of one service in flight
+                    self._in_flight[batch.service_id] = batch.batch_id
+                    self.held_batches.add(batch.batch_id)
+                    tasks.create_task(self._submit(batch))
+
+    async def _next(self, limit: int) -> Sequence[TrackingBatch]:
+        # Stop must not wait for the source's timeout: race the two.
+        fetch = asyncio.ensure_future(
+            self._source.next_batches(
+                limit,
+                exclude=frozenset(self._in_flight),
+                timeout_s=self.settings.poll_timeout_s,
+            )
+        )
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not fetch.done():
+            fetch.cancel()
+            return ()
+        try:
+            return fetch.result()
+        except LedgerqError as exc:
+            log.warning("cannot read the queue: %s; retrying", exc)
+            await self._sleep(self.settings.poll_timeout_s)
+            return ()
+
+    async def _submit(self, batch: TrackingBatch) -> None:
+        started = time.monotonic()
+        log.info("submission started batch=%s service=%s", batch.batch_id[:16], batch.service_id)
+        outcome: Outcome | None = None
+        try:
+            await self._recorder.submitting(batch)
+            outcome = await self.attempt(batch)
+            await self._record(batch, outcome)
+            self.submitted_total += 1
+        except LedgerqError as exc:
+            # The store failed: the batch stays {submitted, ...} and the
+            # monitor's stale-submission recovery asks the ledger about it.
+            log.error(
+                "submission of batch=%s service=%s not recorded: %s",
+                batch.batch_id[:16],
+                batch.service_id,
+                exc,
+            )
+        finally:
+            del self._in_flight[batch.service_id]
+            self.held_batches.discard(batch.batch_id)
+            self._slot_free.set()
+            log.info(
+                "submission finished batch=%s service=%s result=%s attempts=%s in %.1f ms",
+                batch.batch_id[:16],
+                batch.service_id,
+                type(outcome.result).__name__ if outcome else "error",
+                outcome.attempts if outcome else "?",
+                (time.monotonic() - started) * 1000,
+            )
+
+    async def attempt(self, batch: TrackingBatch) -> Outcome:
+        """POST ``batch`` until it is accepted, rejected, ambiguous or out of retries."""
+        s = self.settings
+        backoff_ms = s.backoff_initial_ms
+        attempts = 0
+        while True:
+            attempts += 1
+            result = await self._ledger.submit(
+                batch.service_id, batch.batch_id, batch.serialized_batch
+            )
+            if not isinstance(result, Busy | Unreachable) or attempts > s.max_retries:
+                return Outcome(result, attempts)
+            if self._stopping.is_set():
+                # Draining: record Delayed now rather than keep retrying.
+                return Outcome(result, attempts)
+            wait_ms = backoff_ms
+            if isinstance(result, Busy) and result.retry_after_ms is not None:
+                wait_ms = max(wait_ms, result.retry_after_ms)
+            await self._sleep(min(wait_ms, s.backoff_max_ms) / 1000)
+            backoff_ms = min(max(backoff_ms * 2, 1), s.backoff_max_ms)
+
+    async def _record(self, batch: TrackingBatch, outcome: Outcome) -> None:
+        result = outcome.result
+        match result:
+            case Accepted():
+                await self._recorder.accepted(batch)
+            case Busy(status=status, message=message):
+                await self._recorder.delayed(
+                    batch, f"ledger busy ({status}) after {outcome.attempts} attempts: {message}"
+                )
+            case Unreachable(message=message):
+                await self._recorder.delayed(
+                    batch, f"ledger unreachable after {outcome.attempts} attempts: {message}"
+                )
+            case Rejected(status=status, message=message):
+                await self._recorder.rejected(batch, status, message)
+            case Ambiguous(message=message):
+                await self._recorder.ambiguous(batch, message)

@@ -1,0 +1,341 @@
+"""Claims on PostgreSQL: two-phase expiry, renewal, fair share, hand-over,
+release, retries. Time moves through an injected clock; nothing sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import psycopg.errors
+import pytest
+
+from ledgerq.claims import ClaimManager, ClaimSettings
+from ledgerq.clock import ManualClock
+from ledgerq.errors import ConfigError, StoreError
+from ledgerq.model import Fence
+from tests.integration.claims_helpers import (
+    T0,
+    claimants,
+    counts,
+    epochs,
+    manager,
+    prepare,
+    put_batch,
+)
+
+pytestmark = pytest.mark.pg
+
+SERVICES = [f"svc{i:02d}" for i in range(9)]
+
+
+@pytest.fixture
+def db(pg_url: str) -> str:
+    prepare(pg_url)
+    return pg_url
+
+
+async def test_lone_instance_claims_every_service(db: str) -> None:
+    clock = ManualClock(T0)
+    async with manager(db, "a", clock) as a:
+        await a.register_services(SERVICES)
+        report = await a.cycle()
+        assert report.claimed == tuple(SERVICES)
+        assert a.claimed_services() == frozenset(SERVICES)
+        assert a.fence_for("svc00") == Fence("a", 1)
+        assert a.fence_for("nope") is None
+        assert set(claimants(db).values()) == {"a"}
+
+
+async def test_renewal_keeps_the_epoch_and_the_claim(db: str) -> None:
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    async with a, b:
+        await a.register_services(["s"])
+        await a.cycle()
+        for _ in range(10):
+            clock.advance(1_000)
+            await b.cycle()
+            await a.cycle()
+        assert claimants(db) == {"s": "a"}
+        assert a.fence_for("s") == Fence("a", 1)
+
+
+async def test_fast_path_voids_an_idle_claim_after_the_first_expiry(db: str) -> None:
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    async with a, b:
+        await a.register_services(["idle", "busy", "pending"])
+        await a.cycle()
+        put_batch(db, "busy", "b1", submitted=True)
+        put_batch(db, "pending", "p1", submitted=True, status="Pending")
+        put_batch(db, "idle", "i1")  # queued, not submitted: not in flight
+        # a is paused from now on.
+        clock.advance(4_999)
+        assert (await b.cycle()).voided == ()
+        clock.advance(1)
+        report = await b.cycle()
+        assert report.voided == ("idle", "pending")
+        assert claimants(db) == {"idle": "b", "pending": "b", "busy": "a"}
+        assert epochs(db)["idle"] == 2
+        # The paused instance no longer trusts claims past their first expiry.
+        assert a.fence_for("busy") is None
+
+
+async def test_slow_path_voids_a_claim_mid_submission_after_the_second_expiry(db: str) -> None:
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    async with a, b:
+        await a.register_services(["busy", "again"])
+        await a.cycle()
+        put_batch(db, "busy", "b1", submitted=True)
+        # Resubmitting a batch the ledger lost counts as mid-submission too.
+        put_batch(db, "again", "u1", submitted=True, status="Unknown")
+        clock.advance(29_999)
+        assert (await b.cycle()).voided == ()
+        clock.advance(1)
+        assert (await b.cycle()).voided == ("again", "busy")
+        assert claimants(db) == {"busy": "b", "again": "b"}
+        assert b.fence_for("busy") == Fence("b", 2)
+
+
+async def test_an_instance_never_voids_its_own_expired_claims(db: str) -> None:
+    clock = ManualClock(T0)
+    async with manager(db, "a", clock) as a:
+        await a.register_services(["s"])
+        await a.cycle()
+        clock.advance(60_000)  # paused past both expiries, nobody took over
+        report = await a.cycle()
+        assert report.voided == ()
+        assert a.fence_for("s") == Fence("a", 1)
+
+
+async def test_a_paused_instance_reclaiming_gets_a_new_epoch(db: str) -> None:
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    async with a, b:
+        await a.register_services(["s"])
+        await a.cycle()
+        old = a.fence_for("s")
+        await b.cycle()
+        clock.advance(6_000)
+        await b.cycle()  # voids a's idle claim and takes it
+        assert claimants(db) == {"s": "b"}
+        await b.release()
+        await a.cycle()
+        assert claimants(db) == {"s": "a"}
+        assert old == Fence("a", 1)
+        assert a.fence_for("s") == Fence("a", 3)
+
+
+async def test_a_new_instance_gets_its_fair_share_within_a_few_periods(db: str) -> None:
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    async with a, b:
+        await a.register_services(SERVICES)
+        for _ in range(5):
+            await a.cycle()
+            clock.advance(1_000)
+        assert counts(db, "ab") == {"a": 9, "b": 0}
+        for _ in range(3):
+            clock.advance(1_000)
+            await b.cycle()
+            await a.cycle()
+        assert counts(db, "ab") in ({"a": 5, "b": 4}, {"a": 4, "b": 5})
+        assert None not in claimants(db).values()
+        # Stable from there on.
+        before = claimants(db)
+        for _ in range(5):
+            clock.advance(1_000)
+            await a.cycle()
+            await b.cycle()
+        assert claimants(db) == before
+
+
+async def test_hand_over_keeps_services_with_batches_in_flight(db: str) -> None:
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    async with a, b:
+        services = ["s1", "s2", "s3", "s4"]
+        await a.register_services(services)
+        await a.cycle()
+        for s in services[:3]:
+            put_batch(db, s, f"{s}-b", submitted=True, status="Pending")
+        await b.cycle()
+        assert (await a.cycle()).released == ()  # claimed too recently to move
+        for _ in range(4):
+            clock.advance(1_000)
+            await b.cycle()
+            assert (await a.cycle()).released == ()
+        clock.advance(1_000)
+        await b.cycle()
+        report = await a.cycle()
+        assert report.released == ("s4",)  # the only one with nothing in flight
+        await b.cycle()
+        assert counts(db, "ab") == {"a": 3, "b": 1}
+        # Once a batch is final its service can move.
+        put_batch(db, "s1", "s1-b", submitted=True, status="Committed")
+        clock.advance(1_000)
+        await a.cycle()
+        await b.cycle()
+        assert counts(db, "ab") == {"a": 2, "b": 2}
+        assert claimants(db)["s1"] == "b"
+
+
+async def test_three_instances_share_and_survive_one_dying(db: str) -> None:
+    clock = ManualClock(T0)
+    names = ["a", "b", "c"]
+    managers = [manager(db, n, clock) for n in names]
+    async with managers[0], managers[1], managers[2]:
+        await managers[0].register_services([f"s{i:02d}" for i in range(30)])
+        # The first to cycle takes everything; the others get their share once
+        # those claims are older than the liveness window.
+        for _ in range(7):
+            clock.advance(1_000)
+            for m in managers:
+                await m.cycle()
+        assert counts(db, names) == {"a": 10, "b": 10, "c": 10}
+        # c dies (stops renewing). After the first expiry its services move.
+        for _ in range(7):
+            clock.advance(1_000)
+            for m in managers[:2]:
+                await m.cycle()
+        assert counts(db, names) == {"a": 15, "b": 15, "c": 0}
+
+
+async def test_unclaimed_service_is_taken_past_the_grace_period_whatever_the_share(
+    db: str,
+) -> None:
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    async with a, b:
+        await a.cycle()
+        await b.cycle()  # both alive before any service exists
+        await a.register_services(["s1", "s2", "s3", "s4"])
+        await a.cycle()
+        await b.cycle()
+        assert counts(db, "ab") == {"a": 2, "b": 2}
+        # A third instance is alive (heartbeat) but never claims anything.
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO gateway_instances VALUES ('c', %s, %s, NULL)", (T0, T0 + 10_000)
+            )
+        clock.advance(1_000)
+        await a.register_services(["s5"])  # S=5, K=3: share 2, a and b are full
+        await a.cycle()
+        await b.cycle()
+        assert claimants(db)["s5"] is None
+        clock.advance(2_000)
+        await a.cycle()
+        assert claimants(db)["s5"] == "a"
+
+
+async def test_release_on_close_hands_everything_over_at_once(db: str) -> None:
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    await a.cycle()
+    await b.cycle()
+    await a.register_services(SERVICES)
+    await a.cycle()
+    await b.cycle()
+    assert counts(db, "ab") == {"a": 5, "b": 4}
+    await b.close()
+    assert b.claimed_services() == frozenset()
+    with psycopg.connect(db) as conn:
+        assert conn.execute("SELECT instance_id FROM gateway_instances").fetchall() == [("a",)]
+    await a.cycle()  # no grace period to wait, no share to respect
+    assert set(claimants(db).values()) == {"a"}
+    await a.close()
+
+
+async def test_listeners_hear_gains_and_losses(db: str) -> None:
+    clock = ManualClock(T0)
+    heard: list[tuple[frozenset[str], frozenset[str]]] = []
+    a = manager(db, "a", clock)
+    a.add_listener(lambda gained, lost: heard.append((gained, lost)))
+    b = manager(db, "b", clock)
+    async with a, b:
+        await a.register_services(["s1", "s2"])
+        await a.cycle()
+        await b.cycle()
+        for _ in range(5):
+            clock.advance(1_000)
+            await b.cycle()
+            await a.cycle()
+        assert heard[0] == (frozenset({"s1", "s2"}), frozenset())
+        assert len(heard) == 2
+        assert heard[1][0] == frozenset()
+        assert len(heard[1][1]) == 1
+
+
+async def test_concurrent_cycles_never_double_claim(db: str) -> None:
+    clock = ManualClock(T0)
+    names = ["a", "b", "c"]
+    managers = [manager(db, n, clock) for n in names]
+    async with managers[0], managers[1], managers[2]:
+        await managers[0].register_services([f"s{i:03d}" for i in range(200)])
+        for _ in range(6):
+            clock.advance(1_000)
+            await asyncio.gather(*(m.cycle() for m in managers))
+            held = [m.claimed_services() for m in managers]
+            # Each service held by at most one instance, as its memory says too.
+            assert sum(len(h) for h in held) == len(set().union(*held))
+        owners = claimants(db)
+        assert None not in owners.values()
+        got = counts(db, names)
+        assert max(got.values()) <= 67
+        for m in managers:
+            assert m.claimed_services() == {s for s, c in owners.items() if c == m.instance_id}
+
+
+async def test_serialization_failures_are_retried(db: str) -> None:
+    clock = ManualClock(T0)
+    calls = 0
+
+    async def flaky(conn: psycopg.AsyncConnection[dict[str, object]]) -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise psycopg.errors.SerializationFailure("could not serialize access")
+        return "done"
+
+    async with manager(db, "a", clock) as a:
+        assert await a._transact("test", flaky) == "done"
+        assert calls == 3
+        calls = -100
+        with pytest.raises(StoreError, match="failed after 8 attempts"):
+            await a._transact("test", flaky)
+
+
+async def test_a_dropped_connection_is_replaced(db: str) -> None:
+    clock = ManualClock(T0)
+    async with manager(db, "a", clock) as a:
+        await a.register_services(["s"])
+        await a.cycle()
+        conn = await a._connection()
+        pid = conn.info.backend_pid
+        with psycopg.connect(db, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        clock.advance(1_000)
+        report = await a.cycle()
+        assert report.held == 1
+        assert (await a._connection()).info.backend_pid != pid
+
+
+async def test_unreachable_database_fails_the_cycle_with_a_store_error() -> None:
+    settings = ClaimSettings(instance_id="a", db_timeout_ms=500)
+    a = ClaimManager("postgresql://postgres@127.0.0.1:1/none", settings)
+    with pytest.raises(StoreError, match="cannot connect"):
+        await a.cycle(now=T0)
+
+
+def test_claims_refuse_sqlite() -> None:
+    with pytest.raises(ConfigError, match="PostgreSQL"):
+        ClaimManager("sqlite:///x.db")

@@ -1,0 +1,45 @@
+"""Wake-ups relayed between processes over PostgreSQL LISTEN/NOTIFY."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ledgerq.gateway.notify import PgWakeups, chunk_payloads
+
+pytestmark = pytest.mark.pg
+
+
+async def test_published_ids_reach_other_listeners_not_self(pg_url: str) -> None:
+    got_a: list[str] = []
+    got_b: list[str] = []
+    b_got = asyncio.Event()
+
+    def on_b(service_id: str) -> None:
+        got_b.append(service_id)
+        if len(got_b) >= 3:
+            b_got.set()
+
+    a = PgWakeups(pg_url, got_a.append)
+    b = PgWakeups(pg_url, on_b)
+    async with asyncio.TaskGroup() as tasks:
+        ta = tasks.create_task(a.run())
+        tb = tasks.create_task(b.run())
+        await asyncio.wait_for(a.listening.wait(), 10)
+        await asyncio.wait_for(b.listening.wait(), 10)
+        for s in ("s1", "s2", "s2", "s3"):
+            a.publish(s)
+        await asyncio.wait_for(b_got.wait(), 10)
+        ta.cancel()
+        tb.cancel()
+    assert sorted(got_b) == ["s1", "s2", "s3"]
+    assert got_a == []
+
+
+def test_payloads_stay_under_the_notify_limit() -> None:
+    ids = [f"service-{i:06d}" for i in range(2000)]
+    payloads = chunk_payloads(ids)
+    assert len(payloads) > 1
+    assert all(len(p.encode()) < 8000 for p in payloads)
+    assert [s for p in payloads for s in p.split("\n")] == ids

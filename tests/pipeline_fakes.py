@@ -1,0 +1,199 @@
+"""In-memory stand-ins for the store roles and a scripted ledger, for pipeline unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
+
+from ledgerq.dlt.base import (
+    Accepted,
+    CommitEvent,
+    LedgerBatchStatus,
+    SubmitResult,
+)
+from ledgerq.model import (
+    BatchStatus,
+    BatchStatusName,
+    Pending,
+    SubmissionError,
+    TrackingBatch,
+    TrackingTransaction,
+    TransactionReceipt,
+    Unknown,
+    status_from_name,
+)
+
+
+def batch(service_id: str, n: int) -> TrackingBatch:
+    bid = f"{service_id}-{n:04d}".ljust(16, "0")
+    return TrackingBatch(
+        service_id=service_id,
+        batch_header=bid,
+        data_change_id=None,
+        signer_public_key="02" + "a" * 64,
+        trace=False,
+        serialized_batch=bid.encode(),
+        created_at=n,
+        transactions=(
+            TrackingTransaction("intkey", "1.0", f"tx-{bid}", b"p", "02" + "a" * 64, service_id),
+        ),
+        seq=n,
+    )
+
+
+@dataclass
+class MemoryPipelineStore:
+    """Just enough of the batch tracking store for the submitter and monitor."""
+
+    batches: dict[str, TrackingBatch] = field(default_factory=dict)
+    taken_at: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, SubmissionError | None] = field(default_factory=dict)
+    writes: list[tuple[str, BatchStatusName | None]] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self, *batches: TrackingBatch) -> None:
+        for b in batches:
+            self.batches[b.batch_id] = b
+        self.wake.set()
+
+    async def change_batch_to_submitted(
+        self,
+        batch_id: str,
+        service_id: str,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        dlt_status: str | BatchStatusName | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+    ) -> None:
+        b = self.batches[batch_id]
+        self.taken_at[batch_id] = now or 0
+        if dlt_status is None:
+            self.batches[batch_id] = replace(b, submitted=True, last_attempt_at=now)
+            self.writes.append((batch_id, None))
+        else:
+            await self.update_batch_status(
+                batch_id,
+                service_id,
+                status_from_name(BatchStatusName(dlt_status)),
+                submission_error=submission_error,
+                now=now,
+            )
+            self.batches[batch_id] = replace(self.batches[batch_id], last_attempt_at=now)
+
+    async def update_batch_status(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus | None,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+    ) -> None:
+        b = self.batches[id]
+        assert b.service_id == service_id
+        assert not b.is_final, f"{id} is final already"
+        submitted = status is None or status.name not in (
+            BatchStatusName.UNKNOWN,
+            BatchStatusName.DELAYED,
+        )
+        attempt = now if status is not None and status.name is BatchStatusName.DELAYED else None
+        self.batches[id] = replace(
+            b,
+            batch_status=status,
+            submitted=submitted,
+            last_attempt_at=attempt or b.last_attempt_at,
+        )
+        self.errors[id] = submission_error
+        self.writes.append((id, None if status is None else status.name))
+        self.wake.set()
+
+    # -- queue source (one round: the oldest open batch of each unlocked service)
+    async def next_batches(
+        self, limit: int, *, exclude: frozenset[str], timeout_s: float
+    ) -> Sequence[TrackingBatch]:
+        picks = self.round(exclude)
+        if not picks:
+            self.wake.clear()
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout_s)
+            except TimeoutError:
+                return ()
+            picks = self.round(exclude)
+        return picks[:limit]
+
+    def round(self, exclude: frozenset[str]) -> list[TrackingBatch]:
+        by_service: dict[str, list[TrackingBatch]] = {}
+        for b in sorted(self.batches.values(), key=lambda b: b.seq or 0):
+            if not b.is_final:
+                by_service.setdefault(b.service_id, []).append(b)
+        picks = []
+        for service, open_ in by_service.items():
+            if service in exclude:
+                continue
+            if any(b.submitted or b.status_name is BatchStatusName.PENDING for b in open_):
+                continue
+            if open_[0].status_name is BatchStatusName.DELAYED:
+                continue  # delay window: tests move it by hand
+            picks.append(open_[0])
+        return picks
+
+    # -- monitor source
+    async def monitored_batches(
+        self, *, now: int, stale_before: int, limit: int
+    ) -> Sequence[TrackingBatch]:
+        out = [
+            b
+            for b in self.batches.values()
+            if b.submitted
+            and (
+                b.status_name is BatchStatusName.PENDING
+                or (b.batch_status is None and self.taken_at.get(b.batch_id, 0) < stale_before)
+            )
+        ]
+        return out[:limit]
+
+
+class ScriptedLedger:
+    """A ledger whose answers tests choose; records what it was sent."""
+
+    description = "scripted"
+
+    def __init__(self) -> None:
+        self.script: dict[str, list[SubmitResult]] = {}
+        self.sent: list[str] = []
+        self.statuses: dict[str, BatchStatus] = {}
+        self.status_requests: list[tuple[str, tuple[str, ...]]] = []
+        self.event_queue: asyncio.Queue[CommitEvent] | None = None
+        self.gate: asyncio.Event | None = None
+
+    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
+        self.sent.append(batch_id)
+        if self.gate is not None:
+            await self.gate.wait()
+        queue = self.script.get(batch_id)
+        result = queue.pop(0) if queue else Accepted()
+        if isinstance(result, Accepted):
+            self.statuses.setdefault(batch_id, Pending())
+        return result
+
+    async def batch_statuses(
+        self, service_id: str, batch_ids: Sequence[str], *, wait_s: float = 0.0
+    ) -> tuple[LedgerBatchStatus, ...]:
+        self.status_requests.append((service_id, tuple(batch_ids)))
+        return tuple(LedgerBatchStatus(i, self.statuses.get(i, Unknown())) for i in batch_ids)
+
+    def events(self) -> AsyncIterator[CommitEvent] | None:
+        if self.event_queue is None:
+            return None
+        return self._events(self.event_queue)
+
+    @staticmethod
+    async def _events(queue: asyncio.Queue[CommitEvent]) -> AsyncIterator[CommitEvent]:
+        while True:
+            yield await queue.get()
+
+    async def close(self) -> None:
+        pass

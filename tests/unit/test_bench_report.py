@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from bench import report
+from ledgerq.cli import cli
+
+
+def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
+    target = tmp_path / "BENCHMARKS.md"
+    report.write_section("a", "first A", command="ledgerq bench a", path=target)
+    report.write_section("b", "only B", command="ledgerq bench b", path=target)
+    report.write_section("a", "second A", command="ledgerq bench a --x", path=target)
+    text = target.read_text()
+    assert "second A" in text
+    assert "first A" not in text
+    assert "only B" in text
+    assert text.count("<!-- bench:a -->") == 1
+    assert "`ledgerq bench a --x`" in text
+    assert "cores" in text
+
+
+def test_percentile_by_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert report.percentile(values, 50) == 51.0
+    assert report.percentile(values, 99) == 99.0
+    assert report.percentile([], 50) == 0.0
+
+
+def test_bench_group_lists_the_bench_folder() -> None:
+    result = CliRunner().invoke(cli, ["bench", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "all" in result.output

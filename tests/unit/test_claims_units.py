@@ -1,0 +1,104 @@
+"""Claim settings, the SQL file parser and the single-instance lock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ledgerq.claims import ClaimSettings, SingleInstanceLock, generate_instance_id
+from ledgerq.claims.lock import InstanceLockedError
+from ledgerq.claims.queries import claim_queries, parse_queries
+from ledgerq.errors import ConfigError
+
+
+def test_defaults_are_valid_and_documented_values() -> None:
+    s = ClaimSettings(instance_id="x")
+    assert (s.renew_interval_ms, s.claim_ttl_ms, s.slow_ttl_ms, s.grace_ms) == (
+        1_000,
+        5_000,
+        30_000,
+        2_000,
+    )
+    assert s.effective_liveness_ms == 5_000
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"claim_ttl_ms": 1_000}, "claim_ttl_ms"),
+        ({"slow_ttl_ms": 4_000}, "slow_ttl_ms"),
+        ({"renew_interval_ms": 0}, "renew_interval_ms"),
+        ({"grace_ms": -1}, "grace_ms"),
+        ({"liveness_ms": 500}, "liveness_ms"),
+        ({"instance_id": ""}, "instance_id"),
+        ({"max_attempts": 0}, "max_attempts"),
+    ],
+)
+def test_inconsistent_settings_are_refused_naming_the_key(
+    kwargs: dict[str, object], key: str
+) -> None:
+    with pytest.raises(ConfigError, match=key):
+        ClaimSettings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_generated_instance_ids_are_unique() -> None:
+    assert len({generate_instance_id() for _ in range(100)}) == 100
+
+
+def test_parse_queries_splits_on_name_headers() -> None:
+    text = "-- name: one\nSELECT 1;\n\n-- name: two\n-- a comment\nSELECT 2;\n"
+    assert parse_queries(text) == {"one": "SELECT 1", "two": "-- a comment\nSELECT 2"}
+    with pytest.raises(ValueError, match="twice"):
+        parse_queries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+
+
+def test_every_claim_step_has_its_query() -> None:
+    assert {
+        "void_expired",
+        "heartbeat",
+        "renew",
+        "claim_share",
+        "hand_over",
+        "held",
+        "release_all",
+        "register_services",
+    } <= set(claim_queries())
+
+
+_HOLDER = """
+import sys
+from ledgerq.claims import SingleInstanceLock
+lock = SingleInstanceLock(sys.argv[1])
+lock.acquire()
+print("locked", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_second_process_on_the_same_sqlite_file_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "ledgerq.db"
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(db)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == "locked"
+            with pytest.raises(InstanceLockedError, match=rf"pid {holder.pid}.*PostgreSQL"):
+                SingleInstanceLock(db).acquire()
+        finally:
+            holder.kill()  # the lock dies with its process, even on SIGKILL
+            holder.wait(timeout=10)
+    with SingleInstanceLock(db) as lock:
+        assert lock.held
+        with pytest.raises(InstanceLockedError):
+            SingleInstanceLock(db).acquire()  # a second lock in one process is refused too
+    assert not lock.held
+    again = SingleInstanceLock(db)
+    again.acquire()
+    again.release()

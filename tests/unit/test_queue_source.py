@@ -1,0 +1,320 @@
+"""QueueSource: rounds served one batch at a time, fair, woken, never twice."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Collection
+
+import pytest
+
+from ledgerq.clock import ManualClock
+from ledgerq.errors import StoreError
+from ledgerq.model import Committed, Delayed, TrackingBatch, Unknown
+from ledgerq.queue_source import QueueSource
+from ledgerq.queuer import select_round
+
+
+class MemoryRounds:
+    """A RoundStore over a dict, computing rounds with the reference rules."""
+
+    def __init__(self) -> None:
+        self.batches: dict[str, TrackingBatch] = {}
+        self.seq = 0
+        self.queries: list[tuple[frozenset[str] | None, int | None]] = []
+
+    def add(self, service: str, count: int = 1) -> list[str]:
+        ids = []
+        for _ in range(count):
+            self.seq += 1
+            batch_id = f"{service}-{self.seq:05d}"
+            self.batches[batch_id] = TrackingBatch(
+                service_id=service,
+                batch_header=batch_id,
+                data_change_id=None,
+                signer_public_key="02",
+                trace=False,
+                serialized_batch=b"",
+                created_at=0,
+                seq=self.seq,
+            )
+            ids.append(batch_id)
+        return ids
+
+    def update(self, batch_id: str, **changes: object) -> None:
+        self.batches[batch_id] = dataclasses.replace(self.batches[batch_id], **changes)  # type: ignore[arg-type]
+
+    async def queue_round(
+        self,
+        *,
+        now: int,
+        delay_window_ms: int,
+        services: Collection[str] | None = None,
+        limit: int | None = None,
+    ) -> list[TrackingBatch]:
+        self.queries.append((None if services is None else frozenset(services), limit))
+        picks = select_round(
+            self.batches.values(), now=now, delay_window_ms=delay_window_ms, services=services
+        )
+        return picks if limit is None else picks[:limit]
+
+
+@pytest.fixture
+def store() -> MemoryRounds:
+    return MemoryRounds()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+def source(store: MemoryRounds, clock: ManualClock, **kwargs: object) -> QueueSource:
+    return QueueSource(store, clock=clock, **kwargs)  # type: ignore[arg-type]
+
+
+async def ids(src: QueueSource, n: int) -> list[str | None]:
+    out: list[str | None] = []
+    for _ in range(n):
+        batch = await src.next()
+        out.append(None if batch is None else batch.batch_id)
+    return out
+
+
+async def test_serves_one_round_then_asks_for_the_next(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    a = store.add("a", 3)
+    b = store.add("b", 2)
+    src = source(store, clock)
+    assert await ids(src, 2) == [a[0], b[0]]
+    assert src.rounds == 1
+    assert await src.next() is None  # both services are now held
+    store.update(a[0], submitted=True, batch_status=Committed())
+    store.update(b[0], submitted=True, batch_status=Committed())
+    assert await ids(src, 3) == [a[1], b[1], None]
+    assert src.held == 2
+
+
+async def test_never_hands_out_a_batch_twice_before_the_store_records_it(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    (first, _) = store.add("a", 2)
+    src = source(store, clock)
+    assert await ids(src, 1) == [first]
+    # The store still queues it (submitted not recorded yet): not again.
+    src.wake("a")
+    src.wake()
+    assert await ids(src, 2) == [None, None]
+    store.update(first, submitted=True)
+    assert await src.next() is None
+    assert src.held == 0  # the store caught up, the hold is gone
+
+
+async def test_hands_out_again_once_the_store_records_a_new_attempt(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    (first,) = store.add("a")
+    src = source(store, clock)
+    assert await ids(src, 1) == [first]
+    # Posted, ambiguous; the monitor found the ledger does not know it.
+    store.update(first, batch_status=Unknown(), submitted=False, attempts=1)
+    src.wake("a")
+    assert await ids(src, 1) == [first]
+
+
+async def test_a_hold_expires_when_the_store_never_records_the_hand_out(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    (first,) = store.add("a")
+    src = source(store, clock, hold_ms=5_000)
+    assert await ids(src, 1) == [first]
+    clock.advance(4_999)
+    assert await src.next() is None
+    clock.advance(1)
+    assert await ids(src, 1) == [first]
+
+
+async def test_hold_defaults_to_the_delay_window(store: MemoryRounds, clock: ManualClock) -> None:
+    (first,) = store.add("a")
+    src = source(store, clock, delay_window_ms=2_000)
+    assert await ids(src, 1) == [first]
+    clock.advance(1_999)
+    assert await src.next() is None
+    clock.advance(1)
+    assert await ids(src, 1) == [first]
+
+
+async def test_a_delayed_batch_comes_back_when_its_window_passes(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    (first,) = store.add("a")
+    store.update(first, batch_status=Delayed(), last_attempt_at=clock(), attempts=1)
+    src = source(store, clock, delay_window_ms=15_000)
+    assert await src.next() is None
+    clock.advance(15_000)
+    assert await ids(src, 1) == [first]
+
+
+async def test_a_busy_service_delays_a_quiet_one_by_at_most_one_round(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    store.add("busy", 10_000)
+    quiet = [store.add(f"quiet{i}")[0] for i in range(5)]
+    src = source(store, clock)
+    handed: list[str] = []
+
+    async def pull_and_commit() -> None:
+        batch = await src.next()
+        assert batch is not None
+        handed.append(batch.batch_id)
+        # The ledger commits at once and the monitor wakes the service.
+        store.update(batch.batch_id, submitted=True, batch_status=Committed())
+        src.wake(batch.service_id)
+
+    for _ in range(3):
+        await pull_and_commit()
+    # A service with one batch arrives while the busy one keeps committing.
+    (late,) = store.add("late")
+    src.wake("late")
+    for _ in range(7):
+        await pull_and_commit()
+    # Round one: busy and all five quiet ones, each once, in acceptance order;
+    # the busy service's next batch queues behind them, and the late one
+    # behind that: nobody waits more than one round.
+    assert handed == [
+        "busy-00001",
+        *quiet,
+        "busy-00002",
+        late,
+        "busy-00003",
+        "busy-00004",
+    ]
+
+
+async def test_a_woken_service_already_in_the_round_is_not_added_twice(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    a = store.add("a", 2)
+    (b,) = store.add("b")
+    src = source(store, clock)
+    assert await ids(src, 1) == [a[0]]
+    src.wake("b")
+    assert src.queued == 1
+    store.update(a[0], submitted=True, batch_status=Committed())
+    src.wake("a")
+    assert await ids(src, 3) == [b, a[1], None]
+
+
+async def test_get_returns_when_woken_not_when_the_poll_interval_passes(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    src = source(store, clock, poll_interval=3_600)
+    waiter = asyncio.create_task(src.get(max_wait=3_600))
+    for _ in range(5):
+        await asyncio.sleep(0)  # let the waiter find nothing and wait
+    assert not waiter.done()
+    (first,) = store.add("a")
+    src.wake("a")
+    batch = await asyncio.wait_for(waiter, 10)
+    assert batch is not None and batch.batch_id == first
+
+
+async def test_get_gives_up_after_max_wait(store: MemoryRounds, clock: ManualClock) -> None:
+    src = source(store, clock)
+    assert await src.get(max_wait=0) is None
+
+
+async def test_services_restricts_what_is_served(store: MemoryRounds, clock: ManualClock) -> None:
+    (mine,) = store.add("mine")
+    store.add("theirs")
+    claimed = {"mine"}
+    src = source(store, clock, services=lambda: claimed)
+    assert await ids(src, 2) == [mine, None]
+    src.wake("theirs")
+    assert await src.next() is None
+    assert all(q[0] == frozenset({"mine"}) for q in store.queries)
+
+
+async def test_round_limit_keeps_the_first_picks_and_the_holds(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    a, b, c = (store.add(s)[0] for s in "abc")
+    src = source(store, clock, round_limit=2)
+    assert await ids(src, 2) == [a, b]
+    assert store.queries[-1] == (None, 2)
+    # The next round is cut short at two picks (a and b, still unrecorded),
+    # so it proves nothing about them: they stay held.
+    assert await src.next() is None
+    assert src.held == 2
+    store.update(a, submitted=True)
+    store.update(b, submitted=True)
+    assert await ids(src, 1) == [c]
+
+
+async def test_concurrent_pulls_never_share_a_batch(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    for service in "abcd":
+        store.add(service)
+    src = source(store, clock)
+    got = await asyncio.gather(*(src.next() for _ in range(6)))
+    handed = [b.batch_id for b in got if b is not None]
+    assert len(handed) == 4 == len(set(handed))
+
+
+async def test_a_store_that_hangs_raises_a_store_error(clock: ManualClock) -> None:
+    class Hanging:
+        async def queue_round(self, **_: object) -> list[TrackingBatch]:
+            await asyncio.Event().wait()
+            return []
+
+    src = QueueSource(Hanging(), clock=clock, query_timeout=0.01)  # type: ignore[arg-type]
+    with pytest.raises(StoreError, match="did not return a round"):
+        await src.next()
+
+
+def test_negative_delay_window_is_refused(store: MemoryRounds) -> None:
+    with pytest.raises(ValueError, match="delay_window_ms"):
+        QueueSource(store, delay_window_ms=-1)
+
+
+async def test_next_batches_serves_up_to_limit_keeping_excluded_picks_for_later(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    a, b, c, d = (store.add(s)[0] for s in "abcd")
+    src = source(store, clock)
+    got = await src.next_batches(2, exclude=frozenset({"b"}), timeout_s=0)
+    assert [x.batch_id for x in got] == [a, c]
+    # The caller was still finishing b's previous batch; now it is free.
+    got = await src.next_batches(5, exclude=frozenset(), timeout_s=0)
+    assert [x.batch_id for x in got] == [b, d]
+
+
+async def test_a_wake_up_for_an_excluded_service_is_kept_until_it_is_free(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    (first, second) = store.add("a", 2)
+    src = source(store, clock, poll_interval=3_600)
+    assert await ids(src, 1) == [first]
+    # Committed and announced before the caller forgot about it.
+    store.update(first, submitted=True, batch_status=Committed())
+    src.wake("a")
+    got = await src.next_batches(5, exclude=frozenset({"a"}), timeout_s=3_600)
+    assert got == []  # handed back at once, not after the hour
+    got = await src.next_batches(5, exclude=frozenset(), timeout_s=0)
+    assert [x.batch_id for x in got] == [second]
+
+
+async def test_next_batches_waits_for_a_wake_up_then_gives_up(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    src = source(store, clock, poll_interval=3_600)
+    assert await src.next_batches(3, exclude=frozenset(), timeout_s=0) == []
+    waiter = asyncio.create_task(src.next_batches(3, exclude=frozenset(), timeout_s=3_600))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    (first,) = store.add("a")
+    src.wake("a")
+    got = await asyncio.wait_for(waiter, 10)
+    assert [x.batch_id for x in got] == [first]

@@ -1,0 +1,177 @@
+"""Submitter: outcomes, retries, ordering per service, drain on stop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pipeline_fakes import MemoryPipelineStore, ScriptedLedger, batch
+
+from ledgerq.clock import ManualClock
+from ledgerq.dlt.base import Accepted, Ambiguous, Busy, Rejected, Unreachable
+from ledgerq.errors import ConfigError
+from ledgerq.model import BatchStatusName, Committed, Invalid
+from ledgerq.recorder import Recorder
+from ledgerq.submitter import Submitter, SubmitterSettings
+
+
+class Sleeps:
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+
+
+def make(
+    store: MemoryPipelineStore, ledger: ScriptedLedger, **settings: int | float
+) -> tuple[Submitter, Recorder, Sleeps]:
+    recorder = Recorder(store, clock=ManualClock())
+    sleeps = Sleeps()
+    s = SubmitterSettings(**{"poll_timeout_s": 0.05, **settings})  # type: ignore[arg-type]
+    return Submitter(store, ledger, recorder, s, sleep=sleeps), recorder, sleeps
+
+
+async def run_until(submitter: Submitter, cond: object) -> None:
+    task = asyncio.create_task(submitter.run())
+    for _ in range(2000):
+        if callable(cond) and cond():
+            break
+        await asyncio.sleep(0)
+    submitter.stop()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_outcomes_are_recorded() -> None:
+    store = MemoryPipelineStore()
+    ok, busy, gone, bad, lost = (batch(s, 1) for s in "abcde")
+    store.add(ok, busy, gone, bad, lost)
+    ledger = ScriptedLedger()
+    ledger.script = {
+        busy.batch_id: [Busy(503)] * 10,
+        gone.batch_id: [Unreachable("refused")] * 10,
+        bad.batch_id: [Rejected(400, "bad signature")],
+        lost.batch_id: [Ambiguous("timeout")],
+    }
+    submitter, _, sleeps = make(store, ledger, max_retries=2, backoff_initial_ms=10)
+    await run_until(submitter, lambda: len(store.writes) >= 10)
+    status = {b: store.batches[b].status_name for b in store.batches}
+    assert status[ok.batch_id] is BatchStatusName.PENDING
+    assert store.batches[ok.batch_id].submitted
+    assert status[busy.batch_id] is BatchStatusName.DELAYED
+    assert not store.batches[busy.batch_id].submitted
+    assert status[gone.batch_id] is BatchStatusName.DELAYED
+    assert status[bad.batch_id] is BatchStatusName.INVALID
+    invalid = store.batches[bad.batch_id].batch_status
+    assert isinstance(invalid, Invalid)
+    assert invalid.transactions[0].external_error_message == "bad signature"
+    assert invalid.transactions[0].external_error_status == "400"
+    assert status[lost.batch_id] is BatchStatusName.UNKNOWN
+    assert not store.batches[lost.batch_id].submitted
+    # Ambiguous is never resent by the submitter; busy ones 1 + 2 retries.
+    assert ledger.sent.count(lost.batch_id) == 1
+    assert ledger.sent.count(busy.batch_id) == 3
+    assert ledger.sent.count(bad.batch_id) == 1
+    err = store.errors[busy.batch_id]
+    assert err is not None and "503" in err.error_message
+    # Exponential backoff between retries, per batch: 10 ms then 20 ms.
+    assert sorted(sleeps.calls) == [0.01, 0.01, 0.02, 0.02]
+
+
+async def test_retry_after_is_honoured_and_capped() -> None:
+    store = MemoryPipelineStore()
+    b = batch("a", 1)
+    store.add(b)
+    ledger = ScriptedLedger()
+    ledger.script = {b.batch_id: [Busy(429, retry_after_ms=700), Busy(429, retry_after_ms=9000)]}
+    submitter, _, sleeps = make(store, ledger, backoff_initial_ms=5, backoff_max_ms=1000)
+    await run_until(submitter, lambda: store.batches[b.batch_id].status_name is not None)
+    assert sleeps.calls == [0.7, 1.0]
+    assert store.batches[b.batch_id].status_name is BatchStatusName.PENDING
+
+
+async def test_one_batch_per_service_in_flight_and_in_order() -> None:
+    store = MemoryPipelineStore()
+    for n in range(1, 4):
+        store.add(batch("a", n), batch("b", n))
+    ledger = ScriptedLedger()
+    submitter, recorder, _ = make(store, ledger)
+    committed: list[str] = []
+
+    def on_unlock(service_id: str) -> None:
+        pass
+
+    recorder.add_unlock_listener(on_unlock)
+    task = asyncio.create_task(submitter.run())
+    # Play the ledger: commit whatever is pending, in the order it was sent.
+    for _ in range(200):
+        await asyncio.sleep(0)
+        for bid, b in list(store.batches.items()):
+            if b.status_name is BatchStatusName.PENDING:
+                assert len(submitter.in_flight) <= 2
+                committed.append(bid)
+                await recorder.ledger_status(b.service_id, _committed(bid))
+        if len(committed) == 6:
+            break
+    submitter.stop()
+    await asyncio.wait_for(task, 5)
+    for service in "ab":
+        order = [bid for bid in ledger.sent if bid.startswith(service)]
+        assert order == sorted(order) and len(order) == 3
+
+
+def _committed(bid: str):  # type: ignore[no-untyped-def]
+    from ledgerq.dlt.base import LedgerBatchStatus
+
+    return LedgerBatchStatus(bid, Committed())
+
+
+async def test_stop_drains_in_flight_submissions() -> None:
+    store = MemoryPipelineStore()
+    store.add(batch("a", 1), batch("b", 1))
+    ledger = ScriptedLedger()
+    ledger.gate = asyncio.Event()
+    submitter, _, _ = make(store, ledger)
+    task = asyncio.create_task(submitter.run())
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert len(ledger.sent) == 2
+    submitter.stop()
+    await asyncio.sleep(0)
+    assert not task.done()  # waiting for the two POSTs
+    ledger.gate.set()
+    await asyncio.wait_for(task, 5)
+    assert all(b.status_name is BatchStatusName.PENDING for b in store.batches.values())
+    assert submitter.in_flight == {}
+
+
+async def test_slots_bound_concurrency() -> None:
+    store = MemoryPipelineStore()
+    store.add(*(batch(f"s{i}", 1) for i in range(10)))
+    ledger = ScriptedLedger()
+    ledger.gate = asyncio.Event()
+    submitter, _, _ = make(store, ledger, slots=3)
+    task = asyncio.create_task(submitter.run())
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert len(ledger.sent) == 3
+    ledger.gate.set()
+    for _ in range(500):
+        await asyncio.sleep(0)
+        if len(ledger.sent) == 10:
+            break
+    submitter.stop()
+    await asyncio.wait_for(task, 5)
+    assert len(ledger.sent) == 10
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ConfigError, match="slots"):
+        SubmitterSettings(slots=0)
+    with pytest.raises(ConfigError, match="backoff"):
+        SubmitterSettings(backoff_initial_ms=10, backoff_max_ms=5)
+
+
+async def test_accepted_is_default_for_unscripted() -> None:
+    ledger = ScriptedLedger()
+    assert await ledger.submit("a", "x", b"") == Accepted()
