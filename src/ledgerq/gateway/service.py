@@ -30,7 +30,7 @@ from ledgerq.clock import Clock, now_ms
 from ledgerq.config import Settings
 from ledgerq.dlt.base import LedgerClient
 from ledgerq.gateway.api import ApiStore, Changes, GatewayApi
-from ledgerq.gateway.sources import ListingStore, StoreMonitorSource, SubmitterQueue
+from ledgerq.gateway.sources import ListingStore, StoreMonitorSource
 from ledgerq.model import TrackingBatch
 from ledgerq.monitor import Monitor
 from ledgerq.queue_source import QueueSource
@@ -72,9 +72,7 @@ class Gateway:
             delay_window_ms=settings["delay_window_ms"],
             poll_interval=settings.submitter.poll_timeout_s,
         )
-        self.submitter = Submitter(
-            SubmitterQueue(self.queue), ledger, self.recorder, settings.submitter
-        )
+        self.submitter = Submitter(self.queue, ledger, self.recorder, settings.submitter)
         self.monitor = Monitor(
             StoreMonitorSource(store),
             ledger,

@@ -1,13 +1,9 @@
-"""Adapters from the store and the queuer to what the submitter and monitor pull.
+"""What the monitor pulls, from the store's listings.
 
-* :class:`SubmitterQueue` turns the queuer's one-at-a-time
-  :class:`~ledgerq.queue_source.QueueSource` into the batches-per-pull shape
-  of :class:`~ledgerq.submitter.BatchSource`: it waits for the first batch,
-  then takes whatever else the current round already holds, without waiting.
-* :class:`StoreMonitorSource` finds the batches the monitor follows from the
-  store's listings: every ``Pending`` batch, and (every ``scan_every_ms``)
-  ``{submitted, None}`` batches whose last attempt is older than the stale
-  cut-off.
+:class:`StoreMonitorSource` finds the batches the monitor follows from the
+store's listings: every ``Pending`` batch, and (every ``scan_every_ms``)
+``{submitted, None}`` batches whose last attempt is older than the stale
+cut-off.
 """
 
 from __future__ import annotations
@@ -16,31 +12,6 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ledgerq.model import BatchStatusName, TrackingBatch, TrackingBatchList
-from ledgerq.queue_source import QueueSource
-
-
-class SubmitterQueue:
-    def __init__(self, source: QueueSource) -> None:
-        self.source = source
-
-    def wake(self, service_id: str | None = None) -> None:
-        self.source.wake(service_id)
-
-    async def next_batches(
-        self, limit: int, *, exclude: frozenset[str], timeout_s: float
-    ) -> Sequence[TrackingBatch]:
-        first = await self.source.get(timeout_s)
-        if first is None:
-            return ()
-        out = [first]
-        while len(out) < limit and self.source.queued > 0:
-            more = await self.source.next()
-            if more is None:
-                break
-            out.append(more)
-        # A service still in flight here is locked in the store as well; a
-        # pick for it can only come from a round read before the write landed.
-        return [b for b in out if b.service_id not in exclude]
 
 
 class ListingStore(Protocol):
