@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ledgerq.claims.settings import ClaimSettings
 from ledgerq.errors import ConfigError
 from ledgerq.monitor import MonitorSettings
 from ledgerq.submitter import SubmitterSettings
@@ -132,6 +133,11 @@ KEYS: tuple[Key, ...] = (
     Key("monitor.poll_interval_s", _positive(float), 1.0, "status poll fallback (s)"),
     Key("monitor.wait_s", _non_negative(float), 1.0, "long-poll wait of a status read (s)"),
     Key("monitor.stale_after_ms", _positive(_int), 60_000, "recover {submitted, None} after (ms)"),
+    Key("claims.instance_id", str, "", "HA instance id (default: host-pid-random)"),
+    Key("claims.renew_interval_ms", _positive(_int), 1_000, "claim cycle period (ms)"),
+    Key("claims.ttl_ms", _positive(_int), 5_000, "first claim expiry: idle failover (ms)"),
+    Key("claims.slow_ttl_ms", _positive(_int), 30_000, "second expiry: mid-submission (ms)"),
+    Key("claims.grace_ms", _non_negative(_int), 2_000, "unclaimed wait before any takes it (ms)"),
     Key("log.level", _log_level, "INFO", "debug, info, warning or error"),
     Key("log.json", _bool, False, "JSON log lines"),
 )
@@ -182,6 +188,18 @@ class Settings:
             backoff_initial_ms=v["submitter.backoff_initial_ms"],
             backoff_max_ms=v["submitter.backoff_max_ms"],
             poll_timeout_s=v["submitter.poll_timeout_s"],
+        )
+
+    @property
+    def claims(self) -> ClaimSettings:
+        v = self.values
+        identity = {"instance_id": v["claims.instance_id"]} if v["claims.instance_id"] else {}
+        return ClaimSettings(
+            renew_interval_ms=v["claims.renew_interval_ms"],
+            claim_ttl_ms=v["claims.ttl_ms"],
+            slow_ttl_ms=v["claims.slow_ttl_ms"],
+            grace_ms=v["claims.grace_ms"],
+            **identity,
         )
 
     @property
@@ -263,4 +281,5 @@ def load_settings(
     # Cross-key checks live in the component settings; surface them now.
     settings.submitter  # noqa: B018
     settings.monitor  # noqa: B018
+    settings.claims  # noqa: B018
     return settings

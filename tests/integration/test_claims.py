@@ -339,3 +339,28 @@ async def test_unreachable_database_fails_the_cycle_with_a_store_error() -> None
 def test_claims_refuse_sqlite() -> None:
     with pytest.raises(ConfigError, match="PostgreSQL"):
         ClaimManager("sqlite:///x.db")
+
+
+async def test_instances_and_claims_are_visible(db: str) -> None:
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    async with a, b:
+        await a.cycle()
+        await b.cycle()
+        await a.register_services(["s1", "s2", "s3"])
+        await a.cycle()
+        clock.advance(6_000)
+        await a.cycle()  # b is silent from T0: no longer live, a voids nothing of b's
+        instances = {i.instance_id: i for i in await a.list_instances()}
+        assert instances["a"].claims == 3
+        assert instances["a"].live
+        assert instances["a"].heartbeat_at == T0 + 6_000
+        assert not instances["b"].live
+        assert instances["b"].claims == 0
+        claims = await a.claims_for(["s1", "s3", "unknown"])
+        assert set(claims) == {"s1", "s3"}
+        assert claims["s1"].claimant == "a"
+        assert claims["s1"].epoch == 1
+        assert claims["s1"].expiry_1 == T0 + 6_000 + 5_000
+        assert claims["s1"].expiry_2 == T0 + 6_000 + 30_000

@@ -102,3 +102,15 @@ def test_a_second_process_on_the_same_sqlite_file_is_refused(tmp_path: Path) -> 
     again = SingleInstanceLock(db)
     again.acquire()
     again.release()
+
+
+def test_claim_settings_come_from_the_gateway_settings(tmp_path: Path) -> None:
+    from ledgerq.config import load_settings
+
+    env = {"LEDGERQ_CLAIMS_TTL_MS": "8000", "LEDGERQ_CLAIMS_INSTANCE_ID": "gw-1"}
+    claims = load_settings(environ=env, cwd=tmp_path).claims
+    assert (claims.instance_id, claims.claim_ttl_ms, claims.slow_ttl_ms) == ("gw-1", 8_000, 30_000)
+    generated = load_settings(environ={}, cwd=tmp_path).claims.instance_id
+    assert generated and generated != "gw-1"
+    with pytest.raises(ConfigError, match="slow_ttl_ms"):
+        load_settings(environ={"LEDGERQ_CLAIMS_SLOW_TTL_MS": "1000"}, cwd=tmp_path)

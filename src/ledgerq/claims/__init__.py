@@ -7,14 +7,22 @@
 """
 
 from ledgerq.claims.lock import SingleInstanceLock
-from ledgerq.claims.manager import ClaimManager, CycleReport, HeldClaim
+from ledgerq.claims.manager import (
+    ClaimInfo,
+    ClaimManager,
+    CycleReport,
+    HeldClaim,
+    InstanceInfo,
+)
 from ledgerq.claims.settings import ClaimSettings, generate_instance_id
 
 __all__ = [
+    "ClaimInfo",
     "ClaimManager",
     "ClaimSettings",
     "CycleReport",
     "HeldClaim",
+    "InstanceInfo",
     "SingleInstanceLock",
     "generate_instance_id",
 ]

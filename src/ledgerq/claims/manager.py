@@ -69,6 +69,28 @@ class HeldClaim:
 
 
 @dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    instance_id: str
+    started_at: int
+    heartbeat_at: int
+    address: str | None
+    claims: int
+    #: Heartbeat within the liveness window (counts toward the fair share).
+    live: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimInfo:
+    service_id: str
+    claimant: str | None
+    epoch: int
+    expiry_1: int | None
+    expiry_2: int | None
+    claimed_at: int | None
+    unclaimed_since: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class CycleReport:
     now: int
     voided: tuple[str, ...]
@@ -108,6 +130,8 @@ class ClaimManager:
         self._conn: Conn | None = None
         self._held: dict[str, HeldClaim] = {}
         self._wake = asyncio.Event()
+        # One connection, used by one transaction (or read) at a time.
+        self._lock = asyncio.Lock()
         self._stopping = False
         #: Transactions retried after a serialization failure or deadlock.
         self.retries = 0
@@ -238,6 +262,39 @@ class ClaimManager:
 
         await self._transact("create schema", go)
 
+    # -- visibility --------------------------------------------------------
+
+    async def list_instances(self, now: int | None = None) -> list[InstanceInfo]:
+        """Every registered instance, oldest first, with its claim count."""
+        now = self._clock() if now is None else now
+        live_after = now - self.settings.effective_liveness_ms
+
+        async def go(conn: Conn) -> list[Row]:
+            return await self._fetch(conn, "list_instances")
+
+        rows = await self._transact("list instances", go)
+        return [
+            InstanceInfo(
+                r["instance_id"],
+                r["started_at"],
+                r["heartbeat_at"],
+                r["address"],
+                r["claims"],
+                r["heartbeat_at"] > live_after,
+            )
+            for r in rows
+        ]
+
+    async def claims_for(self, service_ids: Iterable[str]) -> dict[str, ClaimInfo]:
+        """The claim rows of ``service_ids`` (services without a row are absent)."""
+        ids = sorted(set(service_ids))
+
+        async def go(conn: Conn) -> list[Row]:
+            return await self._fetch(conn, "claims_for", service_ids=ids)
+
+        rows = await self._transact("read claims", go)
+        return {r["service_id"]: ClaimInfo(**r) for r in rows}
+
     async def _maintain(self, conn: Conn, now: int) -> tuple[str, ...]:
         rows = await self._fetch(conn, "void_expired", now=now)
         await self._exec(
@@ -310,18 +367,20 @@ class ClaimManager:
         timeout = self.settings.db_timeout_ms / 1000
         last: Exception | None = None
         for attempt in range(self.settings.max_attempts):
-            try:
-                conn = await self._connection()
-                async with asyncio.timeout(timeout), conn.transaction():
-                    return await fn(conn)
-            except _RETRYABLE as exc:
-                last = exc
-                self.retries += 1
-                # Jittered backoff so competing instances stop colliding.
-                await asyncio.sleep(random.uniform(0, 0.005 * 2**attempt))
-            except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
-                last = exc
-                await self._drop_connection()
+            async with self._lock:
+                try:
+                    conn = await self._connection()
+                    async with asyncio.timeout(timeout), conn.transaction():
+                        return await fn(conn)
+                except _RETRYABLE as exc:
+                    last = exc
+                    self.retries += 1
+                except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
+                    last = exc
+                    await self._drop_connection()
+                    continue
+            # Jittered backoff so competing instances stop colliding.
+            await asyncio.sleep(random.uniform(0, 0.005 * 2**attempt))
         raise StoreError(
             f"claim step {name!r} of instance {self.instance_id} failed after "
             f"{self.settings.max_attempts} attempts: {last}; the next cycle retries, "

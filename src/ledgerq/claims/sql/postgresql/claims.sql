@@ -174,7 +174,8 @@ SELECT i.instance_id, i.started_at, i.heartbeat_at, i.address,
 FROM gateway_instances AS i
 ORDER BY i.started_at, i.instance_id;
 
--- name: list_claims
+-- name: claims_for
 SELECT service_id, claimant, epoch, expiry_1, expiry_2, claimed_at, unclaimed_since
 FROM service_id_claims
+WHERE service_id = ANY(%(service_ids)s::TEXT[])
 ORDER BY service_id;
