@@ -23,8 +23,11 @@ $(VENV)/.bench: $(VENV)/.dev pyproject.toml
 	$(PIP) install --quiet -e '.[dev,bench]'
 	@touch $@
 
+# Until `ledgerq serve` exists (it replaces this), `make run` migrates the
+# default store (ledgerq.sqlite3, or $$LEDGERQ_DB) and prints what it holds.
 run: $(VENV)/.run
-	$(BIN)/ledgerq serve
+	$(BIN)/ledgerq migrate
+	$(BIN)/ledgerq store summary
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -17,6 +17,11 @@ from ledgerq.commands.bench import bench  # noqa: E402
 
 cli.add_command(bench)
 
+from ledgerq.commands.store import migrate, store  # noqa: E402
+
+cli.add_command(migrate)
+cli.add_command(store)
+
 
 def main() -> None:
     cli()

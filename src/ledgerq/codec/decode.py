@@ -11,15 +11,17 @@ List: ``too_large`` (body over ``max_bytes``, checked before parsing),
 
 Batch: ``malformed_signature`` (``header_signature`` not 128 lowercase hex),
 ``malformed_batch_header``, ``malformed_public_key`` (``signer_public_key``
-not a 33-byte compressed secp256k1 key in lowercase hex),
-``bad_batch_signature``, ``empty_batch`` (no transactions),
-``transaction_ids_mismatch`` (the header's ``transaction_ids`` are not the
-transactions' header signatures, in order), ``duplicate_transaction_id``.
+not a 33-byte compressed secp256k1 key in lowercase hex), ``empty_batch``
+(no transactions), ``transaction_ids_mismatch`` (the header's
+``transaction_ids`` are not the transactions' header signatures, in order),
+``duplicate_transaction_id``, ``bad_batch_signature``.
 
 Transaction: ``malformed_signature``, ``malformed_transaction_header``,
 ``malformed_public_key``, ``batcher_public_key_mismatch`` (not the batch
 signer), ``payload_sha512_mismatch``, ``bad_transaction_signature``.
 
+Within a batch the checks run in the order listed, cheap string checks
+before any signature, so a malformed batch costs no curve arithmetic.
 With ``verify=False`` only the signature checks (``bad_*_signature``) are
 skipped, for bytes that were verified before (e.g. read back from the store).
 
