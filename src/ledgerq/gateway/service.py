@@ -31,7 +31,7 @@ from ledgerq.config import Settings
 from ledgerq.dlt.base import LedgerClient
 from ledgerq.gateway.api import ApiStore, Changes, ClaimsView, GatewayApi
 from ledgerq.gateway.sources import ListingStore, StoreMonitorSource
-from ledgerq.model import TrackingBatch
+from ledgerq.model import Fence, TrackingBatch
 from ledgerq.monitor import Monitor
 from ledgerq.queue_source import QueueSource
 from ledgerq.queuer import RoundStore
@@ -49,6 +49,10 @@ class Claims(ClaimsView, Protocol):
     """What the gateway needs of the claim manager (``ledgerq.claims``)."""
 
     def claimed_services(self, now: int | None = None) -> frozenset[str]: ...
+
+    def fence_for(self, service_id: str, now: int | None = None) -> Fence | None: ...
+
+    def wake(self) -> None: ...
 
     def add_listener(self, listener: Callable[[frozenset[str], frozenset[str]], None]) -> None: ...
 
@@ -77,7 +81,9 @@ class Gateway:
         # Under HA only claimed services are queued and monitored.
         services = None if claims is None else claims.claimed_services
         self.changes = Changes()
-        self.recorder = Recorder(store, clock=clock)
+        self.recorder = Recorder(
+            store, clock=clock, fences=None if claims is None else claims.fence_for
+        )
         self.queue = QueueSource(
             store,
             clock=clock,
@@ -135,8 +141,12 @@ class Gateway:
             self.wake(service_id, relay=False)
 
     def _accepted(self, batches: Sequence[TrackingBatch]) -> None:
-        for service_id in {b.service_id for b in batches}:
+        services = {b.service_id for b in batches}
+        for service_id in services:
             self.wake(service_id)
+        if self.claims is not None and not services <= self.claims.claimed_services():
+            # Possibly a new service: claim it now rather than at the next period.
+            self.claims.wake()
 
     def stop(self) -> None:
         self._stop.set()
