@@ -160,6 +160,13 @@ class PostgresBackend:
                         b.created_at,
                     )
                 )
+        await conn.execute(
+            q["insert_service_claims"],
+            {
+                "service_ids": [b.service_id for b in batches],
+                "created_ats": [b.created_at for b in batches],
+            },
+        )
         async with conn.cursor() as cur, cur.copy(q["copy_transactions"]) as copy:
             copy.set_types(_TRANSACTION_TYPES)
             for b in batches:
