@@ -30,6 +30,11 @@ from ledgerq.commands.serve import serve  # noqa: E402
 
 cli.add_command(serve)
 
+from ledgerq.commands.cluster import instances, services  # noqa: E402
+
+cli.add_command(instances)
+cli.add_command(services)
+
 
 def main() -> None:
     cli()
