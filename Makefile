@@ -23,8 +23,11 @@ $(VENV)/.bench: $(VENV)/.dev pyproject.toml
 	$(PIP) install --quiet -e '.[dev,bench]'
 	@touch $@
 
+# Until `ledgerq serve` exists (it replaces this), `make run` migrates the
+# default store (ledgerq.sqlite3, or $$LEDGERQ_DB) and prints what it holds.
 run: $(VENV)/.run
-	$(BIN)/ledgerq serve
+	$(BIN)/ledgerq migrate
+	$(BIN)/ledgerq store summary
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -40,6 +43,10 @@ format: $(VENV)/.dev
 
 bench: $(VENV)/.bench
 	$(BIN)/ledgerq bench all
+
+# ledgerq and procrastinate side by side on the same node and PostgreSQL.
+bench-compare: $(VENV)/.bench
+	$(BIN)/ledgerq bench compare
 
 # Regenerate the Sawtooth protobuf modules from the .proto files kept in the
 # package; the generated files are committed, so this is only needed when the

@@ -17,6 +17,20 @@ from ledgerq.commands.bench import bench  # noqa: E402
 
 cli.add_command(bench)
 
+from ledgerq.commands.store import migrate, store  # noqa: E402
+
+cli.add_command(migrate)
+cli.add_command(store)
+
+from ledgerq.commands.node import node  # noqa: E402
+
+cli.add_command(node)
+
+from ledgerq.commands.cluster import instances, services  # noqa: E402
+
+cli.add_command(instances)
+cli.add_command(services)
+
 
 def main() -> None:
     cli()

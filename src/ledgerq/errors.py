@@ -54,11 +54,23 @@ class DuplicateBatchError(StoreError):
         batch_id: str | None = None,
         data_change_id: str | None = None,
         service_id: str | None = None,
+        transaction_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.batch_id = batch_id
         self.data_change_id = data_change_id
         self.service_id = service_id
+        self.transaction_id = transaction_id
+
+
+class StoreInputError(StoreError):
+    """A value the store cannot hold (empty or over-long id, batch without
+    transactions, ...); nothing was written. The message names the value."""
+
+
+class StatusTransitionError(StoreError):
+    """A change the batch lifecycle forbids, e.g. resubmitting a final batch or
+    giving it a non-final status; nothing was written."""
 
 
 class BatchNotFoundError(StoreError):
@@ -75,3 +87,15 @@ class FencedOffError(StoreError):
 
 class LedgerError(LedgerqError):
     """A ledger (DLT) call failed."""
+
+
+class NodeError(LedgerqError):
+    """The embedded ledger node failed."""
+
+
+class NodeBusyError(NodeError):
+    """The node's pending queue is full (HTTP 429); resubmit after a while."""
+
+
+class NodeDataError(NodeError):
+    """The node's data directory is unreadable or was written by something else."""

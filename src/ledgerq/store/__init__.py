@@ -1,0 +1,112 @@
+"""The batch tracking store: where every accepted batch and its fate is recorded.
+
+``open_store(url)`` picks the backend from the URL:
+
+* ``sqlite:///relative/path`` or ``sqlite:////absolute/path`` — embedded,
+  one instance (:mod:`ledgerq.store.sqlite`);
+* ``postgresql://user@host:port/db`` — shared by several instances
+  (:mod:`ledgerq.store.postgres`);
+* ``memory://`` — in-process, for tests (:mod:`ledgerq.store.memory`).
+
+With ``migrate=True`` (the default) the schema is brought up to date first;
+with ``migrate=False`` an outdated schema is refused. A schema newer than, or
+unknown to, this ledgerq is always refused (``SchemaVersionError``). The
+store's semantics are documented in :mod:`ledgerq.store.base` and
+``docs/store.md``.
+"""
+
+from __future__ import annotations
+
+from ledgerq.clock import Clock, now_ms
+from ledgerq.errors import StoreError
+from ledgerq.store.base import (
+    DATA_CHANGE_PREFIX,
+    NO_STATUS,
+    BatchAcceptor,
+    BatchReader,
+    BatchTrackingStore,
+    MonitorStore,
+    ServiceSummary,
+    SubmitterStore,
+)
+from ledgerq.store.memory import MemoryStore
+from ledgerq.store.migrate import MigrationResult
+from ledgerq.store.sqlstore import Backend, SqlStore
+
+__all__ = [
+    "DATA_CHANGE_PREFIX",
+    "NO_STATUS",
+    "BatchAcceptor",
+    "BatchReader",
+    "BatchTrackingStore",
+    "MemoryStore",
+    "MigrationResult",
+    "MonitorStore",
+    "ServiceSummary",
+    "SqlStore",
+    "SubmitterStore",
+    "migrate_database",
+    "open_store",
+]
+
+
+def _dialect(url: str) -> str:
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        return "sqlite"
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql"
+    if scheme == "memory":
+        return "memory"
+    raise StoreError(
+        f"unsupported store URL {url!r}: use sqlite:///path/to/file, "
+        "postgresql://user@host:port/dbname or memory://"
+    )
+
+
+async def _open_sql(
+    url: str, *, migrate: bool, clock: Clock, pg_pool_max_size: int = 8
+) -> tuple[SqlStore, MigrationResult]:
+    backend: Backend
+    if _dialect(url) == "sqlite":
+        from ledgerq.store.sqlite import SqliteBackend, path_from_url
+
+        sqlite = SqliteBackend(path_from_url(url))
+        await sqlite.connect()
+        backend = sqlite
+    else:
+        from ledgerq.store.postgres import PostgresBackend
+
+        pg = PostgresBackend(url, pool_max_size=pg_pool_max_size)
+        await pg.connect()
+        backend = pg
+    store = SqlStore(backend, clock=clock)
+    try:
+        result = await backend.migrate(apply=migrate, url=url)
+    except BaseException:
+        await store.close()
+        raise
+    return store, result
+
+
+async def open_store(
+    url: str,
+    *,
+    migrate: bool = True,
+    clock: Clock = now_ms,
+    pg_pool_max_size: int = 8,
+) -> BatchTrackingStore:
+    """Open the store at ``url``; close it with ``await store.close()`` or ``async with``."""
+    if _dialect(url) == "memory":
+        return MemoryStore(clock=clock)
+    store, _ = await _open_sql(url, migrate=migrate, clock=clock, pg_pool_max_size=pg_pool_max_size)
+    return store
+
+
+async def migrate_database(url: str) -> MigrationResult:
+    """Bring the schema at ``url`` up to date; return the versions before and after."""
+    if _dialect(url) == "memory":
+        return MigrationResult(0, 0)
+    store, result = await _open_sql(url, migrate=True, clock=now_ms)
+    await store.close()
+    return result

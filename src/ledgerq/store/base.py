@@ -1,0 +1,191 @@
+"""The batch tracking store interface: what every backend promises.
+
+Every backend (SQLite, PostgreSQL, in-memory) implements
+:class:`BatchTrackingStore` with the same semantics, checked by one contract
+test suite. Components depend on the narrow role protocols
+(:class:`BatchAcceptor`, :class:`SubmitterStore`, :class:`MonitorStore`,
+:class:`BatchReader`) rather than on the whole store.
+
+Semantics a caller relies on (details in ``docs/store.md``):
+
+* ``id`` arguments take a batch id, or a data change id prefixed with
+  :data:`DATA_CHANGE_PREFIX` (``"dc:"``); batch ids are hex and never start
+  with it.
+* Every write is one database transaction: it lands entirely or not at all.
+* ``add_batches`` assigns ``seq`` in list order; per service, ``seq`` order is
+  commit order (concurrent writers to one service are serialized), so a
+  reader never sees a batch of a service before an earlier-``seq`` one of
+  that service appears.
+* Methods that depend on time take ``now`` (ms); ``None`` means the store's
+  clock.
+* Listings are ordered by ``seq`` (acceptance order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal, Protocol, Self
+
+from ledgerq.model import (
+    BatchStatus,
+    BatchStatusName,
+    Fence,
+    SubmissionError,
+    TrackingBatch,
+    TrackingBatchList,
+    TransactionReceipt,
+)
+
+#: Prefix that marks an ``id`` argument as a data change id.
+DATA_CHANGE_PREFIX = "dc:"
+
+#: ``list_batches(status=NO_STATUS)`` selects batches without a ledger status.
+NO_STATUS: Literal["none"] = "none"
+
+StatusFilter = BatchStatusName | Literal["none"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSummary:
+    """One service as the store sees it.
+
+    ``queue_depth`` counts non-final batches; ``head_batch_id`` is the
+    non-final batch with the lowest ``seq``; ``in_flight_batch_id`` is a
+    non-final batch marked ``submitted`` (the submitter holds it), if any.
+    """
+
+    service_id: str
+    queue_depth: int
+    head_batch_id: str | None
+    in_flight_batch_id: str | None
+    total: int
+
+
+class BatchAcceptor(Protocol):
+    """What the API needs to accept batches."""
+
+    async def add_batches(
+        self, batches: list[TrackingBatch], *, now: int | None = None
+    ) -> list[TrackingBatch]:
+        """Store new batches atomically; return them with ``seq`` and ``created_at`` set.
+
+        Raises ``DuplicateBatchError`` (naming the offender) when a batch id,
+        data change id or transaction id is already tracked in its service or
+        repeated within the call, and ``StoreInputError`` for values the schema
+        cannot hold; the store is then unchanged.
+        """
+        ...
+
+
+class BatchReader(Protocol):
+    """Read side: lookups and listings, in ``seq`` order."""
+
+    async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None: ...
+
+    async def get_batch_status(self, id: str, service_id: str) -> BatchStatus | None: ...
+
+    async def list_batches_by_status(
+        self, status: BatchStatus | BatchStatusName
+    ) -> TrackingBatchList: ...
+
+    async def get_unsubmitted_batches(self) -> TrackingBatchList: ...
+
+    async def get_failed_batches(self) -> TrackingBatchList: ...
+
+    async def list_batches(
+        self,
+        *,
+        service_id: str | None = None,
+        status: StatusFilter | None = None,
+        limit: int = 100,
+        after_seq: int | None = None,
+    ) -> TrackingBatchList: ...
+
+    async def list_services(
+        self, *, limit: int = 1000, after: str | None = None
+    ) -> list[ServiceSummary]: ...
+
+    async def status_counts(self) -> dict[str, int]:
+        """Batches per status name; ``"none"`` counts batches without one."""
+        ...
+
+
+class MonitorStore(Protocol):
+    """What the DLT monitor needs."""
+
+    async def get_batch_status(self, id: str, service_id: str) -> BatchStatus | None: ...
+
+    async def list_batches_by_status(
+        self, status: BatchStatus | BatchStatusName
+    ) -> TrackingBatchList: ...
+
+    async def update_batch_status(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus | None,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None: ...
+
+
+class SubmitterStore(Protocol):
+    """What the submitter needs."""
+
+    async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None: ...
+
+    async def change_batch_to_submitted(
+        self,
+        batch_id: str,
+        service_id: str,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        dlt_status: str | BatchStatusName | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None: ...
+
+    async def update_batch_status(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus | None,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None: ...
+
+
+class BatchTrackingStore(BatchAcceptor, BatchReader, MonitorStore, SubmitterStore, Protocol):
+    """Every operation of the seed, plus the listings the API needs."""
+
+    #: ``"sqlite"``, ``"postgresql"`` or ``"memory"``.
+    dialect: str
+
+    async def clean_stale_records(self, submitted_by: int) -> int:
+        """Delete final batches whose final status was recorded before ``submitted_by`` (ms).
+
+        Their transactions, receipts, submission and status rows go too; a
+        non-final batch is never deleted. Receipts of untracked transactions
+        last updated before the cut-off are deleted as well. Returns the
+        number of batches deleted.
+        """
+        ...
+
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

@@ -1,0 +1,318 @@
+"""What every backend shares: input checks, id resolution and row assembly.
+
+Backends check their input here before touching the database, so a bad value
+raises the same ``StoreInputError`` on every backend and nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ledgerq.errors import DuplicateBatchError, StoreError, StoreInputError
+from ledgerq.model import (
+    MAX_SERVICE_ID_LENGTH,
+    BatchStatus,
+    BatchStatusName,
+    Delayed,
+    Fence,
+    Invalid,
+    InvalidTransaction,
+    SubmissionError,
+    TrackingBatch,
+    TransactionReceipt,
+    Unknown,
+    ValidTransaction,
+    status_from_name,
+)
+from ledgerq.store.base import DATA_CHANGE_PREFIX, NO_STATUS, StatusFilter
+
+MAX_BATCH_ID_LENGTH = 128
+MAX_DATA_CHANGE_ID_LENGTH = 256
+MAX_PUBLIC_KEY_LENGTH = 70
+MAX_FAMILY_NAME_LENGTH = 128
+MAX_FAMILY_VERSION_LENGTH = 16
+MAX_ERROR_TYPE_LENGTH = 64
+MAX_LIST_LIMIT = 10_000
+
+#: Statuses after which the batch is not submitted again by the queuer until
+#: it picks it up: writing one of them clears ``submitted``.
+UNSUBMITTED_STATUSES = frozenset({BatchStatusName.UNKNOWN, BatchStatusName.DELAYED})
+
+
+def _check_text(what: str, value: object, max_length: int, *, where: str = "") -> None:
+    if not isinstance(value, str) or value == "":
+        raise StoreInputError(f"{what} must be a non-empty string{where}; got {value!r}")
+    if len(value) > max_length:
+        raise StoreInputError(
+            f"{what} is {len(value)} characters long{where}; the store holds at most "
+            f"{max_length}: shorten it"
+        )
+
+
+def check_service_id(service_id: str) -> None:
+    _check_text("service_id", service_id, MAX_SERVICE_ID_LENGTH)
+
+
+def check_new_batches(batches: Sequence[TrackingBatch]) -> None:
+    """Refuse values the schema cannot hold and duplicates within the call."""
+    batch_keys: set[tuple[str, str]] = set()
+    dc_keys: set[tuple[str, str]] = set()
+    txn_keys: set[tuple[str, str]] = set()
+    for batch in batches:
+        check_service_id(batch.service_id)
+        where = f" (batch {batch.batch_header[:16]!r}…)" if batch.batch_header else ""
+        _check_text("batch_header", batch.batch_header, MAX_BATCH_ID_LENGTH)
+        if batch.data_change_id is not None:
+            _check_text(
+                "data_change_id", batch.data_change_id, MAX_DATA_CHANGE_ID_LENGTH, where=where
+            )
+        _check_text(
+            "signer_public_key", batch.signer_public_key, MAX_PUBLIC_KEY_LENGTH, where=where
+        )
+        if batch.created_at < 0:
+            raise StoreInputError(f"created_at must be >= 0 ms{where}; got {batch.created_at}")
+        if batch.submitted or batch.batch_status is not None or batch.submission_error:
+            raise StoreInputError(
+                f"add_batches takes new batches only{where}: submitted, batch_status and "
+                "submission_error must be unset; record progress with "
+                "change_batch_to_submitted / update_batch_status"
+            )
+        if not batch.transactions:
+            raise StoreInputError(f"a batch needs at least one transaction{where}")
+        key = (batch.service_id, batch.batch_header)
+        if key in batch_keys:
+            raise DuplicateBatchError(
+                f"batch {batch.batch_header} appears twice in service {batch.service_id!r} "
+                "in this request; send it once",
+                batch_id=batch.batch_header,
+                service_id=batch.service_id,
+            )
+        batch_keys.add(key)
+        if batch.data_change_id is not None:
+            dc = (batch.service_id, batch.data_change_id)
+            if dc in dc_keys:
+                raise DuplicateBatchError(
+                    f"data change id {batch.data_change_id!r} appears twice in service "
+                    f"{batch.service_id!r} in this request; data change ids are unique per service",
+                    batch_id=batch.batch_header,
+                    data_change_id=batch.data_change_id,
+                    service_id=batch.service_id,
+                )
+            dc_keys.add(dc)
+        for txn in batch.transactions:
+            _check_text(
+                "transaction_header", txn.transaction_header, MAX_BATCH_ID_LENGTH, where=where
+            )
+            _check_text("family_name", txn.family_name, MAX_FAMILY_NAME_LENGTH, where=where)
+            _check_text(
+                "family_version", txn.family_version, MAX_FAMILY_VERSION_LENGTH, where=where
+            )
+            _check_text(
+                "transaction signer_public_key",
+                txn.signer_public_key,
+                MAX_PUBLIC_KEY_LENGTH,
+                where=where,
+            )
+            if txn.service_id != batch.service_id:
+                raise StoreInputError(
+                    f"transaction {txn.transaction_header} has service_id {txn.service_id!r} "
+                    f"but its batch has {batch.service_id!r}; they must match"
+                )
+            tkey = (batch.service_id, txn.transaction_header)
+            if tkey in txn_keys:
+                raise DuplicateBatchError(
+                    f"transaction {txn.transaction_header} appears twice in service "
+                    f"{batch.service_id!r} in this request",
+                    batch_id=batch.batch_header,
+                    service_id=batch.service_id,
+                    transaction_id=txn.transaction_header,
+                )
+            txn_keys.add(tkey)
+
+
+def check_receipts(receipts: Iterable[TransactionReceipt]) -> None:
+    for receipt in receipts:
+        _check_text("receipt transaction_id", receipt.transaction_id, MAX_BATCH_ID_LENGTH)
+
+
+def check_submission_error(error: SubmissionError | None) -> None:
+    if error is not None:
+        _check_text("submission error_type", error.error_type, MAX_ERROR_TYPE_LENGTH)
+
+
+def check_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise StoreInputError(f"limit must be between 1 and {MAX_LIST_LIMIT}; got {limit}")
+
+
+def parse_id(id: str) -> tuple[str | None, str | None]:
+    """Split an ``id`` argument into ``(batch_id, data_change_id)``; one is None."""
+    if id.startswith(DATA_CHANGE_PREFIX):
+        return None, id[len(DATA_CHANGE_PREFIX) :]
+    return id, None
+
+
+def parse_status_filter(status: StatusFilter | str | None) -> str | None:
+    """The stored status name to filter on; ``"none"`` stays ``"none"``."""
+    if status is None:
+        return None
+    if isinstance(status, BatchStatusName):
+        return status.value
+    if status.lower() == NO_STATUS:
+        return NO_STATUS
+    return BatchStatusName.parse(status).value
+
+
+def status_name_of(status: BatchStatus | BatchStatusName | str) -> BatchStatusName:
+    if isinstance(status, BatchStatusName):
+        return status
+    if isinstance(status, str):
+        try:
+            return BatchStatusName.parse(status)
+        except ValueError as exc:
+            raise StoreInputError(str(exc)) from exc
+    return status.name
+
+
+def status_effects(name: BatchStatusName | None, submitted: bool) -> bool:
+    """The ``submitted`` flag after writing status ``name``.
+
+    ``Unknown`` and ``Delayed`` mean the ledger does not hold the batch: the
+    queuer must see it as waiting for resubmission (seed 001), so the flag is
+    cleared; any other status leaves it as it was.
+    """
+    if name in UNSUBMITTED_STATUSES:
+        return False
+    return submitted
+
+
+def receipts_to_write(
+    status: BatchStatus | None, receipts: Iterable[TransactionReceipt]
+) -> list[TransactionReceipt]:
+    """The receipts a status update writes, one per transaction id (last wins).
+
+    An ``Invalid`` status's transactions are kept as failed receipts unless
+    the caller passed a receipt for that transaction.
+    """
+    by_id: dict[str, TransactionReceipt] = {}
+    for receipt in receipts:
+        by_id[receipt.transaction_id] = receipt
+    if isinstance(status, Invalid):
+        for txn in status.transactions:
+            if txn.transaction_id not in by_id:
+                by_id[txn.transaction_id] = TransactionReceipt(
+                    transaction_id=txn.transaction_id,
+                    result_valid=False,
+                    error_message=txn.error_message,
+                    error_data=txn.error_data,
+                    serialized_receipt=b"",
+                    external_status=txn.external_error_status,
+                    external_error_message=txn.external_error_message,
+                )
+    return list(by_id.values())
+
+
+def build_status(
+    name: str | None,
+    transaction_ids: Sequence[str],
+    invalid: Sequence[InvalidTransaction],
+) -> BatchStatus | None:
+    """Rebuild a status: Valid/Committed list every transaction of the batch in
+    order (a batch is atomic); Invalid lists the failed receipts."""
+    if name is None:
+        return None
+    status_name = BatchStatusName(name)
+    return status_from_name(
+        status_name,
+        valid=tuple(ValidTransaction(t) for t in transaction_ids),
+        invalid=tuple(invalid),
+    )
+
+
+def is_resubmission_status(status: BatchStatus | None) -> bool:
+    return isinstance(status, Unknown | Delayed)
+
+
+# Row shapes the SQL backends select, in column order:
+#   batch:   seq, service_id, batch_id, data_change_id, signer_public_key, trace,
+#            serialized_batch, submitted, created_at, last_attempt_at, attempts,
+#            status, error_type, error_message
+#   txn:     seq, transaction_id, family_name, family_version, payload,
+#            signer_public_key, service_id
+#   invalid: seq, transaction_id, error_message, error_data, external_status,
+#            external_error_message
+def assemble(
+    batch_rows: Sequence[Sequence[Any]],
+    txn_rows: Iterable[Sequence[Any]],
+    invalid_rows: Iterable[Sequence[Any]],
+) -> list[TrackingBatch]:
+    """Build batches from the rows of the three hydration queries."""
+    from ledgerq.model import TrackingTransaction
+
+    txns: dict[int, list[TrackingTransaction]] = {}
+    for seq, tid, fam, ver, payload, key, sid in txn_rows:
+        txns.setdefault(seq, []).append(
+            TrackingTransaction(
+                family_name=fam,
+                family_version=ver,
+                transaction_header=tid,
+                payload=bytes(payload),
+                signer_public_key=key,
+                service_id=sid,
+            )
+        )
+    invalid: dict[int, list[InvalidTransaction]] = {}
+    for seq, tid, msg, data, ext_status, ext_msg in invalid_rows:
+        invalid.setdefault(seq, []).append(
+            InvalidTransaction(
+                transaction_id=tid,
+                error_message=msg,
+                error_data=None if data is None else bytes(data),
+                external_error_status=ext_status,
+                external_error_message=ext_msg,
+            )
+        )
+    out: list[TrackingBatch] = []
+    for row in batch_rows:
+        (seq, sid, bid, dc, key, trace, blob, submitted, created, last, attempts, status) = row[:12]
+        err_type, err_msg = row[12], row[13]
+        batch_txns = tuple(txns.get(seq, ()))
+        out.append(
+            TrackingBatch(
+                service_id=sid,
+                batch_header=bid,
+                data_change_id=dc,
+                signer_public_key=key,
+                trace=bool(trace),
+                serialized_batch=bytes(blob),
+                submitted=bool(submitted),
+                created_at=created,
+                transactions=batch_txns,
+                batch_status=build_status(
+                    status, [t.transaction_header for t in batch_txns], invalid.get(seq, ())
+                ),
+                submission_error=(
+                    None if err_type is None else SubmissionError(err_type, err_msg or "")
+                ),
+                seq=seq,
+                last_attempt_at=last,
+                attempts=attempts,
+            )
+        )
+    return out
+
+
+def with_defaults(batch: TrackingBatch, now: int) -> TrackingBatch:
+    """``created_at`` 0 means "now"."""
+    return batch if batch.created_at else replace(batch, created_at=now)
+
+
+def check_no_fence(fence: Fence | None, dialect: str) -> None:
+    """Stores without claims take no fence: a fence there is a wiring mistake."""
+    if fence is not None:
+        raise StoreError(
+            f"a fenced write reached the {dialect} store, which has no claims; fencing needs "
+            "the PostgreSQL store shared by several gateway instances"
+        )

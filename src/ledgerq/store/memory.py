@@ -1,0 +1,385 @@
+"""In-memory batch tracking store, for unit tests of other components.
+
+Same semantics as the SQL backends (the contract suite runs against it
+unchanged), nothing persisted. Each method runs without awaiting, so it is
+atomic with respect to other tasks on the event loop. Not thread-safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import Self
+
+from ledgerq.clock import Clock, now_ms
+from ledgerq.errors import BatchNotFoundError, DuplicateBatchError, StatusTransitionError
+from ledgerq.model import (
+    BatchStatus,
+    BatchStatusName,
+    Fence,
+    InvalidTransaction,
+    SubmissionError,
+    TrackingBatch,
+    TrackingBatchList,
+    TransactionReceipt,
+)
+from ledgerq.store import common
+from ledgerq.store.base import NO_STATUS, ServiceSummary, StatusFilter
+
+
+@dataclass(slots=True)
+class _Record:
+    batch: TrackingBatch  # as added, with seq and created_at
+    submitted: bool = False
+    status: BatchStatusName | None = None
+    status_updated_at: int | None = None
+    error: SubmissionError | None = None
+    has_submission: bool = False
+    last_attempt_at: int | None = None
+    attempts: int = 0
+    times_checked: int = 0
+    last_checked: int | None = None
+
+
+@dataclass(slots=True)
+class _Receipt:
+    receipt: TransactionReceipt
+    updated_at: int
+
+
+@dataclass(slots=True)
+class _State:
+    records: dict[tuple[str, str], _Record] = field(default_factory=dict)
+    by_dc: dict[tuple[str, str], str] = field(default_factory=dict)
+    txn_owner: dict[tuple[str, str], str] = field(default_factory=dict)
+    receipts: dict[tuple[str, str], _Receipt] = field(default_factory=dict)
+    next_seq: int = 1
+
+
+class MemoryStore:
+    """:class:`~ledgerq.store.base.BatchTrackingStore` in a few dicts."""
+
+    dialect = "memory"
+
+    def __init__(self, *, clock: Clock = now_ms) -> None:
+        self._clock = clock
+        self._s = _State()
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closed = True
+
+    def _now(self, now: int | None) -> int:
+        return self._clock() if now is None else now
+
+    # -- writes ---------------------------------------------------------------
+
+    async def add_batches(
+        self, batches: list[TrackingBatch], *, now: int | None = None
+    ) -> list[TrackingBatch]:
+        common.check_new_batches(batches)
+        at = self._now(now)
+        s = self._s
+        for b in batches:  # check everything first: all or nothing
+            if (b.service_id, b.batch_header) in s.records:
+                raise DuplicateBatchError(
+                    f"batch {b.batch_header} is already tracked in service "
+                    f"{b.service_id!r}; nothing was added",
+                    batch_id=b.batch_header,
+                    service_id=b.service_id,
+                )
+            if b.data_change_id is not None and (b.service_id, b.data_change_id) in s.by_dc:
+                dc_owner = s.by_dc[(b.service_id, b.data_change_id)]
+                raise DuplicateBatchError(
+                    f"data change id {b.data_change_id!r} is already used by batch {dc_owner} "
+                    f"in service {b.service_id!r}; nothing was added",
+                    batch_id=b.batch_header,
+                    data_change_id=b.data_change_id,
+                    service_id=b.service_id,
+                )
+            for t in b.transactions:
+                owner = s.txn_owner.get((b.service_id, t.transaction_header))
+                if owner is not None:
+                    raise DuplicateBatchError(
+                        f"transaction {t.transaction_header} of batch {b.batch_header} is "
+                        f"already tracked in batch {owner} of service {b.service_id!r}; "
+                        "nothing was added",
+                        batch_id=b.batch_header,
+                        service_id=b.service_id,
+                        transaction_id=t.transaction_header,
+                    )
+        added: list[TrackingBatch] = []
+        for b in batches:
+            stored = replace(common.with_defaults(b, at), seq=s.next_seq)
+            s.next_seq += 1
+            s.records[(b.service_id, b.batch_header)] = _Record(stored)
+            if b.data_change_id is not None:
+                s.by_dc[(b.service_id, b.data_change_id)] = b.batch_header
+            for t in b.transactions:
+                s.txn_owner[(b.service_id, t.transaction_header)] = b.batch_header
+            added.append(stored)
+        return added
+
+    def _find(self, id: str, service_id: str) -> _Record | None:
+        common.check_service_id(service_id)
+        batch_id, dc = common.parse_id(id)
+        if batch_id is None:
+            assert dc is not None
+            batch_id = self._s.by_dc.get((service_id, dc))
+            if batch_id is None:
+                return None
+        return self._s.records.get((service_id, batch_id))
+
+    def _lock(self, id: str, service_id: str) -> _Record:
+        rec = self._find(id, service_id)
+        if rec is None:
+            raise BatchNotFoundError(
+                f"no batch {id!r} is tracked in service {service_id!r}; check the id "
+                "(data change ids take the 'dc:' prefix) and the service id"
+            )
+        return rec
+
+    @staticmethod
+    def _check_transition(rec: _Record, name: BatchStatusName) -> None:
+        if rec.status is not None and rec.status.is_final and not name.is_final:
+            raise StatusTransitionError(
+                f"batch {rec.batch.batch_header} of service {rec.batch.service_id!r} is "
+                f"{rec.status.value}, which is final; it cannot become {name.value}"
+            )
+
+    @staticmethod
+    def _apply_status(rec: _Record, name: BatchStatusName, at: int) -> None:
+        rec.status = name
+        rec.status_updated_at = at
+        rec.submitted = common.status_effects(name, rec.submitted)
+        if name is BatchStatusName.DELAYED:
+            rec.last_attempt_at = at
+
+    def _write_receipts(self, service_id: str, receipts: list[TransactionReceipt], at: int) -> None:
+        for r in receipts:
+            self._s.receipts[(service_id, r.transaction_id)] = _Receipt(r, at)
+
+    async def update_batch_status(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus | None,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        common.check_no_fence(fence, "memory")
+        receipts = common.receipts_to_write(status, transaction_receipts or ())
+        common.check_receipts(receipts)
+        common.check_submission_error(submission_error)
+        at = self._now(now)
+        rec = self._lock(id, service_id)
+        if status is not None:
+            self._check_transition(rec, status.name)
+            self._apply_status(rec, status.name, at)
+            if rec.has_submission:
+                rec.times_checked += 1
+                rec.last_checked = at
+        self._write_receipts(service_id, receipts, at)
+        if submission_error is not None:
+            if not rec.has_submission:
+                rec.has_submission, rec.times_checked, rec.last_checked = True, 1, at
+            rec.error = submission_error
+
+    async def change_batch_to_submitted(
+        self,
+        batch_id: str,
+        service_id: str,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        dlt_status: str | BatchStatusName | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        common.check_no_fence(fence, "memory")
+        name = None if dlt_status is None else common.status_name_of(dlt_status)
+        receipts = common.receipts_to_write(None, transaction_receipts or ())
+        common.check_receipts(receipts)
+        common.check_submission_error(submission_error)
+        at = self._now(now)
+        rec = self._lock(batch_id, service_id)
+        if rec.status is not None and rec.status.is_final:
+            raise StatusTransitionError(
+                f"batch {rec.batch.batch_header} of service {service_id!r} is "
+                f"{rec.status.value}, which is final; it is never submitted again"
+            )
+        rec.submitted = True
+        rec.attempts += 1
+        rec.last_attempt_at = at
+        if not rec.has_submission:
+            rec.has_submission, rec.times_checked, rec.last_checked = True, 1, at
+        rec.error = submission_error
+        if name is not None:
+            self._apply_status(rec, name, at)
+        self._write_receipts(service_id, receipts, at)
+
+    async def clean_stale_records(self, submitted_by: int) -> int:
+        s = self._s
+        stale = [
+            key
+            for key, rec in s.records.items()
+            if rec.status is not None
+            and rec.status.is_final
+            and rec.status_updated_at is not None
+            and rec.status_updated_at < submitted_by
+        ]
+        for key in stale:
+            rec = s.records.pop(key)
+            b = rec.batch
+            if b.data_change_id is not None:
+                s.by_dc.pop((b.service_id, b.data_change_id), None)
+            for t in b.transactions:
+                s.txn_owner.pop((b.service_id, t.transaction_header), None)
+                s.receipts.pop((b.service_id, t.transaction_header), None)
+        for rkey in [
+            k for k, r in s.receipts.items() if r.updated_at < submitted_by and k not in s.txn_owner
+        ]:
+            del s.receipts[rkey]
+        return len(stale)
+
+    # -- reads ----------------------------------------------------------------
+
+    def _view(self, rec: _Record) -> TrackingBatch:
+        b = rec.batch
+        invalid: list[InvalidTransaction] = []
+        if rec.status is BatchStatusName.INVALID:
+            for t in b.transactions:
+                found = self._s.receipts.get((b.service_id, t.transaction_header))
+                if found is not None and not found.receipt.result_valid:
+                    r = found.receipt
+                    invalid.append(
+                        InvalidTransaction(
+                            transaction_id=r.transaction_id,
+                            error_message=r.error_message,
+                            error_data=r.error_data,
+                            external_error_status=r.external_status,
+                            external_error_message=r.external_error_message,
+                        )
+                    )
+        return replace(
+            b,
+            submitted=rec.submitted,
+            batch_status=common.build_status(
+                None if rec.status is None else rec.status.value,
+                [t.transaction_header for t in b.transactions],
+                invalid,
+            ),
+            submission_error=rec.error,
+            last_attempt_at=rec.last_attempt_at,
+            attempts=rec.attempts,
+        )
+
+    def _ordered(self) -> list[_Record]:
+        return sorted(self._s.records.values(), key=lambda r: r.batch.seq or 0)
+
+    async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None:
+        rec = self._find(id, service_id)
+        return None if rec is None else self._view(rec)
+
+    async def get_batch_status(self, id: str, service_id: str) -> BatchStatus | None:
+        batch = await self.get_batch(id, service_id)
+        return None if batch is None else batch.batch_status
+
+    async def list_batches_by_status(
+        self, status: BatchStatus | BatchStatusName
+    ) -> TrackingBatchList:
+        name = common.status_name_of(status)
+        return TrackingBatchList(tuple(self._view(r) for r in self._ordered() if r.status is name))
+
+    async def get_unsubmitted_batches(self) -> TrackingBatchList:
+        return TrackingBatchList(
+            tuple(
+                self._view(r)
+                for r in self._ordered()
+                if not r.submitted and not (r.status is not None and r.status.is_final)
+            )
+        )
+
+    async def get_failed_batches(self) -> TrackingBatchList:
+        def failed(r: _Record) -> bool:
+            if r.status is BatchStatusName.INVALID:
+                return True
+            return r.error is not None and r.status not in (
+                BatchStatusName.VALID,
+                BatchStatusName.COMMITTED,
+            )
+
+        return TrackingBatchList(tuple(self._view(r) for r in self._ordered() if failed(r)))
+
+    async def list_batches(
+        self,
+        *,
+        service_id: str | None = None,
+        status: StatusFilter | None = None,
+        limit: int = 100,
+        after_seq: int | None = None,
+    ) -> TrackingBatchList:
+        common.check_limit(limit)
+        wanted = common.parse_status_filter(status)
+        out: list[TrackingBatch] = []
+        for r in self._ordered():
+            if (r.batch.seq or 0) <= (after_seq or 0):
+                continue
+            if service_id is not None and r.batch.service_id != service_id:
+                continue
+            if wanted == NO_STATUS and r.status is not None:
+                continue
+            if wanted not in (None, NO_STATUS) and (r.status is None or r.status.value != wanted):
+                continue
+            out.append(self._view(r))
+            if len(out) == limit:
+                break
+        return TrackingBatchList(tuple(out))
+
+    async def list_services(
+        self, *, limit: int = 1000, after: str | None = None
+    ) -> list[ServiceSummary]:
+        common.check_limit(limit)
+        by_service: dict[str, list[_Record]] = {}
+        for r in self._ordered():
+            by_service.setdefault(r.batch.service_id, []).append(r)
+        out: list[ServiceSummary] = []
+        for sid in sorted(by_service):
+            if after is not None and sid <= after:
+                continue
+            recs = by_service[sid]
+            open_ = [r for r in recs if not (r.status is not None and r.status.is_final)]
+            flight = [r for r in open_ if r.submitted]
+            out.append(
+                ServiceSummary(
+                    service_id=sid,
+                    queue_depth=len(open_),
+                    head_batch_id=open_[0].batch.batch_header if open_ else None,
+                    in_flight_batch_id=flight[0].batch.batch_header if flight else None,
+                    total=len(recs),
+                )
+            )
+            if len(out) == limit:
+                break
+        return out
+
+    async def status_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self._s.records.values():
+            key = NO_STATUS if r.status is None else r.status.value
+            counts[key] = counts.get(key, 0) + 1
+        return counts

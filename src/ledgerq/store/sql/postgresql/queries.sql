@@ -1,0 +1,266 @@
+-- Named queries of the PostgreSQL backend. Parameters are %(named)s.
+-- Batch rows are selected in the column order ledgerq.store.common.assemble expects.
+
+-- name: schema_version_create
+CREATE TABLE IF NOT EXISTS schema_version (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at BIGINT NOT NULL
+);
+
+-- name: schema_version_rows
+SELECT version, name FROM schema_version;
+
+-- name: schema_version_insert
+INSERT INTO schema_version (version, name, applied_at)
+VALUES (%(version)s, %(name)s, %(applied_at)s);
+
+-- name: table_exists
+SELECT count(*) FROM pg_catalog.pg_tables
+WHERE schemaname = current_schema() AND tablename = %(name)s::text;
+
+-- name: lock_migrations
+SELECT pg_advisory_xact_lock(%(lock_class)s::int, 0);
+
+-- Per-service advisory locks in key order (no deadlocks between writers).
+-- name: lock_services
+SELECT pg_advisory_xact_lock(%(lock_class)s::int, k)
+FROM (SELECT DISTINCT hashtext(s) AS k FROM unnest(%(service_ids)s::text[]) AS s ORDER BY k) AS keys;
+
+-- Seqs for one add_batches call, increasing; the caller assigns them in list order.
+-- name: allocate_seqs
+SELECT nextval(pg_get_serial_sequence('batches', 'seq'))
+FROM generate_series(1, %(count)s::int);
+
+-- New services get an unclaimed claim row (docs/ha.md), in the same transaction.
+-- name: insert_service_claims
+INSERT INTO service_id_claims (service_id, unclaimed_since, created_at, updated_at)
+SELECT i.service_id, min(i.created_at), min(i.created_at), min(i.created_at)
+FROM unnest(%(service_ids)s::text[], %(created_ats)s::bigint[]) AS i(service_id, created_at)
+GROUP BY i.service_id
+ORDER BY i.service_id
+ON CONFLICT (service_id) DO NOTHING;
+
+-- Binary COPY; column order and types must match the rows ledgerq.store.postgres writes.
+-- name: copy_batches
+COPY batches
+    (seq, service_id, batch_id, data_change_id, signer_public_key, trace, serialized_batch,
+     created_at)
+FROM STDIN (FORMAT BINARY);
+
+-- name: copy_transactions
+COPY transactions
+    (service_id, transaction_id, batch_id, position, payload, family_name, family_version,
+     signer_public_key)
+FROM STDIN (FORMAT BINARY);
+
+-- name: batch_exists
+SELECT count(*) FROM batches WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s;
+
+-- name: data_change_id_owner
+SELECT batch_id FROM batches
+WHERE service_id = %(service_id)s AND data_change_id = %(data_change_id)s;
+
+-- name: transaction_owner
+SELECT batch_id FROM transactions
+WHERE service_id = %(service_id)s AND transaction_id = %(transaction_id)s;
+
+-- name: batch_state
+SELECT batch_id, status, submitted
+FROM batches
+WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s
+FOR UPDATE;
+
+-- Fencing: the claim row is share-locked until the write commits, so the
+-- claim cannot be voided, handed over or taken while the write is under way.
+-- name: hold_claim
+SELECT epoch
+FROM service_id_claims
+WHERE service_id = %(service_id)s AND claimant = %(instance_id)s AND epoch = %(epoch)s
+FOR SHARE;
+
+-- name: batch_state_by_data_change_id
+SELECT batch_id, status, submitted
+FROM batches
+WHERE service_id = %(service_id)s AND data_change_id = %(data_change_id)s
+FOR UPDATE;
+
+-- name: get_batch
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.service_id = %(service_id)s AND b.batch_id = %(batch_id)s;
+
+-- name: get_batch_by_data_change_id
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.service_id = %(service_id)s AND b.data_change_id = %(data_change_id)s;
+
+-- name: list_batches_by_status
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.status = %(status)s::text
+ORDER BY b.seq;
+
+-- name: get_unsubmitted_batches
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE NOT b.final AND NOT b.submitted
+ORDER BY b.seq;
+
+-- name: get_failed_batches
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.status = 'Invalid'
+   OR (s.error_type IS NOT NULL AND (b.status IS NULL OR b.status NOT IN ('Valid', 'Committed')))
+ORDER BY b.seq;
+
+-- name: list_batches
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE (%(service_id)s::text IS NULL OR b.service_id = %(service_id)s::text)
+  AND (%(status)s::text IS NULL
+       OR (%(status)s::text = 'none' AND b.status IS NULL)
+       OR b.status = %(status)s::text)
+  AND b.seq > %(after_seq)s::bigint
+ORDER BY b.seq
+LIMIT %(limit)s::int;
+
+-- name: hydrate_transactions
+SELECT b.seq, t.transaction_id, t.family_name, t.family_version, t.payload,
+       t.signer_public_key, t.service_id
+FROM batches b
+JOIN transactions t ON t.service_id = b.service_id AND t.batch_id = b.batch_id
+WHERE b.seq = ANY(%(seqs)s::bigint[])
+ORDER BY b.seq, t.position;
+
+-- name: hydrate_invalid
+SELECT b.seq, r.transaction_id, r.error_message, r.error_data, r.external_status,
+       r.external_error_message
+FROM batches b
+JOIN transactions t ON t.service_id = b.service_id AND t.batch_id = b.batch_id
+JOIN transaction_receipts r
+  ON r.service_id = t.service_id AND r.transaction_id = t.transaction_id
+WHERE b.seq = ANY(%(seqs)s::bigint[]) AND NOT r.result_valid
+ORDER BY b.seq, t.position;
+
+-- name: upsert_batch_status
+INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
+VALUES (%(service_id)s, %(batch_id)s, %(status)s, %(now)s, %(now)s)
+ON CONFLICT (service_id, batch_id) DO UPDATE
+SET dlt_status = excluded.dlt_status, updated_at = excluded.updated_at;
+
+-- name: set_batch_status
+UPDATE batches
+SET status = %(status)s::text,
+    final = %(final)s,
+    submitted = %(submitted)s,
+    last_attempt_at = CASE WHEN %(status)s::text = 'Delayed' THEN %(now)s::bigint
+                           ELSE last_attempt_at END
+WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s;
+
+-- name: record_attempt
+UPDATE batches
+SET submitted = TRUE, attempts = attempts + 1, last_attempt_at = %(now)s
+WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s;
+
+-- name: upsert_submission_attempt
+INSERT INTO submissions
+    (service_id, batch_id, last_checked, times_checked, error_type, error_message, created_at,
+     updated_at)
+VALUES (%(service_id)s, %(batch_id)s, %(now)s, 1, %(error_type)s, %(error_message)s, %(now)s,
+        %(now)s)
+ON CONFLICT (service_id, batch_id) DO UPDATE
+SET error_type = excluded.error_type,
+    error_message = excluded.error_message,
+    updated_at = excluded.updated_at;
+
+-- name: upsert_submission_error
+INSERT INTO submissions
+    (service_id, batch_id, last_checked, times_checked, error_type, error_message, created_at,
+     updated_at)
+VALUES (%(service_id)s, %(batch_id)s, %(now)s, 1, %(error_type)s, %(error_message)s, %(now)s,
+        %(now)s)
+ON CONFLICT (service_id, batch_id) DO UPDATE
+SET error_type = excluded.error_type,
+    error_message = excluded.error_message,
+    updated_at = excluded.updated_at;
+
+-- name: record_check
+UPDATE submissions
+SET last_checked = %(now)s, times_checked = times_checked + 1, updated_at = %(now)s
+WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s;
+
+-- name: upsert_receipt
+INSERT INTO transaction_receipts
+    (service_id, transaction_id, result_valid, error_message, error_data, serialized_receipt,
+     external_status, external_error_message, created_at, updated_at)
+VALUES
+    (%(service_id)s, %(transaction_id)s, %(result_valid)s, %(error_message)s, %(error_data)s,
+     %(serialized_receipt)s, %(external_status)s, %(external_error_message)s, %(now)s, %(now)s)
+ON CONFLICT (service_id, transaction_id) DO UPDATE
+SET result_valid = excluded.result_valid,
+    error_message = excluded.error_message,
+    error_data = excluded.error_data,
+    serialized_receipt = excluded.serialized_receipt,
+    external_status = excluded.external_status,
+    external_error_message = excluded.external_error_message,
+    updated_at = excluded.updated_at;
+
+-- name: clean_stale_receipts
+DELETE FROM transaction_receipts r
+USING batches b, batch_statuses s, transactions t
+WHERE s.service_id = b.service_id AND s.batch_id = b.batch_id
+  AND t.service_id = b.service_id AND t.batch_id = b.batch_id
+  AND r.service_id = t.service_id AND r.transaction_id = t.transaction_id
+  AND b.final AND s.updated_at < %(cutoff)s;
+
+-- name: clean_orphan_receipts
+DELETE FROM transaction_receipts r
+WHERE r.updated_at < %(cutoff)s
+  AND NOT EXISTS (
+      SELECT 1 FROM transactions t
+      WHERE t.service_id = r.service_id AND t.transaction_id = r.transaction_id
+  );
+
+-- name: clean_stale_batches
+DELETE FROM batches b
+USING batch_statuses s
+WHERE s.service_id = b.service_id AND s.batch_id = b.batch_id
+  AND b.final AND s.updated_at < %(cutoff)s;
+
+-- name: list_services
+SELECT b.service_id,
+       count(*) FILTER (WHERE NOT b.final) AS queue_depth,
+       (SELECT h.batch_id FROM batches h
+        WHERE h.service_id = b.service_id AND NOT h.final
+        ORDER BY h.seq LIMIT 1) AS head_batch_id,
+       (SELECT f.batch_id FROM batches f
+        WHERE f.service_id = b.service_id AND NOT f.final AND f.submitted
+        ORDER BY f.seq LIMIT 1) AS in_flight_batch_id,
+       count(*) AS total
+FROM batches b
+WHERE %(after)s::text IS NULL OR b.service_id > %(after)s::text
+GROUP BY b.service_id
+ORDER BY b.service_id
+LIMIT %(limit)s::int;
+
+-- name: status_counts
+SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1;

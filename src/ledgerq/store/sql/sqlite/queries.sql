@@ -1,0 +1,237 @@
+-- Named queries of the SQLite backend. Parameters are :named.
+-- Batch rows are selected in the column order ledgerq.store.common.assemble expects.
+
+-- name: schema_version_create
+CREATE TABLE IF NOT EXISTS schema_version (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at INTEGER NOT NULL
+);
+
+-- name: schema_version_rows
+SELECT version, name FROM schema_version;
+
+-- name: schema_version_insert
+INSERT INTO schema_version (version, name, applied_at) VALUES (:version, :name, :applied_at);
+
+-- name: table_exists
+SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = :name;
+
+-- name: insert_batch
+INSERT INTO batches
+    (service_id, batch_id, data_change_id, signer_public_key, trace, serialized_batch, created_at)
+VALUES
+    (:service_id, :batch_id, :data_change_id, :signer_public_key, :trace, :serialized_batch,
+     :created_at);
+
+-- name: insert_transaction
+INSERT INTO transactions
+    (service_id, transaction_id, batch_id, position, payload, family_name, family_version,
+     signer_public_key)
+VALUES
+    (:service_id, :transaction_id, :batch_id, :position, :payload, :family_name, :family_version,
+     :signer_public_key);
+
+-- name: last_seq
+SELECT last_insert_rowid();
+
+-- name: batch_exists
+SELECT count(*) FROM batches WHERE service_id = :service_id AND batch_id = :batch_id;
+
+-- name: data_change_id_owner
+SELECT batch_id FROM batches WHERE service_id = :service_id AND data_change_id = :data_change_id;
+
+-- name: transaction_owner
+SELECT batch_id FROM transactions WHERE service_id = :service_id AND transaction_id = :transaction_id;
+
+-- name: batch_state
+SELECT batch_id, status, submitted
+FROM batches
+WHERE service_id = :service_id AND batch_id = :batch_id;
+
+-- name: batch_state_by_data_change_id
+SELECT batch_id, status, submitted
+FROM batches
+WHERE service_id = :service_id AND data_change_id = :data_change_id;
+
+-- name: get_batch
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.service_id = :service_id AND b.batch_id = :batch_id;
+
+-- name: get_batch_by_data_change_id
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.service_id = :service_id AND b.data_change_id = :data_change_id;
+
+-- name: list_batches_by_status
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.status = :status
+ORDER BY b.seq;
+
+-- name: get_unsubmitted_batches
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE NOT b.final AND NOT b.submitted
+ORDER BY b.seq;
+
+-- name: get_failed_batches
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.status = 'Invalid'
+   OR (s.error_type IS NOT NULL AND (b.status IS NULL OR b.status NOT IN ('Valid', 'Committed')))
+ORDER BY b.seq;
+
+-- name: list_batches
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE (:service_id IS NULL OR b.service_id = :service_id)
+  AND (:status IS NULL OR (:status = 'none' AND b.status IS NULL) OR b.status = :status)
+  AND b.seq > :after_seq
+ORDER BY b.seq
+LIMIT :limit;
+
+-- name: hydrate_transactions
+SELECT b.seq, t.transaction_id, t.family_name, t.family_version, t.payload,
+       t.signer_public_key, t.service_id
+FROM batches b
+JOIN transactions t ON t.service_id = b.service_id AND t.batch_id = b.batch_id
+WHERE b.seq IN (SELECT value FROM json_each(:seqs))
+ORDER BY b.seq, t.position;
+
+-- name: hydrate_invalid
+SELECT b.seq, r.transaction_id, r.error_message, r.error_data, r.external_status,
+       r.external_error_message
+FROM batches b
+JOIN transactions t ON t.service_id = b.service_id AND t.batch_id = b.batch_id
+JOIN transaction_receipts r
+  ON r.service_id = t.service_id AND r.transaction_id = t.transaction_id
+WHERE b.seq IN (SELECT value FROM json_each(:seqs)) AND NOT r.result_valid
+ORDER BY b.seq, t.position;
+
+-- name: upsert_batch_status
+INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
+VALUES (:service_id, :batch_id, :status, :now, :now)
+ON CONFLICT (service_id, batch_id) DO UPDATE
+SET dlt_status = excluded.dlt_status, updated_at = excluded.updated_at;
+
+-- name: set_batch_status
+UPDATE batches
+SET status = :status,
+    final = :final,
+    submitted = :submitted,
+    last_attempt_at = CASE WHEN :status = 'Delayed' THEN :now ELSE last_attempt_at END
+WHERE service_id = :service_id AND batch_id = :batch_id;
+
+-- name: record_attempt
+UPDATE batches
+SET submitted = 1, attempts = attempts + 1, last_attempt_at = :now
+WHERE service_id = :service_id AND batch_id = :batch_id;
+
+-- name: upsert_submission_attempt
+INSERT INTO submissions
+    (service_id, batch_id, last_checked, times_checked, error_type, error_message, created_at,
+     updated_at)
+VALUES (:service_id, :batch_id, :now, 1, :error_type, :error_message, :now, :now)
+ON CONFLICT (service_id, batch_id) DO UPDATE
+SET error_type = excluded.error_type,
+    error_message = excluded.error_message,
+    updated_at = excluded.updated_at;
+
+-- name: upsert_submission_error
+INSERT INTO submissions
+    (service_id, batch_id, last_checked, times_checked, error_type, error_message, created_at,
+     updated_at)
+VALUES (:service_id, :batch_id, :now, 1, :error_type, :error_message, :now, :now)
+ON CONFLICT (service_id, batch_id) DO UPDATE
+SET error_type = excluded.error_type,
+    error_message = excluded.error_message,
+    updated_at = excluded.updated_at;
+
+-- name: record_check
+UPDATE submissions
+SET last_checked = :now, times_checked = times_checked + 1, updated_at = :now
+WHERE service_id = :service_id AND batch_id = :batch_id;
+
+-- name: upsert_receipt
+INSERT INTO transaction_receipts
+    (service_id, transaction_id, result_valid, error_message, error_data, serialized_receipt,
+     external_status, external_error_message, created_at, updated_at)
+VALUES
+    (:service_id, :transaction_id, :result_valid, :error_message, :error_data,
+     :serialized_receipt, :external_status, :external_error_message, :now, :now)
+ON CONFLICT (service_id, transaction_id) DO UPDATE
+SET result_valid = excluded.result_valid,
+    error_message = excluded.error_message,
+    error_data = excluded.error_data,
+    serialized_receipt = excluded.serialized_receipt,
+    external_status = excluded.external_status,
+    external_error_message = excluded.external_error_message,
+    updated_at = excluded.updated_at;
+
+-- name: clean_stale_receipts
+DELETE FROM transaction_receipts
+WHERE (service_id, transaction_id) IN (
+    SELECT t.service_id, t.transaction_id
+    FROM batches b
+    JOIN batch_statuses s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+    JOIN transactions t ON t.service_id = b.service_id AND t.batch_id = b.batch_id
+    WHERE b.final AND s.updated_at < :cutoff
+);
+
+-- name: clean_orphan_receipts
+DELETE FROM transaction_receipts
+WHERE updated_at < :cutoff
+  AND NOT EXISTS (
+      SELECT 1 FROM transactions t
+      WHERE t.service_id = transaction_receipts.service_id
+        AND t.transaction_id = transaction_receipts.transaction_id
+  );
+
+-- name: clean_stale_batches
+DELETE FROM batches
+WHERE final
+  AND EXISTS (
+      SELECT 1 FROM batch_statuses s
+      WHERE s.service_id = batches.service_id
+        AND s.batch_id = batches.batch_id
+        AND s.updated_at < :cutoff
+  );
+
+-- name: list_services
+SELECT b.service_id,
+       sum(CASE WHEN b.final THEN 0 ELSE 1 END) AS queue_depth,
+       (SELECT h.batch_id FROM batches h
+        WHERE h.service_id = b.service_id AND NOT h.final
+        ORDER BY h.seq LIMIT 1) AS head_batch_id,
+       (SELECT f.batch_id FROM batches f
+        WHERE f.service_id = b.service_id AND NOT f.final AND f.submitted
+        ORDER BY f.seq LIMIT 1) AS in_flight_batch_id,
+       count(*) AS total
+FROM batches b
+WHERE :after IS NULL OR b.service_id > :after
+GROUP BY b.service_id
+ORDER BY b.service_id
+LIMIT :limit;
+
+-- name: status_counts
+SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1;

@@ -1,0 +1,135 @@
+-- Canonical schema (equal to replaying migrations/ in order; a test checks it): the batch
+-- tracking store, the seed's five tables with the fixes listed in
+-- docs/schema.md, plus ledgerq's acceptance order (seq) and attempt columns.
+-- Timestamps are INTEGER milliseconds since the Unix epoch (UTC); the default
+-- expression is the millisecond clock (SQLite 3.40 has no unixepoch('subsec')).
+
+-- seq is the rowid; AUTOINCREMENT keeps it from ever being reused after
+-- clean_stale_records deleted the newest rows. (service_id, batch_id) is the
+-- seed's primary key, kept as a UNIQUE key that the foreign keys reference.
+CREATE TABLE batches (
+    seq               INTEGER PRIMARY KEY AUTOINCREMENT,
+    service_id        VARCHAR(64) NOT NULL
+        CHECK (length(service_id) BETWEEN 1 AND 64),
+    batch_id          VARCHAR(128) NOT NULL
+        CHECK (length(batch_id) BETWEEN 1 AND 128),
+    data_change_id    VARCHAR(256) CHECK (length(data_change_id) <= 256),
+    signer_public_key VARCHAR(70) NOT NULL,
+    trace             BOOLEAN NOT NULL,
+    serialized_batch  BLOB NOT NULL,
+    submitted         BOOLEAN NOT NULL DEFAULT 0,
+    created_at        INTEGER NOT NULL
+        DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)),
+    -- Mirror of batch_statuses.dlt_status, written in the same transaction, so
+    -- the queuer reads one table and final batches drop out of batches_open_idx.
+    status            VARCHAR(16)
+        CHECK (status IN ('Unknown', 'Pending', 'Delayed', 'Invalid', 'Valid', 'Committed')),
+    final             BOOLEAN NOT NULL DEFAULT 0,
+    last_attempt_at   INTEGER,
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    CONSTRAINT batches_key UNIQUE (service_id, batch_id),
+    CONSTRAINT batches_data_change_id_key UNIQUE (service_id, data_change_id),
+    CONSTRAINT batches_final_check CHECK (
+        final = (status IS NOT NULL AND status IN ('Invalid', 'Valid', 'Committed'))
+    )
+);
+
+-- The queuer's working set: non-final batches per service in acceptance order.
+CREATE INDEX batches_open_idx ON batches (service_id, seq) WHERE NOT final;
+CREATE INDEX batches_service_seq_idx ON batches (service_id, seq);
+CREATE INDEX batches_status_seq_idx ON batches (status, seq);
+
+CREATE TABLE transactions (
+    service_id        VARCHAR(64) NOT NULL,
+    transaction_id    VARCHAR(128) NOT NULL,
+    batch_id          VARCHAR(128) NOT NULL,
+    -- Position of the transaction inside its batch (the seed lost the order).
+    position          INTEGER NOT NULL,
+    payload           BLOB NOT NULL,
+    family_name       VARCHAR(128) NOT NULL,
+    family_version    VARCHAR(16) NOT NULL,
+    signer_public_key VARCHAR(70) NOT NULL,
+    PRIMARY KEY (service_id, transaction_id),
+    FOREIGN KEY (service_id, batch_id)
+        REFERENCES batches (service_id, batch_id) ON DELETE CASCADE
+);
+
+CREATE INDEX transactions_batch_idx ON transactions (service_id, batch_id, position);
+
+-- No foreign key to transactions: receipts arrive for every transaction
+-- committed on the circuit, including ones this store never tracked.
+CREATE TABLE transaction_receipts (
+    service_id             VARCHAR(64) NOT NULL,
+    transaction_id         VARCHAR(128) NOT NULL,
+    result_valid           BOOLEAN NOT NULL,
+    error_message          TEXT,
+    error_data             BLOB,
+    serialized_receipt     BLOB NOT NULL,
+    external_status        TEXT,
+    external_error_message TEXT,
+    created_at             INTEGER NOT NULL
+        DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)),
+    updated_at             INTEGER NOT NULL
+        DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)),
+    PRIMARY KEY (service_id, transaction_id)
+);
+
+CREATE TABLE submissions (
+    service_id    VARCHAR(64) NOT NULL,
+    batch_id      VARCHAR(128) NOT NULL,
+    last_checked  INTEGER NOT NULL
+        DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)),
+    times_checked INTEGER NOT NULL DEFAULT 1,
+    error_type    VARCHAR(64),
+    error_message TEXT,
+    created_at    INTEGER NOT NULL
+        DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)),
+    updated_at    INTEGER NOT NULL
+        DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)),
+    PRIMARY KEY (service_id, batch_id),
+    FOREIGN KEY (service_id, batch_id)
+        REFERENCES batches (service_id, batch_id) ON DELETE CASCADE
+);
+
+CREATE TABLE batch_statuses (
+    service_id VARCHAR(64) NOT NULL,
+    batch_id   VARCHAR(128) NOT NULL,
+    dlt_status VARCHAR(16) NOT NULL
+        CHECK (dlt_status IN ('Unknown', 'Pending', 'Delayed', 'Invalid', 'Valid', 'Committed')),
+    created_at INTEGER NOT NULL
+        DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)),
+    updated_at INTEGER NOT NULL
+        DEFAULT (CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)),
+    PRIMARY KEY (service_id, batch_id),
+    FOREIGN KEY (service_id, batch_id)
+        REFERENCES batches (service_id, batch_id) ON DELETE CASCADE
+);
+
+-- updated_at on UPDATE. The store writes updated_at itself (with its injected
+-- clock); the triggers only fill in when a statement left it unchanged.
+CREATE TRIGGER transaction_receipts_touch_updated_at
+AFTER UPDATE ON transaction_receipts FOR EACH ROW
+WHEN NEW.updated_at = OLD.updated_at
+BEGIN
+    UPDATE transaction_receipts
+    SET updated_at = CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
+    WHERE service_id = NEW.service_id AND transaction_id = NEW.transaction_id;
+END;
+
+CREATE TRIGGER submissions_touch_updated_at
+AFTER UPDATE ON submissions FOR EACH ROW
+WHEN NEW.updated_at = OLD.updated_at
+BEGIN
+    UPDATE submissions
+    SET updated_at = CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
+    WHERE service_id = NEW.service_id AND batch_id = NEW.batch_id;
+END;
+
+CREATE TRIGGER batch_statuses_touch_updated_at
+AFTER UPDATE ON batch_statuses FOR EACH ROW
+WHEN NEW.updated_at = OLD.updated_at
+BEGIN
+    UPDATE batch_statuses
+    SET updated_at = CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
+    WHERE service_id = NEW.service_id AND batch_id = NEW.batch_id;
+END;

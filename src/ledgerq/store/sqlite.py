@@ -1,0 +1,245 @@
+"""SQLite backend: one file database, WAL mode, one connection per store.
+
+Blocking ``sqlite3`` calls run on a dedicated single-thread executor that owns
+the connection; an ``asyncio.Lock`` gives each transaction the connection to
+itself, so concurrent tasks on one store are serialized and several stores
+(processes or connections) on one file coordinate through SQLite's own write
+lock (``BEGIN IMMEDIATE``, ``busy_timeout``). ``synchronous=FULL``: a
+committed ``add_batches`` survives a power loss, not only a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ledgerq.clock import now_ms
+from ledgerq.errors import StoreError, StoreUnavailableError
+from ledgerq.model import TrackingBatch
+from ledgerq.store.migrate import MigrationResult, plan_migration, refuse_outdated
+from ledgerq.store.sqlfiles import canonical_schema, load_queries
+from ledgerq.store.sqlstore import ConflictError, Params, Row
+
+T = TypeVar("T")
+
+DEFAULT_BUSY_TIMEOUT_MS = 10_000
+
+
+def path_from_url(url: str) -> str:
+    """``sqlite:///rel/path`` → ``rel/path``; ``sqlite:////abs/path`` → ``/abs/path``."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or len(url) == len(prefix):
+        raise StoreError(
+            f"not a SQLite URL: {url!r}; write sqlite:///relative/path or sqlite:////absolute/path"
+        )
+    return url[len(prefix) :].split("?", 1)[0]
+
+
+def _translate(exc: sqlite3.Error) -> StoreError:
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return StoreUnavailableError(
+            f"the SQLite database stayed locked by another writer past busy_timeout: {exc}; retry"
+        )
+    return StoreError(f"SQLite failed: {exc}")
+
+
+def split_script(script: str) -> list[str]:
+    """Split a SQL script into complete statements (triggers included)."""
+    statements: list[str] = []
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip() and not all(
+        ln.strip().startswith("--") or not ln.strip() for ln in buffer.splitlines()
+    ):
+        raise StoreError(f"incomplete SQL statement at the end of a script: {buffer[:80]!r}")
+    return statements
+
+
+class _Session:
+    def __init__(self, backend: SqliteBackend) -> None:
+        self._b = backend
+        self._q = backend.queries
+
+    async def execute(self, name: str, params: Params) -> int:
+        sql = self._q[name]
+        return await self._b.call(lambda c: c.execute(sql, params).rowcount)
+
+    async def executemany(self, name: str, rows: Sequence[Params]) -> None:
+        sql = self._q[name]
+        await self._b.call(lambda c: c.executemany(sql, rows))
+
+    async def fetchall(self, name: str, params: Params) -> list[Row]:
+        sql = self._q[name]
+        return await self._b.call(lambda c: c.execute(sql, params).fetchall())
+
+    async def fetchone(self, name: str, params: Params) -> Row | None:
+        sql = self._q[name]
+        row: Row | None = await self._b.call(lambda c: c.execute(sql, params).fetchone())
+        return row
+
+
+class SqliteBackend:
+    dialect = "sqlite"
+
+    def __init__(self, path: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+        self.path = path
+        self.queries = load_queries(self.dialect)
+        self._busy_timeout_ms = busy_timeout_ms
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledgerq-sqlite")
+        self._conn: sqlite3.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on the connection's thread."""
+        conn = self._conn
+        if conn is None:
+            raise StoreError("the store is closed; open it again with open_store")
+
+        def run() -> T:
+            try:
+                return fn(conn)
+            except sqlite3.IntegrityError as exc:
+                if "UNIQUE" in str(exc) or "PRIMARY KEY" in str(exc):
+                    raise ConflictError(str(exc)) from exc
+                raise StoreError(f"SQLite refused the write: {exc}") from exc
+            except sqlite3.Error as exc:
+                raise _translate(exc) from exc
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+
+    async def connect(self) -> None:
+        def open_conn() -> sqlite3.Connection:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path,
+                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                timeout=self._busy_timeout_ms / 1000,
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            return conn
+
+        try:
+            self._conn = await asyncio.get_running_loop().run_in_executor(self._executor, open_conn)
+        except sqlite3.Error as exc:
+            self._executor.shutdown(wait=False)
+            raise StoreUnavailableError(
+                f"cannot open the SQLite database {self.path!r}: {exc}; check the path "
+                "and its permissions"
+            ) from exc
+
+    @asynccontextmanager
+    async def transaction(self, *, write: bool) -> AsyncIterator[_Session]:
+        async with self._lock:
+            # IMMEDIATE takes the write lock up front, so a writer never fails
+            # half-way on a lock upgrade; readers get a consistent WAL snapshot.
+            await self.call(lambda c: c.execute("BEGIN IMMEDIATE" if write else "BEGIN"))
+            try:
+                yield _Session(self)
+            except BaseException:
+                await asyncio.shield(self.call(lambda c: c.execute("ROLLBACK")))
+                raise
+            await self.call(lambda c: c.execute("COMMIT"))
+
+    async def insert_batches(self, session: Any, batches: Sequence[TrackingBatch]) -> list[int]:
+        q = self.queries
+
+        def insert(conn: sqlite3.Connection) -> list[int]:
+            conn.executemany(
+                q["insert_batch"],
+                [
+                    {
+                        "service_id": b.service_id,
+                        "batch_id": b.batch_header,
+                        "data_change_id": b.data_change_id,
+                        "signer_public_key": b.signer_public_key,
+                        "trace": b.trace,
+                        "serialized_batch": b.serialized_batch,
+                        "created_at": b.created_at,
+                    }
+                    for b in batches
+                ],
+            )
+            # The write lock is ours and seq is AUTOINCREMENT: the rows got
+            # consecutive seqs ending at the last one inserted.
+            last = int(conn.execute(q["last_seq"]).fetchone()[0])
+            conn.executemany(
+                q["insert_transaction"],
+                [
+                    {
+                        "service_id": b.service_id,
+                        "transaction_id": t.transaction_header,
+                        "batch_id": b.batch_header,
+                        "position": position,
+                        "payload": t.payload,
+                        "family_name": t.family_name,
+                        "family_version": t.family_version,
+                        "signer_public_key": t.signer_public_key,
+                    }
+                    for b in batches
+                    for position, t in enumerate(b.transactions)
+                ],
+            )
+            return list(range(last - len(batches) + 1, last + 1))
+
+        return await self.call(insert)
+
+    def seqs_param(self, seqs: Sequence[int]) -> str:
+        return json.dumps(list(seqs))
+
+    async def migrate(self, *, apply: bool, url: str) -> MigrationResult:
+        q = self.queries
+
+        def run(conn: sqlite3.Connection) -> MigrationResult:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                has_version = conn.execute(q["table_exists"], {"name": "schema_version"})
+                applied: dict[int, str] | None = None
+                if has_version.fetchone()[0]:
+                    applied = dict(conn.execute(q["schema_version_rows"]).fetchall())
+                has_batches = conn.execute(q["table_exists"], {"name": "batches"}).fetchone()[0]
+                plan = plan_migration(self.dialect, applied, bool(has_batches))
+                if not apply:
+                    refuse_outdated(plan, url)
+                if plan.pending:
+                    conn.execute(q["schema_version_create"])
+                    scripts = (
+                        [canonical_schema(self.dialect)]
+                        if plan.fresh
+                        else [m.sql for m in plan.pending]
+                    )
+                    for script in scripts:
+                        for statement in split_script(script):
+                            conn.execute(statement)
+                    for m in plan.pending:
+                        conn.execute(
+                            q["schema_version_insert"],
+                            {"version": m.version, "name": m.name, "applied_at": now_ms()},
+                        )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return MigrationResult(plan.before, plan.after)
+
+        async with self._lock:
+            return await self.call(run)
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+        self._executor.shutdown(wait=True)

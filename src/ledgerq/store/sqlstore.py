@@ -1,0 +1,452 @@
+"""The batch tracking store over SQL, written once for every dialect.
+
+A backend (:mod:`ledgerq.store.sqlite`, :mod:`ledgerq.store.postgres`)
+supplies transactions, a session that runs the dialect's named queries, and
+the one set-based insert that differs between dialects; everything else — the
+order of statements in each operation, the lifecycle rules, error messages —
+lives here, so both backends behave the same by construction.
+
+Each public method is one database transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+from ledgerq.clock import Clock, now_ms
+from ledgerq.errors import (
+    BatchNotFoundError,
+    DuplicateBatchError,
+    FencedOffError,
+    StatusTransitionError,
+)
+from ledgerq.model import (
+    BatchStatus,
+    BatchStatusName,
+    Fence,
+    SubmissionError,
+    TrackingBatch,
+    TrackingBatchList,
+    TransactionReceipt,
+)
+from ledgerq.store import common
+from ledgerq.store.base import ServiceSummary, StatusFilter
+from ledgerq.store.migrate import MigrationResult
+
+Row = tuple[Any, ...]
+Params = Mapping[str, Any]
+
+
+class Session(Protocol):
+    """Runs named queries inside one open transaction."""
+
+    async def execute(self, name: str, params: Params) -> int:
+        """Run a statement; return the affected row count."""
+        ...
+
+    async def executemany(self, name: str, rows: Sequence[Params]) -> None: ...
+
+    async def fetchall(self, name: str, params: Params) -> list[Row]: ...
+
+    async def fetchone(self, name: str, params: Params) -> Row | None: ...
+
+
+class ConflictError(Exception):
+    """A unique key was taken; the caller rolls back and names the offender."""
+
+
+class Backend(Protocol):
+    dialect: str
+
+    def transaction(self, *, write: bool) -> AbstractAsyncContextManager[Session]:
+        """One transaction; commits on success, rolls back on error."""
+        ...
+
+    async def insert_batches(self, session: Session, batches: Sequence[TrackingBatch]) -> list[int]:
+        """Insert batches and their transactions set-based; return their seqs in
+        list order. Raise :class:`ConflictError` when a unique key is taken."""
+        ...
+
+    def seqs_param(self, seqs: Sequence[int]) -> Any:
+        """A list of seqs as the dialect's hydration queries take it."""
+        ...
+
+    async def connect(self) -> None: ...
+
+    async def migrate(self, *, apply: bool, url: str) -> MigrationResult:
+        """Apply pending migrations (``apply``) or refuse an outdated schema."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def _batch_params(batch: TrackingBatch) -> dict[str, Any]:
+    return {"service_id": batch.service_id, "batch_id": batch.batch_header}
+
+
+class SqlStore:
+    """:class:`~ledgerq.store.base.BatchTrackingStore` over a SQL backend."""
+
+    def __init__(self, backend: Backend, *, clock: Clock = now_ms) -> None:
+        self._backend = backend
+        self._clock = clock
+        self.dialect = backend.dialect
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._backend.close()
+
+    def _now(self, now: int | None) -> int:
+        return self._clock() if now is None else now
+
+    # -- writes ---------------------------------------------------------------
+
+    async def add_batches(
+        self, batches: list[TrackingBatch], *, now: int | None = None
+    ) -> list[TrackingBatch]:
+        common.check_new_batches(batches)
+        if not batches:
+            return []
+        at = self._now(now)
+        rows = [common.with_defaults(b, at) for b in batches]
+        try:
+            async with self._backend.transaction(write=True) as session:
+                seqs = await self._backend.insert_batches(session, rows)
+        except ConflictError as exc:
+            raise await self._name_duplicate(rows) from exc
+        return [
+            TrackingBatch(
+                service_id=b.service_id,
+                batch_header=b.batch_header,
+                data_change_id=b.data_change_id,
+                signer_public_key=b.signer_public_key,
+                trace=b.trace,
+                serialized_batch=b.serialized_batch,
+                created_at=b.created_at,
+                transactions=b.transactions,
+                seq=seq,
+            )
+            for b, seq in zip(rows, seqs, strict=True)
+        ]
+
+    async def _name_duplicate(self, batches: Sequence[TrackingBatch]) -> DuplicateBatchError:
+        async with self._backend.transaction(write=False) as session:
+            for b in batches:
+                found = await session.fetchone("batch_exists", _batch_params(b))
+                if found and found[0]:
+                    return DuplicateBatchError(
+                        f"batch {b.batch_header} is already tracked in service "
+                        f"{b.service_id!r}; nothing was added",
+                        batch_id=b.batch_header,
+                        service_id=b.service_id,
+                    )
+                if b.data_change_id is not None:
+                    owner = await session.fetchone(
+                        "data_change_id_owner",
+                        {"service_id": b.service_id, "data_change_id": b.data_change_id},
+                    )
+                    if owner:
+                        return DuplicateBatchError(
+                            f"data change id {b.data_change_id!r} is already used by batch "
+                            f"{owner[0]} in service {b.service_id!r}; nothing was added",
+                            batch_id=b.batch_header,
+                            data_change_id=b.data_change_id,
+                            service_id=b.service_id,
+                        )
+                for t in b.transactions:
+                    owner = await session.fetchone(
+                        "transaction_owner",
+                        {"service_id": b.service_id, "transaction_id": t.transaction_header},
+                    )
+                    if owner:
+                        return DuplicateBatchError(
+                            f"transaction {t.transaction_header} of batch {b.batch_header} is "
+                            f"already tracked in batch {owner[0]} of service {b.service_id!r}; "
+                            "nothing was added",
+                            batch_id=b.batch_header,
+                            service_id=b.service_id,
+                            transaction_id=t.transaction_header,
+                        )
+        # A concurrent writer inserted and then removed the key; the call is safe to retry.
+        return DuplicateBatchError("a batch of this request was added concurrently; retry")
+
+    async def _lock_batch(
+        self, session: Session, id: str, service_id: str, fence: Fence | None = None
+    ) -> Row:
+        """Resolve an id to ``(batch_id, status, submitted)``, locking the row.
+
+        With a ``fence``, also check that its instance still holds the
+        service's claim at its epoch, and keep the claim row share-locked until
+        the transaction ends: the claim cannot move while this write is in
+        progress, and a write after it moved raises ``FencedOffError``.
+        """
+        common.check_service_id(service_id)
+        if fence is not None and self.dialect != "postgresql":
+            common.check_no_fence(fence, self.dialect)
+        batch_id, dc = common.parse_id(id)
+        if batch_id is not None:
+            row = await session.fetchone(
+                "batch_state", {"service_id": service_id, "batch_id": batch_id}
+            )
+        else:
+            row = await session.fetchone(
+                "batch_state_by_data_change_id",
+                {"service_id": service_id, "data_change_id": dc},
+            )
+        if row is None:
+            raise BatchNotFoundError(
+                f"no batch {id!r} is tracked in service {service_id!r}; check the id "
+                "(data change ids take the 'dc:' prefix) and the service id"
+            )
+        if fence is not None:
+            held = await session.fetchone(
+                "hold_claim",
+                {
+                    "service_id": service_id,
+                    "instance_id": fence.instance_id,
+                    "epoch": fence.epoch,
+                },
+            )
+            if held is None:
+                raise FencedOffError(
+                    f"instance {fence.instance_id} no longer holds the claim on service "
+                    f"{service_id!r} at epoch {fence.epoch}; the write to batch {id} did not "
+                    "land: drop the batch, the service's new holder takes it over"
+                )
+        return row
+
+    async def _write_status(
+        self,
+        session: Session,
+        service_id: str,
+        batch_id: str,
+        current: str | None,
+        submitted: bool,
+        name: BatchStatusName,
+        at: int,
+    ) -> None:
+        if current is not None and BatchStatusName(current).is_final and not name.is_final:
+            raise StatusTransitionError(
+                f"batch {batch_id} of service {service_id!r} is {current}, which is final; "
+                f"it cannot become {name.value}"
+            )
+        key = {"service_id": service_id, "batch_id": batch_id}
+        await session.execute("upsert_batch_status", {**key, "status": name.value, "now": at})
+        await session.execute(
+            "set_batch_status",
+            {
+                **key,
+                "status": name.value,
+                "final": name.is_final,
+                "submitted": common.status_effects(name, bool(submitted)),
+                "now": at,
+            },
+        )
+
+    async def _write_receipts(
+        self, session: Session, service_id: str, receipts: list[TransactionReceipt], at: int
+    ) -> None:
+        if receipts:
+            await session.executemany(
+                "upsert_receipt",
+                [
+                    {
+                        "service_id": service_id,
+                        "transaction_id": r.transaction_id,
+                        "result_valid": r.result_valid,
+                        "error_message": r.error_message,
+                        "error_data": r.error_data,
+                        "serialized_receipt": r.serialized_receipt,
+                        "external_status": r.external_status,
+                        "external_error_message": r.external_error_message,
+                        "now": at,
+                    }
+                    for r in receipts
+                ],
+            )
+
+    async def update_batch_status(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus | None,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        receipts = common.receipts_to_write(status, transaction_receipts or ())
+        common.check_receipts(receipts)
+        common.check_submission_error(submission_error)
+        at = self._now(now)
+        async with self._backend.transaction(write=True) as session:
+            batch_id, current, submitted = await self._lock_batch(session, id, service_id, fence)
+            key = {"service_id": service_id, "batch_id": batch_id}
+            if status is not None:
+                await self._write_status(
+                    session, service_id, batch_id, current, submitted, status.name, at
+                )
+                await session.execute("record_check", {**key, "now": at})
+            await self._write_receipts(session, service_id, receipts, at)
+            if submission_error is not None:
+                await session.execute(
+                    "upsert_submission_error",
+                    {
+                        **key,
+                        "error_type": submission_error.error_type,
+                        "error_message": submission_error.error_message,
+                        "now": at,
+                    },
+                )
+
+    async def change_batch_to_submitted(
+        self,
+        batch_id: str,
+        service_id: str,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        dlt_status: str | BatchStatusName | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        name = None if dlt_status is None else common.status_name_of(dlt_status)
+        receipts = common.receipts_to_write(None, transaction_receipts or ())
+        common.check_receipts(receipts)
+        common.check_submission_error(submission_error)
+        at = self._now(now)
+        async with self._backend.transaction(write=True) as session:
+            bid, current, _ = await self._lock_batch(session, batch_id, service_id, fence)
+            if current is not None and BatchStatusName(current).is_final:
+                raise StatusTransitionError(
+                    f"batch {bid} of service {service_id!r} is {current}, which is final; "
+                    "it is never submitted again"
+                )
+            key = {"service_id": service_id, "batch_id": bid}
+            await session.execute("record_attempt", {**key, "now": at})
+            await session.execute(
+                "upsert_submission_attempt",
+                {
+                    **key,
+                    "error_type": submission_error and submission_error.error_type,
+                    "error_message": submission_error and submission_error.error_message,
+                    "now": at,
+                },
+            )
+            if name is not None:
+                await self._write_status(session, service_id, bid, current, True, name, at)
+            await self._write_receipts(session, service_id, receipts, at)
+
+    async def clean_stale_records(self, submitted_by: int) -> int:
+        params = {"cutoff": submitted_by}
+        async with self._backend.transaction(write=True) as session:
+            await session.execute("clean_stale_receipts", params)
+            await session.execute("clean_orphan_receipts", params)
+            return await session.execute("clean_stale_batches", params)
+
+    # -- reads ----------------------------------------------------------------
+
+    async def _hydrate(self, session: Session, rows: list[Row]) -> list[TrackingBatch]:
+        if not rows:
+            return []
+        seqs = [r[0] for r in rows]
+        txns = await session.fetchall(
+            "hydrate_transactions", {"seqs": self._backend.seqs_param(seqs)}
+        )
+        invalid_seqs = [r[0] for r in rows if r[11] == BatchStatusName.INVALID.value]
+        invalid: list[Row] = []
+        if invalid_seqs:
+            invalid = await session.fetchall(
+                "hydrate_invalid", {"seqs": self._backend.seqs_param(invalid_seqs)}
+            )
+        return common.assemble(rows, txns, invalid)
+
+    async def _list(self, name: str, params: Params) -> list[TrackingBatch]:
+        async with self._backend.transaction(write=False) as session:
+            rows = await session.fetchall(name, params)
+            return await self._hydrate(session, rows)
+
+    async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None:
+        common.check_service_id(service_id)
+        batch_id, dc = common.parse_id(id)
+        if batch_id is not None:
+            found = await self._list("get_batch", {"service_id": service_id, "batch_id": batch_id})
+        else:
+            found = await self._list(
+                "get_batch_by_data_change_id", {"service_id": service_id, "data_change_id": dc}
+            )
+        return found[0] if found else None
+
+    async def get_batch_status(self, id: str, service_id: str) -> BatchStatus | None:
+        batch = await self.get_batch(id, service_id)
+        return None if batch is None else batch.batch_status
+
+    async def list_batches_by_status(
+        self, status: BatchStatus | BatchStatusName
+    ) -> TrackingBatchList:
+        name = common.status_name_of(status)
+        return TrackingBatchList(
+            tuple(await self._list("list_batches_by_status", {"status": name.value}))
+        )
+
+    async def get_unsubmitted_batches(self) -> TrackingBatchList:
+        return TrackingBatchList(tuple(await self._list("get_unsubmitted_batches", {})))
+
+    async def get_failed_batches(self) -> TrackingBatchList:
+        return TrackingBatchList(tuple(await self._list("get_failed_batches", {})))
+
+    async def list_batches(
+        self,
+        *,
+        service_id: str | None = None,
+        status: StatusFilter | None = None,
+        limit: int = 100,
+        after_seq: int | None = None,
+    ) -> TrackingBatchList:
+        common.check_limit(limit)
+        params = {
+            "service_id": service_id,
+            "status": common.parse_status_filter(status),
+            "limit": limit,
+            "after_seq": after_seq or 0,
+        }
+        return TrackingBatchList(tuple(await self._list("list_batches", params)))
+
+    async def list_services(
+        self, *, limit: int = 1000, after: str | None = None
+    ) -> list[ServiceSummary]:
+        common.check_limit(limit)
+        async with self._backend.transaction(write=False) as session:
+            rows = await session.fetchall("list_services", {"after": after, "limit": limit})
+        return [
+            ServiceSummary(
+                service_id=sid,
+                queue_depth=int(depth),
+                head_batch_id=head,
+                in_flight_batch_id=flight,
+                total=int(total),
+            )
+            for sid, depth, head, flight, total in rows
+        ]
+
+    async def status_counts(self) -> dict[str, int]:
+        async with self._backend.transaction(write=False) as session:
+            rows = await session.fetchall("status_counts", {})
+        return {str(name): int(count) for name, count in rows}
+
+
+__all__ = ["Backend", "ConflictError", "Session", "SqlStore"]

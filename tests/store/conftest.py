@@ -1,0 +1,97 @@
+"""Fixtures for the store tests: one ``store`` per backend, and batch factories."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from ledgerq.clock import ManualClock
+from ledgerq.model import TrackingBatch, TrackingTransaction
+from ledgerq.store import BatchTrackingStore, open_store
+
+BACKENDS = [
+    pytest.param("memory", id="memory"),
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.pg),
+]
+
+_counter = itertools.count(1)
+
+
+def hex_id(prefix: str = "") -> str:
+    """A unique 128-hex-character id (like a Sawtooth header signature)."""
+    n = next(_counter)
+    return (prefix.encode().hex() + f"{n:08x}").ljust(128, "0")
+
+
+def make_batch(
+    service_id: str = "circuit-1::svc1",
+    *,
+    txns: int = 1,
+    batch_id: str | None = None,
+    data_change_id: str | None = None,
+    created_at: int = 0,
+    payload_size: int = 16,
+) -> TrackingBatch:
+    bid = batch_id or hex_id("b")
+    return TrackingBatch(
+        service_id=service_id,
+        batch_header=bid,
+        data_change_id=data_change_id,
+        signer_public_key="02" + "ab" * 32,
+        trace=False,
+        serialized_batch=b"batch:" + bid.encode(),
+        created_at=created_at,
+        transactions=tuple(
+            TrackingTransaction(
+                family_name="intkey",
+                family_version="1.0",
+                transaction_header=hex_id("t"),
+                payload=bytes([i % 256]) * payload_size,
+                signer_public_key="03" + "cd" * 32,
+                service_id=service_id,
+            )
+            for i in range(txns)
+        ),
+    )
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(1_700_000_000_000)
+
+
+@pytest.fixture
+def store_url_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], str]:
+    """URL of a fresh database for a backend name."""
+
+    def make(backend: str) -> str:
+        if backend == "memory":
+            return "memory://"
+        if backend == "sqlite":
+            return f"sqlite:///{tmp_path / f'store-{next(_counter)}.sqlite3'}"
+        factory = request.getfixturevalue("make_pg_database")
+        url: str = factory()
+        return url
+
+    return make
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def store_url(backend: str, store_url_factory: Callable[[str], str]) -> str:
+    return store_url_factory(backend)
+
+
+@pytest.fixture
+async def store(store_url: str, clock: ManualClock) -> AsyncIterator[BatchTrackingStore]:
+    async with await open_store(store_url, clock=clock) as s:
+        yield s

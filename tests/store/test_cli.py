@@ -1,0 +1,42 @@
+"""``ledgerq migrate`` and ``ledgerq store summary`` through the real command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from ledgerq.cli import cli
+
+
+def test_migrate_prints_versions_before_and_after(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'a.sqlite3'}"
+    runner = CliRunner()
+    first = runner.invoke(cli, ["migrate", "--db", url])
+    assert first.exit_code == 0, first.output
+    assert "from version 0 to 1" in first.output
+    second = runner.invoke(cli, ["migrate"], env={"LEDGERQ_DB": url})
+    assert second.exit_code == 0, second.output
+    assert "at version 1, up to date" in second.output
+
+
+def test_summary_migrates_the_default_file_in_the_working_directory(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ledgerq"), "store", "summary"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Committed" in done.stdout and "total" in done.stdout
+    assert (tmp_path / "ledgerq.sqlite3").exists()
+
+
+def test_bad_url_is_a_clean_error() -> None:
+    result = CliRunner().invoke(cli, ["migrate", "--db", "mysql://x"])
+    assert result.exit_code != 0
+    assert "unsupported store URL" in result.output
