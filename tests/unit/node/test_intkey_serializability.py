@@ -1,4 +1,4 @@
-"""Random intkey workloads, random delivery orders: equal to serial execution in fingerprint order."""
+"""Random intkey workloads in random delivery orders equal serial execution in fingerprint order."""
 
 from __future__ import annotations
 
