@@ -13,6 +13,7 @@ from aiohttp import web
 
 from ledgerq.node import Node
 from ledgerq.node.rest import make_app
+from ledgerq.web import extend_node_app
 
 
 def _parse_bind(value: str) -> tuple[str, int]:
@@ -94,7 +95,7 @@ async def _serve(
         commit_delay_ms=commit_delay_ms,
         snapshot_every=snapshot_every,
     )
-    runner = web.AppRunner(make_app(node), shutdown_timeout=2.0)
+    runner = web.AppRunner(extend_node_app(make_app(node), node), shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
