@@ -30,6 +30,7 @@ from typing import Literal, Protocol, Self
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    Fence,
     SubmissionError,
     TrackingBatch,
     TrackingBatchList,
@@ -128,6 +129,7 @@ class MonitorStore(Protocol):
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None: ...
 
 
@@ -145,6 +147,7 @@ class SubmitterStore(Protocol):
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None: ...
 
     async def update_batch_status(
@@ -156,6 +159,7 @@ class SubmitterStore(Protocol):
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None: ...
 
 
