@@ -26,6 +26,16 @@ from ledgerq.commands.node import node  # noqa: E402
 
 cli.add_command(node)
 
+from ledgerq.commands.client import batches, status, submit  # noqa: E402
+
+cli.add_command(submit)
+cli.add_command(status)
+cli.add_command(batches)
+
+from ledgerq.commands.config import config  # noqa: E402
+
+cli.add_command(config)
+
 
 def main() -> None:
     cli()

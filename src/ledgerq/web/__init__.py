@@ -64,7 +64,9 @@ def gateway_app(gateway: OperatedGateway) -> web.Application:
 
     async def metrics(request: web.Request) -> web.Response:
         await gateway.metrics.refresh(gateway.store, getattr(gateway, "claims", None))
-        return web.Response(body=gateway.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(
+            body=gateway.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE}
+        )
 
     app.router.add_get("/metrics", metrics)
     openapi.add_route(app, "gateway.openapi.json")

@@ -56,7 +56,13 @@ def add_routes(app: web.Application, gateway: Any) -> None:
             seconds = max(10, min(int(request.query.get("seconds", "300")), 600))
         except ValueError:
             return web.json_response(
-                {"error": {"code": 400, "title": "Bad Query", "message": "recent and seconds are integers"}},
+                {
+                    "error": {
+                        "code": 400,
+                        "title": "Bad Query",
+                        "message": "recent and seconds are integers",
+                    }
+                },
                 status=400,
             )
         metrics = gateway.metrics

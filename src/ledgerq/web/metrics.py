@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -67,7 +67,9 @@ _LATENCY_BUCKETS = (
 class MetricsStore(Protocol):
     async def status_counts(self) -> dict[str, int]: ...
 
-    async def list_services(self, *, limit: int = 1000, after: str | None = None) -> Sequence[Any]: ...
+    async def list_services(
+        self, *, limit: int = 1000, after: str | None = None
+    ) -> Sequence[Any]: ...
 
 
 def response_label(result: SubmitResult) -> str:
@@ -144,7 +146,9 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.batches = Gauge("ledgerq_batches", "Tracked batches by status.", ["status"], registry=r)
+        self.batches = Gauge(
+            "ledgerq_batches", "Tracked batches by status.", ["status"], registry=r
+        )
         self.depth = Gauge("ledgerq_queue_depth", "Non-final batches, all services.", registry=r)
         self.service_depth = Gauge(
             "ledgerq_service_queue_depth",
@@ -333,6 +337,3 @@ def node_registry(node: Any) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
     registry.register(_NodeCollector(node))
     return registry
-
-
-MetricsHook = Callable[[Sequence[TrackingBatch]], None]

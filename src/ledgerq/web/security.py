@@ -56,7 +56,9 @@ def service_id_problem(service_id: str) -> str | None:
     return None
 
 
-def bearer_middleware(token: str, *, protect_reads: bool) -> Callable[..., Awaitable[web.StreamResponse]]:
+def bearer_middleware(
+    token: str, *, protect_reads: bool
+) -> Callable[..., Awaitable[web.StreamResponse]]:
     expected = token.encode()
 
     @web.middleware
@@ -93,7 +95,11 @@ def cors_middleware(origins: Collection[str]) -> Callable[..., Awaitable[web.Str
     async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
         origin = request.headers.get("Origin")
         ok = origin is not None and ("*" in allowed or origin in allowed)
-        if request.method == "OPTIONS" and origin is not None and "Access-Control-Request-Method" in request.headers:
+        if (
+            request.method == "OPTIONS"
+            and origin is not None
+            and "Access-Control-Request-Method" in request.headers
+        ):
             if not ok:
                 return _json_error(403, "Forbidden", f"origin {origin} is not in cors.origins")
             response: web.StreamResponse = web.Response(status=204)
