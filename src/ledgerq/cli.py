@@ -26,6 +26,11 @@ from ledgerq.commands.node import node  # noqa: E402
 
 cli.add_command(node)
 
+from ledgerq.commands.cluster import instances, services  # noqa: E402
+
+cli.add_command(instances)
+cli.add_command(services)
+
 from ledgerq.commands.client import batches, status, submit  # noqa: E402
 
 cli.add_command(submit)

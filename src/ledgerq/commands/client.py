@@ -1,4 +1,4 @@
-"""Client commands: ``submit``, ``status``, ``batches`` (``services`` and ``instances``: cluster.py).
+"""Client commands: ``submit``, ``status`` and ``batches`` (``services``, ``instances``: cluster).
 
 They talk to a gateway over HTTP: ``--url`` (default ``http://127.0.0.1:8080``,
 or ``$LEDGERQ_URL``), ``--token`` (or ``$LEDGERQ_TOKEN``) when the gateway
