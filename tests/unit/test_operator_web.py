@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import io
 import logging
 
 import aiohttp
 import pytest
 
+from ledgerq.dlt.base import Accepted, Ambiguous, Busy, Rejected, Unreachable
 from ledgerq.logs import add_secret, configure_logging
 from ledgerq.web.metrics import GatewayMetrics, response_label
-from ledgerq.dlt.base import Accepted, Ambiguous, Busy, Rejected, Unreachable
 from tests.operator_fakes import batch_list, running_gateway
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -102,8 +100,7 @@ def test_throughput_window_counts_per_second() -> None:
     m.batches_accepted([batch("s", 3)])
     now[0] += 1000
     tp = m.throughput(3)
-    assert tp["accepted"] == [2, 1, 0][-3:] or tp["accepted"] == [0, 2, 1]
-    assert sum(tp["accepted"]) == 3
+    assert tp["accepted"] == [2, 1, 0]
     assert tp["final"] == [0, 0, 0]
 
 
@@ -240,6 +237,3 @@ async def test_instrumented_ledger_keeps_the_pipeline_working_under_busy_answers
     assert _sample(text, 'ledgerq_submission_attempts_total{response="busy_429"}') == 1
     assert _sample(text, 'ledgerq_submission_attempts_total{response="accepted"}') == 2
     assert _sample(text, 'ledgerq_stage_latency_seconds_count{stage="submit"}') == 4
-
-
-_ = (io, asyncio)

@@ -104,9 +104,9 @@ class _Window:
             self._buckets.popleft()
 
     def series(self, now_s: int, seconds: int) -> list[int]:
-        """Counts of the ``seconds`` whole seconds before ``now_s`` (oldest first)."""
-        counts = dict((s, c) for s, c in self._buckets)
-        return [counts.get(s, 0) for s in range(now_s - seconds, now_s)]
+        """Counts of the ``seconds`` seconds ending with ``now_s`` (oldest first)."""
+        counts = {s: c for s, c in self._buckets}
+        return [counts.get(s, 0) for s in range(now_s - seconds + 1, now_s + 1)]
 
 
 class GatewayMetrics:
