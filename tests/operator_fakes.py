@@ -1,4 +1,4 @@
-"""A gateway on a temporary SQLite store and a ledger that commits what it is sent, served on loopback."""
+"""A gateway on a temporary SQLite store and a ledger that commits what it is sent."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ async def test_metrics_count_batches_attempts_latency_and_bound_service_labels()
 async def test_two_gateways_in_one_process_keep_separate_registries() -> None:
     async with running_gateway() as (url_a, _a), running_gateway() as (url_b, _b):
         async with aiohttp.ClientSession() as http:
-            body, ids = batch_list(2, "only-a")
+            body, _ids = batch_list(2, "only-a")
             async with http.post(
                 f"{url_a}/batches", params={"service_id": "only-a"}, data=body, headers=OCTET
             ) as r:
