@@ -52,15 +52,17 @@ def add_routes(app: web.Application, gateway: Any) -> None:
 
     async def data(request: web.Request) -> web.Response:
         try:
-            recent_n = max(1, min(int(request.query.get("recent", "30")), 200))
-            seconds = max(10, min(int(request.query.get("seconds", "300")), 600))
+            recent_n = int(request.query.get("recent", "30"))
+            seconds = int(request.query.get("seconds", "300"))
+            if not (1 <= recent_n <= 200 and 10 <= seconds <= 600):
+                raise ValueError
         except ValueError:
             return web.json_response(
                 {
                     "error": {
                         "code": 400,
                         "title": "Bad Query",
-                        "message": "recent and seconds are integers",
+                        "message": "recent is 1-200, seconds 10-600",
                     }
                 },
                 status=400,
