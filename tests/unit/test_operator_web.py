@@ -6,11 +6,12 @@ import logging
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from ledgerq.dlt.base import Accepted, Ambiguous, Busy, Rejected, Unreachable
 from ledgerq.logs import add_secret, configure_logging
 from ledgerq.web.metrics import GatewayMetrics, response_label
-from tests.operator_fakes import batch_list, running_gateway
+from tests.operator_fakes import batch_list, needs_pipeline, running_gateway
 
 OCTET = {"Content-Type": "application/octet-stream"}
 TOKEN = "s3cret-token-0123456789"
@@ -31,6 +32,7 @@ def _sample(text: str, name: str) -> float:
     raise AssertionError(f"{name} not in metrics:\n{text}")
 
 
+@needs_pipeline
 async def test_metrics_count_batches_attempts_latency_and_bound_service_labels() -> None:
     async with running_gateway({"metrics.top_services": 2}) as (url, _gw):
         async with aiohttp.ClientSession() as http:
@@ -64,7 +66,10 @@ async def test_metrics_count_batches_attempts_latency_and_bound_service_labels()
 
 
 async def test_two_gateways_in_one_process_keep_separate_registries() -> None:
-    async with running_gateway() as (url_a, _a), running_gateway() as (url_b, _b):
+    async with (
+        running_gateway(pipeline=False) as (url_a, _a),
+        running_gateway(pipeline=False) as (url_b, _b),
+    ):
         async with aiohttp.ClientSession() as http:
             body, _ids = batch_list(2, "only-a")
             async with http.post(
@@ -105,7 +110,7 @@ def test_throughput_window_counts_per_second() -> None:
 
 
 async def test_token_guards_writes_and_optionally_reads() -> None:
-    async with running_gateway({"auth.token": TOKEN}) as (url, _gw):
+    async with running_gateway({"auth.token": TOKEN}, pipeline=False) as (url, _gw):
         async with aiohttp.ClientSession() as http:
             body, _ids = batch_list(1, "guarded")
             async with http.post(f"{url}/batches", data=body, headers=OCTET) as r:
@@ -120,7 +125,9 @@ async def test_token_guards_writes_and_optionally_reads() -> None:
                 assert r.status == 202
             async with http.get(f"{url}/batches") as r:
                 assert r.status == 200  # reads open unless protect_reads
-    async with running_gateway({"auth.token": TOKEN, "auth.protect_reads": True}) as (url, _gw):
+    async with running_gateway(
+        {"auth.token": TOKEN, "auth.protect_reads": True}, pipeline=False
+    ) as (url, _gw):
         async with aiohttp.ClientSession() as http:
             for path in ("/batches", "/services", "/metrics", "/dashboard/data"):
                 async with http.get(url + path) as r:
@@ -136,12 +143,15 @@ async def test_token_guards_writes_and_optionally_reads() -> None:
 async def test_no_cors_unless_configured() -> None:
     origin = {"Origin": "https://ops.example"}
     preflight = {**origin, "Access-Control-Request-Method": "POST"}
-    async with running_gateway() as (url, _gw), aiohttp.ClientSession() as http:
+    async with running_gateway(pipeline=False) as (url, _gw), aiohttp.ClientSession() as http:
         async with http.get(f"{url}/services", headers=origin) as r:
             assert "Access-Control-Allow-Origin" not in r.headers
         async with http.options(f"{url}/batches", headers=preflight) as r:
             assert "Access-Control-Allow-Origin" not in r.headers
-    async with running_gateway({"cors.origins": "https://ops.example"}) as (url, _gw):
+    async with running_gateway({"cors.origins": "https://ops.example"}, pipeline=False) as (
+        url,
+        _gw,
+    ):
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{url}/services", headers=origin) as r:
                 assert r.headers["Access-Control-Allow-Origin"] == "https://ops.example"
@@ -155,7 +165,7 @@ async def test_no_cors_unless_configured() -> None:
 
 @pytest.mark.parametrize("bad", ["has space", "-leading", "x" * 300, "semi;colon", "#none", "é"])
 async def test_service_ids_are_validated(bad: str) -> None:
-    async with running_gateway() as (url, _gw), aiohttp.ClientSession() as http:
+    async with running_gateway(pipeline=False) as (url, _gw), aiohttp.ClientSession() as http:
         body, _ids = batch_list(1, "v")
         async with http.post(
             f"{url}/batches", params={"service_id": bad}, data=body, headers=OCTET
@@ -169,7 +179,7 @@ async def test_service_ids_are_validated(bad: str) -> None:
 
 
 async def test_body_limit_is_enforced() -> None:
-    async with running_gateway({"max_body_bytes": 2048}) as (url, _gw):
+    async with running_gateway({"max_body_bytes": 2048}, pipeline=False) as (url, _gw):
         async with aiohttp.ClientSession() as http:
             body, _ids = batch_list(10, "big")
             assert len(body) > 2048
@@ -177,6 +187,7 @@ async def test_body_limit_is_enforced() -> None:
                 assert r.status == 413
 
 
+@needs_pipeline
 async def test_dashboard_page_assets_and_data() -> None:
     async with running_gateway() as (url, _gw), aiohttp.ClientSession() as http:
         body, ids = batch_list(3, "dash")
@@ -214,6 +225,7 @@ def test_secrets_are_redacted_from_log_lines(capsys: pytest.CaptureFixture[str])
     logging.getLogger().handlers[:] = []
 
 
+@needs_pipeline
 async def test_instrumented_ledger_keeps_the_pipeline_working_under_busy_answers() -> None:
     from tests.operator_fakes import CommittingLedger
 
@@ -237,3 +249,36 @@ async def test_instrumented_ledger_keeps_the_pipeline_working_under_busy_answers
     assert _sample(text, 'ledgerq_submission_attempts_total{response="busy_429"}') == 1
     assert _sample(text, 'ledgerq_submission_attempts_total{response="accepted"}') == 2
     assert _sample(text, 'ledgerq_stage_latency_seconds_count{stage="submit"}') == 4
+
+
+async def test_node_metrics_and_spec() -> None:
+    from ledgerq.node import Node
+    from ledgerq.node.rest import make_app
+    from ledgerq.web import extend_node_app
+
+    node = await Node.open(None)
+    runner = web.AppRunner(extend_node_app(make_app(node), node))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            body, ids = batch_list(3, "node-metrics")
+            async with http.post(f"{url}/batches", data=body, headers=OCTET) as r:
+                assert r.status == 202
+            async with http.get(
+                f"{url}/batch_statuses", params={"id": ",".join(ids), "wait": "10"}
+            ) as r:
+                assert {e["status"] for e in (await r.json())["data"]} == {"COMMITTED"}
+            async with http.get(f"{url}/metrics") as r:
+                text = await r.text()
+            async with http.get(f"{url}/openapi.json") as r:
+                spec = await r.json()
+    finally:
+        await runner.cleanup()
+        await node.close()
+    assert _sample(text, "ledgerq_node_transactions_committed_total") == 3
+    assert _sample(text, "ledgerq_node_transactions_submitted_total") == 3
+    assert _sample(text, "ledgerq_node_transactions_pending") == 0
+    assert _sample(text, "ledgerq_node_final_statuses_total") == 3
+    assert spec["info"]["title"] == "ledgerq node"
