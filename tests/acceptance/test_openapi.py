@@ -24,6 +24,7 @@ from ledgerq.config import load_settings
 from ledgerq.gateway.service import Gateway
 from ledgerq.node import Node
 from ledgerq.node.rest import make_app
+from ledgerq.node.scabbard import ScabbardServices
 from ledgerq.store import open_store
 from ledgerq.web import extend_node_app, gateway_app
 from ledgerq.web.openapi import load_spec
@@ -93,7 +94,13 @@ async def _gateway_app() -> tuple[web.Application, Callable[[], Awaitable[None]]
 
 async def _node_app() -> tuple[web.Application, Callable[[], Awaitable[None]]]:
     node = await Node.open(None)
-    return extend_node_app(make_app(node), node), node.close
+    scabbard = ScabbardServices(None)
+
+    async def close() -> None:
+        await scabbard.close()
+        await node.close()
+
+    return extend_node_app(make_app(node, scabbard=scabbard), node), close
 
 
 @pytest.fixture(scope="module")
