@@ -32,7 +32,13 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from ledgerq.client import DEFAULT_URL, GatewayClient, GatewayRefusedError, GatewayUnreachableError
@@ -47,6 +53,8 @@ EXIT_UNKNOWN = 7
 FINAL = ("COMMITTED", "INVALID")
 #: Batches per POST when generating: one BatchList holds them in order.
 POST_CHUNK = 100
+#: Between two looks at the queue depths while following generated batches.
+FOLLOW_INTERVAL_S = 0.25
 
 T = TypeVar("T")
 
@@ -356,29 +364,11 @@ def submit(
                     for s, ids in ids_by_service.items()
                 }
             done = progress.add_task("final   ", total=total)
-            final: dict[str | None, list[dict[str, Any]]] = {}
             deadline = time.monotonic() + timeout
-            remaining = dict(ids_by_service)
-            while remaining and time.monotonic() < deadline:
-                wait_s = max(0.0, min(5.0, deadline - time.monotonic()))
-
-                async def check(
-                    s: str | None, ids: list[str], wait_s: float = wait_s
-                ) -> tuple[str | None, list[dict[str, Any]]]:
-                    return s, await client.statuses(ids, s, wait_s=wait_s)
-
-                results = await asyncio.gather(*(check(s, ids) for s, ids in remaining.items()))
-                for s, entries in results:
-                    finished = [e for e in entries if e["status"] in FINAL]
-                    final.setdefault(s, []).extend(finished)
-                    left = [e["id"] for e in entries if e["status"] not in FINAL]
-                    progress.update(done, advance=len(finished))
-                    if left:
-                        remaining[s] = left
-                    else:
-                        remaining.pop(s)
-            for s, ids in remaining.items():
-                final.setdefault(s, []).extend({"id": i, "status": "PENDING"} for i in ids)
+            if count is not None:
+                final = await _follow_services(client, ids_by_service, deadline, progress, done)
+            else:
+                final = await _follow_ids(client, ids_by_service, deadline, progress, done)
             return final
 
     results = run(go, url, token)
