@@ -267,6 +267,81 @@ def _ids_of(serialized: list[bytes]) -> list[str]:
     return [decode_batch(b, verify=False).header_signature for b in serialized]
 
 
+Finals = dict[str | None, list[dict[str, Any]]]
+
+
+async def _follow_ids(
+    client: GatewayClient,
+    ids_by_service: dict[str | None, list[str]],
+    deadline: float,
+    progress: Progress,
+    task: TaskID,
+) -> Finals:
+    """Long-poll the statuses of the batches until all are final or the deadline."""
+    final: Finals = {}
+    remaining = dict(ids_by_service)
+    while remaining and time.monotonic() < deadline:
+        wait_s = max(0.0, min(5.0, deadline - time.monotonic()))
+
+        async def check(
+            s: str | None, ids: list[str], wait_s: float = wait_s
+        ) -> tuple[str | None, list[dict[str, Any]]]:
+            return s, await client.statuses(ids, s, wait_s=wait_s)
+
+        for s, entries in await asyncio.gather(*(check(s, i) for s, i in remaining.items())):
+            finished = [e for e in entries if e["status"] in FINAL]
+            final.setdefault(s, []).extend(finished)
+            left = [e["id"] for e in entries if e["status"] not in FINAL]
+            progress.update(task, advance=len(finished))
+            if left:
+                remaining[s] = left
+            else:
+                remaining.pop(s)
+    for s, ids in remaining.items():
+        final.setdefault(s, []).extend({"id": i, "status": "PENDING"} for i in ids)
+    return final
+
+
+async def _follow_services(
+    client: GatewayClient,
+    ids_by_service: dict[str | None, list[str]],
+    deadline: float,
+    progress: Progress,
+    task: TaskID,
+) -> Finals:
+    """Follow services of their own (generated) by their queue depth.
+
+    One ``GET /services`` per round costs the gateway one query, where
+    long-polling thousands of ids would re-read them at every change. A
+    service whose depth reaches 0 has only final batches: its statuses are
+    read once.
+    """
+    final: Finals = {}
+    pending = set(ids_by_service)
+    total = sum(len(ids) for ids in ids_by_service.values())
+    reported = 0
+    while pending and time.monotonic() < deadline:
+        depths: dict[str, int] = {}
+        after: str | None = None
+        while True:
+            page = (await client.get("/services", limit=10_000, after=after))["data"]
+            depths.update({e["service_id"]: e["queue_depth"] for e in page})
+            if len(page) < 10_000:
+                break
+            after = page[-1]["service_id"]
+        for s in [s for s in pending if s is not None and depths.get(s) == 0]:
+            final[s] = await client.statuses(ids_by_service[s], s)
+            pending.discard(s)
+        left = sum(depths.get(s, len(ids_by_service[s])) for s in pending if s is not None)
+        progress.update(task, advance=total - left - reported)
+        reported = total - left
+        if pending:
+            await asyncio.sleep(FOLLOW_INTERVAL_S)
+    for s in pending:
+        final[s] = await client.statuses(ids_by_service[s], s)
+    return final
+
+
 @click.command()
 @click.argument(
     "file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False
@@ -365,11 +440,8 @@ def submit(
                 }
             done = progress.add_task("final   ", total=total)
             deadline = time.monotonic() + timeout
-            if count is not None:
-                final = await _follow_services(client, ids_by_service, deadline, progress, done)
-            else:
-                final = await _follow_ids(client, ids_by_service, deadline, progress, done)
-            return final
+            follow = _follow_services if count is not None else _follow_ids
+            return await follow(client, ids_by_service, deadline, progress, done)
 
     results = run(go, url, token)
     elapsed = time.monotonic() - started
