@@ -36,6 +36,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -337,8 +338,8 @@ async def _follow_services(
         reported = total - left
         if pending:
             await asyncio.sleep(FOLLOW_INTERVAL_S)
-    for s in pending:
-        final[s] = await client.statuses(ids_by_service[s], s)
+    for service in pending:
+        final[service] = await client.statuses(ids_by_service[service], service)
     return final
 
 
