@@ -122,7 +122,7 @@ def test_a_batch_list_file_with_an_invalid_batch_exits_5(gateway: Served, tmp_pa
     assert result.returncode == 5, result.stderr
     assert "1 invalid" in result.stderr
 
-    good_body, good_ids = batch_list(3, "file-ok")
+    good_body, _ = batch_list(3, "file-ok")
     path.write_bytes(good_body)
     ok = ledgerq("submit", str(path), "-s", "file-ok", "--url", gateway.url, "--json")
     assert ok.returncode == 0, ok.stderr
@@ -133,7 +133,6 @@ def test_exit_codes_for_unknown_unauthorized_and_unreachable(gateway: Served) ->
     unknown = ledgerq("status", "ab" * 64, "--url", gateway.url)
     assert unknown.returncode == 7, unknown.stderr
 
-    body, _ids = batch_list(1, "no-token")
     anonymous = ledgerq("submit", "--generate", "1", "--url", gateway.url, token=None)
     assert anonymous.returncode == 4
     assert "--token" in anonymous.stderr and "LEDGERQ_TOKEN" in anonymous.stderr
