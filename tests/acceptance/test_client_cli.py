@@ -8,6 +8,7 @@ and output are checked. The gateway's log is checked never to contain the token.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -30,6 +31,12 @@ pytestmark = [
 ]
 
 
+def _env(**extra: str) -> dict[str, str]:
+    """This environment without any LEDGERQ_* setting, plus ``extra``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERQ_")}
+    return {**base, **extra}
+
+
 class Served:
     def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
         self.proc = proc
@@ -43,34 +50,38 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     proc = subprocess.Popen(
         [LEDGERQ, "serve", "--db", f"sqlite:///{folder}/g.sqlite3", "--bind", "127.0.0.1:0"],
         cwd=folder,
-        env={"PATH": "/usr/bin:/bin", "LEDGERQ_AUTH_TOKEN": TOKEN, "LEDGERQ_LOG_LEVEL": "debug"},
+        env=_env(LEDGERQ_AUTH_TOKEN=TOKEN, LEDGERQ_LOG_LEVEL="debug"),
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
     )
     assert proc.stderr is not None
-    url = ""
-    lines: list[str] = []
-    for line in proc.stderr:  # ends if the process dies: then the assert below says why
-        lines.append(line)
-        if "listening on http://" in line and "gateway" in line:
-            url = line.rsplit(" ", 1)[1].strip()
-            break
-    assert url, "".join(lines)
-    served = Served(proc, url)
-    served.log = lines
-    drain = threading.Thread(target=lambda: served.log.extend(proc.stderr or ()), daemon=True)
-    drain.start()
-    yield served
-    proc.terminate()
-    assert proc.wait(30) == 0
-    drain.join(10)
+    try:
+        url = ""
+        lines: list[str] = []
+        for line in proc.stderr:  # ends if the process dies: the assert below says why
+            lines.append(line)
+            if "listening on http://" in line and "gateway" in line:
+                url = line.rsplit(" ", 1)[1].strip()
+                break
+        assert url, "".join(lines)
+        served = Served(proc, url)
+        served.log = lines
+        drain = threading.Thread(target=lambda: served.log.extend(proc.stderr or ()))
+        drain.start()
+        yield served
+        proc.terminate()
+        assert proc.wait(30) == 0
+        drain.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stderr.close()
 
 
 def ledgerq(*args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin"}
-    if token is not None:
-        env["LEDGERQ_TOKEN"] = token
+    env = _env() if token is None else _env(LEDGERQ_TOKEN=token)
     return subprocess.run(
         [LEDGERQ, *args], capture_output=True, text=True, timeout=120, check=False, env=env
     )
