@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -61,8 +62,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         lines: list[str] = []
         for line in proc.stderr:  # ends if the process dies: the assert below says why
             lines.append(line)
-            if "listening on http://" in line and "gateway" in line:
-                url = line.rsplit(" ", 1)[1].strip()
+            found = re.search(r"ledgerq gateway listening on (http://[^\s,]+)", line)
+            if found:
+                url = found.group(1)
                 break
         assert url, "".join(lines)
         served = Served(proc, url)
