@@ -53,7 +53,7 @@ async def test_ordered_batches_commit_in_order(
     gateway = gateway_proc(tmp_path, f"sqlite:///{tmp_path}/gw.sqlite3", f"sawtooth+{node_url}")
     try:
         gw = await gateway.start()
-        workload = Workload(services=30, per_service=6)
+        workload = Workload(services=20, per_service=5)
         await workload.post(session, gw, waves=3)
         await finish(session, gw, node_url, workload)
     finally:
@@ -98,7 +98,7 @@ async def test_faults_between_gateway_and_node(
     gateway = gateway_proc(tmp_path, url, f"sawtooth+{proxy_url}")
     try:
         gw = await gateway.start()
-        workload = Workload(services=20, per_service=6)
+        workload = Workload(services=12, per_service=5)
         await workload.post(session, gw, waves=2)
         await finish(session, gw, node_url, workload)
         for fault in (Fault.BUSY_503, Fault.DROP_BEFORE, Fault.DROP_AFTER):
@@ -121,7 +121,7 @@ async def test_node_restarted_ephemeral_forgets_pending(
     gateway = gateway_proc(tmp_path, f"sqlite:///{tmp_path}/gw.sqlite3", f"sawtooth+{proxy_url}")
     try:
         gw = await gateway.start()
-        workload = Workload(services=20, per_service=5)
+        workload = Workload(services=12, per_service=4)
         await workload.post(session, gw, waves=1)
         await _until_some_pending(session, gw)
         await node.kill()
