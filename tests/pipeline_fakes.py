@@ -12,9 +12,11 @@ from ledgerq.dlt.base import (
     LedgerBatchStatus,
     SubmitResult,
 )
+from ledgerq.errors import FencedOffError
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    Fence,
     Pending,
     SubmissionError,
     TrackingBatch,
@@ -51,6 +53,14 @@ class MemoryPipelineStore:
     errors: dict[str, SubmissionError | None] = field(default_factory=dict)
     writes: list[tuple[str, BatchStatusName | None]] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The fence of every write, in order; writes under a refused fence raise.
+    fences: list[Fence | None] = field(default_factory=list)
+    refused: set[Fence] = field(default_factory=set)
+
+    def _check_fence(self, fence: Fence | None) -> None:
+        self.fences.append(fence)
+        if fence is not None and fence in self.refused:
+            raise FencedOffError(f"{fence} is fenced off")
 
     def add(self, *batches: TrackingBatch) -> None:
         for b in batches:
@@ -66,7 +76,9 @@ class MemoryPipelineStore:
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None:
+        self._check_fence(fence)
         b = self.batches[batch_id]
         self.taken_at[batch_id] = now or 0
         if dlt_status is None:
@@ -80,6 +92,7 @@ class MemoryPipelineStore:
                 submission_error=submission_error,
                 now=now,
             )
+            self.fences.pop()
             self.batches[batch_id] = replace(self.batches[batch_id], last_attempt_at=now)
 
     async def update_batch_status(
@@ -91,7 +104,9 @@ class MemoryPipelineStore:
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None:
+        self._check_fence(fence)
         b = self.batches[id]
         assert b.service_id == service_id
         assert not b.is_final, f"{id} is final already"

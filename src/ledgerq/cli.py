@@ -22,6 +22,10 @@ from ledgerq.commands.store import migrate, store  # noqa: E402
 cli.add_command(migrate)
 cli.add_command(store)
 
+from ledgerq.commands.node import node  # noqa: E402
+
+cli.add_command(node)
+
 
 def main() -> None:
     cli()

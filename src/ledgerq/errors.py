@@ -87,3 +87,15 @@ class FencedOffError(StoreError):
 
 class LedgerError(LedgerqError):
     """A ledger (DLT) call failed."""
+
+
+class NodeError(LedgerqError):
+    """The embedded ledger node failed."""
+
+
+class NodeBusyError(NodeError):
+    """The node's pending queue is full (HTTP 429); resubmit after a while."""
+
+
+class NodeDataError(NodeError):
+    """The node's data directory is unreadable or was written by something else."""

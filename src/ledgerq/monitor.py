@@ -100,6 +100,7 @@ class Monitor:
         self._early: OrderedDict[str, CommitEvent] = OrderedDict()
         self._inbox: asyncio.Queue[CommitEvent] = asyncio.Queue()
         self._limit = asyncio.Semaphore(self.settings.connections)
+        self._known_pending: set[str] = set()
         self.polls = 0
         self.applied_from_events = 0
         recorder.add_accept_listener(self._on_accepted)
@@ -144,9 +145,12 @@ class Monitor:
         )
         held = self._held
         groups: dict[str, list[str]] = defaultdict(list)
+        self._known_pending = set()
         for b in batches:
             if b.batch_id not in held:
                 groups[b.service_id].append(b.batch_id)
+                if b.status_name is BatchStatusName.PENDING:
+                    self._known_pending.add(b.batch_id)
         self.polls += 1
         if not groups:
             return 0
@@ -170,6 +174,11 @@ class Monitor:
                 return 0
         applied = 0
         for status in statuses:
+            if (
+                status.status.name is BatchStatusName.PENDING
+                and status.batch_id in self._known_pending
+            ):
+                continue  # nothing new; and an event may have made it final meanwhile
             await self._apply(service_id, status)
             applied += 1
         return applied

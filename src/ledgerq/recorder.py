@@ -7,6 +7,16 @@ ambiguous, and every status the ledger reports) goes through
 states in one module, and gives high availability one place to add fencing
 (every write conditional on still holding the service's claim).
 
+Under high availability every write is fenced (see ``docs/ha.md``): the
+recorder is built with ``fences`` (service id → the claim's
+:class:`~ledgerq.model.Fence`, or None when this instance does not hold it).
+A submission's writes all carry the fence it was taken under, so nothing it
+records lands once the claim moved on, even if this instance took the
+service back since; a write for a service not held raises
+:class:`~ledgerq.errors.FencedOffError` without touching the store. A
+ledger status the monitor read for a service no longer held is dropped (the
+new holder's monitor reads it too).
+
 After a write that frees a service for its next batch (a final status,
 ``Unknown``, ``Delayed``) the recorder calls every registered *unlock
 listener* with the service id, in the same task, so the queue source can
@@ -37,9 +47,11 @@ from typing import Protocol
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.dlt.base import LedgerBatchStatus
+from ledgerq.errors import FencedOffError
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    Fence,
     Invalid,
     InvalidTransaction,
     Pending,
@@ -52,6 +64,7 @@ from ledgerq.model import (
 log = logging.getLogger(__name__)
 
 UnlockListener = Callable[[str], None]
+FenceSource = Callable[[str], Fence | None]
 AcceptListener = Callable[[str, str], None]
 
 
@@ -67,6 +80,7 @@ class StatusWriter(Protocol):
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None: ...
 
     async def update_batch_status(
@@ -78,6 +92,7 @@ class StatusWriter(Protocol):
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None: ...
 
 
@@ -101,9 +116,14 @@ def _receipts(status: BatchStatus) -> list[TransactionReceipt]:
 
 
 class Recorder:
-    def __init__(self, store: StatusWriter, *, clock: Clock = now_ms) -> None:
+    def __init__(
+        self, store: StatusWriter, *, clock: Clock = now_ms, fences: FenceSource | None = None
+    ) -> None:
         self._store = store
         self._clock = clock
+        self._fences = fences
+        # The fence each submission in progress was taken under.
+        self._acting: dict[tuple[str, str], Fence] = {}
         self._listeners: list[UnlockListener] = []
         self._accept_listeners: list[AcceptListener] = []
 
@@ -115,6 +135,22 @@ class Recorder:
         """``listener(batch_id, service_id)`` once a batch is recorded ``Pending``."""
         self._accept_listeners.append(listener)
 
+    def _fence(self, service_id: str) -> Fence | None:
+        """The fence to write under now (None without HA)."""
+        if self._fences is None:
+            return None
+        fence = self._fences(service_id)
+        if fence is None:
+            raise FencedOffError(
+                f"this instance holds no valid claim on service {service_id!r}; nothing was "
+                "written: the service's current holder takes care of it"
+            )
+        return fence
+
+    def _submission_fence(self, batch: TrackingBatch) -> Fence | None:
+        fence = self._acting.pop((batch.service_id, batch.batch_id), None)
+        return fence if fence is not None else self._fence(batch.service_id)
+
     def _unlocked(self, service_id: str) -> None:
         for listener in self._listeners:
             listener(service_id)
@@ -122,13 +158,21 @@ class Recorder:
     # -- submitter -----------------------------------------------------------
 
     async def submitting(self, batch: TrackingBatch) -> None:
-        """The submitter took ``batch``: ``submitted`` guards it from the queuer."""
+        """The submitter took ``batch``: ``submitted`` guards it from the queuer.
+
+        Raises :class:`~ledgerq.errors.FencedOffError` (do not POST) when this
+        instance does not hold the service's claim.
+        """
+        fence = self._fence(batch.service_id)
         await self._store.change_batch_to_submitted(
-            batch.batch_id, batch.service_id, None, None, None, now=self._clock()
+            batch.batch_id, batch.service_id, None, None, None, now=self._clock(), fence=fence
         )
+        if fence is not None:
+            self._acting[(batch.service_id, batch.batch_id)] = fence
 
     async def accepted(self, batch: TrackingBatch) -> None:
-        await self._write(batch.batch_id, batch.service_id, Pending(), None)
+        fence = self._submission_fence(batch)
+        await self._write(batch.batch_id, batch.service_id, Pending(), None, fence)
         for listener in self._accept_listeners:
             listener(batch.batch_id, batch.service_id)
 
@@ -142,6 +186,7 @@ class Recorder:
             BatchStatusName.DELAYED,
             SubmissionError("busy", message),
             now=self._clock(),
+            fence=self._submission_fence(batch),
         )
         self._unlocked(batch.service_id)
 
@@ -161,18 +206,28 @@ class Recorder:
             batch.service_id,
             Invalid(txs),
             SubmissionError(f"http_{status}", message),
+            self._submission_fence(batch),
         )
 
     async def ambiguous(self, batch: TrackingBatch, message: str) -> None:
         await self._write(
-            batch.batch_id, batch.service_id, Unknown(), SubmissionError("ambiguous", message)
+            batch.batch_id,
+            batch.service_id,
+            Unknown(),
+            SubmissionError("ambiguous", message),
+            self._submission_fence(batch),
         )
 
     # -- monitor -------------------------------------------------------------
 
     async def ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
         """Apply what the ledger said about one batch of ``service_id``."""
-        await self._write(status.batch_id, service_id, status.status, None)
+        try:
+            await self._write(
+                status.batch_id, service_id, status.status, None, self._fence(service_id)
+            )
+        except FencedOffError as exc:
+            log.info("status of batch %s not recorded: %s", status.batch_id[:16], exc)
 
     async def _write(
         self,
@@ -180,9 +235,10 @@ class Recorder:
         service_id: str,
         status: BatchStatus,
         error: SubmissionError | None,
+        fence: Fence | None,
     ) -> None:
         await self._store.update_batch_status(
-            batch_id, service_id, status, _receipts(status), error, now=self._clock()
+            batch_id, service_id, status, _receipts(status), error, now=self._clock(), fence=fence
         )
         if status.is_final or status.name in (BatchStatusName.UNKNOWN, BatchStatusName.DELAYED):
             self._unlocked(service_id)

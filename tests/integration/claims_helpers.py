@@ -8,28 +8,16 @@ from collections.abc import Iterable
 import psycopg
 
 from ledgerq.claims import ClaimManager, ClaimSettings
-from ledgerq.claims.queries import claim_schema
 from ledgerq.clock import ManualClock
+from ledgerq.store import open_store
 
 T0 = 1_700_000_000_000
 
-# Until a store schema is in the database, the columns the claim queries read.
-_MINIMAL_BATCHES = """
-CREATE TABLE IF NOT EXISTS batches (
-    service_id VARCHAR(64) NOT NULL,
-    batch_id   VARCHAR(128) NOT NULL,
-    submitted  BOOLEAN NOT NULL DEFAULT FALSE,
-    status     VARCHAR(16),
-    final      BOOLEAN NOT NULL DEFAULT FALSE,
-    PRIMARY KEY (service_id, batch_id)
-);
-"""
 
-
-def prepare(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(_MINIMAL_BATCHES.encode())
-        conn.execute(claim_schema().encode())
+async def prepare(url: str) -> None:
+    """Create the store's schema (claim tables included)."""
+    store = await open_store(url, migrate=True)
+    await store.close()
 
 
 def put_batch(
@@ -41,10 +29,13 @@ def put_batch(
     status: str | None = None,
 ) -> None:
     final = status in ("Invalid", "Valid", "Committed")
+    # Straight into the table: these tests are about the claim queries, which
+    # read only these columns; the store's own rules are tested elsewhere.
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO batches (service_id, batch_id, submitted, status, final)"
-            " VALUES (%s, %s, %s, %s, %s)"
+            "INSERT INTO batches (service_id, batch_id, signer_public_key, trace,"
+            " serialized_batch, submitted, status, final)"
+            " VALUES (%s, %s, '02', FALSE, '', %s, %s, %s)"
             " ON CONFLICT (service_id, batch_id) DO UPDATE"
             " SET submitted = EXCLUDED.submitted, status = EXCLUDED.status,"
             " final = EXCLUDED.final",

@@ -29,8 +29,8 @@ SERVICES = [f"svc{i:02d}" for i in range(9)]
 
 
 @pytest.fixture
-def db(pg_url: str) -> str:
-    prepare(pg_url)
+async def db(pg_url: str) -> str:
+    await prepare(pg_url)
     return pg_url
 
 

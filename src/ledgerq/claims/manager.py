@@ -27,6 +27,9 @@ changes nothing once its claim moved on.
 
 Time is injected: every step takes ``now`` (ms) from the manager's clock and
 passes it to the SQL; the database's own clock is never used.
+
+The tables (``gateway_instances``, ``service_id_claims``) come with the
+store's PostgreSQL migrations; open the store (which migrates) first.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import psycopg
 import psycopg.errors
 from psycopg.rows import dict_row
 
-from ledgerq.claims.queries import claim_queries, claim_schema
+from ledgerq.claims.queries import claim_queries
 from ledgerq.claims.settings import ClaimSettings
 from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import ConfigError, StoreError, StoreUnavailableError
@@ -250,17 +253,6 @@ class ClaimManager:
 
         await self._transact("register services", go)
         self.wake()
-
-    async def ensure_schema(self) -> None:
-        """Create the claim tables when missing (databases the store did not migrate)."""
-
-        async def go(conn: Conn) -> None:
-            cur = await conn.execute("SELECT to_regclass('service_id_claims') AS t")
-            row = await cur.fetchone()
-            if row is None or row["t"] is None:
-                await conn.execute(claim_schema("postgresql").encode())
-
-        await self._transact("create schema", go)
 
     # -- visibility --------------------------------------------------------
 

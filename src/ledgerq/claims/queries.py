@@ -30,8 +30,3 @@ def parse_queries(text: str) -> dict[str, str]:
 def claim_queries(dialect: str = "postgresql") -> dict[str, str]:
     text = resources.files("ledgerq.claims").joinpath("sql", dialect, "claims.sql").read_text()
     return parse_queries(text)
-
-
-@cache
-def claim_schema(dialect: str = "postgresql") -> str:
-    return resources.files("ledgerq.claims").joinpath("sql", dialect, "schema.sql").read_text()

@@ -16,7 +16,10 @@
 * ``GET /batches?service_id=&status=&limit=&after=`` — tracked batches in
   acceptance order, paginated by ``seq`` (``paging.next`` links the next page).
 * ``GET /batches/{id}?service_id=S`` — one batch.
-* ``GET /services`` — queue depth, head batch, in-flight batch, lock reason.
+* ``GET /services`` — queue depth, head batch, in-flight batch, lock reason;
+  under high availability also the claimant, claim epoch and expiries.
+* ``GET /instances`` — the gateway instances sharing the database: id,
+  start, last renewal, claims held, live or not (empty on a single instance).
 * ``GET /health`` — the process answers; ``GET /ready`` — the store answers
   and the pipeline runs (503 otherwise).
 
@@ -35,6 +38,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from ledgerq.claims import ClaimInfo, InstanceInfo
 from ledgerq.clock import Clock, now_ms
 from ledgerq.codec import parse_batch_list
 from ledgerq.errors import (
@@ -94,6 +98,14 @@ class ApiStore(Protocol):
     ) -> Sequence[ServiceInfo]: ...
 
     async def status_counts(self) -> dict[str, int]: ...
+
+
+class ClaimsView(Protocol):
+    """The claim manager's read side, for ``/instances`` and ``/services``."""
+
+    async def list_instances(self, now: int | None = None) -> list[InstanceInfo]: ...
+
+    async def claims_for(self, service_ids: Sequence[str]) -> dict[str, ClaimInfo]: ...
 
 
 class Changes:
@@ -179,8 +191,10 @@ class GatewayApi:
         max_body_bytes: int = 10 * 1024 * 1024,
         changes: Changes | None = None,
         clock: Clock = now_ms,
+        claims: ClaimsView | None = None,
     ) -> None:
         self.store = store
+        self.claims = claims
         self.on_accepted = on_accepted
         self.check_service_id = check_service_id
         self.is_ready = is_ready
@@ -196,6 +210,7 @@ class GatewayApi:
         app.router.add_get("/batches/{batch_id}", self.get_batch)
         app.router.add_get("/batch_statuses", self.batch_statuses)
         app.router.add_get("/services", self.services)
+        app.router.add_get("/instances", self.instances)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         return app
@@ -308,8 +323,12 @@ class GatewayApi:
         except ValueError:
             return _error(400, "Bad Query", "limit must be an integer")
         listed = await self.store.list_services(limit=limit, after=request.query.get("after"))
-        data = [
-            {
+        claims: dict[str, ClaimInfo] = {}
+        if self.claims is not None:
+            claims = await self.claims.claims_for([s.service_id for s in listed])
+        data = []
+        for s in listed:
+            item: dict[str, Any] = {
                 "service_id": s.service_id,
                 "queue_depth": s.queue_depth,
                 "head_batch_id": s.head_batch_id,
@@ -321,9 +340,33 @@ class GatewayApi:
                     else None
                 ),
             }
-            for s in listed
-        ]
+            if self.claims is not None:
+                claim = claims.get(s.service_id)
+                item["claimant"] = claim.claimant if claim else None
+                item["claim_epoch"] = claim.epoch if claim else None
+                item["claim_expiry_1"] = claim.expiry_1 if claim else None
+                item["claim_expiry_2"] = claim.expiry_2 if claim else None
+                if (claim is None or claim.claimant is None) and item["lock_reason"] is None:
+                    item["lock_reason"] = "no gateway instance holds a claim on it yet"
+            data.append(item)
         return web.json_response({"data": data})
+
+    async def instances(self, request: web.Request) -> web.Response:
+        if self.claims is None:
+            return web.json_response({"data": [], "high_availability": False})
+        listed = await self.claims.list_instances(self.clock())
+        data = [
+            {
+                "instance_id": i.instance_id,
+                "started_at": i.started_at,
+                "last_renewal": i.heartbeat_at,
+                "address": i.address,
+                "claims": i.claims,
+                "live": i.live,
+            }
+            for i in listed
+        ]
+        return web.json_response({"data": data, "high_availability": True})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

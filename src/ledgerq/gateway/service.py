@@ -29,9 +29,9 @@ from aiohttp import web
 from ledgerq.clock import Clock, now_ms
 from ledgerq.config import Settings
 from ledgerq.dlt.base import LedgerClient
-from ledgerq.gateway.api import ApiStore, Changes, GatewayApi
+from ledgerq.gateway.api import ApiStore, Changes, ClaimsView, GatewayApi
 from ledgerq.gateway.sources import ListingStore, StoreMonitorSource
-from ledgerq.model import TrackingBatch
+from ledgerq.model import Fence, TrackingBatch
 from ledgerq.monitor import Monitor
 from ledgerq.queue_source import QueueSource
 from ledgerq.queuer import RoundStore
@@ -43,6 +43,18 @@ log = logging.getLogger(__name__)
 
 class GatewayStore(ApiStore, ListingStore, RoundStore, StatusWriter, Protocol):
     """Every store role the gateway uses."""
+
+
+class Claims(ClaimsView, Protocol):
+    """What the gateway needs of the claim manager (``ledgerq.claims``)."""
+
+    def claimed_services(self, now: int | None = None) -> frozenset[str]: ...
+
+    def fence_for(self, service_id: str, now: int | None = None) -> Fence | None: ...
+
+    def wake(self) -> None: ...
+
+    def add_listener(self, listener: Callable[[frozenset[str], frozenset[str]], None]) -> None: ...
 
 
 class Wakeups(Protocol):
@@ -60,21 +72,29 @@ class Gateway:
         *,
         clock: Clock = now_ms,
         check_service_id: Callable[[str], None] = lambda _s: None,
+        claims: Claims | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.ledger = ledger
+        self.claims = claims
+        # Under HA only claimed services are queued and monitored.
+        services = None if claims is None else claims.claimed_services
         self.changes = Changes()
-        self.recorder = Recorder(store, clock=clock)
+        self.recorder = Recorder(
+            store, clock=clock, fences=None if claims is None else claims.fence_for
+        )
         self.queue = QueueSource(
             store,
             clock=clock,
             delay_window_ms=settings["delay_window_ms"],
             poll_interval=settings.submitter.poll_timeout_s,
+            services=services,
         )
         self.submitter = Submitter(self.queue, ledger, self.recorder, settings.submitter)
+        self.monitor_source = StoreMonitorSource(store, services=services)
         self.monitor = Monitor(
-            StoreMonitorSource(store),
+            self.monitor_source,
             ledger,
             self.recorder,
             settings.monitor,
@@ -89,8 +109,11 @@ class Gateway:
             max_body_bytes=settings["max_body_bytes"],
             changes=self.changes,
             clock=clock,
+            claims=claims,
         )
         self.recorder.add_unlock_listener(self.wake)
+        if claims is not None:
+            claims.add_listener(self._claims_changed)
         self._wakeups: list[Wakeups] = []
         self._running = False
         self._stop = asyncio.Event()
@@ -108,9 +131,22 @@ class Gateway:
             for w in self._wakeups:
                 w.publish(service_id)
 
+    def _claims_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None:
+        # A service taken over may carry a batch its previous holder left in
+        # flight: the monitor asks the ledger about it before anything moves.
+        self.monitor_source.adopt(gained)
+        if gained:
+            self.monitor.trigger()
+        for service_id in gained:
+            self.wake(service_id, relay=False)
+
     def _accepted(self, batches: Sequence[TrackingBatch]) -> None:
-        for service_id in {b.service_id for b in batches}:
+        services = {b.service_id for b in batches}
+        for service_id in services:
             self.wake(service_id)
+        if self.claims is not None and not services <= self.claims.claimed_services():
+            # Possibly a new service: claim it now rather than at the next period.
+            self.claims.wake()
 
     def stop(self) -> None:
         self._stop.set()

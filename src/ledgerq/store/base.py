@@ -30,6 +30,7 @@ from typing import Literal, Protocol, Self
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    Fence,
     SubmissionError,
     TrackingBatch,
     TrackingBatchList,
@@ -129,6 +130,7 @@ class MonitorStore(Protocol):
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None: ...
 
 
@@ -146,6 +148,7 @@ class SubmitterStore(Protocol):
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None: ...
 
     async def update_batch_status(
@@ -157,6 +160,7 @@ class SubmitterStore(Protocol):
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None: ...
 
 

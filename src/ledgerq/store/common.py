@@ -10,12 +10,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ledgerq.errors import DuplicateBatchError, StoreInputError
+from ledgerq.errors import DuplicateBatchError, StoreError, StoreInputError
 from ledgerq.model import (
     MAX_SERVICE_ID_LENGTH,
     BatchStatus,
     BatchStatusName,
     Delayed,
+    Fence,
     Invalid,
     InvalidTransaction,
     SubmissionError,
@@ -314,3 +315,12 @@ def assemble(
 def with_defaults(batch: TrackingBatch, now: int) -> TrackingBatch:
     """``created_at`` 0 means "now"."""
     return batch if batch.created_at else replace(batch, created_at=now)
+
+
+def check_no_fence(fence: Fence | None, dialect: str) -> None:
+    """Stores without claims take no fence: a fence there is a wiring mistake."""
+    if fence is not None:
+        raise StoreError(
+            f"a fenced write reached the {dialect} store, which has no claims; fencing needs "
+            "the PostgreSQL store shared by several gateway instances"
+        )

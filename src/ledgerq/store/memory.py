@@ -17,6 +17,7 @@ from ledgerq.errors import BatchNotFoundError, DuplicateBatchError, StatusTransi
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    Fence,
     InvalidTransaction,
     SubmissionError,
     TrackingBatch,
@@ -180,7 +181,9 @@ class MemoryStore:
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None:
+        common.check_no_fence(fence, "memory")
         receipts = common.receipts_to_write(status, transaction_receipts or ())
         common.check_receipts(receipts)
         common.check_submission_error(submission_error)
@@ -207,7 +210,9 @@ class MemoryStore:
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None:
+        common.check_no_fence(fence, "memory")
         name = None if dlt_status is None else common.status_name_of(dlt_status)
         receipts = common.receipts_to_write(None, transaction_receipts or ())
         common.check_receipts(receipts)

@@ -153,6 +153,13 @@ class PostgresBackend:
         inserted = {(sid, bid): seq for seq, sid, bid in await cur.fetchall()}
         if len(inserted) != len(batches):
             raise ConflictError("a batch id or data change id is already tracked")
+        await conn.execute(
+            q["insert_service_claims"],
+            {
+                "service_ids": [b.service_id for b in batches],
+                "created_ats": [b.created_at for b in batches],
+            },
+        )
         txns = [(b, pos, t) for b in batches for pos, t in enumerate(b.transactions)]
         cur = await conn.execute(
             q["insert_transactions"],

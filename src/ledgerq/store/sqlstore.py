@@ -20,11 +20,13 @@ from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import (
     BatchNotFoundError,
     DuplicateBatchError,
+    FencedOffError,
     StatusTransitionError,
 )
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    Fence,
     SubmissionError,
     TrackingBatch,
     TrackingBatchList,
@@ -185,9 +187,19 @@ class SqlStore:
         # A concurrent writer inserted and then removed the key; the call is safe to retry.
         return DuplicateBatchError("a batch of this request was added concurrently; retry")
 
-    async def _lock_batch(self, session: Session, id: str, service_id: str) -> Row:
-        """Resolve an id to ``(batch_id, status, submitted)``, locking the row."""
+    async def _lock_batch(
+        self, session: Session, id: str, service_id: str, fence: Fence | None = None
+    ) -> Row:
+        """Resolve an id to ``(batch_id, status, submitted)``, locking the row.
+
+        With a ``fence``, also check that its instance still holds the
+        service's claim at its epoch, and keep the claim row share-locked until
+        the transaction ends: the claim cannot move while this write is in
+        progress, and a write after it moved raises ``FencedOffError``.
+        """
         common.check_service_id(service_id)
+        if fence is not None and self.dialect != "postgresql":
+            common.check_no_fence(fence, self.dialect)
         batch_id, dc = common.parse_id(id)
         if batch_id is not None:
             row = await session.fetchone(
@@ -203,6 +215,21 @@ class SqlStore:
                 f"no batch {id!r} is tracked in service {service_id!r}; check the id "
                 "(data change ids take the 'dc:' prefix) and the service id"
             )
+        if fence is not None:
+            held = await session.fetchone(
+                "hold_claim",
+                {
+                    "service_id": service_id,
+                    "instance_id": fence.instance_id,
+                    "epoch": fence.epoch,
+                },
+            )
+            if held is None:
+                raise FencedOffError(
+                    f"instance {fence.instance_id} no longer holds the claim on service "
+                    f"{service_id!r} at epoch {fence.epoch}; the write to batch {id} did not "
+                    "land: drop the batch, the service's new holder takes it over"
+                )
         return row
 
     async def _write_status(
@@ -264,13 +291,14 @@ class SqlStore:
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None:
         receipts = common.receipts_to_write(status, transaction_receipts or ())
         common.check_receipts(receipts)
         common.check_submission_error(submission_error)
         at = self._now(now)
         async with self._backend.transaction(write=True) as session:
-            batch_id, current, submitted = await self._lock_batch(session, id, service_id)
+            batch_id, current, submitted = await self._lock_batch(session, id, service_id, fence)
             key = {"service_id": service_id, "batch_id": batch_id}
             if status is not None:
                 await self._write_status(
@@ -298,6 +326,7 @@ class SqlStore:
         submission_error: SubmissionError | None = None,
         *,
         now: int | None = None,
+        fence: Fence | None = None,
     ) -> None:
         name = None if dlt_status is None else common.status_name_of(dlt_status)
         receipts = common.receipts_to_write(None, transaction_receipts or ())
@@ -305,7 +334,7 @@ class SqlStore:
         common.check_submission_error(submission_error)
         at = self._now(now)
         async with self._backend.transaction(write=True) as session:
-            bid, current, _ = await self._lock_batch(session, batch_id, service_id)
+            bid, current, _ = await self._lock_batch(session, batch_id, service_id, fence)
             if current is not None and BatchStatusName(current).is_final:
                 raise StatusTransitionError(
                     f"batch {bid} of service {service_id!r} is {current}, which is final; "

@@ -42,6 +42,15 @@ ORDER BY i.ord
 ON CONFLICT DO NOTHING
 RETURNING seq, service_id, batch_id;
 
+-- New services get an unclaimed claim row (docs/ha.md), in the same transaction.
+-- name: insert_service_claims
+INSERT INTO service_id_claims (service_id, unclaimed_since, created_at, updated_at)
+SELECT i.service_id, min(i.created_at), min(i.created_at), min(i.created_at)
+FROM unnest(%(service_ids)s::text[], %(created_ats)s::bigint[]) AS i(service_id, created_at)
+GROUP BY i.service_id
+ORDER BY i.service_id
+ON CONFLICT (service_id) DO NOTHING;
+
 -- name: insert_transactions
 INSERT INTO transactions
     (service_id, transaction_id, batch_id, position, payload, family_name, family_version,
@@ -68,6 +77,14 @@ SELECT batch_id, status, submitted
 FROM batches
 WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s
 FOR UPDATE;
+
+-- Fencing: the claim row is share-locked until the write commits, so the
+-- claim cannot be voided, handed over or taken while the write is under way.
+-- name: hold_claim
+SELECT epoch
+FROM service_id_claims
+WHERE service_id = %(service_id)s AND claimant = %(instance_id)s AND epoch = %(epoch)s
+FOR SHARE;
 
 -- name: batch_state_by_data_change_id
 SELECT batch_id, status, submitted

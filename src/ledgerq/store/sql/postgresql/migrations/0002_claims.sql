@@ -1,6 +1,5 @@
--- HA claims: which gateway instance works on which service, and which
--- instances are alive. Timestamps are BIGINT milliseconds since the Unix
--- epoch, computed by the instances (injected clock), never by the database.
+-- High availability: gateway instances and their claims on service ids
+-- (docs/ha.md). Times are BIGINT ms from the instances' injected clocks.
 
 CREATE TABLE gateway_instances (
     instance_id  VARCHAR(128) PRIMARY KEY CHECK (instance_id <> ''),
@@ -25,8 +24,8 @@ CREATE TABLE service_id_claims (
     claimed_at      BIGINT,
     -- When the service last became unclaimed; drives the grace period.
     unclaimed_since BIGINT,
-    created_at      BIGINT NOT NULL,
-    updated_at      BIGINT NOT NULL,
+    created_at      BIGINT NOT NULL DEFAULT ledgerq_now_ms(),
+    updated_at      BIGINT NOT NULL DEFAULT ledgerq_now_ms(),
     CONSTRAINT service_id_claims_state_check CHECK (
         (claimant IS NOT NULL AND expiry_1 IS NOT NULL AND expiry_2 IS NOT NULL
             AND claimed_at IS NOT NULL AND unclaimed_since IS NULL)
@@ -36,3 +35,7 @@ CREATE TABLE service_id_claims (
 );
 
 CREATE INDEX service_id_claims_claimant_idx ON service_id_claims (claimant);
+
+-- Services already tracked get an unclaimed row, as new ones do in add_batches.
+INSERT INTO service_id_claims (service_id, unclaimed_since)
+SELECT DISTINCT service_id, ledgerq_now_ms() FROM batches;

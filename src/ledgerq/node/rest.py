@@ -1,0 +1,256 @@
+"""The node's REST API: Sawtooth's shapes (``openapi.yaml``) plus an event stream.
+
+* ``POST /batches`` (``application/octet-stream`` BatchList) → 202
+  ``{"link": ".../batch_statuses?id=..."}``; 400 with
+  ``{"error": {"code", "title", "message"}}`` (codes 30, 34, 35, 42); 429
+  (code 31) when the pending queue is full.
+* ``GET /batch_statuses?id=a,b&wait=N``, ``POST /batch_statuses`` (JSON list
+  of ids) → ``{"data": [{"id", "status", "invalid_transactions"}], "link"}``.
+* ``GET /state/{address}`` → ``{"data": base64, "head", "link"}`` (62, 75);
+  ``GET /state?address=prefix`` → ``{"data": [{"address", "data"}], ...}``.
+* ``GET /logs/{fingerprint}`` (``B.T``) → the execution summary (``RequestLogs``).
+* ``GET /events``: server-sent events, one per batch reaching a final status:
+  ``id: <sequence>`` and ``data: {"id", "status", "invalid_transactions"}``;
+  send ``Last-Event-ID`` (or ``?last_event_id=``) to resume after an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import re
+from typing import Any
+
+from aiohttp import web
+
+from ledgerq.codec import DEFAULT_MAX_BYTES, decode_batch_list
+from ledgerq.errors import InvalidBatchError, NodeBusyError, NodeError
+from ledgerq.node.messages import TxFingerprint
+from ledgerq.node.runtime import Node
+
+NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
+_BATCH_ID = re.compile(r"[0-9a-f]{128}")
+_ADDRESS = re.compile(r"[0-9a-f]{70}")
+_PREFIX = re.compile(r"[0-9a-f]{0,70}")
+_HEARTBEAT_S = 15.0
+
+
+def _error(status: int, code: int, title: str, message: str) -> web.Response:
+    body = {"error": {"code": code, "title": title, "message": message}}
+    return web.json_response(body, status=status)
+
+
+def _parse_wait(request: web.Request) -> float | None:
+    raw = request.query.get("wait")
+    if raw is None:
+        return None
+    if raw in ("", "true", "True"):
+        return 300.0
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return max(0.0, min(value, 300.0))
+
+
+def make_app(node: Node, *, max_bytes: int = DEFAULT_MAX_BYTES) -> web.Application:
+    app = web.Application(client_max_size=max_bytes + 1024)
+    app[NODE_KEY] = node
+
+    async def post_batches(request: web.Request) -> web.Response:
+        if request.content_type != "application/octet-stream":
+            return _error(
+                400,
+                42,
+                "Wrong Content Type",
+                "Batches must be submitted as a BatchList protobuf binary, with a "
+                "'Content-Type' header of 'application/octet-stream'",
+            )
+        body = await request.read()
+        try:
+            batches = decode_batch_list(body, max_bytes=max_bytes)
+        except InvalidBatchError as exc:
+            if exc.rule == "empty_batch_list":
+                return _error(400, 34, "No Batches Submitted", str(exc))
+            if exc.rule == "malformed_protobuf":
+                return _error(400, 35, "Protobuf Not Decodable", str(exc))
+            return _error(400, 30, "Submitted Batches Invalid", str(exc))
+        try:
+            await node.submit(batches)
+        except NodeBusyError as exc:
+            return _error(429, 31, "Unable to Accept Batches", str(exc))
+        except NodeError as exc:
+            return _error(503, 18, "Validator Disconnected", str(exc))
+        ids = ",".join(b.header_signature for b in batches)
+        link = f"{request.url.origin()}/batch_statuses?id={ids}"
+        return web.json_response({"link": link}, status=202)
+
+    async def statuses_response(request: web.Request, ids: list[str]) -> web.Response:
+        for bid in ids:
+            if not _BATCH_ID.fullmatch(bid):
+                return _error(
+                    400,
+                    60,
+                    "Invalid Resource Id",
+                    f"{bid!r} is not a batch id: batch ids are 128 lowercase hex characters",
+                )
+        infos = await node.batch_statuses(ids, _parse_wait(request))
+        link = f"{request.url.origin()}/batch_statuses?id={','.join(ids)}"
+        return web.json_response({"data": [i.to_json() for i in infos.values()], "link": link})
+
+    async def get_statuses(request: web.Request) -> web.Response:
+        ids = [i for i in request.query.get("id", "").split(",") if i]
+        if not ids:
+            return _error(
+                400,
+                66,
+                "Id Query Invalid or Missing",
+                "Requests for batch statuses need an 'id' query parameter with a "
+                "comma-separated list of at least one batch id",
+            )
+        return await statuses_response(request, ids)
+
+    async def post_statuses(request: web.Request) -> web.Response:
+        if request.content_type != "application/json":
+            return _error(
+                400,
+                43,
+                "Wrong Content Type",
+                "Requests for batch statuses sent as a POST must have a 'Content-Type' "
+                "header of 'application/json'",
+            )
+        try:
+            ids = json.loads(await request.read())
+        except ValueError:
+            ids = None
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+            return _error(
+                400,
+                46,
+                "Bad Status Request",
+                "The body must be a JSON array of batch ids (strings), with at least one id",
+            )
+        return await statuses_response(request, ids)
+
+    async def get_state_entry(request: web.Request) -> web.Response:
+        address = request.match_info["address"]
+        if not _ADDRESS.fullmatch(address):
+            return _error(
+                400,
+                62,
+                "Invalid State Address",
+                f"{address!r} is not a state address: fetch a leaf with its full "
+                "70-character lowercase hex address",
+            )
+        value = await node.get_state(address)
+        if value is None:
+            return _error(404, 75, "State Not Found", f"There is no state data at {address}")
+        return web.json_response(
+            {"data": base64.b64encode(value).decode(), "head": node.head, "link": str(request.url)}
+        )
+
+    async def list_state(request: web.Request) -> web.Response:
+        prefix = request.query.get("address", "")
+        if not _PREFIX.fullmatch(prefix):
+            return _error(
+                400,
+                62,
+                "Invalid State Address",
+                f"{prefix!r} is not an address prefix: use lowercase hex, at most 70 characters",
+            )
+        try:
+            limit = int(request.query.get("limit", "1000"))
+            start = request.query.get("start", "")
+        except ValueError:
+            return _error(400, 53, "Invalid Count Query", "'limit' must be a positive integer")
+        if limit <= 0:
+            return _error(400, 53, "Invalid Count Query", "'limit' must be a positive integer")
+        entries = [(a, v) for a, v in await node.list_state(prefix) if a >= start]
+        page, rest = entries[:limit], entries[limit:]
+        paging: dict[str, Any] = {"limit": limit, "start": start or None}
+        if rest:
+            paging["next_position"] = rest[0][0]
+        return web.json_response(
+            {
+                "data": [{"address": a, "data": base64.b64encode(v).decode()} for a, v in page],
+                "head": node.head,
+                "link": str(request.url),
+                "paging": paging,
+            }
+        )
+
+    async def get_logs(request: web.Request) -> web.Response:
+        try:
+            fingerprint = TxFingerprint.parse(request.match_info["fingerprint"])
+        except ValueError:
+            return _error(400, 60, "Invalid Resource Id", "a fingerprint is written B.T")
+        summary = await node.request_logs(fingerprint)
+        if summary is None:
+            return _error(404, 80, "Log Not Found", f"no execution log for {fingerprint}")
+        return web.json_response(
+            {
+                "fingerprint": str(summary.fingerprint),
+                "id": summary.tx_id,
+                "success": summary.success,
+                "values_read": [
+                    {"address": k, "data": None if v is None else base64.b64encode(v).decode()}
+                    for k, v in summary.values_read
+                ],
+                "values_written": [
+                    {"address": k, "data": base64.b64encode(v).decode()}
+                    for k, v in summary.values_written
+                ],
+                "log": list(summary.log),
+            }
+        )
+
+    async def get_fingerprint(request: web.Request) -> web.Response:
+        bid = request.match_info["batch_id"]
+        fingerprint = node.fingerprint_of(bid)
+        if fingerprint is None:
+            return _error(404, 71, "Batch Not Found", f"batch {bid} was not ordered by this node")
+        return web.json_response({"id": bid, "fingerprint": str(fingerprint)})
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        raw = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+        after: int | None = None
+        if raw:
+            try:
+                after = int(raw)
+            except ValueError:
+                return _error(400, 60, "Invalid Resource Id", "Last-Event-ID must be an integer")
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        await response.write(b": ledgerq node events\n\n")
+        stream = node.subscribe(after).__aiter__()
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(stream.__anext__(), _HEARTBEAT_S)
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")
+                    continue
+                except StopAsyncIteration:
+                    break
+                data = json.dumps(event.info.to_json(), separators=(",", ":"))
+                await response.write(f"id: {event.seq}\ndata: {data}\n\n".encode())
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()  # type: ignore[attr-defined]
+        return response
+
+    app.router.add_post("/batches", post_batches)
+    app.router.add_get("/batch_statuses", get_statuses)
+    app.router.add_post("/batch_statuses", post_statuses)
+    app.router.add_get("/state", list_state)
+    app.router.add_get("/state/{address}", get_state_entry)
+    app.router.add_get("/logs/{fingerprint}", get_logs)
+    app.router.add_get("/fingerprints/{batch_id}", get_fingerprint)
+    app.router.add_get("/events", events)
+    return app

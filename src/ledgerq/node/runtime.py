@@ -1,0 +1,377 @@
+"""The running node: ordering machine, commit stage, journal and events.
+
+See :mod:`ledgerq.node` for the API a caller relies on. One driver task runs
+the (synchronous) ordering machine whenever there is work, in slices of a
+bounded number of messages so HTTP handlers stay responsive, then commits
+what is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Iterable, Sequence
+from itertools import islice
+from pathlib import Path
+
+from ledgerq.clock import Clock, now_ms
+from ledgerq.codec import ParsedBatch, decode_batch
+from ledgerq.errors import NodeBusyError, NodeError
+from ledgerq.node.families import FamilyRegistry, default_registry
+from ledgerq.node.journal import (
+    Journal,
+    Record,
+    encode_snapshot,
+    read_snapshot,
+    write_snapshot,
+)
+from ledgerq.node.ledger import PENDING, UNKNOWN, BatchStatusInfo, Ledger, StatusEvent
+from ledgerq.node.machine import OrderingMachine
+from ledgerq.node.messages import WORKER, ExecutionSummary, KVSDatum, RequestLogs, TxFingerprint
+from ledgerq.node.sawtooth import batch_candidate
+
+log = logging.getLogger(__name__)
+
+_SLICE = 20_000  # messages per driver slice before yielding to the event loop
+_WAIT_CAP_S = 300.0
+
+
+class Node:
+    """A Sawtooth-compatible ledger node running in this process."""
+
+    def __init__(
+        self,
+        data_dir: Path | None,
+        *,
+        shards: int,
+        ephemeral: bool,
+        max_pending: int,
+        commit_delay_ms: int,
+        snapshot_every: int,
+        event_buffer: int,
+        clock: Clock,
+        registry: FamilyRegistry,
+    ) -> None:
+        self.data_dir = data_dir
+        self.ephemeral = ephemeral
+        self.max_pending = max_pending
+        self._snapshot_every = snapshot_every
+        self._clock = clock
+        self._registry = registry
+        snapshot = read_snapshot(data_dir) if data_dir is not None else None
+        snap = snapshot or {}
+        state: dict[str, bytes] = snap.get("state", {})
+        self._snapshot_records: int = snap.get("records", 0)
+        self.ledger = Ledger(
+            clock=clock,
+            commit_delay_ms=commit_delay_ms,
+            state=state,
+            statuses=snap.get("statuses", {}),
+            submissions=self._snapshot_records,
+            event_seq=snap.get("event_seq", 0),
+        )
+        self.machine = OrderingMachine(
+            self.ledger, shards=shards, state=state, clock=clock, first_batch=snap.get("batch", 0)
+        )
+        self._journal = Journal(data_dir, self._on_durable) if data_dir is not None else None
+        self._pushed = self._snapshot_records
+        self._to_push: dict[int, tuple[ParsedBatch, TxFingerprint | None]] = {}
+        self._unjournaled: dict[int, tuple[bytes, TxFingerprint | None]] = {}
+        self._pending_ids: set[str] = set()
+        self._waiters: defaultdict[str, list[asyncio.Future[None]]] = defaultdict(list)
+        self._events: deque[StatusEvent] = deque(maxlen=event_buffer)
+        self._event_signal = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._next_commit_at: int | None = None
+        self._closed = False
+        self._driver: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        data_dir: Path | None,
+        *,
+        shards: int = 4,
+        ephemeral: bool = False,
+        max_pending: int = 100_000,
+        commit_delay_ms: int = 0,
+        snapshot_every: int = 50_000,
+        event_buffer: int = 100_000,
+        clock: Clock = now_ms,
+        registry: FamilyRegistry | None = None,
+    ) -> Node:
+        if data_dir is not None:
+            data_dir = Path(data_dir)
+            data_dir.mkdir(parents=True, exist_ok=True)
+        node = cls(
+            data_dir,
+            shards=shards,
+            ephemeral=ephemeral,
+            max_pending=max_pending,
+            commit_delay_ms=commit_delay_ms,
+            snapshot_every=snapshot_every,
+            event_buffer=event_buffer,
+            clock=clock,
+            registry=registry or default_registry(),
+        )
+        await node._recover()
+        node._driver = asyncio.get_running_loop().create_task(node._drive(), name="node-driver")
+        return node
+
+    async def _recover(self) -> None:
+        journal = self._journal
+        if journal is None:
+            return
+        delay, self.ledger.commit_delay_ms = self.ledger.commit_delay_ms, 0
+        replayed = 0
+        for record in journal.replay(self._snapshot_records):
+            batch = decode_batch(record.batch, verify=False)
+            self._pending_ids.add(batch.header_signature)
+            self._push(batch, record.resubmission, journaled=True)
+            replayed += 1
+            if replayed % 5_000 == 0:
+                self.machine.run()
+                await self._commit_ready()
+        self.machine.run()
+        await self._commit_ready()
+        self.ledger.commit_delay_ms = delay
+        journal.open_segment()
+        if replayed:
+            log.info("node recovered %d journal records after the snapshot", replayed)
+
+    # --- submitting ---------------------------------------------------------------
+
+    async def submit(
+        self, batches: Sequence[ParsedBatch], *, resubmission: TxFingerprint | None = None
+    ) -> None:
+        """Accept batches for ordering; returns once they are journaled.
+
+        Batches already pending or final are disregarded (unless
+        ``resubmission`` names their latest ordering, see the worker).
+        Raises :class:`NodeBusyError` when the pending queue is full.
+        """
+        if self._closed:
+            raise NodeError("the node is closed")
+        fresh: list[ParsedBatch] = []
+        seen: set[str] = set()
+        for batch in batches:
+            bid = batch.header_signature
+            if bid in seen or bid in self._pending_ids:
+                continue
+            if bid in self.ledger.statuses and resubmission is None:
+                continue
+            seen.add(bid)
+            fresh.append(batch)
+        if not fresh:
+            return
+        if len(self._pending_ids) + len(fresh) > self.max_pending:
+            raise NodeBusyError(
+                f"the node has {len(self._pending_ids)} batches pending (limit "
+                f"{self.max_pending}); resubmit once some have committed"
+            )
+        self._pending_ids.update(seen)
+        journal = self._journal
+        if journal is not None and not self.ephemeral:
+            first = journal.last_seq + 1
+            for i, batch in enumerate(fresh):
+                self._to_push[first + i] = (batch, resubmission)
+            await journal.append([(b.serialized, resubmission) for b in fresh])
+        else:
+            for batch in fresh:
+                self._push(batch, resubmission, journaled=journal is None)
+        self._wake.set()
+
+    def _on_durable(self, records: Sequence[Record]) -> None:
+        for record in records:
+            pushed = self._to_push.pop(record.seq, None)
+            if pushed is not None:  # None: written at commit (ephemeral mode)
+                self._push(pushed[0], pushed[1], journaled=True)
+
+    def _push(
+        self, batch: ParsedBatch, resubmission: TxFingerprint | None, *, journaled: bool
+    ) -> None:
+        self._pushed += 1
+        if not journaled:
+            self._unjournaled[self._pushed] = (batch.serialized, resubmission)
+        self.machine.submit(batch_candidate(batch, self._registry), resubmission)
+
+    # --- driving ------------------------------------------------------------------
+
+    async def _drive(self) -> None:
+        while not self._closed:
+            timeout = 1.0
+            if self._next_commit_at is not None:
+                timeout = max(0.0, min(timeout, (self._next_commit_at - self._clock()) / 1000))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            try:
+                while not self.machine.run(_SLICE):
+                    await self._commit_ready()
+                    await asyncio.sleep(0)
+                await self._commit_ready()
+                await self._maybe_snapshot()
+            except Exception:
+                log.exception("the node's driver failed; the node stops accepting batches")
+                self._closed = True
+                raise
+
+    async def _commit_ready(self) -> None:
+        ready, self._next_commit_at = self.ledger.take_ready(self._clock())
+        if not ready:
+            return
+        journal = self._journal
+        if journal is not None and self._unjournaled:
+            items = [self._unjournaled.pop(slot.seq) for slot in ready]
+            await journal.append(items)
+        events = self.ledger.commit(ready)
+        for slot in ready:
+            if slot.summary is None:  # disregarded by the worker: it was already ordered
+                self._pending_ids.discard(slot.tx_id)
+        for event in events:
+            bid = event.info.id
+            self._pending_ids.discard(bid)
+            for fut in self._waiters.pop(bid, ()):
+                if not fut.done():
+                    fut.set_result(None)
+        if events:
+            self._events.extend(events)
+            signal, self._event_signal = self._event_signal, asyncio.Event()
+            signal.set()
+
+    async def _maybe_snapshot(self, *, force: bool = False) -> None:
+        journal = self.data_dir is not None and self._journal
+        if not journal:
+            return
+        records = self.ledger.committed
+        if records == self._snapshot_records:
+            return
+        if not force and records - self._snapshot_records < self._snapshot_every:
+            return
+        await self._snapshot()
+
+    async def _snapshot(self) -> None:
+        journal = self._journal
+        assert journal is not None and self.data_dir is not None
+        content = {
+            "records": self.ledger.committed,
+            "state": self.ledger.state,
+            "statuses": self.ledger.statuses,
+            "event_seq": self.ledger.event_seq,
+            "batch": self.machine.worker.batch_number + 1,
+        }
+        blob = encode_snapshot(content)
+        records = self.ledger.committed
+        await asyncio.to_thread(write_snapshot, self.data_dir, blob)
+        self._snapshot_records = records
+        if not journal.flushing:
+            journal.open_segment()
+            journal.drop_covered(records)
+
+    # --- reading ------------------------------------------------------------------
+
+    def status(self, batch_id: str) -> BatchStatusInfo:
+        info = self.ledger.statuses.get(batch_id)
+        if info is not None and batch_id not in self._pending_ids:
+            return info
+        if batch_id in self._pending_ids:
+            return BatchStatusInfo(batch_id, PENDING)
+        return BatchStatusInfo(batch_id, UNKNOWN)
+
+    async def batch_statuses(
+        self, ids: Iterable[str], wait: float | None = None
+    ) -> dict[str, BatchStatusInfo]:
+        """Statuses by id; with ``wait`` (seconds, capped at 300), until all are final."""
+        ids = list(dict.fromkeys(ids))
+        if wait:
+            futures = []
+            loop = asyncio.get_running_loop()
+            for bid in ids:
+                if self.status(bid).status in (PENDING, UNKNOWN):
+                    fut: asyncio.Future[None] = loop.create_future()
+                    self._waiters[bid].append(fut)
+                    futures.append((bid, fut))
+            if futures:
+                try:
+                    await asyncio.wait([f for _, f in futures], timeout=min(wait, _WAIT_CAP_S))
+                finally:
+                    for bid, fut in futures:
+                        if not fut.done():
+                            fut.cancel()
+                            waiting = self._waiters.get(bid)
+                            if waiting is not None:
+                                with contextlib.suppress(ValueError):
+                                    waiting.remove(fut)
+                                if not waiting:
+                                    del self._waiters[bid]
+        return {bid: self.status(bid) for bid in ids}
+
+    async def get_state(self, address: str) -> bytes | None:
+        """The committed value at a full address, or ``None``."""
+        return self.ledger.state.get(address)
+
+    async def list_state(self, prefix: str = "") -> list[tuple[str, KVSDatum]]:
+        """Committed entries whose address starts with ``prefix``, sorted by address."""
+        return sorted((a, v) for a, v in self.ledger.state.items() if a.startswith(prefix))
+
+    async def request_logs(self, fingerprint: TxFingerprint) -> ExecutionSummary | None:
+        """``RequestLogs`` to the worker; its ``SendLog`` answer (``None`` if unknown)."""
+        self.machine.send(WORKER, RequestLogs(fingerprint))
+        self.machine.run()
+        self._wake.set()
+        answer = self.ledger.logs.pop(fingerprint, None)
+        return None if answer is None else answer.summary
+
+    def fingerprint_of(self, batch_id: str) -> TxFingerprint | None:
+        return self.machine.worker.ordered(batch_id)
+
+    @property
+    def head(self) -> str:
+        """A stand-in for Sawtooth's chain head: the number of commits, as 128 hex digits."""
+        return f"{self.ledger.event_seq:0128x}"
+
+    async def subscribe(self, after: int | None = None) -> AsyncIterator[StatusEvent]:
+        """Final-status events with ``seq > after`` (default: from now on), as they happen.
+
+        Events older than the buffer (``event_buffer``) are gone; a resume
+        from before them starts at the oldest kept.
+        """
+        last = self.ledger.event_seq if after is None else after
+        while True:
+            events = self._events
+            if events and events[-1].seq > last:
+                start = max(0, last + 1 - events[0].seq)
+                for event in list(islice(events, start, None)):
+                    last = event.seq
+                    yield event
+                continue
+            if self._closed:
+                return
+            signal = self._event_signal
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(signal.wait(), 15)
+
+    # --- closing ------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop the driver, write a snapshot, close the journal."""
+        if self._closed and self._driver is None:
+            return
+        self._closed = True
+        self._wake.set()
+        signal, self._event_signal = self._event_signal, asyncio.Event()
+        signal.set()
+        if self._driver is not None:
+            driver, self._driver = self._driver, None
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(driver, 30)
+        if self._journal is not None:
+            await self._maybe_snapshot(force=True)
+            self._journal.close()
+        for futures in self._waiters.values():
+            for fut in futures:
+                if not fut.done():
+                    fut.set_result(None)
+        self._waiters.clear()

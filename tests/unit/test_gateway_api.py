@@ -1,0 +1,148 @@
+"""Gateway REST API against the in-memory store, over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from ledgerq.codec import Signer, encode_batch_list
+from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.dlt.base import LedgerBatchStatus
+from ledgerq.gateway.api import GatewayApi
+from ledgerq.model import Committed, TrackingBatch
+from ledgerq.recorder import Recorder
+from ledgerq.store import open_store
+
+OCTET = {"Content-Type": "application/octet-stream"}
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[tuple[str, GatewayApi, list[TrackingBatch]]]:
+    store = await open_store("memory://")
+    accepted: list[TrackingBatch] = []
+    gateway_api = GatewayApi(store, on_accepted=accepted.extend, max_body_bytes=4096)
+    runner = web.AppRunner(gateway_api.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}", gateway_api, accepted
+    await runner.cleanup()
+    await store.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+        yield s
+
+
+def batches(n: int, name: str = "k") -> list[bytes]:
+    signer = Signer.generate()
+    return [make_intkey_batch(signer, [("set", f"{name}{i}", i)]).serialized for i in range(n)]
+
+
+async def test_post_stores_in_order_and_links_statuses(
+    api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
+) -> None:
+    url, _, accepted = api
+    body = encode_batch_list(batches(3))
+    async with http.post(f"{url}/batches?service_id=c1::s1", data=body, headers=OCTET) as r:
+        assert r.status == 202
+        link = (await r.json())["link"]
+    assert [b.seq for b in accepted] == sorted(b.seq for b in accepted)
+    assert all(b.service_id == "c1::s1" for b in accepted)
+    async with http.get(link) as r:
+        data = (await r.json())["data"]
+    assert [d["id"] for d in data] == [b.batch_id for b in accepted]
+    assert {d["status"] for d in data} == {"PENDING"}
+    async with http.get(f"{url}/batch_statuses?id=nosuchbatch") as r:
+        assert (await r.json())["data"][0]["status"] == "UNKNOWN"
+
+
+async def test_post_errors_name_the_problem(
+    api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
+) -> None:
+    url, _, _ = api
+    body = encode_batch_list(batches(1))
+    async with http.post(f"{url}/batches", data=body, headers={"Content-Type": "text/plain"}) as r:
+        assert r.status == 415
+        assert "application/octet-stream" in (await r.json())["error"]["message"]
+    async with http.post(f"{url}/batches", data=b"\x0a\x05junk!", headers=OCTET) as r:
+        assert r.status == 400
+        assert (await r.json())["error"]["rule"] == "malformed_protobuf"
+    async with http.post(f"{url}/batches", data=b"x" * 5000, headers=OCTET) as r:
+        assert r.status == 413
+    async with http.post(f"{url}/batches?service_id={'x' * 65}", data=body, headers=OCTET) as r:
+        assert r.status == 400
+        assert (await r.json())["error"]["rule"] == "invalid_service_id"
+    async with http.post(f"{url}/batches", data=body, headers=OCTET) as r:
+        assert r.status == 202
+    async with http.post(f"{url}/batches", data=body, headers=OCTET) as r:
+        assert r.status == 409
+    async with http.get(f"{url}/batch_statuses") as r:
+        assert r.status == 400
+
+
+async def test_wait_returns_when_final(
+    api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
+) -> None:
+    url, gateway_api, accepted = api
+    async with http.post(f"{url}/batches", data=encode_batch_list(batches(1)), headers=OCTET):
+        pass
+    batch = accepted[0]
+    recorder = Recorder(gateway_api.store)  # type: ignore[arg-type]
+    recorder.add_unlock_listener(gateway_api.changes.notify)
+
+    async def commit_later() -> None:
+        await asyncio.sleep(0)
+        await recorder.submitting(batch)
+        await recorder.accepted(batch)
+        await recorder.ledger_status(
+            batch.service_id, LedgerBatchStatus(batch.batch_id, Committed())
+        )
+
+    task = asyncio.create_task(commit_later())
+    async with http.get(f"{url}/batch_statuses?id={batch.batch_id}&wait=30") as r:
+        data = (await r.json())["data"]
+    await task
+    assert data[0]["status"] == "COMMITTED"
+    assert data[0]["ledgerq_status"] == "Committed"
+
+
+async def test_listing_pagination_services_health(
+    api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
+) -> None:
+    url, _, accepted = api
+    for service in ("a::1", "b::2"):
+        body = encode_batch_list(batches(3, service[0]))
+        async with http.post(f"{url}/batches?service_id={service}", data=body, headers=OCTET):
+            pass
+    seen = []
+    next_url: str | None = f"{url}/batches?limit=4"
+    while next_url:
+        async with http.get(next_url) as r:
+            page = await r.json()
+        seen += [d["id"] for d in page["data"]]
+        next_url = page["paging"]["next"]
+    assert seen == [b.batch_id for b in accepted]
+    async with http.get(f"{url}/batches?service_id=b::2&status=none") as r:
+        assert len((await r.json())["data"]) == 3
+    async with http.get(f"{url}/batches?status=bogus") as r:
+        assert r.status == 400
+    one = accepted[0]
+    async with http.get(f"{url}/batches/{one.batch_id}?service_id=a::1") as r:
+        assert (await r.json())["data"]["service_id"] == "a::1"
+    async with http.get(f"{url}/batches/{one.batch_id}") as r:
+        assert r.status == 404
+    async with http.get(f"{url}/services") as r:
+        services = {s["service_id"]: s for s in (await r.json())["data"]}
+    assert services["a::1"]["queue_depth"] == 3
+    assert services["a::1"]["head_batch_id"] == one.batch_id
+    async with http.get(f"{url}/health") as r:
+        assert r.status == 200
+    async with http.get(f"{url}/ready") as r:
+        assert r.status == 200

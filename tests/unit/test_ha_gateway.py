@@ -1,0 +1,153 @@
+"""The gateway under high availability: only claimed services are monitored,
+services taken over have their in-flight batch checked at once, and the API
+shows instances and claimants."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from ledgerq.claims import ClaimInfo, InstanceInfo
+from ledgerq.gateway.api import GatewayApi
+from ledgerq.gateway.sources import StoreMonitorSource
+from ledgerq.model import Pending, TrackingBatch, TrackingBatchList
+
+T0 = 1_700_000_000_000
+
+
+def _batch(
+    service: str, n: int, *, submitted: bool, status: Any = None, at: int = T0
+) -> TrackingBatch:
+    return TrackingBatch(
+        service_id=service,
+        batch_header=f"{service}-{n}",
+        data_change_id=None,
+        signer_public_key="02" + "ab" * 32,
+        trace=False,
+        serialized_batch=b"",
+        submitted=submitted,
+        created_at=at,
+        batch_status=status,
+        seq=n,
+        last_attempt_at=at if submitted else None,
+    )
+
+
+class FakeListing:
+    def __init__(self, batches: Iterable[TrackingBatch]) -> None:
+        self.batches = list(batches)
+        self.calls: list[str | None] = []
+
+    async def list_batches_by_status(self, status: Any) -> TrackingBatchList:
+        return TrackingBatchList(tuple(b for b in self.batches if b.status_name == status))
+
+    async def list_batches(
+        self,
+        *,
+        service_id: str | None = None,
+        status: Any = None,
+        limit: int = 100,
+        after_seq: int | None = None,
+    ) -> TrackingBatchList:
+        self.calls.append(service_id)
+        out = [
+            b
+            for b in self.batches
+            if b.batch_status is None
+            and (service_id is None or b.service_id == service_id)
+            and (after_seq is None or (b.seq or 0) > after_seq)
+        ]
+        return TrackingBatchList(tuple(out[:limit]))
+
+
+async def test_monitor_follows_only_claimed_services_and_checks_adopted_ones_at_once() -> None:
+    store = FakeListing(
+        [
+            _batch("mine", 1, submitted=True, status=Pending()),
+            _batch("theirs", 2, submitted=True, status=Pending()),
+            _batch("taken", 3, submitted=True),  # left in flight by the previous holder
+            _batch("taken", 4, submitted=False),
+            _batch("theirs", 5, submitted=True),
+        ]
+    )
+    claimed = {"mine"}
+    source = StoreMonitorSource(store, services=lambda: claimed, scan_every_ms=10_000)
+    first = await source.monitored_batches(now=T0 + 1, stale_before=T0 - 60_000, limit=100)
+    assert [b.batch_id for b in first] == ["mine-1"]
+    claimed.add("taken")
+    source.adopt({"taken"})
+    # Not stale, no full scan due: the adopted service is still checked.
+    adopted = await source.monitored_batches(now=T0 + 2, stale_before=T0 - 60_000, limit=100)
+    assert [b.batch_id for b in adopted] == ["mine-1", "taken-3"]
+    assert store.calls[-1] == "taken"
+    again = await source.monitored_batches(now=T0 + 3, stale_before=T0 - 60_000, limit=100)
+    assert [b.batch_id for b in again] == ["mine-1"]
+    # The periodic stale scan never reaches into services held elsewhere.
+    stale = await source.monitored_batches(now=T0 + 20_000, stale_before=T0 + 1, limit=100)
+    assert [b.batch_id for b in stale] == ["mine-1", "taken-3"]
+
+
+@dataclass(frozen=True)
+class Service:
+    service_id: str
+    queue_depth: int = 1
+    head_batch_id: str | None = None
+    in_flight_batch_id: str | None = None
+    total: int = 1
+
+
+class FakeApiStore:
+    async def list_services(self, *, limit: int = 1000, after: str | None = None) -> list[Service]:
+        return [Service("a", in_flight_batch_id="b1"), Service("b"), Service("c")]
+
+
+class FakeClaims:
+    async def list_instances(self, now: int | None = None) -> list[InstanceInfo]:
+        return [InstanceInfo("gw-1", T0, T0 + 5, "127.0.0.1:8080", 2, True)]
+
+    async def claims_for(self, service_ids: Sequence[str]) -> dict[str, ClaimInfo]:
+        return {
+            "a": ClaimInfo("a", "gw-1", 3, T0 + 5_000, T0 + 30_000, T0, None),
+            "b": ClaimInfo("b", None, 1, None, None, None, T0),
+        }
+
+
+async def _get(api: GatewayApi, path: str) -> Any:
+    async with TestClient(TestServer(api.app())) as client:
+        resp = await client.get(path)
+        assert resp.status == 200
+        return await resp.json()
+
+
+async def test_services_show_claimant_and_why_a_service_waits() -> None:
+    api = GatewayApi(FakeApiStore(), claims=FakeClaims())  # type: ignore[arg-type]
+    body = await _get(api, "/services")
+    by_id = {s["service_id"]: s for s in body["data"]}
+    assert by_id["a"]["claimant"] == "gw-1"
+    assert by_id["a"]["claim_epoch"] == 3
+    assert by_id["a"]["claim_expiry_1"] == T0 + 5_000
+    assert "b1" in by_id["a"]["lock_reason"]
+    assert by_id["b"]["claimant"] is None
+    assert by_id["b"]["lock_reason"] == "no gateway instance holds a claim on it yet"
+    assert by_id["c"]["claimant"] is None
+
+
+async def test_instances_list_the_gateways_sharing_the_database() -> None:
+    api = GatewayApi(FakeApiStore(), claims=FakeClaims())  # type: ignore[arg-type]
+    body = await _get(api, "/instances")
+    assert body["high_availability"] is True
+    assert body["data"] == [
+        {
+            "instance_id": "gw-1",
+            "started_at": T0,
+            "last_renewal": T0 + 5,
+            "address": "127.0.0.1:8080",
+            "claims": 2,
+            "live": True,
+        }
+    ]
+    single = await _get(GatewayApi(FakeApiStore()), "/instances")  # type: ignore[arg-type]
+    assert single == {"data": [], "high_availability": False}
