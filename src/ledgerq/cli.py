@@ -26,6 +26,11 @@ from ledgerq.commands.node import node  # noqa: E402
 
 cli.add_command(node)
 
+from ledgerq.commands.cluster import instances, services  # noqa: E402
+
+cli.add_command(instances)
+cli.add_command(services)
+
 
 def main() -> None:
     cli()

@@ -151,3 +151,31 @@ async def test_instances_list_the_gateways_sharing_the_database() -> None:
     ]
     single = await _get(GatewayApi(FakeApiStore()), "/instances")  # type: ignore[arg-type]
     assert single == {"data": [], "high_availability": False}
+
+
+async def test_cli_shows_instances_and_claimants() -> None:
+    import asyncio
+
+    from click.testing import CliRunner
+
+    from ledgerq.cli import cli
+
+    api = GatewayApi(FakeApiStore(), claims=FakeClaims())  # type: ignore[arg-type]
+    async with TestClient(TestServer(api.app(), host="127.0.0.1", port=0)) as client:
+        url = str(client.make_url(""))
+        runner = CliRunner()
+        shown = await asyncio.to_thread(runner.invoke, cli, ["instances", "--url", url])
+        assert shown.exit_code == 0, shown.output
+        assert "gw-1" in shown.output
+        assert "yes" in shown.output
+        listed = await asyncio.to_thread(runner.invoke, cli, ["services", "--url", url])
+        assert listed.exit_code == 0, listed.output
+        assert "no gateway instance holds a claim" in listed.output
+        assert "gw-1" in listed.output
+        raw = await asyncio.to_thread(runner.invoke, cli, ["instances", "--url", url, "--json"])
+        assert '"high_availability": true' in raw.output
+    down = await asyncio.to_thread(
+        CliRunner().invoke, cli, ["instances", "--url", "http://127.0.0.1:1"]
+    )
+    assert down.exit_code != 0
+    assert "cannot reach the gateway" in down.output

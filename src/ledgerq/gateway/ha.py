@@ -1,0 +1,45 @@
+"""What a gateway needs, depending on its store, to share (or not share) work.
+
+* PostgreSQL: a :class:`~ledgerq.claims.ClaimManager`. Its first claim cycle
+  runs before the gateway serves, so the queue starts with this instance's
+  share; leaving the exit stack releases every claim, which the caller
+  arranges to happen after the submitter drained.
+* SQLite: the :class:`~ledgerq.claims.SingleInstanceLock` on the database
+  file, held until the exit stack closes; a second gateway on the same file
+  fails here with :class:`~ledgerq.claims.lock.InstanceLockedError`.
+* ``memory://``: nothing (one process by construction).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack
+
+from ledgerq.claims import ClaimManager, SingleInstanceLock
+from ledgerq.config import Settings
+from ledgerq.store.sqlite import path_from_url
+
+log = logging.getLogger(__name__)
+
+
+async def open_high_availability(
+    settings: Settings, stack: AsyncExitStack, *, address: str | None = None
+) -> ClaimManager | None:
+    """Take the SQLite lock or start claiming on PostgreSQL; None without claims."""
+    db = settings.db
+    if db.startswith("sqlite:///"):
+        lock = SingleInstanceLock(path_from_url(db))
+        lock.acquire()
+        stack.callback(lock.release)
+        return None
+    if not db.startswith(("postgresql://", "postgres://")):
+        return None
+    claims = ClaimManager(db, settings.claims, address=address or settings["bind"])
+    stack.push_async_callback(claims.close)
+    report = await claims.cycle()
+    log.info(
+        "instance %s holds %d services after its first claim cycle",
+        claims.instance_id,
+        report.held,
+    )
+    return claims
