@@ -181,7 +181,7 @@ def encode_snapshot(content: dict[str, Any]) -> bytes:
 
 def write_snapshot(directory: Path, blob: bytes) -> None:
     """Write ``snapshot.bin`` atomically (temporary file, fsync, rename)."""
-    tmp = directory / "snapshot.tmp"
+    tmp = directory / f"snapshot.{os.getpid()}.tmp"
     with tmp.open("wb") as f:
         f.write(blob)
         f.flush()
@@ -191,6 +191,8 @@ def write_snapshot(directory: Path, blob: bytes) -> None:
 
 
 def read_snapshot(directory: Path) -> dict[str, Any] | None:
+    for stale in directory.glob("snapshot.*.tmp"):  # left by a crash mid-snapshot
+        stale.unlink()
     path = directory / "snapshot.bin"
     if not path.exists():
         return None

@@ -87,6 +87,7 @@ class Node:
         self._next_commit_at: int | None = None
         self._closed = False
         self._driver: asyncio.Task[None] | None = None
+        self._snapshot_lock = asyncio.Lock()
 
     @classmethod
     async def open(
@@ -252,7 +253,16 @@ class Node:
             return
         await self._snapshot()
 
+    async def snapshot(self) -> None:
+        """Write a snapshot of what has committed so far (a no-op without a data dir)."""
+        if self._journal is not None:
+            await self._snapshot()
+
     async def _snapshot(self) -> None:
+        async with self._snapshot_lock:  # one writer of snapshot.bin at a time
+            await self._write_snapshot()
+
+    async def _write_snapshot(self) -> None:
         journal = self._journal
         assert journal is not None and self.data_dir is not None
         content = {

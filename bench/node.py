@@ -1,0 +1,201 @@
+"""``ledgerq bench node``: intkey transactions per second through the node.
+
+Workloads (one intkey transaction per batch by default):
+
+* ``low``: every transaction ``set``s its own name (no two touch one key);
+* ``hot``: one ``set`` then ``inc`` after ``inc`` of a single name (100 %
+  contention: every transaction reads what the previous one wrote).
+
+Each is run as a plain serial execution (the baseline: the intkey handler in a
+loop over a dict, no engines), in-process through :class:`ledgerq.node.Node`
+(memory, and with the fsynced journal), and over REST (``POST /batches`` on
+127.0.0.1, signature verification included). Latency is from the submit call
+(or the POST) to the batch's final-status event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import aiohttp
+import click
+from aiohttp import web
+
+from bench.report import console, percentile, progress, table, write_section
+from ledgerq.codec import ParsedBatch, Signer, encode_batch_list
+from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.node import Node
+from ledgerq.node.families import default_registry
+from ledgerq.node.rest import make_app
+from ledgerq.node.sawtooth import apply_batch
+
+
+def build(kind: str, count: int, per_batch: int) -> list[ParsedBatch]:
+    signer = Signer.generate()
+    batches = []
+    with progress() as bar:
+        task = bar.add_task(f"signing {kind} batches", total=count)
+        for i in range(count):
+            if kind == "low":
+                ops = [("set", f"n{i}-{j}", j) for j in range(per_batch)]
+            elif i == 0:
+                ops = [("set", "hot", 0)] + [("inc", "hot", 1)] * (per_batch - 1)
+            else:
+                ops = [("inc", "hot", 1)] * per_batch
+            batches.append(make_intkey_batch(signer, ops))
+            bar.advance(task)
+    return batches
+
+
+def serial(batches: Sequence[ParsedBatch]) -> float:
+    registry = default_registry()
+    state: dict[str, bytes] = {}
+    start = time.perf_counter()
+    for batch in batches:
+        reads = {a for tx in batch.transactions for a in tx.header.inputs}
+        result = apply_batch(batch, registry, {a: state.get(a) for a in reads})
+        if result.success:
+            state.update({k: v for k, v in result.writes.items() if v is not None})
+    return time.perf_counter() - start
+
+
+async def in_process(
+    batches: Sequence[ParsedBatch], data_dir: Path | None, chunk: int, shards: int
+) -> tuple[float, list[float]]:
+    node = await Node.open(data_dir, shards=shards, max_pending=len(batches) + 1)
+    started: dict[str, float] = {}
+    latencies: list[float] = []
+    done = asyncio.Event()
+    stream = node.subscribe()
+
+    async def collect() -> None:
+        async for event in stream:
+            latencies.append(time.perf_counter() - started[event.info.id])
+            if len(latencies) == len(batches):
+                done.set()
+                return
+
+    collector = asyncio.create_task(collect())
+    await asyncio.sleep(0)
+    t0 = time.perf_counter()
+    for i in range(0, len(batches), chunk):
+        part = batches[i : i + chunk]
+        now = time.perf_counter()
+        for b in part:
+            started[b.header_signature] = now
+        await node.submit(part)
+        await asyncio.sleep(0)
+    await asyncio.wait_for(done.wait(), 600)
+    elapsed = time.perf_counter() - t0
+    collector.cancel()
+    await node.close()
+    return elapsed, latencies
+
+
+async def over_rest(
+    batches: Sequence[ParsedBatch], chunk: int, concurrency: int, shards: int
+) -> tuple[float, list[float]]:
+    node = await Node.open(None, shards=shards, max_pending=len(batches) + 1)
+    runner = web.AppRunner(make_app(node))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    url = f"http://{host}:{port}/batches"
+    bodies = [encode_batch_list(batches[i : i + chunk]) for i in range(0, len(batches), chunk)]
+    ids = [
+        [b.header_signature for b in batches[i : i + chunk]] for i in range(0, len(batches), chunk)
+    ]
+    started: dict[str, float] = {}
+    latencies: list[float] = []
+    done = asyncio.Event()
+    stream = node.subscribe()
+
+    async def collect() -> None:
+        async for event in stream:
+            latencies.append(time.perf_counter() - started[event.info.id])
+            if len(latencies) == len(batches):
+                done.set()
+                return
+
+    collector = asyncio.create_task(collect())
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(bodies)):
+        queue.put_nowait(i)
+
+    async def poster(session: aiohttp.ClientSession) -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            now = time.perf_counter()
+            for bid in ids[i]:
+                started[bid] = now
+            headers = {"Content-Type": "application/octet-stream"}
+            async with session.post(url, data=bodies[i], headers=headers) as resp:
+                if resp.status != 202:
+                    raise RuntimeError(f"POST /batches answered {resp.status}")
+
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(poster(session) for _ in range(concurrency)))
+        await asyncio.wait_for(done.wait(), 600)
+    elapsed = time.perf_counter() - t0
+    collector.cancel()
+    await runner.cleanup()
+    await node.close()
+    return elapsed, latencies
+
+
+def _row(label: str, txs: int, elapsed: float, latencies: list[float] | None) -> list[object]:
+    cells: list[object] = [label, f"{txs / elapsed:,.0f}"]
+    if latencies:
+        cells += [f"{percentile(latencies, p) * 1000:.1f}" for p in (50, 95, 99)]
+    else:
+        cells += ["–", "–", "–"]
+    return cells
+
+
+@click.command("node")
+@click.option("--count", default=20_000, show_default=True, help="Batches per workload.")
+@click.option("--per-batch", default=1, show_default=True, help="Intkey transactions per batch.")
+@click.option("--chunk", default=500, show_default=True, help="Batches per submit / per POST.")
+@click.option("--concurrency", default=4, show_default=True, help="Concurrent POSTs (REST).")
+@click.option("--shards", default=4, show_default=True)
+@click.option("--rest/--no-rest", default=True, show_default=True)
+@click.option(
+    "--write/--no-write", default=True, show_default=True, help="Update docs/BENCHMARKS.md."
+)
+def command(
+    count: int, per_batch: int, chunk: int, concurrency: int, shards: int, rest: bool, write: bool
+) -> None:
+    """Intkey tx/s: serial baseline, in-process node, REST; low and 100 % contention."""
+    rows = []
+    for kind in ("low", "hot"):
+        batches = build(kind, count, per_batch)
+        txs = count * per_batch
+        rows.append(_row(f"{kind}: serial baseline (handler loop)", txs, serial(batches), None))
+        console.print(rows[-1])
+        elapsed, lat = asyncio.run(in_process(batches, None, chunk, shards))
+        rows.append(_row(f"{kind}: in-process node, memory", txs, elapsed, lat))
+        console.print(rows[-1])
+        with tempfile.TemporaryDirectory() as tmp:
+            elapsed, lat = asyncio.run(in_process(batches, Path(tmp), chunk, shards))
+        rows.append(_row(f"{kind}: in-process node, journal (fsync)", txs, elapsed, lat))
+        console.print(rows[-1])
+        if rest:
+            elapsed, lat = asyncio.run(over_rest(batches, chunk, concurrency, shards))
+            rows.append(_row(f"{kind}: REST, memory", txs, elapsed, lat))
+            console.print(rows[-1])
+    markdown = (
+        f"{count:,} batches of {per_batch} intkey transaction(s) per workload, {shards} shards, "
+        f"{chunk} batches per submit/POST, {concurrency} concurrent POSTs. `low`: every "
+        "transaction sets its own name; `hot`: every transaction increments one name. "
+        "Latency: submit (or POST) to final-status event.\n\n"
+        + table(["workload", "tx/s", "p50 ms", "p95 ms", "p99 ms"], rows)
+    )
+    console.print(markdown)
+    if write:
+        write_section("node", markdown)
