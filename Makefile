@@ -44,6 +44,10 @@ format: $(VENV)/.dev
 bench: $(VENV)/.bench
 	$(BIN)/ledgerq bench all
 
+# ledgerq and procrastinate side by side on the same node and PostgreSQL.
+bench-compare: $(VENV)/.bench
+	$(BIN)/ledgerq bench compare
+
 # Regenerate the Sawtooth protobuf modules from the .proto files kept in the
 # package; the generated files are committed, so this is only needed when the
 # .proto files or the protobuf major version change.

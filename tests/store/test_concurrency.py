@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from ledgerq.errors import DuplicateBatchError
 from ledgerq.store import migrate_database, open_store
 
 from .conftest import make_batch
@@ -56,3 +57,26 @@ async def test_concurrent_writers_lose_nothing_and_keep_call_order(
         # One call's batches are contiguous and in list order: per service,
         # one writer at a time.
         assert places == list(range(places[0], places[0] + PER_CALL))
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_racing_duplicates_one_wins_the_other_is_told(
+    backend: str, store_url_factory: Callable[[str], str]
+) -> None:
+    url = store_url_factory(backend)
+    await migrate_database(url)
+    stores = [await open_store(url, migrate=False) for _ in range(WRITERS)]
+    same = [make_batch(SVC) for _ in range(50)]
+    try:
+        results = await asyncio.gather(
+            *(s.add_batches(list(same)) for s in stores), return_exceptions=True
+        )
+        counts = await stores[0].status_counts()
+    finally:
+        for s in stores:
+            await s.close()
+    winners = [r for r in results if isinstance(r, list)]
+    losers = [r for r in results if isinstance(r, DuplicateBatchError)]
+    assert len(winners) == 1 and len(losers) == WRITERS - 1, results
+    assert all(e.batch_id in {b.batch_header for b in same} for e in losers)
+    assert counts == {"none": len(same)}

@@ -54,6 +54,12 @@ _PG_CATALOG = {
         FROM information_schema.columns
         WHERE table_schema = 'public' AND table_name <> 'schema_version'
         ORDER BY 1, 3""",
+    "storage": """
+        SELECT c.relname, a.attname, a.attstorage, a.attidentity
+        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+        WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'
+          AND a.attnum > 0 AND NOT a.attisdropped AND c.relname <> 'schema_version'
+        ORDER BY 1, 2""",
     "indexes": """
         SELECT tablename, indexname, indexdef FROM pg_indexes
         WHERE schemaname = 'public' AND tablename <> 'schema_version' ORDER BY 1, 2""",
@@ -117,6 +123,50 @@ async def test_replayed_migrations_equal_the_canonical_schema(
     flat = repr(expected)
     for needle in ("batches_open_idx", "submissions_touch_updated_at", "last_attempt_at"):
         assert needle in flat
+
+
+def _at_version(backend: str, url: str, version: int) -> None:
+    """Bring an empty database to ``version`` the way an older ledgerq did."""
+    migrations = load_migrations(backend)[:version]
+    if backend == "sqlite":
+        with sqlite3.connect(path_from_url(url)) as conn:
+            conn.execute(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+                " applied_at INTEGER NOT NULL)"
+            )
+            for m in migrations:
+                for statement in split_script(m.sql):
+                    conn.execute(statement)
+                conn.execute("INSERT INTO schema_version VALUES (?, ?, 0)", (m.version, m.name))
+    else:
+        with psycopg.connect(url) as conn:
+            conn.execute(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+                " applied_at BIGINT NOT NULL)"
+            )
+            for m in migrations:
+                conn.execute(m.sql)  # type: ignore[arg-type]
+                conn.execute("INSERT INTO schema_version VALUES (%s, %s, 0)", (m.version, m.name))
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_upgrading_an_older_database_reaches_the_canonical_schema(
+    backend: str, store_url_factory: Callable[[str], str]
+) -> None:
+    latest = latest_version(backend)
+    canonical = store_url_factory(backend)
+    await migrate_database(canonical)
+    expected = _catalog(backend, canonical)
+    for version in range(1, latest):
+        url = store_url_factory(backend)
+        _at_version(backend, url, version)
+        with pytest.raises(SchemaVersionError, match=f"at version {version}"):
+            await open_store(url, migrate=False)
+        result = await migrate_database(url)
+        assert (result.before, result.after) == (version, latest)
+        assert _catalog(backend, url) == expected
+        async with await open_store(url, migrate=False) as store:
+            assert await store.status_counts() == {}
 
 
 @pytest.mark.parametrize("backend", SQL_BACKENDS)

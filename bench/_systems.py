@@ -1,0 +1,285 @@
+"""The three ways ``bench compare`` gets a workload committed on ``ledgerq node``.
+
+* ``bare``: the benchmark process itself POSTs each service's batches in turn
+  and long-polls each until final, ``slots`` at a time. No queue, no
+  database, nothing durable: the floor any queue is measured against.
+* ``ledgerq``: ``ledgerq serve`` on PostgreSQL submitting to the node; the
+  batches are POSTed to the gateway, one BatchList per service.
+* ``procrastinate``: a job per batch with ``lock=<service id>`` (see
+  ``bench/_procrastinate_worker.py``), worker processes with ``slots``
+  concurrency in total.
+
+Each run gets a fresh node process and a fresh database, and returns, per
+batch, when it was accepted by the system under test; commit times come from
+the node's event stream (:class:`bench._harness.EventWatcher`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from bench._harness import (
+    Batch,
+    EventWatcher,
+    Proc,
+    Workload,
+    create_database,
+    drop_database,
+    gateway_proc,
+    node_proc,
+)
+
+#: Called once, mid-run, when a worker should be killed; returns the kill time.
+Killer = Callable[[], Awaitable[float]]
+
+
+@dataclass
+class Run:
+    """What one system did with one workload."""
+
+    system: str
+    workload: Workload
+    accepted: dict[str, float] = field(default_factory=dict)  # batch id -> monotonic
+    started: float = 0.0
+    finished: bool = False
+    killed_at: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Setup:
+    workdir: Path
+    pg_admin: str
+    slots: int
+    workers: int  # processes per system (2 for the failure case)
+    timeout_s: float
+
+
+@contextlib.asynccontextmanager
+async def node_and_watcher(setup: Setup, tag: str) -> AsyncIterator[tuple[Proc, EventWatcher]]:
+    node = node_proc(setup.workdir / tag)
+    url = await node.start()
+    try:
+        async with EventWatcher(url) as watcher:
+            yield node, watcher
+    finally:
+        await node.stop()
+
+
+async def _post_list(
+    session: aiohttp.ClientSession, url: str, body: bytes, params: dict[str, str] | None = None
+) -> None:
+    backoff = 0.01
+    while True:
+        async with session.post(
+            f"{url}/batches",
+            params=params,
+            data=body,
+            headers={"Content-Type": "application/octet-stream"},
+        ) as resp:
+            if resp.status in (429, 503):
+                await asyncio.sleep(backoff)
+                backoff = min(1.0, backoff * 2)
+                continue
+            if resp.status != 202:
+                raise RuntimeError(f"POST /batches: {resp.status} {await resp.text()}")
+            return
+
+
+# -- bare client ----------------------------------------------------------------
+
+
+async def run_bare(setup: Setup, workload: Workload, watcher: EventWatcher, node_url: str) -> Run:
+    run = Run("bare", workload)
+    slots = asyncio.Semaphore(setup.slots)
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        connector=conn, timeout=aiohttp.ClientTimeout(total=60)
+    ) as session:
+
+        async def one_service(batches: list[Batch]) -> None:
+            for b in batches:
+                async with slots:
+                    await _post_list(session, node_url, b.batch_list)
+                    while b.batch_id not in watcher.events:
+                        async with session.get(
+                            f"{node_url}/batch_statuses", params={"id": b.batch_id, "wait": "10"}
+                        ) as resp:
+                            status = (await resp.json())["data"][0]["status"]
+                        if status in ("COMMITTED", "INVALID"):
+                            break
+
+        run.started = time.monotonic()
+        for b in workload.by_id.values():
+            run.accepted[b.batch_id] = run.started
+        await asyncio.wait_for(
+            asyncio.gather(*(one_service(bs) for bs in workload.batches.values())),
+            setup.timeout_s,
+        )
+    run.finished = await watcher.wait_for(list(workload.by_id), 30)
+    return run
+
+
+# -- ledgerq --------------------------------------------------------------------
+
+
+async def run_ledgerq(
+    setup: Setup,
+    workload: Workload,
+    watcher: EventWatcher,
+    node_url: str,
+    kill_after: float | None = None,
+) -> Run:
+    run = Run("ledgerq", workload)
+    db = create_database(setup.pg_admin, "bench_ledgerq")
+    env = {"LEDGERQ_SUBMITTER_SLOTS": str(max(1, setup.slots // setup.workers))}
+    gateways = [
+        gateway_proc(
+            setup.workdir / "ledgerq", db, f"sawtooth+{node_url}", name=f"gateway{i}", env=env
+        )
+        for i in range(setup.workers)
+    ]
+    try:
+        urls = [await g.start() for g in gateways]
+        sem = asyncio.Semaphore(16)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            from ledgerq.codec import encode_batch_list
+
+            async def post_service(i: int, service: str, batches: list[Batch]) -> None:
+                body = encode_batch_list([b.batch for b in batches])
+                async with sem:
+                    await _post_list(session, urls[i % len(urls)], body, {"service_id": service})
+                now = time.monotonic()
+                for b in batches:
+                    run.accepted[b.batch_id] = now
+
+            run.started = time.monotonic()
+            await asyncio.gather(
+                *(post_service(i, s, bs) for i, (s, bs) in enumerate(workload.batches.items()))
+            )
+        if kill_after is not None:
+            await _wait_fraction(watcher, workload, kill_after, setup.timeout_s)
+            run.killed_at = time.monotonic()
+            await gateways[0].kill()
+        run.finished = await watcher.wait_for(
+            list(workload.by_id), setup.timeout_s - (time.monotonic() - run.started)
+        )
+    finally:
+        for g in gateways:
+            await g.stop()
+        drop_database(setup.pg_admin, db)
+    return run
+
+
+async def _wait_fraction(
+    watcher: EventWatcher, workload: Workload, fraction: float, timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    target = int(workload.total * fraction)
+    while time.monotonic() < deadline:
+        if sum(1 for i in workload.by_id if i in watcher.events) >= target:
+            return
+        await asyncio.sleep(0.02)
+
+
+# -- procrastinate --------------------------------------------------------------
+
+
+async def run_procrastinate(
+    setup: Setup,
+    workload: Workload,
+    watcher: EventWatcher,
+    node_url: str,
+    kill_after: float | None = None,
+    recover_every_s: float = 1.0,
+) -> Run:
+    from bench._procrastinate_worker import make_app
+
+    run = Run("procrastinate", workload)
+    db = create_database(setup.pg_admin, "bench_procrastinate")
+    app = make_app(db)
+    workers: list[Proc] = []
+    try:
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+            for i in range(setup.workers):
+                proc = Proc(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench._procrastinate_worker",
+                        "--pg",
+                        db,
+                        "--node",
+                        node_url,
+                        "-c",
+                        str(max(1, setup.slots // setup.workers)),
+                        "--name",
+                        f"worker{i}",
+                    ],
+                    setup.workdir / "procrastinate" / f"worker{i}.log",
+                    banner=__import__("re").compile(rb"procrastinate worker ready"),
+                )
+                await proc.start()
+                workers.append(proc)
+            run.started = time.monotonic()
+            sem = asyncio.Semaphore(16)
+
+            async def defer_service(service: str, batches: list[Batch]) -> None:
+                deferrer = app.configure_task("submit_batch", lock=service)
+                async with sem:
+                    await deferrer.batch_defer_async(
+                        *(
+                            {"batch_list": b.batch_list.hex(), "batch_id": b.batch_id}
+                            for b in batches
+                        )
+                    )
+                now = time.monotonic()
+                for b in batches:
+                    run.accepted[b.batch_id] = now
+
+            await asyncio.gather(*(defer_service(s, bs) for s, bs in workload.batches.items()))
+            recovery: asyncio.Task[None] | None = None
+            if kill_after is not None:
+                await _wait_fraction(watcher, workload, kill_after, setup.timeout_s)
+                run.killed_at = time.monotonic()
+                await workers[0].kill()
+                # procrastinate's documented remedy: retry the jobs of workers whose
+                # heartbeat stopped (30 s by default), here checked every second.
+                recovery = asyncio.create_task(_recover_stalled(app, recover_every_s, run))
+            run.finished = await watcher.wait_for(
+                list(workload.by_id), setup.timeout_s - (time.monotonic() - run.started)
+            )
+            if recovery is not None:
+                recovery.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await recovery
+            async with app.connector.pool.connection() as conn:  # type: ignore[attr-defined]
+                row = await (
+                    await conn.execute(
+                        "SELECT count(*) FROM procrastinate_events WHERE type = 'started'"
+                    )
+                ).fetchone()
+                run.extra["job_starts"] = float(row[0]) if row else 0.0
+    finally:
+        for w in workers:
+            await w.stop()
+        drop_database(setup.pg_admin, db)
+    return run
+
+
+async def _recover_stalled(app: object, every_s: float, run: Run) -> None:
+    manager = app.job_manager  # type: ignore[attr-defined]
+    while True:
+        await asyncio.sleep(every_s)
+        for job in await manager.get_stalled_jobs():
+            await manager.retry_job(job)
+            run.extra["retried"] = run.extra.get("retried", 0.0) + 1
