@@ -161,3 +161,15 @@ def test_limit_counts_the_whole_body(max_bytes: int) -> None:
     assert decode_batch_list(data, max_bytes=len(data))
     with pytest.raises(InvalidBatchError, match="over the limit"):
         decode_batch_list(data, max_bytes=max_bytes)
+
+
+def test_non_minimal_varints_are_accepted_and_bytes_kept() -> None:
+    # Protobuf parsers accept over-long (but at most 10-byte) varints; so must we.
+    _, encoded = hand_batch(ALICE, [hand_tx(ALICE, b"x")])
+    length = len(encoded)
+    padded_length = bytes([(length & 0x7F) | 0x80, (length >> 7) | 0x80, 0x80, 0x00])
+    data = b"\x0a" + padded_length + encoded
+
+    (parsed,) = decode_batch_list(data)
+
+    assert parsed.serialized == encoded

@@ -178,7 +178,16 @@ class Node:
             first = journal.last_seq + 1
             for i, batch in enumerate(fresh):
                 self._to_push[first + i] = (batch, resubmission)
-            await journal.append([(b.serialized, resubmission) for b in fresh])
+            try:
+                await journal.append([(b.serialized, resubmission) for b in fresh])
+            except OSError as exc:
+                # The journal's tail is now unknown: accepting more could lose them.
+                self._closed = True
+                self._pending_ids.difference_update(seen)
+                raise NodeError(
+                    f"the node cannot write its journal in {self.data_dir} ({exc}); "
+                    "it stopped accepting batches: fix the disk and restart it"
+                ) from exc
         else:
             for batch in fresh:
                 self._push(batch, resubmission, journaled=journal is None)

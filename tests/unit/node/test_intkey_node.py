@@ -301,3 +301,32 @@ async def test_ephemeral_forgets_pending_but_keeps_committed(tmp_path: Path) -> 
         assert value_of(await again.get_state(make_address("k")), "k") == 1
     finally:
         await again.close()
+
+
+async def test_a_journal_write_failure_stops_the_node(tmp_path: Path) -> None:
+    from ledgerq.errors import NodeError
+
+    node = await Node.open(tmp_path)
+    try:
+        journal = node._journal
+        assert journal is not None
+        journal.close()
+        journal._file = FullDisk()  # writes now fail as on a full disk
+        batch = make_intkey_batch(SIGNER, [("set", "f", 1)])
+        with pytest.raises(NodeError, match="cannot write its journal"):
+            await node.submit([batch])
+        assert (await node.batch_statuses([batch.header_signature]))[
+            batch.header_signature
+        ].status == "UNKNOWN"
+        with pytest.raises(NodeError, match="closed"):
+            await node.submit([batch])
+    finally:
+        await node.close()
+
+
+class FullDisk:
+    def write(self, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    def close(self) -> None:
+        return None
