@@ -13,6 +13,7 @@ from aiohttp import web
 
 from ledgerq.node import Node
 from ledgerq.node.rest import make_app
+from ledgerq.node.scabbard import ScabbardServices
 
 
 def _parse_bind(value: str) -> tuple[str, int]:
@@ -66,7 +67,11 @@ def node(
     commit_delay_ms: int,
     snapshot_every: int,
 ) -> None:
-    """Run a Sawtooth-compatible ledger node (intkey 1.0) with a REST API."""
+    """Run a Sawtooth-compatible ledger node (intkey 1.0) with a REST API.
+
+    Also serves Splinter scabbard routes (/scabbard/CIRCUIT/SERVICE/...), a
+    separate ledger per service.
+    """
     host, port = _parse_bind(bind)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(
@@ -86,15 +91,16 @@ async def _serve(
     commit_delay_ms: int,
     snapshot_every: int,
 ) -> None:
-    node = await Node.open(
-        data_dir,
-        shards=shards,
-        ephemeral=ephemeral,
-        max_pending=max_pending,
-        commit_delay_ms=commit_delay_ms,
-        snapshot_every=snapshot_every,
-    )
-    runner = web.AppRunner(make_app(node), shutdown_timeout=2.0)
+    options = {
+        "shards": shards,
+        "ephemeral": ephemeral,
+        "max_pending": max_pending,
+        "commit_delay_ms": commit_delay_ms,
+        "snapshot_every": snapshot_every,
+    }
+    node = await Node.open(data_dir, **options)  # type: ignore[arg-type]
+    scabbard = ScabbardServices(data_dir, **options)
+    runner = web.AppRunner(make_app(node, scabbard=scabbard), shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -110,4 +116,5 @@ async def _serve(
         await stop.wait()
     finally:
         await runner.cleanup()
+        await scabbard.close()
         await node.close()

@@ -9,6 +9,9 @@
 * ``GET /state/{address}`` → ``{"data": base64, "head", "link"}`` (62, 75);
   ``GET /state?address=prefix`` → ``{"data": [{"address", "data"}], ...}``.
 * ``GET /logs/{fingerprint}`` (``B.T``) → the execution summary (``RequestLogs``).
+* With a :class:`~ledgerq.node.scabbard.ScabbardServices`: the scabbard routes
+  ``/scabbard/{circuit}/{service}/batches`` and ``.../batch_statuses?ids=``,
+  a separate ledger per service (see :mod:`ledgerq.node.scabbard`).
 * ``GET /events``: server-sent events, one per batch reaching a final status:
   ``id: <sequence>`` and ``data: {"id", "status", "invalid_transactions"}``;
   send ``Last-Event-ID`` (or ``?last_event_id=``) to resume after an event.
@@ -29,6 +32,7 @@ from ledgerq.codec import DEFAULT_MAX_BYTES, decode_batch_list
 from ledgerq.errors import InvalidBatchError, NodeBusyError, NodeError
 from ledgerq.node.messages import TxFingerprint
 from ledgerq.node.runtime import Node
+from ledgerq.node.scabbard import ScabbardServices, scabbard_json
 
 NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
 _BATCH_ID = re.compile(r"[0-9a-f]{128}")
@@ -55,11 +59,28 @@ def _parse_wait(request: web.Request) -> float | None:
     return max(0.0, min(value, 300.0))
 
 
-def make_app(node: Node, *, max_bytes: int = DEFAULT_MAX_BYTES) -> web.Application:
+def _bad_id(ids: list[str]) -> web.Response | None:
+    for bid in ids:
+        if not _BATCH_ID.fullmatch(bid):
+            return _error(
+                400,
+                60,
+                "Invalid Resource Id",
+                f"{bid!r} is not a batch id: batch ids are 128 lowercase hex characters",
+            )
+    return None
+
+
+def make_app(
+    node: Node, *, max_bytes: int = DEFAULT_MAX_BYTES, scabbard: ScabbardServices | None = None
+) -> web.Application:
     app = web.Application(client_max_size=max_bytes + 1024)
     app[NODE_KEY] = node
 
     async def post_batches(request: web.Request) -> web.Response:
+        return await submit(request, node, "batch_statuses?id=")
+
+    async def submit(request: web.Request, target: Node, link_tail: str) -> web.Response:
         if request.content_type != "application/octet-stream":
             return _error(
                 400,
@@ -78,24 +99,19 @@ def make_app(node: Node, *, max_bytes: int = DEFAULT_MAX_BYTES) -> web.Applicati
                 return _error(400, 35, "Protobuf Not Decodable", str(exc))
             return _error(400, 30, "Submitted Batches Invalid", str(exc))
         try:
-            await node.submit(batches)
+            await target.submit(batches)
         except NodeBusyError as exc:
             return _error(429, 31, "Unable to Accept Batches", str(exc))
         except NodeError as exc:
             return _error(503, 18, "Validator Disconnected", str(exc))
         ids = ",".join(b.header_signature for b in batches)
-        link = f"{request.url.origin()}/batch_statuses?id={ids}"
-        return web.json_response({"link": link}, status=202)
+        base = str(request.url.with_query(None)).rsplit("/", 1)[0]
+        return web.json_response({"link": f"{base}/{link_tail}{ids}"}, status=202)
 
     async def statuses_response(request: web.Request, ids: list[str]) -> web.Response:
-        for bid in ids:
-            if not _BATCH_ID.fullmatch(bid):
-                return _error(
-                    400,
-                    60,
-                    "Invalid Resource Id",
-                    f"{bid!r} is not a batch id: batch ids are 128 lowercase hex characters",
-                )
+        bad = _bad_id(ids)
+        if bad is not None:
+            return bad
         infos = await node.batch_statuses(ids, _parse_wait(request))
         link = f"{request.url.origin()}/batch_statuses?id={','.join(ids)}"
         return web.json_response({"data": [i.to_json() for i in infos.values()], "link": link})
@@ -245,6 +261,35 @@ def make_app(node: Node, *, max_bytes: int = DEFAULT_MAX_BYTES) -> web.Applicati
                 await stream.aclose()  # type: ignore[attr-defined]
         return response
 
+    async def scabbard_node(request: web.Request) -> Node | web.Response:
+        assert scabbard is not None
+        circuit, service = request.match_info["circuit"], request.match_info["service"]
+        if not ScabbardServices.valid(circuit, service):
+            return _error(404, 71, "Service Not Found", f"no scabbard service {circuit}::{service}")
+        return await scabbard.get(circuit, service)
+
+    async def scabbard_batches(request: web.Request) -> web.Response:
+        target = await scabbard_node(request)
+        if isinstance(target, web.Response):
+            return target
+        return await submit(request, target, "batch_statuses?ids=")
+
+    async def scabbard_statuses(request: web.Request) -> web.Response:
+        target = await scabbard_node(request)
+        if isinstance(target, web.Response):
+            return target
+        ids = [i for i in request.query.get("ids", "").split(",") if i]
+        if not ids:
+            return _error(400, 66, "Id Query Invalid or Missing", "give ?ids=a,b (batch ids)")
+        bad = _bad_id(ids)
+        if bad is not None:
+            return bad
+        infos = await target.batch_statuses(ids, _parse_wait(request))
+        return web.json_response([scabbard_json(i) for i in infos.values()])
+
+    if scabbard is not None:
+        app.router.add_post("/scabbard/{circuit}/{service}/batches", scabbard_batches)
+        app.router.add_get("/scabbard/{circuit}/{service}/batch_statuses", scabbard_statuses)
     app.router.add_post("/batches", post_batches)
     app.router.add_get("/batch_statuses", get_statuses)
     app.router.add_post("/batch_statuses", post_statuses)

@@ -71,8 +71,16 @@ class _Session:
         self._q = backend.queries
 
     async def execute(self, name: str, params: Params) -> int:
-        sql = self._q[name]
-        return await self._b.call(lambda c: c.execute(sql, params).rowcount)
+        """Run a named query, all its statements in one trip; the last one's row count."""
+        statements = self._b.statements(name)
+
+        def run(conn: sqlite3.Connection) -> int:
+            count = 0
+            for sql in statements:
+                count = conn.execute(sql, params).rowcount
+            return count
+
+        return await self._b.call(run)
 
     async def executemany(self, name: str, rows: Sequence[Params]) -> None:
         sql = self._q[name]
@@ -94,10 +102,18 @@ class SqliteBackend:
     def __init__(self, path: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
         self.path = path
         self.queries = load_queries(self.dialect)
+        self._statements: dict[str, list[str]] = {}
         self._busy_timeout_ms = busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledgerq-sqlite")
         self._conn: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
+
+    def statements(self, name: str) -> list[str]:
+        """The statements of a named query (most have one)."""
+        found = self._statements.get(name)
+        if found is None:
+            found = self._statements[name] = split_script(self.queries[name] + ";")
+        return found
 
     async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` on the connection's thread."""

@@ -241,21 +241,24 @@ class SqlStore:
         submitted: bool,
         name: BatchStatusName,
         at: int,
+        *,
+        check: bool,
     ) -> None:
+        """Write status ``name``; ``check`` counts it as a monitor check."""
         if current is not None and BatchStatusName(current).is_final and not name.is_final:
             raise StatusTransitionError(
                 f"batch {batch_id} of service {service_id!r} is {current}, which is final; "
                 f"it cannot become {name.value}"
             )
-        key = {"service_id": service_id, "batch_id": batch_id}
-        await session.execute("upsert_batch_status", {**key, "status": name.value, "now": at})
         await session.execute(
-            "set_batch_status",
+            "write_status",
             {
-                **key,
+                "service_id": service_id,
+                "batch_id": batch_id,
                 "status": name.value,
                 "final": name.is_final,
                 "submitted": common.status_effects(name, bool(submitted)),
+                "check": check,
                 "now": at,
             },
         )
@@ -302,9 +305,8 @@ class SqlStore:
             key = {"service_id": service_id, "batch_id": batch_id}
             if status is not None:
                 await self._write_status(
-                    session, service_id, batch_id, current, submitted, status.name, at
+                    session, service_id, batch_id, current, submitted, status.name, at, check=True
                 )
-                await session.execute("record_check", {**key, "now": at})
             await self._write_receipts(session, service_id, receipts, at)
             if submission_error is not None:
                 await session.execute(
@@ -341,9 +343,8 @@ class SqlStore:
                     "it is never submitted again"
                 )
             key = {"service_id": service_id, "batch_id": bid}
-            await session.execute("record_attempt", {**key, "now": at})
             await session.execute(
-                "upsert_submission_attempt",
+                "record_attempt",
                 {
                     **key,
                     "error_type": submission_error and submission_error.error_type,
@@ -352,7 +353,9 @@ class SqlStore:
                 },
             )
             if name is not None:
-                await self._write_status(session, service_id, bid, current, True, name, at)
+                await self._write_status(
+                    session, service_id, bid, current, True, name, at, check=False
+                )
             await self._write_receipts(session, service_id, receipts, at)
 
     async def clean_stale_records(self, submitted_by: int) -> int:

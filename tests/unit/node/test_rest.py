@@ -260,3 +260,42 @@ async def test_sdk_vector_inc_without_set_is_invalid(server: Server) -> None:
     (only,) = got.values()
     assert only["status"] == "INVALID"
     assert "not in state" in only["invalid_transactions"][0]["message"]
+
+
+async def test_scabbard_routes_keep_services_apart() -> None:
+    from ledgerq.dlt.base import Accepted
+    from ledgerq.dlt.splinter import SplinterClient
+    from ledgerq.model import Committed, Invalid, Unknown
+    from ledgerq.node.scabbard import ScabbardServices
+
+    node = await Node.open(None)
+    scabbard = ScabbardServices(None, shards=2)
+    runner = web.AppRunner(make_app(node, scabbard=scabbard), shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    client = SplinterClient(f"http://{host}:{port}")
+    try:
+        one, two = "abcde-01234::a000", "abcde-01234::b000"
+        set_x = make_intkey_batch(SIGNER, [("set", "x", 1)])
+        inc_x = make_intkey_batch(SIGNER, [("inc", "x", 1)])
+        assert isinstance(
+            await client.submit(one, set_x.header_signature, set_x.serialized), Accepted
+        )
+        assert isinstance(
+            await client.submit(two, inc_x.header_signature, inc_x.serialized), Accepted
+        )
+        (a,) = await client.batch_statuses(one, [set_x.header_signature], wait_s=5)
+        (b,) = await client.batch_statuses(two, [inc_x.header_signature], wait_s=5)
+        assert isinstance(a.status, Committed)
+        assert isinstance(b.status, Invalid)  # service two has no x: separate state
+        assert "not in state" in (b.status.transactions[0].error_message or "")
+        (c,) = await client.batch_statuses(two, [set_x.header_signature])
+        assert isinstance(c.status, Unknown)
+        assert await node.get_state(make_address("x")) is None  # nor the main ledger's
+    finally:
+        await client.close()
+        await runner.cleanup()
+        await scabbard.close()
+        await node.close()

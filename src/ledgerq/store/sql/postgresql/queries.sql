@@ -161,13 +161,19 @@ JOIN transaction_receipts r
 WHERE b.seq = ANY(%(seqs)s::bigint[]) AND NOT r.result_valid
 ORDER BY b.seq, t.position;
 
--- name: upsert_batch_status
-INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
-VALUES (%(service_id)s, %(batch_id)s, %(status)s, %(now)s, %(now)s)
-ON CONFLICT (service_id, batch_id) DO UPDATE
-SET dlt_status = excluded.dlt_status, updated_at = excluded.updated_at;
-
--- name: set_batch_status
+-- Status, its mirror in batches and, with check, the monitor's bookkeeping:
+-- one statement (data-modifying CTEs on different tables).
+-- name: write_status
+WITH status_row AS (
+    INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
+    VALUES (%(service_id)s, %(batch_id)s, %(status)s, %(now)s, %(now)s)
+    ON CONFLICT (service_id, batch_id) DO UPDATE
+    SET dlt_status = excluded.dlt_status, updated_at = excluded.updated_at
+), checked AS (
+    UPDATE submissions
+    SET last_checked = %(now)s, times_checked = times_checked + 1, updated_at = %(now)s
+    WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s AND %(check)s::bool
+)
 UPDATE batches
 SET status = %(status)s::text,
     final = %(final)s,
@@ -176,21 +182,23 @@ SET status = %(status)s::text,
                            ELSE last_attempt_at END
 WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s;
 
+-- An attempt: the batch is submitted, counted and timed; the submission row
+-- carries this attempt's error (or none).
 -- name: record_attempt
+WITH submission AS (
+    INSERT INTO submissions
+        (service_id, batch_id, last_checked, times_checked, error_type, error_message,
+         created_at, updated_at)
+    VALUES (%(service_id)s, %(batch_id)s, %(now)s, 1, %(error_type)s, %(error_message)s,
+            %(now)s, %(now)s)
+    ON CONFLICT (service_id, batch_id) DO UPDATE
+    SET error_type = excluded.error_type,
+        error_message = excluded.error_message,
+        updated_at = excluded.updated_at
+)
 UPDATE batches
 SET submitted = TRUE, attempts = attempts + 1, last_attempt_at = %(now)s
 WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s;
-
--- name: upsert_submission_attempt
-INSERT INTO submissions
-    (service_id, batch_id, last_checked, times_checked, error_type, error_message, created_at,
-     updated_at)
-VALUES (%(service_id)s, %(batch_id)s, %(now)s, 1, %(error_type)s, %(error_message)s, %(now)s,
-        %(now)s)
-ON CONFLICT (service_id, batch_id) DO UPDATE
-SET error_type = excluded.error_type,
-    error_message = excluded.error_message,
-    updated_at = excluded.updated_at;
 
 -- name: upsert_submission_error
 INSERT INTO submissions
@@ -202,11 +210,6 @@ ON CONFLICT (service_id, batch_id) DO UPDATE
 SET error_type = excluded.error_type,
     error_message = excluded.error_message,
     updated_at = excluded.updated_at;
-
--- name: record_check
-UPDATE submissions
-SET last_checked = %(now)s, times_checked = times_checked + 1, updated_at = %(now)s
-WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s;
 
 -- name: upsert_receipt
 INSERT INTO transaction_receipts

@@ -128,26 +128,28 @@ JOIN transaction_receipts r
 WHERE b.seq IN (SELECT value FROM json_each(:seqs)) AND NOT r.result_valid
 ORDER BY b.seq, t.position;
 
--- name: upsert_batch_status
+-- A named query may hold several statements: the SQLite session runs them in
+-- order, in one trip to the connection's thread.
+
+-- Status, its mirror in batches and, with :check, the monitor's bookkeeping.
+-- name: write_status
 INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
 VALUES (:service_id, :batch_id, :status, :now, :now)
 ON CONFLICT (service_id, batch_id) DO UPDATE
 SET dlt_status = excluded.dlt_status, updated_at = excluded.updated_at;
-
--- name: set_batch_status
 UPDATE batches
 SET status = :status,
     final = :final,
     submitted = :submitted,
     last_attempt_at = CASE WHEN :status = 'Delayed' THEN :now ELSE last_attempt_at END
 WHERE service_id = :service_id AND batch_id = :batch_id;
+UPDATE submissions
+SET last_checked = :now, times_checked = times_checked + 1, updated_at = :now
+WHERE service_id = :service_id AND batch_id = :batch_id AND :check;
 
+-- An attempt: the batch is submitted, counted and timed; the submission row
+-- carries this attempt's error (or none).
 -- name: record_attempt
-UPDATE batches
-SET submitted = 1, attempts = attempts + 1, last_attempt_at = :now
-WHERE service_id = :service_id AND batch_id = :batch_id;
-
--- name: upsert_submission_attempt
 INSERT INTO submissions
     (service_id, batch_id, last_checked, times_checked, error_type, error_message, created_at,
      updated_at)
@@ -156,6 +158,9 @@ ON CONFLICT (service_id, batch_id) DO UPDATE
 SET error_type = excluded.error_type,
     error_message = excluded.error_message,
     updated_at = excluded.updated_at;
+UPDATE batches
+SET submitted = 1, attempts = attempts + 1, last_attempt_at = :now
+WHERE service_id = :service_id AND batch_id = :batch_id;
 
 -- name: upsert_submission_error
 INSERT INTO submissions
@@ -166,11 +171,6 @@ ON CONFLICT (service_id, batch_id) DO UPDATE
 SET error_type = excluded.error_type,
     error_message = excluded.error_message,
     updated_at = excluded.updated_at;
-
--- name: record_check
-UPDATE submissions
-SET last_checked = :now, times_checked = times_checked + 1, updated_at = :now
-WHERE service_id = :service_id AND batch_id = :batch_id;
 
 -- name: upsert_receipt
 INSERT INTO transaction_receipts
