@@ -364,3 +364,21 @@ async def test_instances_and_claims_are_visible(db: str) -> None:
         assert claims["s1"].epoch == 1
         assert claims["s1"].expiry_1 == T0 + 6_000 + 5_000
         assert claims["s1"].expiry_2 == T0 + 6_000 + 30_000
+
+
+async def test_run_cycles_until_stopped_and_wake_runs_a_cycle_early(db: str) -> None:
+    clock = ManualClock(T0)
+    # A renewal period far longer than the test: only wake() can start cycle two.
+    a = manager(
+        db, "a", clock, renew_interval_ms=600_000, claim_ttl_ms=1_200_000, slow_ttl_ms=1_200_000
+    )
+    changes: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+    a.add_listener(lambda gained, _lost: changes.put_nowait(gained))
+    async with a:
+        task = asyncio.create_task(a.run())
+        await a.register_services(["s1"])  # registering wakes the loop as well
+        assert await asyncio.wait_for(changes.get(), 30) == {"s1"}
+        await a.register_services(["s2"])
+        assert await asyncio.wait_for(changes.get(), 30) == {"s2"}
+        a.stop()
+        await asyncio.wait_for(task, 30)
