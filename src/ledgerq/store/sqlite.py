@@ -18,11 +18,17 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 from ledgerq.clock import now_ms
 from ledgerq.errors import StoreError, StoreUnavailableError
 from ledgerq.model import TrackingBatch
-from ledgerq.store.migrate import MigrationResult, plan_migration, refuse_outdated
+from ledgerq.store.migrate import (
+    MigrationPlan,
+    MigrationResult,
+    plan_migration,
+    refuse_outdated,
+)
 from ledgerq.store.sqlfiles import canonical_schema, load_queries
 from ledgerq.store.sqlstore import ConflictError, Params, Row
 
@@ -39,6 +45,21 @@ def path_from_url(url: str) -> str:
             f"not a SQLite URL: {url!r}; write sqlite:///relative/path or sqlite:////absolute/path"
         )
     return url[len(prefix) :].split("?", 1)[0]
+
+
+def busy_timeout_from_url(url: str) -> int:
+    """``?busy_timeout_ms=N`` (default :data:`DEFAULT_BUSY_TIMEOUT_MS`)."""
+    query = parse_qs(urlsplit(url).query)
+    values = query.pop("busy_timeout_ms", [str(DEFAULT_BUSY_TIMEOUT_MS)])
+    if query:
+        raise StoreError(f"unknown SQLite URL option(s) {sorted(query)}; known: busy_timeout_ms")
+    try:
+        value = int(values[-1])
+    except ValueError as exc:
+        raise StoreError(f"busy_timeout_ms must be an integer of ms; got {values[-1]!r}") from exc
+    if value < 0:
+        raise StoreError(f"busy_timeout_ms must be >= 0; got {value}")
+    return value
 
 
 def _translate(exc: sqlite3.Error) -> StoreError:
@@ -150,7 +171,7 @@ class SqliteBackend:
 
         try:
             self._conn = await asyncio.get_running_loop().run_in_executor(self._executor, open_conn)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             self._executor.shutdown(wait=False)
             raise StoreUnavailableError(
                 f"cannot open the SQLite database {self.path!r}: {exc}; check the path "
@@ -222,17 +243,29 @@ class SqliteBackend:
     async def migrate(self, *, apply: bool, url: str) -> MigrationResult:
         q = self.queries
 
+        def read_plan(conn: sqlite3.Connection) -> MigrationPlan:
+            has_version = conn.execute(q["table_exists"], {"name": "schema_version"})
+            applied: dict[int, str] | None = None
+            if has_version.fetchone()[0]:
+                applied = dict(conn.execute(q["schema_version_rows"]).fetchall())
+            has_batches = conn.execute(q["table_exists"], {"name": "batches"}).fetchone()[0]
+            return plan_migration(self.dialect, applied, bool(has_batches))
+
         def run(conn: sqlite3.Connection) -> MigrationResult:
+            # Check under a read transaction first: opening a current store
+            # must not wait for (or block) another writer.
+            conn.execute("BEGIN")
+            try:
+                plan = read_plan(conn)
+            finally:
+                conn.execute("ROLLBACK")
+            if not apply:
+                refuse_outdated(plan, url)
+            if not plan.pending:
+                return MigrationResult(plan.before, plan.after)
             conn.execute("BEGIN IMMEDIATE")
             try:
-                has_version = conn.execute(q["table_exists"], {"name": "schema_version"})
-                applied: dict[int, str] | None = None
-                if has_version.fetchone()[0]:
-                    applied = dict(conn.execute(q["schema_version_rows"]).fetchall())
-                has_batches = conn.execute(q["table_exists"], {"name": "batches"}).fetchone()[0]
-                plan = plan_migration(self.dialect, applied, bool(has_batches))
-                if not apply:
-                    refuse_outdated(plan, url)
+                plan = read_plan(conn)  # another process may have migrated meanwhile
                 if plan.pending:
                     conn.execute(q["schema_version_create"])
                     scripts = (
