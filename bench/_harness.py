@@ -31,7 +31,7 @@ from ledgerq.codec.intkey import make_address, make_intkey_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 LEDGERQ = str(Path(sys.executable).with_name("ledgerq"))
-_LISTENING = re.compile(rb"listening on (http://\S+)")
+_LISTENING = re.compile(rb"listening on (http://[\w.\[\]:-]+)")
 _READY = re.compile(rb"ready")
 
 DEFAULT_PG = os.environ.get("LEDGERQ_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -259,7 +259,7 @@ def command(
             report.console.print(f"logs in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    console = Console()
+    console = Console(width=160)
     rich_main, md_main = _tables(results)
     console.print(rich_main)
     md_fail = ""
