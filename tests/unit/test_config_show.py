@@ -78,3 +78,15 @@ def test_the_token_is_not_echoed_when_refused(tmp_path: Path) -> None:
     bad = "has space in the middle of it"
     code, out = _show(tmp_path, {"LEDGERQ_AUTH_TOKEN": bad})
     assert code == 1 and bad not in out
+
+
+def test_every_key_and_command_is_documented() -> None:
+    from ledgerq.config import KEYS
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    configuration = (docs / "configuration.md").read_text()
+    for key in KEYS:
+        assert f"`{key.name}`" in configuration, key.name
+    api = (docs / "api.md").read_text()
+    for name in cli.list_commands(None):  # type: ignore[arg-type]
+        assert f"`ledgerq {name}" in api, name

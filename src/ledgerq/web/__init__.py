@@ -11,6 +11,7 @@ application.
 from __future__ import annotations
 
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from prometheus_client import generate_latest
@@ -43,14 +44,23 @@ class OperatedGateway(Protocol):
     def claims(self) -> Any: ...
 
 
+def register_secrets(settings: Settings) -> None:
+    """Keep the token and the database password out of every log line."""
+    if settings["auth.token"]:
+        add_secret(settings["auth.token"])
+    password = urlsplit(settings.db).password
+    if password:
+        add_secret(password)
+
+
 def secure(app: web.Application, settings: Settings) -> None:
     """Install the configured middlewares (outermost first: CORS, token, service id)."""
+    register_secrets(settings)
     origins = parse_origins(settings["cors.origins"])
     if origins:
         app.middlewares.append(cors_middleware(origins))
     token = settings["auth.token"]
     if token:
-        add_secret(token)
         app.middlewares.append(
             bearer_middleware(token, protect_reads=settings["auth.protect_reads"])
         )

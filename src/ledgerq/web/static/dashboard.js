@@ -55,7 +55,7 @@ function renderCounts(counts) {
     ...STATUSES.map((s) =>
       el("div", { class: "card " + s },
         el("div", { class: "label" }, s === "none" ? "queued" : s),
-        el("div", { class: "value", "data-status": s }, String(counts[s] || 0))))
+        el("div", { class: "value" + (counts[s] ? "" : " zero"), "data-status": s }, String(counts[s] || 0))))
   );
 }
 
