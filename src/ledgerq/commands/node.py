@@ -102,7 +102,8 @@ async def _serve(
     node = await Node.open(data_dir, **options)  # type: ignore[arg-type]
     scabbard = ScabbardServices(data_dir, **options)
     app = extend_node_app(make_app(node, scabbard=scabbard), node)
-    runner = web.AppRunner(app, shutdown_timeout=2.0)
+    # No per-request access log: a busy gateway posts thousands of batches a second.
+    runner = web.AppRunner(app, shutdown_timeout=2.0, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

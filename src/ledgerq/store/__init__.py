@@ -28,6 +28,7 @@ from ledgerq.store.base import (
     BatchTrackingStore,
     MonitorStore,
     ServiceSummary,
+    StatusUpdate,
     SubmitterStore,
 )
 from ledgerq.store.memory import MemoryStore
@@ -45,6 +46,7 @@ __all__ = [
     "MonitorStore",
     "ServiceSummary",
     "SqlStore",
+    "StatusUpdate",
     "SubmitterStore",
     "migrate_database",
     "open_store",
