@@ -32,7 +32,14 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from ledgerq.client import DEFAULT_URL, GatewayClient, GatewayRefusedError, GatewayUnreachableError
@@ -47,6 +54,8 @@ EXIT_UNKNOWN = 7
 FINAL = ("COMMITTED", "INVALID")
 #: Batches per POST when generating: one BatchList holds them in order.
 POST_CHUNK = 100
+#: Between two looks at the queue depths while following generated batches.
+FOLLOW_INTERVAL_S = 0.25
 
 T = TypeVar("T")
 
@@ -259,6 +268,81 @@ def _ids_of(serialized: list[bytes]) -> list[str]:
     return [decode_batch(b, verify=False).header_signature for b in serialized]
 
 
+Finals = dict[str | None, list[dict[str, Any]]]
+
+
+async def _follow_ids(
+    client: GatewayClient,
+    ids_by_service: dict[str | None, list[str]],
+    deadline: float,
+    progress: Progress,
+    task: TaskID,
+) -> Finals:
+    """Long-poll the statuses of the batches until all are final or the deadline."""
+    final: Finals = {}
+    remaining = dict(ids_by_service)
+    while remaining and time.monotonic() < deadline:
+        wait_s = max(0.0, min(5.0, deadline - time.monotonic()))
+
+        async def check(
+            s: str | None, ids: list[str], wait_s: float = wait_s
+        ) -> tuple[str | None, list[dict[str, Any]]]:
+            return s, await client.statuses(ids, s, wait_s=wait_s)
+
+        for s, entries in await asyncio.gather(*(check(s, i) for s, i in remaining.items())):
+            finished = [e for e in entries if e["status"] in FINAL]
+            final.setdefault(s, []).extend(finished)
+            left = [e["id"] for e in entries if e["status"] not in FINAL]
+            progress.update(task, advance=len(finished))
+            if left:
+                remaining[s] = left
+            else:
+                remaining.pop(s)
+    for s, ids in remaining.items():
+        final.setdefault(s, []).extend({"id": i, "status": "PENDING"} for i in ids)
+    return final
+
+
+async def _follow_services(
+    client: GatewayClient,
+    ids_by_service: dict[str | None, list[str]],
+    deadline: float,
+    progress: Progress,
+    task: TaskID,
+) -> Finals:
+    """Follow services of their own (generated) by their queue depth.
+
+    One ``GET /services`` per round costs the gateway one query, where
+    long-polling thousands of ids would re-read them at every change. A
+    service whose depth reaches 0 has only final batches: its statuses are
+    read once.
+    """
+    final: Finals = {}
+    pending = set(ids_by_service)
+    total = sum(len(ids) for ids in ids_by_service.values())
+    reported = 0
+    while pending and time.monotonic() < deadline:
+        depths: dict[str, int] = {}
+        after: str | None = None
+        while True:
+            page = (await client.get("/services", limit=10_000, after=after))["data"]
+            depths.update({e["service_id"]: e["queue_depth"] for e in page})
+            if len(page) < 10_000:
+                break
+            after = page[-1]["service_id"]
+        for s in [s for s in pending if s is not None and depths.get(s) == 0]:
+            final[s] = await client.statuses(ids_by_service[s], s)
+            pending.discard(s)
+        left = sum(depths.get(s, len(ids_by_service[s])) for s in pending if s is not None)
+        progress.update(task, advance=total - left - reported)
+        reported = total - left
+        if pending:
+            await asyncio.sleep(FOLLOW_INTERVAL_S)
+    for service in pending:
+        final[service] = await client.statuses(ids_by_service[service], service)
+    return final
+
+
 @click.command()
 @click.argument(
     "file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False
@@ -356,30 +440,9 @@ def submit(
                     for s, ids in ids_by_service.items()
                 }
             done = progress.add_task("final   ", total=total)
-            final: dict[str | None, list[dict[str, Any]]] = {}
             deadline = time.monotonic() + timeout
-            remaining = dict(ids_by_service)
-            while remaining and time.monotonic() < deadline:
-                wait_s = max(0.0, min(5.0, deadline - time.monotonic()))
-
-                async def check(
-                    s: str | None, ids: list[str], wait_s: float = wait_s
-                ) -> tuple[str | None, list[dict[str, Any]]]:
-                    return s, await client.statuses(ids, s, wait_s=wait_s)
-
-                results = await asyncio.gather(*(check(s, ids) for s, ids in remaining.items()))
-                for s, entries in results:
-                    finished = [e for e in entries if e["status"] in FINAL]
-                    final.setdefault(s, []).extend(finished)
-                    left = [e["id"] for e in entries if e["status"] not in FINAL]
-                    progress.update(done, advance=len(finished))
-                    if left:
-                        remaining[s] = left
-                    else:
-                        remaining.pop(s)
-            for s, ids in remaining.items():
-                final.setdefault(s, []).extend({"id": i, "status": "PENDING"} for i in ids)
-            return final
+            follow = _follow_services if count is not None else _follow_ids
+            return await follow(client, ids_by_service, deadline, progress, done)
 
     results = run(go, url, token)
     elapsed = time.monotonic() - started
