@@ -170,6 +170,8 @@ def test_metrics_and_dashboard_on_the_real_gateway(gateway: Served) -> None:
         text = r.read().decode()
     assert "ledgerq_batches_accepted_total" in text
     assert 'ledgerq_submission_attempts_total{response="accepted"}' in text
+    # The in-process node's own series are on the gateway's /metrics too.
+    assert "ledgerq_node_transactions_committed_total" in text
     with urllib.request.urlopen(gateway.url + "/", timeout=10) as r:
         assert b"ledgerq" in r.read()
 

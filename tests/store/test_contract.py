@@ -410,6 +410,17 @@ async def test_list_batches_pages_by_seq(store: BatchTrackingStore) -> None:
     page3 = await store.list_batches(service_id=SVC, limit=2, after_seq=page2.batches[-1].seq)
     assert [b.batch_header for b in (*page1, *page2, *page3)] == [b.batch_header for b in mine]
     assert len(await store.list_batches(limit=100)) == 8
+    await store.update_batch_status(mine[1].batch_header, SVC, Pending())
+    await store.update_batch_status(mine[3].batch_header, SVC, Pending())
+    pending = await store.list_batches(service_id=SVC, status=BatchStatusName.PENDING, limit=1)
+    assert [b.batch_header for b in pending] == [mine[1].batch_header]
+    later = await store.list_batches(
+        service_id=SVC, status="Pending", after_seq=pending.batches[0].seq
+    )
+    assert [b.batch_header for b in later] == [mine[3].batch_header]
+    fresh = await store.list_batches(service_id="other::svc", status="none")
+    assert len(fresh) == 3
+    assert len(await store.list_batches(service_id=SVC, status="none")) == 3
     with pytest.raises(StoreInputError):
         await store.list_batches(limit=0)
 

@@ -33,7 +33,7 @@ from ledgerq.model import (
     TransactionReceipt,
 )
 from ledgerq.store import common
-from ledgerq.store.base import ServiceSummary, StatusFilter, StatusUpdate
+from ledgerq.store.base import NO_STATUS, ServiceSummary, StatusFilter, StatusUpdate
 from ledgerq.store.migrate import MigrationResult
 
 Row = tuple[Any, ...]
@@ -484,13 +484,20 @@ class SqlStore:
         after_seq: int | None = None,
     ) -> TrackingBatchList:
         common.check_limit(limit)
+        wanted = common.parse_status_filter(status)
         params = {
             "service_id": service_id,
-            "status": common.parse_status_filter(status),
+            # "none" selects batches without a status: NULL in the query.
+            "status": None if wanted == NO_STATUS else wanted,
             "limit": limit,
             "after_seq": after_seq or 0,
         }
-        return TrackingBatchList(tuple(await self._list("list_batches", params)))
+        name = "list_batches"
+        if service_id is not None:
+            name += "_service"
+        if wanted is not None:
+            name += "_status"
+        return TrackingBatchList(tuple(await self._list(name, params)))
 
     async def list_services(
         self, *, limit: int = 1000, after: str | None = None

@@ -18,6 +18,7 @@ from prometheus_client import generate_latest
 
 from ledgerq.config import Settings
 from ledgerq.logs import add_secret
+from ledgerq.node import Node
 from ledgerq.web import dashboard, openapi
 from ledgerq.web.metrics import CONTENT_TYPE, GatewayMetrics, node_registry
 from ledgerq.web.security import (
@@ -79,6 +80,10 @@ def gateway_app(gateway: OperatedGateway) -> web.Application:
         )
 
     app.router.add_get("/metrics", metrics)
+    node = getattr(getattr(gateway, "ledger", None), "node", None)
+    if isinstance(node, Node):
+        # The in-process node's counters, on the gateway's own /metrics.
+        gateway.metrics.add_node(node)
     openapi.add_route(app, "gateway.openapi.json")
     dashboard.add_routes(app, gateway)
     return app

@@ -168,6 +168,7 @@ class GatewayMetrics:
         self._accepted_window = _Window(THROUGHPUT_WINDOW_S)
         self._final_window = _Window(THROUGHPUT_WINDOW_S)
         self.recent: deque[tuple[str, str]] = deque(maxlen=RECENT_BATCHES)
+        self._node_added = False
 
     # -- events ---------------------------------------------------------------
 
@@ -246,6 +247,12 @@ class GatewayMetrics:
         if claims is not None and hasattr(claims, "claimed_services"):
             held = len(claims.claimed_services())
         self.claims_held.set(held)
+
+    def add_node(self, node: Any) -> None:
+        """Also expose an in-process node's ``ledgerq_node_*`` counters (once)."""
+        if not self._node_added:
+            self.registry.register(_NodeCollector(node))
+            self._node_added = True
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
