@@ -45,8 +45,30 @@ async def test_sqlite_writer_locked_out_past_busy_timeout(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     "url",
-    ["mysql://x/y", "sqlite:///", "sqlite:///x.db?journal=off", "sqlite:///x.db?busy_timeout_ms=x"],
+    [
+        "mysql://x/y",
+        "sqlite:///",
+        "sqlite:///x.db?journal=off",
+        "sqlite:///x.db?busy_timeout_ms=x",
+        "sqlite:///x.db?synchronous=off",
+    ],
 )
 async def test_bad_urls_are_refused_with_the_forms_that_work(url: str) -> None:
     with pytest.raises(StoreError):
         await open_store(url)
+
+
+@pytest.mark.parametrize(("query", "expected"), [("", 1), ("?synchronous=full", 2)])
+async def test_sqlite_synchronous_mode_follows_the_url(
+    tmp_path: Path, query: str, expected: int
+) -> None:
+    from ledgerq.store.sqlite import SqliteBackend
+
+    store = await open_store(f"sqlite:///{tmp_path / 's.sqlite3'}{query}")
+    try:
+        backend = store._backend  # type: ignore[attr-defined]
+        assert isinstance(backend, SqliteBackend)
+        mode = await backend.call(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
+        assert mode == expected  # 1 = NORMAL, 2 = FULL
+    finally:
+        await store.close()

@@ -4,7 +4,9 @@
 
 * ``sqlite:///relative/path`` or ``sqlite:////absolute/path`` — embedded,
   one instance (:mod:`ledgerq.store.sqlite`); ``?busy_timeout_ms=N`` sets how
-  long a write waits for another writer (default 10 s);
+  long a write waits for another writer (default 10 s), ``?synchronous=full``
+  makes commits survive power loss (default ``normal``: they survive a
+  process crash);
 * ``postgresql://user@host:port/db`` — shared by several instances
   (:mod:`ledgerq.store.postgres`);
 * ``memory://`` — in-process, for tests (:mod:`ledgerq.store.memory`).
@@ -72,9 +74,9 @@ async def _open_sql(
 ) -> tuple[SqlStore, MigrationResult]:
     backend: Backend
     if _dialect(url) == "sqlite":
-        from ledgerq.store.sqlite import SqliteBackend, busy_timeout_from_url, path_from_url
+        from ledgerq.store.sqlite import SqliteBackend, options_from_url, path_from_url
 
-        sqlite = SqliteBackend(path_from_url(url), busy_timeout_ms=busy_timeout_from_url(url))
+        sqlite = SqliteBackend(path_from_url(url), options_from_url(url))
         await sqlite.connect()
         backend = sqlite
     else:
