@@ -171,6 +171,13 @@ class Node:
                 continue
             if bid in self.ledger.statuses and resubmission is None:
                 continue
+            if resubmission is not None:
+                # Decided here, not only by the worker, so that a journaled request is
+                # one the worker orders: replay after a restart (whose worker has no
+                # history) then reaches the same outcome.
+                latest = self.machine.worker.ordered(bid)
+                if latest is not None and latest > resubmission:
+                    continue
             seen.add(bid)
             fresh.append(batch)
         if not fresh:
