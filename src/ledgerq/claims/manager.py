@@ -169,6 +169,10 @@ class ClaimManager:
         """Run the next cycle now (e.g. when a new service appeared)."""
         self._wake.set()
 
+    def set_address(self, address: str | None) -> None:
+        """Where this instance's API listens; written with the next heartbeat."""
+        self._address = address
+
     def add_listener(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
 
