@@ -41,7 +41,9 @@ format: $(VENV)/.dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# wrk drives the load benchmark; Debian's package, installed here rather than in CI.
 bench: $(VENV)/.bench
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/ledgerq bench all
 
 # ledgerq and procrastinate side by side on the same node and PostgreSQL.

@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from ledgerq.codec.intkey import make_address, make_intkey_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 LEDGERQ = str(Path(sys.executable).with_name("ledgerq"))
-_LISTENING = re.compile(rb"listening on (http://\S+)")
+_LISTENING = re.compile(rb"listening on (http://[\w.\[\]:-]+)")
 _READY = re.compile(rb"ready")
 
 DEFAULT_PG = os.environ.get("LEDGERQ_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -184,6 +184,7 @@ class EventWatcher:
     def __init__(self, node_url: str) -> None:
         self.node_url = node_url
         self.events: dict[str, list[tuple[float, str]]] = defaultdict(list)
+        self.seq: dict[str, int] = {}  # batch id -> the node's event sequence number (first)
         self.count = 0
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -216,6 +217,8 @@ class EventWatcher:
                             elif line.startswith("data: "):
                                 data = json.loads(line[6:])
                                 self.events[data["id"]].append((time.monotonic(), data["status"]))
+                                if last is not None:
+                                    self.seq.setdefault(data["id"], int(last))
                                 self.count += 1
                                 self._changed.set()
                 except (aiohttp.ClientError, TimeoutError):
@@ -241,23 +244,26 @@ class EventWatcher:
         return True
 
 
-async def read_keys(node_url: str, workload: Workload) -> dict[str, int | None]:
-    """The final intkey value of each service's key, read from the node's state."""
+def workload_keys(workload: Workload) -> list[tuple[str, str]]:
+    return [(workload.service_id(s), workload.key(s)) for s in range(workload.services)]
+
+
+async def read_keys(node_url: str, keys: Iterable[tuple[str, str]]) -> dict[str, int | None]:
+    """The intkey value of each ``(service, key)``'s key, read from the node's state."""
     import base64
 
     import cbor2
 
     out: dict[str, int | None] = {}
     async with aiohttp.ClientSession() as session:
-        for s in range(workload.services):
-            key = workload.key(s)
+        for service, key in keys:
             async with session.get(f"{node_url}/state/{make_address(key)}") as resp:
                 if resp.status == 404:
-                    out[workload.service_id(s)] = None
+                    out[service] = None
                     continue
                 body = await resp.json()
             entries = cbor2.loads(base64.b64decode(body["data"]))
-            out[workload.service_id(s)] = entries.get(key)
+            out[service] = entries.get(key)
     return out
 
 

@@ -91,7 +91,7 @@ async def _main(args: argparse.Namespace) -> None:
                 row = await (
                     await conn.execute("SELECT count(*) FROM procrastinate_workers")
                 ).fetchone()
-            if row and row[0] > 0:
+            if row and row[0] > args.index:
                 break
         print("procrastinate worker ready", file=sys.stderr, flush=True)
         await worker
@@ -103,6 +103,9 @@ def main() -> None:
     parser.add_argument("--node", required=True)
     parser.add_argument("-c", "--concurrency", type=int, default=256)
     parser.add_argument("--name", default="worker")
+    parser.add_argument(
+        "--index", type=int, default=0, help="workers started before this one (ready check)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(_main(args))

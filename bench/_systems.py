@@ -224,6 +224,8 @@ async def run_procrastinate(
                         str(max(1, setup.slots // setup.workers)),
                         "--name",
                         f"worker{i}",
+                        "--index",
+                        str(i),
                     ],
                     setup.workdir / "procrastinate" / f"worker{i}.log",
                     banner=__import__("re").compile(rb"procrastinate worker ready"),
@@ -250,8 +252,9 @@ async def run_procrastinate(
             recovery: asyncio.Task[None] | None = None
             if kill_after is not None:
                 await _wait_fraction(watcher, workload, kill_after, setup.timeout_s)
+                victim = workers[await _busiest_worker(app)]
                 run.killed_at = time.monotonic()
-                await workers[0].kill()
+                await victim.kill()
                 # procrastinate's documented remedy: retry the jobs of workers whose
                 # heartbeat stopped (30 s by default), here checked every second.
                 recovery = asyncio.create_task(_recover_stalled(app, recover_every_s, run))
@@ -274,6 +277,19 @@ async def run_procrastinate(
             await w.stop()
         drop_database(setup.pg_admin, db)
     return run
+
+
+async def _busiest_worker(app: object) -> int:
+    """Index (in start order) of the worker with the most jobs in flight."""
+    async with app.connector.pool.connection() as conn:  # type: ignore[attr-defined]
+        cur = await conn.execute(
+            "SELECT w.id, count(j.id) FROM procrastinate_workers w "
+            "LEFT JOIN procrastinate_jobs j ON j.worker_id = w.id AND j.status = 'doing' "
+            "GROUP BY w.id ORDER BY w.id"
+        )
+        rows = await cur.fetchall()
+    counts = [int(n) for _, n in rows]
+    return counts.index(max(counts)) if counts else 0
 
 
 async def _recover_stalled(app: object, every_s: float, run: Run) -> None:

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import report
-from bench._harness import DEFAULT_PG, Workload, read_keys
+from bench._harness import DEFAULT_PG, Workload, read_keys, workload_keys
 from bench._metrics import Figures, figures
 from bench._systems import Setup, node_and_watcher, run_bare, run_ledgerq, run_procrastinate
 
@@ -52,7 +52,7 @@ async def _one(setup: Setup, system: str, s: int, m: int, kill_after: float | No
             run = await run_ledgerq(setup, workload, watcher, node.url, kill_after)
         else:
             run = await run_procrastinate(setup, workload, watcher, node.url, kill_after)
-        keys = await read_keys(node.url, workload)
+        keys = await read_keys(node.url, workload_keys(workload))
         return figures(run, dict(watcher.events), keys)
 
 
@@ -259,7 +259,7 @@ def command(
             report.console.print(f"logs in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    console = Console()
+    console = Console(width=160)
     rich_main, md_main = _tables(results)
     console.print(rich_main)
     md_fail = ""

@@ -31,6 +31,20 @@ from ledgerq.commands.cluster import instances, services  # noqa: E402
 cli.add_command(instances)
 cli.add_command(services)
 
+from ledgerq.commands.client import batches, status, submit  # noqa: E402
+
+cli.add_command(submit)
+cli.add_command(status)
+cli.add_command(batches)
+
+from ledgerq.commands.config import config  # noqa: E402
+
+cli.add_command(config)
+
+from ledgerq.commands.retention import clean  # noqa: E402
+
+cli.add_command(clean)
+
 
 def main() -> None:
     cli()

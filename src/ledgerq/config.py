@@ -106,6 +106,21 @@ def _log_level(value: str) -> str:
     return level
 
 
+def _token(value: Any) -> str:
+    token = str(value)
+    if token and (len(token) < 16 or not token.isprintable() or " " in token):
+        raise ValueError("use at least 16 printable characters without spaces, or leave it empty")
+    return token
+
+
+def _origins(value: Any) -> str:
+    origins = [o.strip() for o in str(value).split(",") if o.strip()]
+    for origin in origins:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise ValueError(f"{origin!r}: origins look like https://host[:port], or *")
+    return ",".join(origins)
+
+
 @dataclass(frozen=True, slots=True)
 class Key:
     name: str
@@ -140,7 +155,13 @@ KEYS: tuple[Key, ...] = (
     Key("claims.grace_ms", _non_negative(_int), 2_000, "unclaimed wait before any takes it (ms)"),
     Key("log.level", _log_level, "INFO", "debug, info, warning or error"),
     Key("log.json", _bool, False, "JSON log lines"),
+    Key("auth.token", _token, "", "bearer token required for writes (secret; empty: none)"),
+    Key("auth.protect_reads", _bool, False, "require the token for reads too"),
+    Key("cors.origins", _origins, "", "comma-separated origins allowed by CORS (empty: no CORS)"),
+    Key("metrics.top_services", _positive(_int), 20, "services with their own depth series"),
 )
+#: Keys whose values are never printed (``config show``) nor logged.
+SECRET_KEYS = frozenset({"auth.token"})
 _BY_NAME = {k.name: k for k in KEYS}
 
 

@@ -14,6 +14,7 @@ from aiohttp import web
 from ledgerq.node import Node
 from ledgerq.node.rest import make_app
 from ledgerq.node.scabbard import ScabbardServices
+from ledgerq.web import extend_node_app
 
 
 def _parse_bind(value: str) -> tuple[str, int]:
@@ -100,7 +101,9 @@ async def _serve(
     }
     node = await Node.open(data_dir, **options)  # type: ignore[arg-type]
     scabbard = ScabbardServices(data_dir, **options)
-    runner = web.AppRunner(make_app(node, scabbard=scabbard), shutdown_timeout=2.0)
+    app = extend_node_app(make_app(node, scabbard=scabbard), node)
+    # No per-request access log: a busy gateway posts thousands of batches a second.
+    runner = web.AppRunner(app, shutdown_timeout=2.0, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -322,6 +322,8 @@ class GatewayApi:
             limit = int(request.query.get("limit", "1000"))
         except ValueError:
             return _error(400, "Bad Query", "limit must be an integer")
+        if not 1 <= limit <= 10_000:
+            return _error(400, "Bad Query", "limit must be 1-10000")
         listed = await self.store.list_services(limit=limit, after=request.query.get("after"))
         claims: dict[str, ClaimInfo] = {}
         if self.claims is not None:

@@ -37,6 +37,7 @@ from ledgerq.queue_source import QueueSource
 from ledgerq.queuer import RoundStore
 from ledgerq.recorder import Recorder, StatusWriter
 from ledgerq.submitter import Submitter
+from ledgerq.web import GatewayMetrics, gateway_app
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,9 @@ class Gateway:
     ) -> None:
         self.settings = settings
         self.store = store
-        self.ledger = ledger
+        # Counted and timed for /metrics; the pipeline sees the same client.
+        self.metrics = GatewayMetrics(top_services=settings["metrics.top_services"], clock=clock)
+        ledger = self.ledger = self.metrics.instrument(ledger)
         self.claims = claims
         # Under HA only claimed services are queued and monitored.
         services = None if claims is None else claims.claimed_services
@@ -141,6 +144,7 @@ class Gateway:
             self.wake(service_id, relay=False)
 
     def _accepted(self, batches: Sequence[TrackingBatch]) -> None:
+        self.metrics.batches_accepted(batches)
         services = {b.service_id for b in batches}
         for service_id in services:
             self.wake(service_id)
@@ -154,7 +158,7 @@ class Gateway:
     async def run(self, *, extra: Sequence[Any] = ()) -> None:
         """Serve until :meth:`stop`; ``extra``: more coroutines to run alongside."""
         host, port = self.settings.bind
-        runner = web.AppRunner(self.api.app(), access_log=None)
+        runner = web.AppRunner(gateway_app(self), access_log=None)
         await runner.setup()
         try:
             site = web.TCPSite(runner, host, port)

@@ -77,6 +77,11 @@ class Journal:
         """Records with ``seq > after`` in order; cuts a torn tail off the last segment."""
         segments = self.segments()
         seq = None
+        if segments and segments[0][0] > after + 1:
+            raise NodeDataError(
+                f"the journal starts at record {segments[0][0]} but the snapshot covers only "
+                f"{after}: records are missing from {self.directory}"
+            )
         for index, (first, path) in enumerate(segments):
             if seq is not None and first != seq + 1:
                 raise NodeDataError(f"journal segment {path.name} does not follow record {seq}")

@@ -27,7 +27,7 @@ from ledgerq.node.journal import (
     read_snapshot,
     write_snapshot,
 )
-from ledgerq.node.ledger import PENDING, UNKNOWN, BatchStatusInfo, Ledger, StatusEvent
+from ledgerq.node.ledger import COMMITTED, PENDING, UNKNOWN, BatchStatusInfo, Ledger, StatusEvent
 from ledgerq.node.machine import OrderingMachine
 from ledgerq.node.messages import WORKER, ExecutionSummary, KVSDatum, RequestLogs, TxFingerprint
 from ledgerq.node.sawtooth import batch_candidate
@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 _SLICE = 20_000  # messages per driver slice before yielding to the event loop
 _WAIT_CAP_S = 300.0
+#: A snapshot is also written this long after the last one if anything committed since,
+#: so a quiet node does not leave a long journal to replay.
+_SNAPSHOT_INTERVAL_MS = 60_000
 
 
 class Node:
@@ -80,6 +83,10 @@ class Node:
         self._to_push: dict[int, tuple[ParsedBatch, TxFingerprint | None]] = {}
         self._unjournaled: dict[int, tuple[bytes, TxFingerprint | None]] = {}
         self._pending_ids: set[str] = set()
+        self._committed_txs: set[str] = snap.get("committed_txs", set())
+        self._tx_ids: dict[str, tuple[str, ...]] = {}  # batch id -> its transactions, in flight
+        self._held: dict[str, tuple[ParsedBatch, TxFingerprint | None, set[str]]] = {}
+        self._waiting_on: defaultdict[str, list[str]] = defaultdict(list)
         self._waiters: defaultdict[str, list[asyncio.Future[None]]] = defaultdict(list)
         self._events: deque[StatusEvent] = deque(maxlen=event_buffer)
         self._event_signal = asyncio.Event()
@@ -88,6 +95,7 @@ class Node:
         self._closed = False
         self._driver: asyncio.Task[None] | None = None
         self._snapshot_lock = asyncio.Lock()
+        self._snapshot_at = clock()
 
     @classmethod
     async def open(
@@ -163,6 +171,13 @@ class Node:
                 continue
             if bid in self.ledger.statuses and resubmission is None:
                 continue
+            if resubmission is not None:
+                # Decided here, not only by the worker, so that a journaled request is
+                # one the worker orders: replay after a restart (whose worker has no
+                # history) then reaches the same outcome.
+                latest = self.machine.worker.ordered(bid)
+                if latest is not None and latest > resubmission:
+                    continue
             seen.add(bid)
             fresh.append(batch)
         if not fresh:
@@ -173,25 +188,72 @@ class Node:
                 f"{self.max_pending}); resubmit once some have committed"
             )
         self._pending_ids.update(seen)
+        admitted: list[tuple[ParsedBatch, TxFingerprint | None]] = []
+        for batch in fresh:
+            missing = self._missing_dependencies(batch)
+            if missing:
+                self._hold(batch, resubmission, missing)
+            else:
+                admitted.append((batch, resubmission))
+        await self._admit(admitted)
+
+    async def _admit(self, batches: Sequence[tuple[ParsedBatch, TxFingerprint | None]]) -> None:
+        """Journal (durable mode) then hand batches to the worker, in this order."""
+        if not batches:
+            return
         journal = self._journal
         if journal is not None and not self.ephemeral:
             first = journal.last_seq + 1
-            for i, batch in enumerate(fresh):
-                self._to_push[first + i] = (batch, resubmission)
+            for i, entry in enumerate(batches):
+                self._to_push[first + i] = entry
             try:
-                await journal.append([(b.serialized, resubmission) for b in fresh])
+                await journal.append([(b.serialized, resub) for b, resub in batches])
             except OSError as exc:
                 # The journal's tail is now unknown: accepting more could lose them.
                 self._closed = True
-                self._pending_ids.difference_update(seen)
+                self._pending_ids.difference_update(b.header_signature for b, _ in batches)
                 raise NodeError(
                     f"the node cannot write its journal in {self.data_dir} ({exc}); "
                     "it stopped accepting batches: fix the disk and restart it"
                 ) from exc
         else:
-            for batch in fresh:
-                self._push(batch, resubmission, journaled=journal is None)
+            for batch, resub in batches:
+                self._push(batch, resub, journaled=journal is None)
         self._wake.set()
+
+    # --- transaction dependencies (Sawtooth's pending queue) -------------------------
+
+    def _missing_dependencies(self, batch: ParsedBatch) -> set[str]:
+        """Dependencies neither committed nor earlier in the same batch."""
+        missing: set[str] = set()
+        earlier: set[str] = set()
+        for tx in batch.transactions:
+            for dep in tx.header.dependencies:
+                if dep not in earlier and dep not in self._committed_txs:
+                    missing.add(dep)
+            earlier.add(tx.header_signature)
+        return missing
+
+    def _hold(self, batch: ParsedBatch, resub: TxFingerprint | None, missing: set[str]) -> None:
+        bid = batch.header_signature
+        self._held[bid] = (batch, resub, missing)
+        for dep in missing:
+            self._waiting_on[dep].append(bid)
+
+    def _release(
+        self, committed_txs: Iterable[str]
+    ) -> list[tuple[ParsedBatch, TxFingerprint | None]]:
+        released = []
+        for tx in committed_txs:
+            for bid in self._waiting_on.pop(tx, ()):
+                held = self._held.get(bid)
+                if held is None:
+                    continue
+                held[2].discard(tx)
+                if not held[2]:
+                    del self._held[bid]
+                    released.append((held[0], held[1]))
+        return released
 
     def _on_durable(self, records: Sequence[Record]) -> None:
         for record in records:
@@ -203,6 +265,7 @@ class Node:
         self, batch: ParsedBatch, resubmission: TxFingerprint | None, *, journaled: bool
     ) -> None:
         self._pushed += 1
+        self._tx_ids[batch.header_signature] = batch.transaction_ids
         if not journaled:
             self._unjournaled[self._pushed] = (batch.serialized, resubmission)
         self.machine.submit(batch_candidate(batch, self._registry), resubmission)
@@ -240,8 +303,13 @@ class Node:
         for slot in ready:
             if slot.summary is None:  # disregarded by the worker: it was already ordered
                 self._pending_ids.discard(slot.tx_id)
+        newly_committed: list[str] = []
         for event in events:
             bid = event.info.id
+            txs = self._tx_ids.pop(bid, ())
+            if event.info.status == COMMITTED:
+                self._committed_txs.update(txs)
+                newly_committed.extend(txs)
             self._pending_ids.discard(bid)
             for fut in self._waiters.pop(bid, ()):
                 if not fut.done():
@@ -250,6 +318,8 @@ class Node:
             self._events.extend(events)
             signal, self._event_signal = self._event_signal, asyncio.Event()
             signal.set()
+        if self._held and newly_committed:
+            await self._admit(self._release(newly_committed))
 
     async def _maybe_snapshot(self, *, force: bool = False) -> None:
         journal = self.data_dir is not None and self._journal
@@ -258,7 +328,8 @@ class Node:
         records = self.ledger.committed
         if records == self._snapshot_records:
             return
-        if not force and records - self._snapshot_records < self._snapshot_every:
+        due = self._clock() - self._snapshot_at >= _SNAPSHOT_INTERVAL_MS
+        if not force and not due and records - self._snapshot_records < self._snapshot_every:
             return
         await self._snapshot()
 
@@ -279,12 +350,14 @@ class Node:
             "state": self.ledger.state,
             "statuses": self.ledger.statuses,
             "event_seq": self.ledger.event_seq,
+            "committed_txs": self._committed_txs,
             "batch": self.machine.worker.batch_number + 1,
         }
         blob = encode_snapshot(content)
         records = self.ledger.committed
         await asyncio.to_thread(write_snapshot, self.data_dir, blob)
         self._snapshot_records = records
+        self._snapshot_at = self._clock()
         if not journal.flushing:
             journal.open_segment()
             journal.drop_covered(records)

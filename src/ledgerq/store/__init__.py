@@ -3,7 +3,10 @@
 ``open_store(url)`` picks the backend from the URL:
 
 * ``sqlite:///relative/path`` or ``sqlite:////absolute/path`` — embedded,
-  one instance (:mod:`ledgerq.store.sqlite`);
+  one instance (:mod:`ledgerq.store.sqlite`); ``?busy_timeout_ms=N`` sets how
+  long a write waits for another writer (default 10 s), ``?synchronous=full``
+  makes commits survive power loss (default ``normal``: they survive a
+  process crash);
 * ``postgresql://user@host:port/db`` — shared by several instances
   (:mod:`ledgerq.store.postgres`);
 * ``memory://`` — in-process, for tests (:mod:`ledgerq.store.memory`).
@@ -27,6 +30,7 @@ from ledgerq.store.base import (
     BatchTrackingStore,
     MonitorStore,
     ServiceSummary,
+    StatusUpdate,
     SubmitterStore,
 )
 from ledgerq.store.memory import MemoryStore
@@ -44,6 +48,7 @@ __all__ = [
     "MonitorStore",
     "ServiceSummary",
     "SqlStore",
+    "StatusUpdate",
     "SubmitterStore",
     "migrate_database",
     "open_store",
@@ -69,9 +74,9 @@ async def _open_sql(
 ) -> tuple[SqlStore, MigrationResult]:
     backend: Backend
     if _dialect(url) == "sqlite":
-        from ledgerq.store.sqlite import SqliteBackend, path_from_url
+        from ledgerq.store.sqlite import SqliteBackend, options_from_url, path_from_url
 
-        sqlite = SqliteBackend(path_from_url(url))
+        sqlite = SqliteBackend(path_from_url(url), options_from_url(url))
         await sqlite.connect()
         backend = sqlite
     else:

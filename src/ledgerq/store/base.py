@@ -23,6 +23,7 @@ Semantics a caller relies on (details in ``docs/store.md``):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, Self
@@ -60,6 +61,16 @@ class ServiceSummary:
     head_batch_id: str | None
     in_flight_batch_id: str | None
     total: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusUpdate:
+    """One ``update_batch_status`` call, for ``update_batch_statuses``."""
+
+    id: str
+    status: BatchStatus | None
+    transaction_receipts: tuple[TransactionReceipt, ...] = ()
+    submission_error: SubmissionError | None = None
 
 
 class BatchAcceptor(Protocol):
@@ -131,6 +142,18 @@ class MonitorStore(Protocol):
         now: int | None = None,
         fence: Fence | None = None,
     ) -> None: ...
+
+    async def update_batch_statuses(
+        self,
+        service_id: str,
+        updates: Sequence[StatusUpdate],
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        """Apply several ``update_batch_status`` calls of one service in one
+        transaction (one commit): all land or none does."""
+        ...
 
 
 class SubmitterStore(Protocol):

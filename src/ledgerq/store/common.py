@@ -26,7 +26,7 @@ from ledgerq.model import (
     ValidTransaction,
     status_from_name,
 )
-from ledgerq.store.base import DATA_CHANGE_PREFIX, NO_STATUS, StatusFilter
+from ledgerq.store.base import DATA_CHANGE_PREFIX, NO_STATUS, StatusFilter, StatusUpdate
 
 MAX_BATCH_ID_LENGTH = 128
 MAX_DATA_CHANGE_ID_LENGTH = 256
@@ -140,6 +140,24 @@ def check_receipts(receipts: Iterable[TransactionReceipt]) -> None:
 def check_submission_error(error: SubmissionError | None) -> None:
     if error is not None:
         _check_text("submission error_type", error.error_type, MAX_ERROR_TYPE_LENGTH)
+
+
+def prepare_updates(
+    updates: Iterable[StatusUpdate],
+) -> list[tuple[StatusUpdate, list[TransactionReceipt]]]:
+    """Check a batch of status updates and order them by id.
+
+    The order is the lock order: two calls updating the same batches lock
+    their rows in the same order and cannot deadlock. Updates of one id keep
+    their relative order (the sort is stable), so the last one wins.
+    """
+    prepared = []
+    for update in sorted(updates, key=lambda u: u.id):
+        receipts = receipts_to_write(update.status, update.transaction_receipts)
+        check_receipts(receipts)
+        check_submission_error(update.submission_error)
+        prepared.append((update, receipts))
+    return prepared
 
 
 def check_limit(limit: int) -> None:

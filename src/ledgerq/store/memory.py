@@ -7,6 +7,8 @@ atomic with respect to other tasks on the event loop. Not thread-safe.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Self
@@ -24,7 +26,7 @@ from ledgerq.model import (
     TransactionReceipt,
 )
 from ledgerq.store import common
-from ledgerq.store.base import NO_STATUS, ServiceSummary, StatusFilter
+from ledgerq.store.base import NO_STATUS, ServiceSummary, StatusFilter, StatusUpdate
 
 
 @dataclass(slots=True)
@@ -181,23 +183,63 @@ class MemoryStore:
         now: int | None = None,
         fence: Fence | None = None,
     ) -> None:
+        await self.update_batch_statuses(
+            service_id,
+            [StatusUpdate(id, status, tuple(transaction_receipts or ()), submission_error)],
+            now=now,
+            fence=fence,
+        )
+
+    async def update_batch_statuses(
+        self,
+        service_id: str,
+        updates: Sequence[StatusUpdate],
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
         common.check_no_fence(fence, "memory")
-        receipts = common.receipts_to_write(status, transaction_receipts or ())
-        common.check_receipts(receipts)
-        common.check_submission_error(submission_error)
+        prepared = common.prepare_updates(updates)
         at = self._now(now)
-        rec = self._lock(id, service_id)
-        if status is not None:
-            self._check_transition(rec, status.name)
-            self._apply_status(rec, status.name, at)
+        # All or nothing, like a transaction: keep what each update touches.
+        records: dict[tuple[str, str], _Record] = {}
+        old_receipts: dict[tuple[str, str], _Receipt | None] = {}
+        try:
+            for update, receipts in prepared:
+                rec = self._lock(update.id, service_id)
+                records.setdefault((service_id, rec.batch.batch_header), copy.copy(rec))
+                for r in receipts:
+                    key = (service_id, r.transaction_id)
+                    old_receipts.setdefault(key, self._s.receipts.get(key))
+                self._update_one(rec, service_id, update, receipts, at)
+        except BaseException:
+            self._s.records.update(records)
+            for key, old in old_receipts.items():
+                if old is None:
+                    self._s.receipts.pop(key, None)
+                else:
+                    self._s.receipts[key] = old
+            raise
+
+    def _update_one(
+        self,
+        rec: _Record,
+        service_id: str,
+        update: StatusUpdate,
+        receipts: list[TransactionReceipt],
+        at: int,
+    ) -> None:
+        if update.status is not None:
+            self._check_transition(rec, update.status.name)
+            self._apply_status(rec, update.status.name, at)
             if rec.has_submission:
                 rec.times_checked += 1
                 rec.last_checked = at
         self._write_receipts(service_id, receipts, at)
-        if submission_error is not None:
+        if update.submission_error is not None:
             if not rec.has_submission:
                 rec.has_submission, rec.times_checked, rec.last_checked = True, 1, at
-            rec.error = submission_error
+            rec.error = update.submission_error
 
     async def change_batch_to_submitted(
         self,

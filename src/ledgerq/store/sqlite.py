@@ -4,8 +4,14 @@ Blocking ``sqlite3`` calls run on a dedicated single-thread executor that owns
 the connection; an ``asyncio.Lock`` gives each transaction the connection to
 itself, so concurrent tasks on one store are serialized and several stores
 (processes or connections) on one file coordinate through SQLite's own write
-lock (``BEGIN IMMEDIATE``, ``busy_timeout``). ``synchronous=FULL``: a
-committed ``add_batches`` survives a power loss, not only a crash.
+lock (``BEGIN IMMEDIATE``, ``busy_timeout``).
+
+Durability: WAL with ``synchronous=NORMAL`` by default — a committed write
+survives a crash of the process (the design's requirement), and the database
+is never corrupted; an operating-system crash or power loss may undo the last
+commits. ``?synchronous=full`` makes every commit wait for the disk (survives
+power loss) at the cost of one flush per commit: on the reference machine
+about 140 commits/s instead of tens of thousands.
 """
 
 from __future__ import annotations
@@ -16,13 +22,20 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 from ledgerq.clock import now_ms
 from ledgerq.errors import StoreError, StoreUnavailableError
 from ledgerq.model import TrackingBatch
-from ledgerq.store.migrate import MigrationResult, plan_migration, refuse_outdated
+from ledgerq.store.migrate import (
+    MigrationPlan,
+    MigrationResult,
+    plan_migration,
+    refuse_outdated,
+)
 from ledgerq.store.sqlfiles import canonical_schema, load_queries
 from ledgerq.store.sqlstore import ConflictError, Params, Row
 
@@ -39,6 +52,40 @@ def path_from_url(url: str) -> str:
             f"not a SQLite URL: {url!r}; write sqlite:///relative/path or sqlite:////absolute/path"
         )
     return url[len(prefix) :].split("?", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class SqliteOptions:
+    """Options from the URL's query: ``?busy_timeout_ms=N&synchronous=full``."""
+
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
+    synchronous: str = "NORMAL"
+
+
+def options_from_url(url: str) -> SqliteOptions:
+    query = {k: v[-1] for k, v in parse_qs(urlsplit(url).query).items()}
+    unknown = sorted(set(query) - {"busy_timeout_ms", "synchronous"})
+    if unknown:
+        raise StoreError(
+            f"unknown SQLite URL option(s) {unknown}; known: busy_timeout_ms, synchronous"
+        )
+    options = SqliteOptions()
+    if "busy_timeout_ms" in query:
+        try:
+            busy = int(query["busy_timeout_ms"])
+        except ValueError as exc:
+            raise StoreError(
+                f"busy_timeout_ms must be an integer of ms; got {query['busy_timeout_ms']!r}"
+            ) from exc
+        if busy < 0:
+            raise StoreError(f"busy_timeout_ms must be >= 0; got {busy}")
+        options = replace(options, busy_timeout_ms=busy)
+    if "synchronous" in query:
+        mode = query["synchronous"].upper()
+        if mode not in ("NORMAL", "FULL"):
+            raise StoreError(f"synchronous must be normal or full; got {query['synchronous']!r}")
+        options = replace(options, synchronous=mode)
+    return options
 
 
 def _translate(exc: sqlite3.Error) -> StoreError:
@@ -99,11 +146,12 @@ class _Session:
 class SqliteBackend:
     dialect = "sqlite"
 
-    def __init__(self, path: str, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+    def __init__(self, path: str, options: SqliteOptions | None = None) -> None:
         self.path = path
+        self.options = options or SqliteOptions()
         self.queries = load_queries(self.dialect)
         self._statements: dict[str, list[str]] = {}
-        self._busy_timeout_ms = busy_timeout_ms
+        self._busy_timeout_ms = self.options.busy_timeout_ms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledgerq-sqlite")
         self._conn: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
@@ -144,13 +192,13 @@ class SqliteBackend:
             )
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
             conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute(f"PRAGMA synchronous = {self.options.synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
             return conn
 
         try:
             self._conn = await asyncio.get_running_loop().run_in_executor(self._executor, open_conn)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             self._executor.shutdown(wait=False)
             raise StoreUnavailableError(
                 f"cannot open the SQLite database {self.path!r}: {exc}; check the path "
@@ -219,17 +267,29 @@ class SqliteBackend:
     async def migrate(self, *, apply: bool, url: str) -> MigrationResult:
         q = self.queries
 
+        def read_plan(conn: sqlite3.Connection) -> MigrationPlan:
+            has_version = conn.execute(q["table_exists"], {"name": "schema_version"})
+            applied: dict[int, str] | None = None
+            if has_version.fetchone()[0]:
+                applied = dict(conn.execute(q["schema_version_rows"]).fetchall())
+            has_batches = conn.execute(q["table_exists"], {"name": "batches"}).fetchone()[0]
+            return plan_migration(self.dialect, applied, bool(has_batches))
+
         def run(conn: sqlite3.Connection) -> MigrationResult:
+            # Check under a read transaction first: opening a current store
+            # must not wait for (or block) another writer.
+            conn.execute("BEGIN")
+            try:
+                plan = read_plan(conn)
+            finally:
+                conn.execute("ROLLBACK")
+            if not apply:
+                refuse_outdated(plan, url)
+            if not plan.pending:
+                return MigrationResult(plan.before, plan.after)
             conn.execute("BEGIN IMMEDIATE")
             try:
-                has_version = conn.execute(q["table_exists"], {"name": "schema_version"})
-                applied: dict[int, str] | None = None
-                if has_version.fetchone()[0]:
-                    applied = dict(conn.execute(q["schema_version_rows"]).fetchall())
-                has_batches = conn.execute(q["table_exists"], {"name": "batches"}).fetchone()[0]
-                plan = plan_migration(self.dialect, applied, bool(has_batches))
-                if not apply:
-                    refuse_outdated(plan, url)
+                plan = read_plan(conn)  # another process may have migrated meanwhile
                 if plan.pending:
                     conn.execute(q["schema_version_create"])
                     scripts = (

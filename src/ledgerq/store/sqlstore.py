@@ -33,7 +33,7 @@ from ledgerq.model import (
     TransactionReceipt,
 )
 from ledgerq.store import common
-from ledgerq.store.base import ServiceSummary, StatusFilter
+from ledgerq.store.base import NO_STATUS, ServiceSummary, StatusFilter, StatusUpdate
 from ledgerq.store.migrate import MigrationResult
 
 Row = tuple[Any, ...]
@@ -281,6 +281,41 @@ class SqlStore:
                 ],
             )
 
+    async def _update_one(
+        self,
+        session: Session,
+        service_id: str,
+        update: StatusUpdate,
+        receipts: list[TransactionReceipt],
+        at: int,
+        fence: Fence | None,
+    ) -> None:
+        batch_id, current, submitted = await self._lock_batch(session, update.id, service_id, fence)
+        key = {"service_id": service_id, "batch_id": batch_id}
+        if update.status is not None:
+            await self._write_status(
+                session,
+                service_id,
+                batch_id,
+                current,
+                submitted,
+                update.status.name,
+                at,
+                check=True,
+            )
+        await self._write_receipts(session, service_id, receipts, at)
+        error = update.submission_error
+        if error is not None:
+            await session.execute(
+                "upsert_submission_error",
+                {
+                    **key,
+                    "error_type": error.error_type,
+                    "error_message": error.error_message,
+                    "now": at,
+                },
+            )
+
     async def update_batch_status(
         self,
         id: str,
@@ -292,28 +327,28 @@ class SqlStore:
         now: int | None = None,
         fence: Fence | None = None,
     ) -> None:
-        receipts = common.receipts_to_write(status, transaction_receipts or ())
-        common.check_receipts(receipts)
-        common.check_submission_error(submission_error)
+        await self.update_batch_statuses(
+            service_id,
+            [StatusUpdate(id, status, tuple(transaction_receipts or ()), submission_error)],
+            now=now,
+            fence=fence,
+        )
+
+    async def update_batch_statuses(
+        self,
+        service_id: str,
+        updates: Sequence[StatusUpdate],
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        prepared = common.prepare_updates(updates)
+        if not prepared:
+            return
         at = self._now(now)
         async with self._backend.transaction(write=True) as session:
-            batch_id, current, submitted = await self._lock_batch(session, id, service_id, fence)
-            key = {"service_id": service_id, "batch_id": batch_id}
-            if status is not None:
-                await self._write_status(
-                    session, service_id, batch_id, current, submitted, status.name, at, check=True
-                )
-            await self._write_receipts(session, service_id, receipts, at)
-            if submission_error is not None:
-                await session.execute(
-                    "upsert_submission_error",
-                    {
-                        **key,
-                        "error_type": submission_error.error_type,
-                        "error_message": submission_error.error_message,
-                        "now": at,
-                    },
-                )
+            for update, receipts in prepared:
+                await self._update_one(session, service_id, update, receipts, at, fence)
 
     async def change_batch_to_submitted(
         self,
@@ -421,13 +456,20 @@ class SqlStore:
         after_seq: int | None = None,
     ) -> TrackingBatchList:
         common.check_limit(limit)
+        wanted = common.parse_status_filter(status)
         params = {
             "service_id": service_id,
-            "status": common.parse_status_filter(status),
+            # "none" selects batches without a status: NULL in the query.
+            "status": None if wanted == NO_STATUS else wanted,
             "limit": limit,
             "after_seq": after_seq or 0,
         }
-        return TrackingBatchList(tuple(await self._list("list_batches", params)))
+        name = "list_batches"
+        if service_id is not None:
+            name += "_service"
+        if wanted is not None:
+            name += "_status"
+        return TrackingBatchList(tuple(await self._list(name, params)))
 
     async def list_services(
         self, *, limit: int = 1000, after: str | None = None

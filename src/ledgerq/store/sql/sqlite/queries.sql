@@ -98,14 +98,50 @@ WHERE b.status = 'Invalid'
    OR (s.error_type IS NOT NULL AND (b.status IS NULL OR b.status NOT IN ('Valid', 'Committed')))
 ORDER BY b.seq;
 
+-- list_batches: one query per filter combination, so each can use its index
+-- (batches_seq, batches_service_seq_idx, batches_status_seq_idx). A status of
+-- NULL selects batches without one.
+
 -- name: list_batches
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
        b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM batches b
 LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
-WHERE (:service_id IS NULL OR b.service_id = :service_id)
-  AND (:status IS NULL OR (:status = 'none' AND b.status IS NULL) OR b.status = :status)
+WHERE b.seq > :after_seq
+ORDER BY b.seq
+LIMIT :limit;
+
+-- name: list_batches_service
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.service_id = :service_id
+  AND b.seq > :after_seq
+ORDER BY b.seq
+LIMIT :limit;
+
+-- name: list_batches_status
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.status IS :status
+  AND b.seq > :after_seq
+ORDER BY b.seq
+LIMIT :limit;
+
+-- name: list_batches_service_status
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.service_id = :service_id
+  AND b.status IS :status
   AND b.seq > :after_seq
 ORDER BY b.seq
 LIMIT :limit;

@@ -1,0 +1,346 @@
+"""Prometheus metrics of a gateway (and of a node), one registry per app instance.
+
+Every :class:`GatewayMetrics` owns a private ``CollectorRegistry``, so several
+gateways in one process (tests) never share a series. What is measured:
+
+* Counted as it happens, through :class:`InstrumentedLedger` (a proxy around
+  the gateway's ledger client) and the API's acceptance hook:
+  ``ledgerq_batches_accepted_total``; ``ledgerq_submission_attempts_total``
+  by ledger response (``accepted``, ``busy_429``, ``busy_503``,
+  ``unreachable``, ``rejected_4xx``, ``ambiguous``); ``ledgerq_monitor_polls_total``
+  (status reads, ``ok``/``error``); ``ledgerq_ledger_statuses_total`` by the
+  status the ledger reported; latency histograms
+  ``ledgerq_stage_latency_seconds{stage=queued|submit|ledger}`` (accepted →
+  first POST, one POST, first POST → final status) and
+  ``ledgerq_end_to_end_latency_seconds`` (accepted → final status). A batch
+  accepted by another instance (high availability) has no acceptance time
+  here, so only its ``submit`` and ``ledger`` stages are observed.
+* Read from the store when ``/metrics`` is scraped: ``ledgerq_batches`` by
+  status, ``ledgerq_queue_depth`` (all services), and
+  ``ledgerq_service_queue_depth{service_id}`` for the ``top_services``
+  deepest services plus one ``service_id="other"`` series summing the rest,
+  so label cardinality stays at most ``top_services + 1`` however many
+  services exist; ``ledgerq_services``, ``ledgerq_services_in_flight``,
+  ``ledgerq_claims_held`` (high availability; 0 otherwise).
+
+It also keeps, for the dashboard, per-second counts of accepted and final
+batches over the last :data:`THROUGHPUT_WINDOW_S` seconds and the ids of the
+most recently accepted batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ledgerq.clock import Clock, now_ms
+from ledgerq.dlt.base import (
+    Accepted,
+    Ambiguous,
+    Busy,
+    CommitEvent,
+    LedgerBatchStatus,
+    LedgerClient,
+    Rejected,
+    SubmitResult,
+    Unreachable,
+)
+from ledgerq.model import BatchStatus, TrackingBatch
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+THROUGHPUT_WINDOW_S = 600
+RECENT_BATCHES = 200
+#: Batches followed for latency at once; beyond it the oldest are forgotten.
+MAX_TRACKED = 200_000
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0,
+)  # fmt: skip
+
+
+class MetricsStore(Protocol):
+    async def status_counts(self) -> dict[str, int]: ...
+
+    async def list_services(
+        self, *, limit: int = 1000, after: str | None = None
+    ) -> Sequence[Any]: ...
+
+
+def response_label(result: SubmitResult) -> str:
+    """A bounded label for what the ledger answered to one POST."""
+    match result:
+        case Accepted():
+            return "accepted"
+        case Busy(status=status):
+            return f"busy_{status}" if status in (429, 503) else "busy"
+        case Unreachable():
+            return "unreachable"
+        case Rejected(status=status):
+            return "rejected_4xx" if 400 <= status < 500 else "rejected"
+        case Ambiguous():
+            return "ambiguous"
+    return "other"
+
+
+class _Window:
+    """Counts per whole second over a sliding window."""
+
+    def __init__(self, seconds: int) -> None:
+        self.seconds = seconds
+        self._buckets: deque[list[int]] = deque()  # [second, count]
+
+    def add(self, now_s: int, n: int = 1) -> None:
+        if self._buckets and self._buckets[-1][0] == now_s:
+            self._buckets[-1][1] += n
+        else:
+            self._buckets.append([now_s, n])
+        while self._buckets and self._buckets[0][0] <= now_s - self.seconds:
+            self._buckets.popleft()
+
+    def series(self, now_s: int, seconds: int) -> list[int]:
+        """Counts of the ``seconds`` seconds ending with ``now_s`` (oldest first)."""
+        counts = {s: c for s, c in self._buckets}
+        return [counts.get(s, 0) for s in range(now_s - seconds + 1, now_s + 1)]
+
+
+class GatewayMetrics:
+    def __init__(self, *, top_services: int = 20, clock: Clock = now_ms) -> None:
+        self.top_services = top_services
+        self.clock = clock
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.accepted = Counter(
+            "ledgerq_batches_accepted", "Batches accepted by POST /batches.", registry=r
+        )
+        self.attempts = Counter(
+            "ledgerq_submission_attempts",
+            "POSTs of a batch to the ledger, by the ledger's response.",
+            ["response"],
+            registry=r,
+        )
+        self.polls = Counter(
+            "ledgerq_monitor_polls", "Batch status reads of the ledger.", ["result"], registry=r
+        )
+        self.reported = Counter(
+            "ledgerq_ledger_statuses",
+            "Batch statuses reported by the ledger (polls and events).",
+            ["status"],
+            registry=r,
+        )
+        self.stage = Histogram(
+            "ledgerq_stage_latency_seconds",
+            "Per-stage latency: queued (accepted to first POST), submit (one POST), "
+            "ledger (first POST to final status).",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "ledgerq_end_to_end_latency_seconds",
+            "From acceptance by POST /batches to a final status on the ledger.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batches = Gauge(
+            "ledgerq_batches", "Tracked batches by status.", ["status"], registry=r
+        )
+        self.depth = Gauge("ledgerq_queue_depth", "Non-final batches, all services.", registry=r)
+        self.service_depth = Gauge(
+            "ledgerq_service_queue_depth",
+            "Non-final batches of the deepest services; service_id=other sums the rest.",
+            ["service_id"],
+            registry=r,
+        )
+        self.services = Gauge("ledgerq_services", "Services with tracked batches.", registry=r)
+        self.in_flight = Gauge(
+            "ledgerq_services_in_flight", "Services with a batch being submitted.", registry=r
+        )
+        self.claims_held = Gauge(
+            "ledgerq_claims_held", "Service claims this instance holds.", registry=r
+        )
+        self._created: dict[str, int] = {}
+        self._posted: dict[str, int] = {}
+        self._accepted_window = _Window(THROUGHPUT_WINDOW_S)
+        self._final_window = _Window(THROUGHPUT_WINDOW_S)
+        self.recent: deque[tuple[str, str]] = deque(maxlen=RECENT_BATCHES)
+        self._node_added = False
+
+    # -- events ---------------------------------------------------------------
+
+    def batches_accepted(self, batches: Iterable[TrackingBatch]) -> None:
+        now = self.clock()
+        n = 0
+        for b in batches:
+            n += 1
+            _remember(self._created, b.batch_id, b.created_at or now)
+            self.recent.append((b.batch_id, b.service_id))
+        self.accepted.inc(n)
+        self._accepted_window.add(now // 1000, n)
+
+    def posted(self, batch_id: str, result: SubmitResult, seconds: float) -> None:
+        self.attempts.labels(response_label(result)).inc()
+        self.stage.labels("submit").observe(seconds)
+        if batch_id not in self._posted:
+            now = self.clock()
+            _remember(self._posted, batch_id, now)
+            created = self._created.get(batch_id)
+            if created is not None:
+                self.stage.labels("queued").observe(max(0, now - created) / 1000)
+
+    def status_reported(self, batch_id: str, status: BatchStatus) -> None:
+        self.reported.labels(status.name.value).inc()
+        if not status.is_final:
+            return
+        now = self.clock()
+        self._final_window.add(now // 1000)
+        posted = self._posted.pop(batch_id, None)
+        if posted is not None:
+            self.stage.labels("ledger").observe(max(0, now - posted) / 1000)
+        created = self._created.pop(batch_id, None)
+        if created is not None:
+            self.e2e.observe(max(0, now - created) / 1000)
+
+    def throughput(self, seconds: int = 300) -> dict[str, Any]:
+        """Per-second accepted and final batch counts of the last ``seconds`` (oldest first)."""
+        seconds = max(1, min(seconds, THROUGHPUT_WINDOW_S))
+        now_s = self.clock() // 1000
+        return {
+            "seconds": seconds,
+            "until": now_s * 1000,
+            "accepted": self._accepted_window.series(now_s, seconds),
+            "final": self._final_window.series(now_s, seconds),
+        }
+
+    # -- scrape ---------------------------------------------------------------
+
+    async def refresh(self, store: MetricsStore, claims: Any = None) -> None:
+        """Read the store's gauges (statuses, queue depths, claims)."""
+        counts = await store.status_counts()
+        self.batches.clear()
+        for name, n in counts.items():
+            self.batches.labels(name).set(n)
+        depths: list[tuple[int, str]] = []
+        in_flight = 0
+        after: str | None = None
+        while True:
+            page = await store.list_services(limit=1000, after=after)
+            for s in page:
+                depths.append((s.queue_depth, s.service_id))
+                in_flight += s.in_flight_batch_id is not None
+            if len(page) < 1000:
+                break
+            after = page[-1].service_id
+        depths.sort(key=lambda d: (-d[0], d[1]))
+        self.depth.set(sum(d for d, _ in depths))
+        self.services.set(len(depths))
+        self.in_flight.set(in_flight)
+        self.service_depth.clear()
+        for depth, service_id in depths[: self.top_services]:
+            self.service_depth.labels(service_id).set(depth)
+        self.service_depth.labels("other").set(sum(d for d, _ in depths[self.top_services :]))
+        held = 0
+        if claims is not None and hasattr(claims, "claimed_services"):
+            held = len(claims.claimed_services())
+        self.claims_held.set(held)
+
+    def add_node(self, node: Any) -> None:
+        """Also expose an in-process node's ``ledgerq_node_*`` counters (once)."""
+        if not self._node_added:
+            self.registry.register(_NodeCollector(node))
+            self._node_added = True
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def instrument(self, ledger: LedgerClient) -> InstrumentedLedger:
+        return InstrumentedLedger(ledger, self)
+
+
+def _remember(table: dict[str, int], key: str, value: int) -> None:
+    if len(table) >= MAX_TRACKED:
+        del table[next(iter(table))]
+    table[key] = value
+
+
+class InstrumentedLedger:
+    """A :class:`~ledgerq.dlt.base.LedgerClient` that counts and times what it forwards."""
+
+    def __init__(self, inner: LedgerClient, metrics: GatewayMetrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+        self.description = inner.description
+
+    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
+        started = time.monotonic()
+        result = await self.inner.submit(service_id, batch_id, serialized_batch)
+        self.metrics.posted(batch_id, result, time.monotonic() - started)
+        return result
+
+    async def batch_statuses(
+        self, service_id: str, batch_ids: Sequence[str], *, wait_s: float = 0.0
+    ) -> tuple[LedgerBatchStatus, ...]:
+        try:
+            statuses = await self.inner.batch_statuses(service_id, batch_ids, wait_s=wait_s)
+        except Exception:
+            self.metrics.polls.labels("error").inc()
+            raise
+        self.metrics.polls.labels("ok").inc()
+        for s in statuses:
+            self.metrics.status_reported(s.batch_id, s.status)
+        return statuses
+
+    def events(self) -> AsyncIterator[CommitEvent] | None:
+        stream = self.inner.events()
+        return None if stream is None else self._events(stream)
+
+    async def _events(self, stream: AsyncIterator[CommitEvent]) -> AsyncIterator[CommitEvent]:
+        async for event in stream:
+            self.metrics.status_reported(event.batch_id, event.status)
+            yield event
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Client-specific extras (the node client's handle, say) stay reachable.
+        return getattr(self.inner, name)
+
+
+class _NodeCollector(Collector):
+    def __init__(self, node: Any) -> None:
+        self.node = node
+
+    def collect(self) -> Iterable[Metric]:
+        ledger = self.node.ledger
+        yield CounterMetricFamily(
+            "ledgerq_node_transactions_committed",
+            "Transactions (Sawtooth batches) committed by the node; rate() gives transactions/s.",
+            value=ledger.committed,
+        )
+        yield CounterMetricFamily(
+            "ledgerq_node_transactions_submitted",
+            "Transactions acknowledged by the node.",
+            value=ledger.submissions,
+        )
+        yield GaugeMetricFamily(
+            "ledgerq_node_transactions_pending",
+            "Transactions acknowledged but not yet committed.",
+            value=ledger.uncommitted,
+        )
+        yield CounterMetricFamily(
+            "ledgerq_node_final_statuses",
+            "Batches that reached COMMITTED or INVALID (event stream sequence).",
+            value=ledger.event_seq,
+        )
+
+
+def node_registry(node: Any) -> CollectorRegistry:
+    """A registry of its own reading ``node``'s counters at scrape time."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(_NodeCollector(node))
+    return registry

@@ -1,0 +1,100 @@
+"""The dashboard in headless Chromium (Debian's ``chromium``) against a gateway with real batches.
+
+The page is rendered twice: ``--dump-dom`` to check that the data the
+gateway holds (batch and service ids, counts) is in the DOM the page's script
+built, and ``--screenshot`` saved as ``test-artifacts/dashboard.png``.
+Chromium's virtual time budget lets the page's fetches complete before the
+DOM is taken, without the test sleeping. Skipped where chromium is missing,
+except under CI (``.ci/run`` installs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.operator_fakes import HAS_QUEUE_ROUND, batch_list, running_gateway
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+OCTET = {"Content-Type": "application/octet-stream"}
+
+pytestmark = pytest.mark.slow
+
+
+def _need_chromium() -> str:
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is required in CI (apt-get install -y chromium)")
+        pytest.skip("chromium not installed (apt-get install -y chromium)")
+    return CHROMIUM
+
+
+async def _chromium(*args: str) -> str:
+    with tempfile.TemporaryDirectory(prefix="ledgerq-chromium-") as profile:
+        proc = await asyncio.create_subprocess_exec(
+            _need_chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=8000",
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+    return out.decode()
+
+
+async def test_dashboard_renders_real_batches_and_saves_a_screenshot() -> None:
+    _need_chromium()
+    async with running_gateway(pipeline=HAS_QUEUE_ROUND) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            posted: dict[str, list[str]] = {}
+            for service, n in (("orders-eu", 6), ("orders-us", 4), ("billing", 3)):
+                body, ids = batch_list(n, service)
+                async with http.post(
+                    f"{url}/batches", params={"service_id": service}, data=body, headers=OCTET
+                ) as r:
+                    assert r.status == 202
+                posted[service] = ids
+            if HAS_QUEUE_ROUND:
+                for service, ids in posted.items():
+                    async with http.get(
+                        f"{url}/batch_statuses",
+                        params={"id": ",".join(ids), "service_id": service, "wait": "20"},
+                    ) as r:
+                        statuses = {e["status"] for e in (await r.json())["data"]}
+                    assert statuses == {"COMMITTED"}
+        dom = await _chromium("--dump-dom", url + "/")
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / "dashboard.png"
+        shot.unlink(missing_ok=True)
+        await _chromium("--window-size=1400,1100", f"--screenshot={shot}", url + "/")
+    assert 'data-loaded="true"' in dom
+    for service in posted:
+        assert service in dom
+    # The most recent batch, shortened to 16 characters in its row.
+    assert posted["billing"][-1][:16] in dom
+    total = sum(len(ids) for ids in posted.values())
+    cards = dict(re.findall(r'data-status="(\w+)">(\d+)<', dom))
+    if HAS_QUEUE_ROUND:
+        assert cards["Committed"] == str(total)
+    else:
+        assert cards["none"] == str(total)
+    assert shot.is_file() and shot.stat().st_size > 10_000

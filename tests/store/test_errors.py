@@ -1,0 +1,74 @@
+"""Driver failures reach callers as ledgerq errors that say what to do."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from ledgerq.errors import StoreError, StoreUnavailableError
+from ledgerq.store import migrate_database, open_store
+
+from .conftest import make_batch
+
+
+async def test_unreachable_postgresql_is_unavailable_and_says_so() -> None:
+    # Port 1 on loopback: nothing listens, the connection is refused at once.
+    with pytest.raises(StoreUnavailableError, match="check that the server is up") as info:
+        await open_store("postgresql://postgres@127.0.0.1:1/ledgerq", migrate=False)
+    assert info.value.__cause__ is not None
+
+
+async def test_sqlite_path_that_cannot_exist_is_unavailable(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreUnavailableError, match="check the path"):
+        await open_store(f"sqlite:///{blocker / 'store.sqlite3'}")
+
+
+async def test_sqlite_writer_locked_out_past_busy_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "locked.sqlite3"
+    await migrate_database(f"sqlite:///{path}")
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+        async with await open_store(f"sqlite:///{path}?busy_timeout_ms=50") as store:
+            with pytest.raises(StoreUnavailableError, match="busy_timeout"):
+                await store.add_batches([make_batch()])
+            holder.execute("ROLLBACK")
+            # Once the other writer is done, the same store works.
+            assert len(await store.add_batches([make_batch()])) == 1
+    finally:
+        holder.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql://x/y",
+        "sqlite:///",
+        "sqlite:///x.db?journal=off",
+        "sqlite:///x.db?busy_timeout_ms=x",
+        "sqlite:///x.db?synchronous=off",
+    ],
+)
+async def test_bad_urls_are_refused_with_the_forms_that_work(url: str) -> None:
+    with pytest.raises(StoreError):
+        await open_store(url)
+
+
+@pytest.mark.parametrize(("query", "expected"), [("", 1), ("?synchronous=full", 2)])
+async def test_sqlite_synchronous_mode_follows_the_url(
+    tmp_path: Path, query: str, expected: int
+) -> None:
+    from ledgerq.store.sqlite import SqliteBackend
+
+    store = await open_store(f"sqlite:///{tmp_path / 's.sqlite3'}{query}")
+    try:
+        backend = store._backend  # type: ignore[attr-defined]
+        assert isinstance(backend, SqliteBackend)
+        mode = await backend.call(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
+        assert mode == expected  # 1 = NORMAL, 2 = FULL
+    finally:
+        await store.close()

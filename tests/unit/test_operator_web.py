@@ -1,0 +1,284 @@
+"""The gateway's operator endpoints over real HTTP: metrics, security, dashboard data."""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from ledgerq.dlt.base import Accepted, Ambiguous, Busy, Rejected, Unreachable
+from ledgerq.logs import add_secret, configure_logging
+from ledgerq.web.metrics import GatewayMetrics, response_label
+from tests.operator_fakes import batch_list, needs_pipeline, running_gateway
+
+OCTET = {"Content-Type": "application/octet-stream"}
+TOKEN = "s3cret-token-0123456789"
+
+
+async def _wait_final(http: aiohttp.ClientSession, url: str, ids: list[str], service: str) -> None:
+    async with http.get(
+        f"{url}/batch_statuses", params={"id": ",".join(ids), "service_id": service, "wait": "10"}
+    ) as r:
+        doc = await r.json()
+    assert [e["status"] for e in doc["data"]] == ["COMMITTED"] * len(ids)
+
+
+def _sample(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line == name:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in metrics:\n{text}")
+
+
+@needs_pipeline
+async def test_metrics_count_batches_attempts_latency_and_bound_service_labels() -> None:
+    async with running_gateway({"metrics.top_services": 2}) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            for service, n in (("svc-a", 3), ("svc-b", 2), ("svc-c", 1), ("svc-d", 1)):
+                body, ids = batch_list(n, service)
+                async with http.post(
+                    f"{url}/batches", params={"service_id": service}, data=body, headers=OCTET
+                ) as r:
+                    assert r.status == 202
+                await _wait_final(http, url, ids, service)
+            async with http.get(f"{url}/metrics") as r:
+                assert r.status == 200
+                assert r.headers["Content-Type"].startswith("text/plain")
+                text = await r.text()
+    assert _sample(text, "ledgerq_batches_accepted_total") == 7
+    assert _sample(text, 'ledgerq_batches{status="Committed"}') == 7
+    assert _sample(text, 'ledgerq_submission_attempts_total{response="accepted"}') == 7
+    assert _sample(text, "ledgerq_end_to_end_latency_seconds_count") == 7
+    assert _sample(text, 'ledgerq_stage_latency_seconds_count{stage="queued"}') == 7
+    assert _sample(text, 'ledgerq_stage_latency_seconds_count{stage="ledger"}') == 7
+    assert _sample(text, 'ledgerq_ledger_statuses_total{status="Committed"}') == 7
+    assert _sample(text, 'ledgerq_monitor_polls_total{result="ok"}') >= 1
+    assert _sample(text, "ledgerq_queue_depth") == 0
+    assert _sample(text, "ledgerq_services") == 4
+    # Two named services plus "other": the label set stays bounded.
+    depth_series = [
+        line for line in text.splitlines() if line.startswith("ledgerq_service_queue_depth{")
+    ]
+    assert len(depth_series) == 3
+    assert any('service_id="other"' in line for line in depth_series)
+
+
+async def test_two_gateways_in_one_process_keep_separate_registries() -> None:
+    async with (
+        running_gateway(pipeline=False) as (url_a, _a),
+        running_gateway(pipeline=False) as (url_b, _b),
+    ):
+        async with aiohttp.ClientSession() as http:
+            body, _ids = batch_list(2, "only-a")
+            async with http.post(
+                f"{url_a}/batches", params={"service_id": "only-a"}, data=body, headers=OCTET
+            ) as r:
+                assert r.status == 202
+            async with http.get(f"{url_a}/metrics") as r:
+                a = await r.text()
+            async with http.get(f"{url_b}/metrics") as r:
+                b = await r.text()
+    assert _sample(a, "ledgerq_batches_accepted_total") == 2
+    assert _sample(b, "ledgerq_batches_accepted_total") == 0
+
+
+def test_response_labels_are_bounded() -> None:
+    assert response_label(Accepted()) == "accepted"
+    assert response_label(Busy(429)) == "busy_429"
+    assert response_label(Busy(503)) == "busy_503"
+    assert response_label(Busy(500)) == "busy"
+    assert response_label(Unreachable("x")) == "unreachable"
+    assert response_label(Rejected(400, "x")) == "rejected_4xx"
+    assert response_label(Rejected(418, "x")) == "rejected_4xx"
+    assert response_label(Ambiguous("x")) == "ambiguous"
+
+
+def test_throughput_window_counts_per_second() -> None:
+    now = [1_000_000]
+    m = GatewayMetrics(clock=lambda: now[0])
+    from tests.pipeline_fakes import batch
+
+    m.batches_accepted([batch("s", 1), batch("s", 2)])
+    now[0] += 1000
+    m.batches_accepted([batch("s", 3)])
+    now[0] += 1000
+    tp = m.throughput(3)
+    assert tp["accepted"] == [2, 1, 0]
+    assert tp["final"] == [0, 0, 0]
+
+
+async def test_token_guards_writes_and_optionally_reads() -> None:
+    async with running_gateway({"auth.token": TOKEN}, pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            body, _ids = batch_list(1, "guarded")
+            async with http.post(f"{url}/batches", data=body, headers=OCTET) as r:
+                assert r.status == 401
+                assert "Bearer" in r.headers["WWW-Authenticate"]
+                assert "token" in (await r.json())["error"]["message"]
+            wrong = {**OCTET, "Authorization": "Bearer nope-nope-nope-nope"}
+            async with http.post(f"{url}/batches", data=body, headers=wrong) as r:
+                assert r.status == 401
+            good = {**OCTET, "Authorization": f"Bearer {TOKEN}"}
+            async with http.post(f"{url}/batches", data=body, headers=good) as r:
+                assert r.status == 202
+            async with http.get(f"{url}/batches") as r:
+                assert r.status == 200  # reads open unless protect_reads
+    async with running_gateway(
+        {"auth.token": TOKEN, "auth.protect_reads": True}, pipeline=False
+    ) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            for path in ("/batches", "/services", "/metrics", "/dashboard/data"):
+                async with http.get(url + path) as r:
+                    assert r.status == 401, path
+            for path in ("/health", "/", "/static/dashboard.js", "/openapi.json"):
+                async with http.get(url + path) as r:
+                    assert r.status == 200, path
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with http.get(f"{url}/metrics", headers=auth) as r:
+                assert r.status == 200
+
+
+async def test_no_cors_unless_configured() -> None:
+    origin = {"Origin": "https://ops.example"}
+    preflight = {**origin, "Access-Control-Request-Method": "POST"}
+    async with running_gateway(pipeline=False) as (url, _gw), aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/services", headers=origin) as r:
+            assert "Access-Control-Allow-Origin" not in r.headers
+        async with http.options(f"{url}/batches", headers=preflight) as r:
+            assert "Access-Control-Allow-Origin" not in r.headers
+    async with running_gateway({"cors.origins": "https://ops.example"}, pipeline=False) as (
+        url,
+        _gw,
+    ):
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/services", headers=origin) as r:
+                assert r.headers["Access-Control-Allow-Origin"] == "https://ops.example"
+            async with http.options(f"{url}/batches", headers=preflight) as r:
+                assert r.status == 204
+                assert "POST" in r.headers["Access-Control-Allow-Methods"]
+            other = {"Origin": "https://evil.example"}
+            async with http.get(f"{url}/services", headers=other) as r:
+                assert "Access-Control-Allow-Origin" not in r.headers
+
+
+@pytest.mark.parametrize("bad", ["has space", "-leading", "x" * 300, "semi;colon", "#none", "é"])
+async def test_service_ids_are_validated(bad: str) -> None:
+    async with running_gateway(pipeline=False) as (url, _gw), aiohttp.ClientSession() as http:
+        body, _ids = batch_list(1, "v")
+        async with http.post(
+            f"{url}/batches", params={"service_id": bad}, data=body, headers=OCTET
+        ) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["title"] == "Invalid Service Id"
+        async with http.post(
+            f"{url}/batches", params={"service_id": "circuit-01::svc.A_1"}, data=body, headers=OCTET
+        ) as r:
+            assert r.status == 202
+
+
+async def test_body_limit_is_enforced() -> None:
+    async with running_gateway({"max_body_bytes": 2048}, pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            body, _ids = batch_list(10, "big")
+            assert len(body) > 2048
+            async with http.post(f"{url}/batches", data=body, headers=OCTET) as r:
+                assert r.status == 413
+
+
+@needs_pipeline
+async def test_dashboard_page_assets_and_data() -> None:
+    async with running_gateway() as (url, _gw), aiohttp.ClientSession() as http:
+        body, ids = batch_list(3, "dash")
+        async with http.post(
+            f"{url}/batches", params={"service_id": "dash"}, data=body, headers=OCTET
+        ) as r:
+            assert r.status == 202
+        await _wait_final(http, url, ids, "dash")
+        async with http.get(url + "/") as r:
+            page = await r.text()
+        assert "/static/dashboard.js" in page
+        assert "http://" not in page.replace("http://www.w3.org", "")  # no CDN
+        async with http.get(url + "/static/dashboard.js") as r:
+            assert r.status == 200
+            assert "javascript" in r.headers["Content-Type"]
+        async with http.get(url + "/static/../config.py") as r:
+            assert r.status == 404
+        async with http.get(url + "/dashboard/data") as r:
+            doc = await r.json()
+    assert [b["id"] for b in doc["recent"]] == ids[::-1]
+    assert {b["status"] for b in doc["recent"]} == {"Committed"}
+    assert doc["counts"]["Committed"] == 3
+    assert sum(doc["throughput"]["accepted"]) == 3
+
+
+def test_secrets_are_redacted_from_log_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    add_secret(TOKEN)
+    for json_lines in (False, True):
+        configure_logging("INFO", json_lines=json_lines)
+        logging.getLogger("ledgerq.test").warning("token is %s batch=abc service=svc", TOKEN)
+    err = capsys.readouterr().err
+    assert TOKEN not in err
+    assert err.count("***") == 2
+    assert '"batch_id": "abc"' in err and '"service_id": "svc"' in err
+    logging.getLogger().handlers[:] = []
+
+
+@needs_pipeline
+async def test_instrumented_ledger_keeps_the_pipeline_working_under_busy_answers() -> None:
+    from tests.operator_fakes import CommittingLedger
+
+    ledger = CommittingLedger()
+    body, ids = batch_list(2, "busy")
+    ledger.script[ids[0]] = [Busy(503), Busy(429)]
+    async with (
+        running_gateway(
+            {"submitter.backoff_initial_ms": 0, "submitter.backoff_max_ms": 0}, ledger
+        ) as (url, _gw),
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.post(
+            f"{url}/batches", params={"service_id": "busy"}, data=body, headers=OCTET
+        ) as r:
+            assert r.status == 202
+        await _wait_final(http, url, ids, "busy")
+        async with http.get(f"{url}/metrics") as r:
+            text = await r.text()
+    assert _sample(text, 'ledgerq_submission_attempts_total{response="busy_503"}') == 1
+    assert _sample(text, 'ledgerq_submission_attempts_total{response="busy_429"}') == 1
+    assert _sample(text, 'ledgerq_submission_attempts_total{response="accepted"}') == 2
+    assert _sample(text, 'ledgerq_stage_latency_seconds_count{stage="submit"}') == 4
+
+
+async def test_node_metrics_and_spec() -> None:
+    from ledgerq.node import Node
+    from ledgerq.node.rest import make_app
+    from ledgerq.web import extend_node_app
+
+    node = await Node.open(None)
+    runner = web.AppRunner(extend_node_app(make_app(node), node))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            body, ids = batch_list(3, "node-metrics")
+            async with http.post(f"{url}/batches", data=body, headers=OCTET) as r:
+                assert r.status == 202
+            async with http.get(
+                f"{url}/batch_statuses", params={"id": ",".join(ids), "wait": "10"}
+            ) as r:
+                assert {e["status"] for e in (await r.json())["data"]} == {"COMMITTED"}
+            async with http.get(f"{url}/metrics") as r:
+                text = await r.text()
+            async with http.get(f"{url}/openapi.json") as r:
+                spec = await r.json()
+    finally:
+        await runner.cleanup()
+        await node.close()
+    assert _sample(text, "ledgerq_node_transactions_committed_total") == 3
+    assert _sample(text, "ledgerq_node_transactions_submitted_total") == 3
+    assert _sample(text, "ledgerq_node_transactions_pending") == 0
+    assert _sample(text, "ledgerq_node_final_statuses_total") == 3
+    assert spec["info"]["title"] == "ledgerq node"
