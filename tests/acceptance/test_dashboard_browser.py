@@ -98,3 +98,22 @@ async def test_dashboard_renders_real_batches_and_saves_a_screenshot() -> None:
     else:
         assert cards["none"] == str(total)
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+async def test_dashboard_asks_for_the_token_and_uses_one_from_the_fragment() -> None:
+    _need_chromium()
+    token = "dash-token-0123456789ab"
+    flags = {"auth.token": token, "auth.protect_reads": True}
+    async with running_gateway(flags, pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            body, _ids = batch_list(2, "guarded-svc")
+            headers = {**OCTET, "Authorization": f"Bearer {token}"}
+            async with http.post(
+                f"{url}/batches", params={"service_id": "guarded-svc"}, data=body, headers=headers
+            ) as r:
+                assert r.status == 202
+        locked = await _chromium("--dump-dom", url + "/")
+        opened = await _chromium("--dump-dom", f"{url}/#token={token}")
+    assert '<div id="token-box">' in locked  # shown: no longer hidden
+    assert "guarded-svc" not in locked
+    assert 'data-loaded="true"' in opened and "guarded-svc" in opened
