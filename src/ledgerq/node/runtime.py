@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 _SLICE = 20_000  # messages per driver slice before yielding to the event loop
 _WAIT_CAP_S = 300.0
+#: A snapshot is also written this long after the last one if anything committed since,
+#: so a quiet node does not leave a long journal to replay.
+_SNAPSHOT_INTERVAL_MS = 60_000
 
 
 class Node:
@@ -92,6 +95,7 @@ class Node:
         self._closed = False
         self._driver: asyncio.Task[None] | None = None
         self._snapshot_lock = asyncio.Lock()
+        self._snapshot_at = clock()
 
     @classmethod
     async def open(
@@ -167,6 +171,13 @@ class Node:
                 continue
             if bid in self.ledger.statuses and resubmission is None:
                 continue
+            if resubmission is not None:
+                # Decided here, not only by the worker, so that a journaled request is
+                # one the worker orders: replay after a restart (whose worker has no
+                # history) then reaches the same outcome.
+                latest = self.machine.worker.ordered(bid)
+                if latest is not None and latest > resubmission:
+                    continue
             seen.add(bid)
             fresh.append(batch)
         if not fresh:
@@ -317,7 +328,8 @@ class Node:
         records = self.ledger.committed
         if records == self._snapshot_records:
             return
-        if not force and records - self._snapshot_records < self._snapshot_every:
+        due = self._clock() - self._snapshot_at >= _SNAPSHOT_INTERVAL_MS
+        if not force and not due and records - self._snapshot_records < self._snapshot_every:
             return
         await self._snapshot()
 
@@ -345,6 +357,7 @@ class Node:
         records = self.ledger.committed
         await asyncio.to_thread(write_snapshot, self.data_dir, blob)
         self._snapshot_records = records
+        self._snapshot_at = self._clock()
         if not journal.flushing:
             journal.open_segment()
             journal.drop_covered(records)

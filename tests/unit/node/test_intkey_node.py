@@ -330,3 +330,20 @@ class FullDisk:
 
     def close(self) -> None:
         return None
+
+
+async def test_a_quiet_node_still_snapshots_after_a_minute(tmp_path: Path) -> None:
+    now = [0]
+    node = await Node.open(tmp_path, clock=lambda: now[0])
+    try:
+        await run(node, make_intkey_batch(SIGNER, [("set", "q", 1)]))
+        assert not (tmp_path / "snapshot.bin").exists()
+        now[0] += 60_000
+        await run(node, make_intkey_batch(SIGNER, [("set", "q2", 1)]))
+        for _ in range(500):  # the driver writes it right after the commit it follows
+            if (tmp_path / "snapshot.bin").exists():
+                break
+            await asyncio.sleep(0.01)
+        assert (tmp_path / "snapshot.bin").exists()
+    finally:
+        await node.close()
