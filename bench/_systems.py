@@ -140,10 +140,14 @@ async def run_ledgerq(
 ) -> Run:
     run = Run("ledgerq", workload)
     db = create_database(setup.pg_admin, "bench_ledgerq")
-    env = {"LEDGERQ_SUBMITTER_SLOTS": str(max(1, setup.slots // setup.workers))}
+    slots = str(max(1, setup.slots // setup.workers))
     gateways = [
         gateway_proc(
-            setup.workdir / "ledgerq", db, f"sawtooth+{node_url}", name=f"gateway{i}", env=env
+            setup.workdir / "ledgerq",
+            db,
+            f"sawtooth+{node_url}",
+            name=f"gateway{i}",
+            env={"LEDGERQ_SUBMITTER_SLOTS": slots, "LEDGERQ_CLAIMS_INSTANCE_ID": f"bench-gw{i}"},
         )
         for i in range(setup.workers)
     ]
@@ -167,8 +171,9 @@ async def run_ledgerq(
             )
         if kill_after is not None:
             await _wait_fraction(watcher, workload, kill_after, setup.timeout_s)
+            victim = gateways[await _busiest_instance(urls[0], len(gateways))]
             run.killed_at = time.monotonic()
-            await gateways[0].kill()
+            await victim.kill()
         run.finished = await watcher.wait_for(
             list(workload.by_id), setup.timeout_s - (time.monotonic() - run.started)
         )
@@ -177,6 +182,26 @@ async def run_ledgerq(
             await g.stop()
         drop_database(setup.pg_admin, db)
     return run
+
+
+async def _busiest_instance(url: str, count: int) -> int:
+    """Index of the gateway instance holding the most services with work left."""
+    held = [0] * count
+    after = ""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        while True:
+            params = {"limit": "1000", **({"after": after} if after else {})}
+            async with session.get(f"{url}/services", params=params) as resp:
+                rows = (await resp.json())["data"] if resp.status == 200 else []
+            for r in rows:
+                claimant = str(r.get("claimant") or "")
+                busy = r.get("queue_depth") or r.get("in_flight_batch_id")
+                if busy and claimant.startswith("bench-gw"):
+                    held[int(claimant.removeprefix("bench-gw"))] += 1
+            if len(rows) < 1000:
+                break
+            after = rows[-1]["service_id"]
+    return held.index(max(held))
 
 
 async def _wait_fraction(

@@ -67,6 +67,7 @@ class Soak:
     bursts: list[tuple[float, float]] = field(default_factory=list)
     memory: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
     post_retries: int = 0
+    settle_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.tag = Signer.generate().public_key[-6:]
@@ -206,6 +207,8 @@ async def _run(
     burst_s: float,
     pg: str,
     workdir: Path,
+    settle_timeout_s: float = 120.0,
+    gateway_env: dict[str, str] | None = None,
 ) -> tuple[Soak, Outcome]:
     from tests.e2e.fault_proxy import Fault, FaultProxy
 
@@ -227,7 +230,10 @@ async def _run(
         node_url = await node.start()
         proxy = FaultProxy(node_url, policy)
         ledger = f"sawtooth+{await proxy.start()}"
-        gateways = [gateway_proc(workdir, db, ledger, name=f"gateway{i}") for i in range(2)]
+        gateways = [
+            gateway_proc(workdir, db, ledger, name=f"gateway{i}", env=gateway_env or {})
+            for i in range(2)
+        ]
         urls = [await g.start() for g in gateways]
         procs.update({f"gateway{i}": g for i, g in enumerate(gateways)})
         async with EventWatcher(node_url) as watcher:
@@ -253,7 +259,8 @@ async def _run(
             keys = await read_keys(
                 node_url, [(f"svc{s:05d}", soak.key(s)) for s in range(services)]
             )
-            locked = await _locked_services(urls[0])
+            locked, settle_s = await _settle(urls, settle_timeout_s)
+            soak.settle_s = settle_s
             outcome = _outcome(soak, watcher, t0, keys, locked)
             if not drained:
                 report.console.print("[red]not every accepted batch reached a final status")
@@ -265,6 +272,21 @@ async def _run(
         await node.stop()
         drop_database(pg, db)
     return soak, outcome
+
+
+async def _settle(urls: list[str], timeout_s: float) -> tuple[int, float]:
+    """Until no instance reports a locked service: (locked services left, seconds waited).
+
+    The node may have committed everything before the gateway has seen it (an
+    in-flight batch of a killed instance is recovered after the claim expires).
+    """
+    start = time.monotonic()
+    while True:
+        locked = max([await _locked_services(u) for u in urls])
+        waited = time.monotonic() - start
+        if locked == 0 or waited >= timeout_s:
+            return locked, waited
+        await asyncio.sleep(0.5)
 
 
 async def _locked_services(url: str) -> int:
@@ -407,7 +429,8 @@ def command(
         f"{outcome.invalid}, missing {outcome.missing}, out of order {outcome.out_of_order}, "
         f"executed twice {outcome.executed_twice}, wrong keys {outcome.wrong_keys}, "
         f"locked services {outcome.locked_services}; {len(soak.kills)} kills, "
-        f"{len(soak.bursts)} 503 bursts, {soak.post_retries} client re-POSTs",
+        f"{len(soak.bursts)} 503 bursts, {soak.post_retries} client re-POSTs; "
+        f"services settled {soak.settle_s:.1f} s after the last commit",
     ]
     report.console.print(*lines)
     for name, ok in checks:
