@@ -37,6 +37,7 @@ from ledgerq.model import (
     TrackingBatchList,
     TransactionReceipt,
 )
+from ledgerq.queuer import RoundStore
 
 #: Prefix that marks an ``id`` argument as a data change id.
 DATA_CHANGE_PREFIX = "dc:"
@@ -186,7 +187,9 @@ class SubmitterStore(Protocol):
     ) -> None: ...
 
 
-class BatchTrackingStore(BatchAcceptor, BatchReader, MonitorStore, SubmitterStore, Protocol):
+class BatchTrackingStore(
+    BatchAcceptor, BatchReader, MonitorStore, SubmitterStore, RoundStore, Protocol
+):
     """Every operation of the seed, plus the listings the API needs."""
 
     #: ``"sqlite"``, ``"postgresql"`` or ``"memory"``.

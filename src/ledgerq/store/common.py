@@ -165,6 +165,14 @@ def check_limit(limit: int) -> None:
         raise StoreInputError(f"limit must be between 1 and {MAX_LIST_LIMIT}; got {limit}")
 
 
+def check_round(delay_window_ms: int, limit: int | None) -> None:
+    """Arguments of ``queue_round``."""
+    if delay_window_ms < 0:
+        raise StoreInputError(f"delay_window_ms must be >= 0; got {delay_window_ms}")
+    if limit is not None and limit < 1:
+        raise StoreInputError(f"limit must be at least 1 (or None for no limit); got {limit}")
+
+
 def parse_id(id: str) -> tuple[str | None, str | None]:
     """Split an ``id`` argument into ``(batch_id, data_change_id)``; one is None."""
     if id.startswith(DATA_CHANGE_PREFIX):

@@ -8,7 +8,7 @@ atomic with respect to other tasks on the event loop. Not thread-safe.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Self
@@ -25,6 +25,7 @@ from ledgerq.model import (
     TrackingBatchList,
     TransactionReceipt,
 )
+from ledgerq.queuer import select_round
 from ledgerq.store import common
 from ledgerq.store.base import NO_STATUS, ServiceSummary, StatusFilter, StatusUpdate
 
@@ -336,6 +337,25 @@ class MemoryStore:
 
     def _ordered(self) -> list[_Record]:
         return sorted(self._s.records.values(), key=lambda r: r.batch.seq or 0)
+
+    async def queue_round(
+        self,
+        *,
+        now: int,
+        delay_window_ms: int,
+        services: Collection[str] | None = None,
+        limit: int | None = None,
+    ) -> list[TrackingBatch]:
+        common.check_round(delay_window_ms, limit)
+        wanted = None if services is None else frozenset(services)
+        open_ = [
+            self._view(r)
+            for r in self._ordered()
+            if not (r.status is not None and r.status.is_final)
+            and (wanted is None or r.batch.service_id in wanted)
+        ]
+        picks = select_round(open_, now=now, delay_window_ms=delay_window_ms)
+        return picks if limit is None else picks[:limit]
 
     async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None:
         rec = self._find(id, service_id)

@@ -188,6 +188,9 @@ class PostgresBackend:
     def seqs_param(self, seqs: Sequence[int]) -> list[int]:
         return list(seqs)
 
+    def texts_param(self, values: Sequence[str]) -> list[str]:
+        return list(values)
+
     async def migrate(self, *, apply: bool, url: str) -> MigrationResult:
         q = self.queries
         async with self._connection() as conn, conn.transaction():

@@ -264,6 +264,9 @@ class SqliteBackend:
     def seqs_param(self, seqs: Sequence[int]) -> str:
         return json.dumps(list(seqs))
 
+    def texts_param(self, values: Sequence[str]) -> str:
+        return json.dumps(list(values))
+
     async def migrate(self, *, apply: bool, url: str) -> MigrationResult:
         q = self.queries
 

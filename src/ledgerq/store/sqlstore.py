@@ -11,7 +11,7 @@ Each public method is one database transaction.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -72,6 +72,10 @@ class Backend(Protocol):
 
     def seqs_param(self, seqs: Sequence[int]) -> Any:
         """A list of seqs as the dialect's hydration queries take it."""
+        ...
+
+    def texts_param(self, values: Sequence[str]) -> Any:
+        """A list of strings (service ids) as the dialect's queries take it."""
         ...
 
     async def connect(self) -> None: ...
@@ -395,6 +399,30 @@ class SqlStore:
             await session.execute("clean_stale_receipts", params)
             await session.execute("clean_orphan_receipts", params)
             return await session.execute("clean_stale_batches", params)
+
+    # -- queuer ---------------------------------------------------------------
+
+    async def queue_round(
+        self,
+        *,
+        now: int,
+        delay_window_ms: int,
+        services: Collection[str] | None = None,
+        limit: int | None = None,
+    ) -> list[TrackingBatch]:
+        """The one-round serial queuer's round in one statement (plus hydration).
+
+        Equal to :func:`ledgerq.queuer.select_round` over every tracked batch.
+        """
+        common.check_round(delay_window_ms, limit)
+        params: dict[str, Any] = {"now": now, "delay_window_ms": delay_window_ms, "limit": limit}
+        if services is None:
+            return await self._list("queue_round", params)
+        wanted = sorted(set(services))
+        if not wanted:
+            return []
+        params["services"] = self._backend.texts_param(wanted)
+        return await self._list("queue_round_services", params)
 
     # -- reads ----------------------------------------------------------------
 

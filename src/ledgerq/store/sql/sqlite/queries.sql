@@ -276,3 +276,85 @@ LIMIT :limit;
 
 -- name: status_counts
 SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1;
+
+-- name: queue_round
+-- The one-round serial queuer's round over every service; the same round as
+-- ledgerq.queuer.select_round (docs/queuer.md). open_services: a skip scan of
+-- batches_open_idx (one index probe per service); each service's head is one
+-- more probe. busy: per service, its batches that are not {submitted = false,
+-- None} (batches_busy_idx); a service with one submitted or Pending is in
+-- flight, otherwise its first busy batch is the Unknown/Delayed one to
+-- resubmit. Other services queue their head.
+WITH RECURSIVE open_services(service_id) AS (
+    SELECT min(service_id) FROM batches WHERE NOT final
+    UNION ALL
+    SELECT (
+        SELECT min(o.service_id) FROM batches AS o
+        WHERE NOT o.final AND o.service_id > open_services.service_id
+    )
+    FROM open_services
+    WHERE open_services.service_id IS NOT NULL
+),
+busy AS (
+    SELECT service_id, min(seq) AS first_seq,
+           max(submitted OR status IS 'Pending') AS in_flight
+    FROM batches
+    WHERE NOT final AND (submitted OR status IS NOT NULL)
+    GROUP BY service_id
+),
+picks(seq) AS (
+    SELECT first_seq FROM busy WHERE NOT in_flight
+    UNION ALL
+    SELECT (
+        SELECT min(o.seq) FROM batches AS o
+        WHERE NOT o.final AND o.service_id = open_services.service_id
+    )
+    FROM open_services
+    WHERE open_services.service_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = open_services.service_id)
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
+   OR b.last_attempt_at <= :now - :delay_window_ms
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT coalesce(:limit, -1);
+
+-- name: queue_round_services
+-- queue_round restricted to the service ids in :services (a JSON array; an
+-- instance's claimed services): one index probe per listed service.
+WITH wanted(service_id) AS (
+    SELECT DISTINCT value FROM json_each(:services)
+),
+busy AS (
+    SELECT service_id, min(seq) AS first_seq,
+           max(submitted OR status IS 'Pending') AS in_flight
+    FROM batches
+    WHERE NOT final AND (submitted OR status IS NOT NULL)
+      AND service_id IN (SELECT service_id FROM wanted)
+    GROUP BY service_id
+),
+picks(seq) AS (
+    SELECT first_seq FROM busy WHERE NOT in_flight
+    UNION ALL
+    SELECT (
+        SELECT min(o.seq) FROM batches AS o
+        WHERE NOT o.final AND o.service_id = wanted.service_id
+    )
+    FROM wanted
+    WHERE NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = wanted.service_id)
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
+   OR b.last_attempt_at <= :now - :delay_window_ms
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT coalesce(:limit, -1);

@@ -38,6 +38,9 @@ CREATE TABLE batches (
 CREATE INDEX batches_open_idx ON batches (service_id, seq) WHERE NOT final;
 CREATE INDEX batches_service_seq_idx ON batches (service_id, seq);
 CREATE INDEX batches_status_seq_idx ON batches (status, seq);
+-- Non-final batches that lock their service or wait for resubmission.
+CREATE INDEX batches_busy_idx ON batches (service_id, seq)
+    WHERE NOT final AND (submitted OR status IS NOT NULL);
 
 CREATE TABLE transactions (
     service_id        VARCHAR(64) NOT NULL,
