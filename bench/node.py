@@ -16,6 +16,7 @@ loop over a dict, no engines), in-process through :class:`ledgerq.node.Node`
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -63,33 +64,52 @@ def serial(batches: Sequence[ParsedBatch]) -> float:
     return time.perf_counter() - start
 
 
-async def in_process(
-    batches: Sequence[ParsedBatch], data_dir: Path | None, chunk: int, shards: int
-) -> tuple[float, list[float]]:
-    node = await Node.open(data_dir, shards=shards, max_pending=len(batches) + 1)
-    started: dict[str, float] = {}
-    latencies: list[float] = []
-    done = asyncio.Event()
-    stream = node.subscribe()
+class Window:
+    """Final-status events collected, and a bound on batches in flight."""
 
-    async def collect() -> None:
-        async for event in stream:
-            latencies.append(time.perf_counter() - started[event.info.id])
-            if len(latencies) == len(batches):
-                done.set()
+    def __init__(self, node: Node, total: int, window: int) -> None:
+        self.started: dict[str, float] = {}
+        self.latencies: list[float] = []
+        self.total = total
+        self.window = window
+        self.done = asyncio.Event()
+        self.progress = asyncio.Event()
+        self._stream = node.subscribe()
+
+    async def collect(self) -> None:
+        async for event in self._stream:
+            self.latencies.append(time.perf_counter() - self.started[event.info.id])
+            self.progress.set()
+            if len(self.latencies) == self.total:
+                self.done.set()
                 return
 
-    collector = asyncio.create_task(collect())
+    async def admit(self, ids: Sequence[str]) -> None:
+        """Wait until ``ids`` fit in the window, then start their clocks."""
+        while len(self.started) - len(self.latencies) > 0 and (
+            len(self.started) - len(self.latencies) + len(ids) > self.window
+        ):
+            self.progress.clear()
+            await asyncio.wait_for(self.progress.wait(), 60)
+        now = time.perf_counter()
+        for bid in ids:
+            self.started[bid] = now
+
+
+async def in_process(
+    batches: Sequence[ParsedBatch], data_dir: Path | None, chunk: int, shards: int, window: int
+) -> tuple[float, list[float]]:
+    node = await Node.open(data_dir, shards=shards, max_pending=len(batches) + 1)
+    w = Window(node, len(batches), window)
+    collector = asyncio.create_task(w.collect())
     await asyncio.sleep(0)
     t0 = time.perf_counter()
     for i in range(0, len(batches), chunk):
         part = batches[i : i + chunk]
-        now = time.perf_counter()
-        for b in part:
-            started[b.header_signature] = now
+        await w.admit([b.header_signature for b in part])
         await node.submit(part)
-        await asyncio.sleep(0)
-    await asyncio.wait_for(done.wait(), 600)
+    await asyncio.wait_for(w.done.wait(), 600)
+    latencies = w.latencies
     elapsed = time.perf_counter() - t0
     collector.cancel()
     await node.close()
@@ -97,7 +117,7 @@ async def in_process(
 
 
 async def over_rest(
-    batches: Sequence[ParsedBatch], chunk: int, concurrency: int, shards: int
+    batches: Sequence[ParsedBatch], chunk: int, concurrency: int, shards: int, window: int
 ) -> tuple[float, list[float]]:
     node = await Node.open(None, shards=shards, max_pending=len(batches) + 1)
     runner = web.AppRunner(make_app(node))
@@ -110,19 +130,8 @@ async def over_rest(
     ids = [
         [b.header_signature for b in batches[i : i + chunk]] for i in range(0, len(batches), chunk)
     ]
-    started: dict[str, float] = {}
-    latencies: list[float] = []
-    done = asyncio.Event()
-    stream = node.subscribe()
-
-    async def collect() -> None:
-        async for event in stream:
-            latencies.append(time.perf_counter() - started[event.info.id])
-            if len(latencies) == len(batches):
-                done.set()
-                return
-
-    collector = asyncio.create_task(collect())
+    w = Window(node, len(batches), window)
+    collector = asyncio.create_task(w.collect())
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(bodies)):
         queue.put_nowait(i)
@@ -130,9 +139,7 @@ async def over_rest(
     async def poster(session: aiohttp.ClientSession) -> None:
         while not queue.empty():
             i = queue.get_nowait()
-            now = time.perf_counter()
-            for bid in ids[i]:
-                started[bid] = now
+            await w.admit(ids[i])
             headers = {"Content-Type": "application/octet-stream"}
             async with session.post(url, data=bodies[i], headers=headers) as resp:
                 if resp.status != 202:
@@ -141,12 +148,12 @@ async def over_rest(
     t0 = time.perf_counter()
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(poster(session) for _ in range(concurrency)))
-        await asyncio.wait_for(done.wait(), 600)
+        await asyncio.wait_for(w.done.wait(), 600)
     elapsed = time.perf_counter() - t0
     collector.cancel()
     await runner.cleanup()
     await node.close()
-    return elapsed, latencies
+    return elapsed, w.latencies
 
 
 def _row(label: str, txs: int, elapsed: float, latencies: list[float] | None) -> list[object]:
@@ -163,37 +170,51 @@ def _row(label: str, txs: int, elapsed: float, latencies: list[float] | None) ->
 @click.option("--per-batch", default=1, show_default=True, help="Intkey transactions per batch.")
 @click.option("--chunk", default=500, show_default=True, help="Batches per submit / per POST.")
 @click.option("--concurrency", default=4, show_default=True, help="Concurrent POSTs (REST).")
+@click.option(
+    "--window", default=5_000, show_default=True, help="Most batches in flight (not final)."
+)
 @click.option("--shards", default=4, show_default=True)
 @click.option("--rest/--no-rest", default=True, show_default=True)
 @click.option(
     "--write/--no-write", default=True, show_default=True, help="Update docs/BENCHMARKS.md."
 )
 def command(
-    count: int, per_batch: int, chunk: int, concurrency: int, shards: int, rest: bool, write: bool
+    count: int,
+    per_batch: int,
+    chunk: int,
+    concurrency: int,
+    window: int,
+    shards: int,
+    rest: bool,
+    write: bool,
 ) -> None:
     """Intkey tx/s: serial baseline, in-process node, REST; low and 100 % contention."""
     rows = []
+    load_before = os.getloadavg()[0]
     for kind in ("low", "hot"):
         batches = build(kind, count, per_batch)
         txs = count * per_batch
         rows.append(_row(f"{kind}: serial baseline (handler loop)", txs, serial(batches), None))
         console.print(rows[-1])
-        elapsed, lat = asyncio.run(in_process(batches, None, chunk, shards))
+        elapsed, lat = asyncio.run(in_process(batches, None, chunk, shards, window))
         rows.append(_row(f"{kind}: in-process node, memory", txs, elapsed, lat))
         console.print(rows[-1])
         with tempfile.TemporaryDirectory() as tmp:
-            elapsed, lat = asyncio.run(in_process(batches, Path(tmp), chunk, shards))
+            elapsed, lat = asyncio.run(in_process(batches, Path(tmp), chunk, shards, window))
         rows.append(_row(f"{kind}: in-process node, journal (fsync)", txs, elapsed, lat))
         console.print(rows[-1])
         if rest:
-            elapsed, lat = asyncio.run(over_rest(batches, chunk, concurrency, shards))
+            elapsed, lat = asyncio.run(over_rest(batches, chunk, concurrency, shards, window))
             rows.append(_row(f"{kind}: REST, memory", txs, elapsed, lat))
             console.print(rows[-1])
     markdown = (
         f"{count:,} batches of {per_batch} intkey transaction(s) per workload, {shards} shards, "
-        f"{chunk} batches per submit/POST, {concurrency} concurrent POSTs. `low`: every "
+        f"{chunk} batches per submit/POST, {concurrency} concurrent POSTs, at most {window:,} "
+        "batches in flight. `low`: every "
         "transaction sets its own name; `hot`: every transaction increments one name. "
-        "Latency: submit (or POST) to final-status event.\n\n"
+        "Latency: submit (or POST) to final-status event. Load average (1 min) of the "
+        f"machine before/after the run: {load_before:.1f}/{os.getloadavg()[0]:.1f} "
+        "(other work on the same cores lowers every figure, the baseline included).\n\n"
         + table(["workload", "tx/s", "p50 ms", "p95 ms", "p99 ms"], rows)
     )
     console.print(markdown)

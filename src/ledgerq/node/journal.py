@@ -32,7 +32,7 @@ from ledgerq.node.messages import TxFingerprint
 _FRAME = struct.Struct(">IIB")
 _RESUB = struct.Struct(">QQ")
 _HAS_RESUB = 1
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 
 
 @dataclass(frozen=True, slots=True)

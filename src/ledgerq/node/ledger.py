@@ -69,6 +69,18 @@ class StatusEvent:
     info: BatchStatusInfo
 
 
+#: A final status as stored: ``COMMITTED``, or the invalid transactions of an
+#: INVALID batch. Plain strings and tuples, not one object per batch, because
+#: millions of long-lived objects would make every garbage collection slower.
+FinalStatus = str | tuple[InvalidTx, ...]
+
+
+def final_info(batch_id: str, stored: FinalStatus) -> BatchStatusInfo:
+    if isinstance(stored, str):
+        return BatchStatusInfo(batch_id, stored)
+    return BatchStatusInfo(batch_id, INVALID, stored)
+
+
 @dataclass(slots=True)
 class _Slot:
     seq: int  # submission number (journal record)
@@ -87,14 +99,15 @@ class Ledger:
         clock: Clock,
         commit_delay_ms: int = 0,
         state: dict[KVSKey, KVSDatum] | None = None,
-        statuses: dict[str, BatchStatusInfo] | None = None,
+        statuses: dict[str, FinalStatus] | None = None,
         submissions: int = 0,
         event_seq: int = 0,
     ) -> None:
         self._clock = clock
         self.commit_delay_ms = commit_delay_ms
         self.state: dict[KVSKey, KVSDatum] = state if state is not None else {}
-        self.statuses: dict[str, BatchStatusInfo] = statuses if statuses is not None else {}
+        #: Final statuses by batch id, compact (see :data:`FinalStatus`); use :meth:`final`.
+        self.statuses: dict[str, FinalStatus] = statuses if statuses is not None else {}
         self.submissions = submissions  # acknowledged submissions so far
         self.committed = submissions  # submissions whose outcome is committed
         self.event_seq = event_seq
@@ -151,9 +164,10 @@ class Ledger:
                 for key, value in summary.values_written:
                     state[key] = value
                 info = BatchStatusInfo(slot.tx_id, COMMITTED)
+                statuses[slot.tx_id] = COMMITTED
             else:
                 info = BatchStatusInfo(slot.tx_id, INVALID, summary.invalid)
-            statuses[slot.tx_id] = info
+                statuses[slot.tx_id] = summary.invalid
             self.event_seq += 1
             events.append(StatusEvent(self.event_seq, info))
         return events

@@ -27,7 +27,16 @@ from ledgerq.node.journal import (
     read_snapshot,
     write_snapshot,
 )
-from ledgerq.node.ledger import COMMITTED, PENDING, UNKNOWN, BatchStatusInfo, Ledger, StatusEvent
+from ledgerq.node.ledger import (
+    COMMITTED,
+    PENDING,
+    UNKNOWN,
+    BatchStatusInfo,
+    FinalStatus,
+    Ledger,
+    StatusEvent,
+    final_info,
+)
 from ledgerq.node.machine import OrderingMachine
 from ledgerq.node.messages import WORKER, ExecutionSummary, KVSDatum, RequestLogs, TxFingerprint
 from ledgerq.node.sawtooth import batch_candidate
@@ -88,7 +97,8 @@ class Node:
         self._held: dict[str, tuple[ParsedBatch, TxFingerprint | None, set[str]]] = {}
         self._waiting_on: defaultdict[str, list[str]] = defaultdict(list)
         self._waiters: defaultdict[str, list[asyncio.Future[None]]] = defaultdict(list)
-        self._events: deque[StatusEvent] = deque(maxlen=event_buffer)
+        # (seq, batch id, stored status): plain tuples, see ledger.FinalStatus.
+        self._events: deque[tuple[int, str, FinalStatus]] = deque(maxlen=event_buffer)
         self._event_signal = asyncio.Event()
         self._wake = asyncio.Event()
         self._next_commit_at: int | None = None
@@ -315,7 +325,9 @@ class Node:
                 if not fut.done():
                     fut.set_result(None)
         if events:
-            self._events.extend(events)
+            self._events.extend(
+                (e.seq, e.info.id, e.info.invalid_transactions or e.info.status) for e in events
+            )
             signal, self._event_signal = self._event_signal, asyncio.Event()
             signal.set()
         if self._held and newly_committed:
@@ -365,9 +377,9 @@ class Node:
     # --- reading ------------------------------------------------------------------
 
     def status(self, batch_id: str) -> BatchStatusInfo:
-        info = self.ledger.statuses.get(batch_id)
-        if info is not None and batch_id not in self._pending_ids:
-            return info
+        stored = self.ledger.statuses.get(batch_id)
+        if stored is not None and batch_id not in self._pending_ids:
+            return final_info(batch_id, stored)
         if batch_id in self._pending_ids:
             return BatchStatusInfo(batch_id, PENDING)
         return BatchStatusInfo(batch_id, UNKNOWN)
@@ -433,11 +445,11 @@ class Node:
         last = self.ledger.event_seq if after is None else after
         while True:
             events = self._events
-            if events and events[-1].seq > last:
-                start = max(0, last + 1 - events[0].seq)
-                for event in list(islice(events, start, None)):
-                    last = event.seq
-                    yield event
+            if events and events[-1][0] > last:
+                start = max(0, last + 1 - events[0][0])
+                for seq, bid, stored in list(islice(events, start, None)):
+                    last = seq
+                    yield StatusEvent(seq, final_info(bid, stored))
                 continue
             if self._closed:
                 return

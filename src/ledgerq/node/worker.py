@@ -81,7 +81,8 @@ class Worker:
         self.batch_number = first_batch
         self._batch_start = clock()
         self._tx_number = 0
-        self._ordered: dict[str, TxFingerprint] = {}
+        # Plain tuples, not TxFingerprint: the garbage collector untracks those.
+        self._ordered: dict[str, tuple[int, int]] = {}
         self._awaiting_executor: deque[tuple[TxFingerprint, TransactionRequest]] = deque()
         self._order: deque[TxFingerprint] = deque()  # assigned, not yet passed by seen_all
         self._outstanding: dict[TxFingerprint, int] = {}  # locks not yet acknowledged
@@ -109,7 +110,8 @@ class Worker:
         return self._sent_seen_all
 
     def ordered(self, tx_id: str) -> TxFingerprint | None:
-        return self._ordered.get(tx_id)
+        fp = self._ordered.get(tx_id)
+        return None if fp is None else TxFingerprint(*fp)
 
     # --- handlers ----------------------------------------------------------
 
@@ -123,7 +125,7 @@ class Worker:
             )
             return
         fp = TxFingerprint(self.batch_number, self._tx_number)
-        self._ordered[tx.id] = fp
+        self._ordered[tx.id] = (fp.batch, fp.tx)
         self._send(msg.issuer, TransactionAck(tx.id, fp.batch, self._batch_start, fp))
         self._tx_number += 1
         if self._tx_number >= self._batch_size:
