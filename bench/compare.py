@@ -15,6 +15,7 @@ Definitions of every figure: ``bench/_metrics.py``.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -251,6 +252,7 @@ def command(
         raise click.BadParameter(f"unknown systems {sorted(unknown)}", param_hint="--systems")
     failure = None if failure_size == "none" else _parse_sizes(failure_size)[0]
     workdir = Path(tempfile.mkdtemp(prefix="ledgerq-compare-"))
+    load_before = os.getloadavg()[0]
     setup = Setup(workdir, pg, slots, 1, timeout)
     try:
         results, failures = asyncio.run(_main(setup, _parse_sizes(sizes), chosen, failure))
@@ -273,7 +275,8 @@ def command(
         f"{slots} concurrent submissions per system (ledgerq `submitter.slots`, procrastinate "
         "worker `concurrency`); a fresh `ledgerq node` process and database per run; "
         "definitions in `bench/_metrics.py`. Cycle overhead = system's median cycle minus the "
-        "bare client's at the same S.",
+        "bare client's at the same S. Machine load average (1 min) before/after: "
+        f"{load_before:.1f}/{os.getloadavg()[0]:.1f}.",
         "",
         md_main,
     ]

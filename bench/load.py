@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -244,6 +245,7 @@ def command(rows: str, seconds: int, threads: int, connections: int, pg: str, wr
     """Requests/s and latency of POST /batches and GET /batch_statuses as the store grows."""
     stages = sorted(int(x) for x in rows.split(",") if x.strip())
     workdir = Path(tempfile.mkdtemp(prefix="ledgerq-load-"))
+    load_before = os.getloadavg()[0]
     started = time.monotonic()
     try:
         results, sizes = asyncio.run(_main(stages, seconds, threads, connections, pg, workdir))
@@ -289,7 +291,8 @@ def command(rows: str, seconds: int, threads: int, connections: int, pg: str, wr
                 f"{connections} connections, {seconds} s per endpoint) from its own process on "
                 "loopback; all on the same 2 cores. POSTs are distinct one-batch BatchLists "
                 "over 1,000 services, which the gateway submits to the node while loaded. "
-                f"Total {time.monotonic() - started:.0f} s.",
+                f"Total {time.monotonic() - started:.0f} s; machine load average (1 min) "
+                f"before/after: {load_before:.1f}/{os.getloadavg()[0]:.1f}.",
                 "",
                 report.table(headers, rows_out),
                 "",

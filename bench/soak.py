@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import shutil
 import statistics
 import tempfile
@@ -407,6 +408,7 @@ def command(
 ) -> None:
     """Steady load with instance kills and ledger 503 bursts; memory and invariants."""
     workdir = Path(tempfile.mkdtemp(prefix="ledgerq-soak-"))
+    load_before = os.getloadavg()[0]
     try:
         soak, outcome = asyncio.run(
             _run(minutes, services, rate, kill_every, burst_every, burst_seconds, pg, workdir)
@@ -462,7 +464,8 @@ def command(
                 f"{minutes:g} min, {services} services, {rate:g} batches/s posted, two `ledgerq "
                 f"serve` instances on PostgreSQL, one SIGKILLed every {kill_every:g} s "
                 f"(restarted 3 s later), ledger 503 for {burst_seconds:g} s every "
-                f"{burst_every:g} s (fault proxy between gateways and node).",
+                f"{burst_every:g} s (fault proxy between gateways and node). Machine load "
+                f"average (1 min) before/after: {load_before:.1f}/{os.getloadavg()[0]:.1f}.",
                 "",
                 lines[0],
                 "",
