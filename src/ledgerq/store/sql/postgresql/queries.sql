@@ -195,6 +195,9 @@ JOIN transaction_receipts r
 WHERE b.seq = ANY(%(seqs)s::bigint[]) AND NOT r.result_valid
 ORDER BY b.seq, t.position;
 
+-- Store writes keep updated_at strictly increasing (GREATEST(now, old + 1)), so
+-- the updated_at triggers only fill in for statements that do not set it.
+
 -- Status, its mirror in batches and, with check, the monitor's bookkeeping:
 -- one statement (data-modifying CTEs on different tables).
 -- name: write_status
@@ -202,10 +205,12 @@ WITH status_row AS (
     INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
     VALUES (%(service_id)s, %(batch_id)s, %(status)s, %(now)s, %(now)s)
     ON CONFLICT (service_id, batch_id) DO UPDATE
-    SET dlt_status = excluded.dlt_status, updated_at = excluded.updated_at
+    SET dlt_status = excluded.dlt_status,
+        updated_at = GREATEST(excluded.updated_at, batch_statuses.updated_at + 1)
 ), checked AS (
     UPDATE submissions
-    SET last_checked = %(now)s, times_checked = times_checked + 1, updated_at = %(now)s
+    SET last_checked = %(now)s, times_checked = times_checked + 1,
+        updated_at = GREATEST(%(now)s, updated_at + 1)
     WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s AND %(check)s::bool
 )
 UPDATE batches
@@ -228,7 +233,7 @@ WITH submission AS (
     ON CONFLICT (service_id, batch_id) DO UPDATE
     SET error_type = excluded.error_type,
         error_message = excluded.error_message,
-        updated_at = excluded.updated_at
+        updated_at = GREATEST(excluded.updated_at, submissions.updated_at + 1)
 )
 UPDATE batches
 SET submitted = TRUE, attempts = attempts + 1, last_attempt_at = %(now)s
@@ -243,7 +248,7 @@ VALUES (%(service_id)s, %(batch_id)s, %(now)s, 1, %(error_type)s, %(error_messag
 ON CONFLICT (service_id, batch_id) DO UPDATE
 SET error_type = excluded.error_type,
     error_message = excluded.error_message,
-    updated_at = excluded.updated_at;
+    updated_at = GREATEST(excluded.updated_at, submissions.updated_at + 1);
 
 -- name: upsert_receipt
 INSERT INTO transaction_receipts
@@ -259,7 +264,7 @@ SET result_valid = excluded.result_valid,
     serialized_receipt = excluded.serialized_receipt,
     external_status = excluded.external_status,
     external_error_message = excluded.external_error_message,
-    updated_at = excluded.updated_at;
+    updated_at = GREATEST(excluded.updated_at, transaction_receipts.updated_at + 1);
 
 -- name: clean_stale_receipts
 DELETE FROM transaction_receipts r
