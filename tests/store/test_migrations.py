@@ -69,6 +69,10 @@ _PG_CATALOG = {
         WHERE connamespace = 'public'::regnamespace
           AND conrelid::regclass::text <> 'schema_version'
         ORDER BY 1, 2""",
+    "statistics": """
+        SELECT s.stxrelid::regclass::text, s.stxname, s.stxkind::text,
+               pg_get_statisticsobjdef_columns(s.oid)
+        FROM pg_statistic_ext s WHERE s.stxnamespace = 'public'::regnamespace ORDER BY 2""",
     "triggers": """
         SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid)
         FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1, 2""",
