@@ -258,21 +258,30 @@ WHERE final
         AND s.updated_at < :cutoff
   );
 
+-- Page the services from batches_service_seq_idx first, then count and pick
+-- from the partial batches_open_idx per service: final batches are read once
+-- (for the total), not joined.
 -- name: list_services
-SELECT b.service_id,
-       sum(CASE WHEN b.final THEN 0 ELSE 1 END) AS queue_depth,
+WITH page AS (
+    SELECT service_id, count(*) AS total
+    FROM batches
+    WHERE :after IS NULL OR service_id > :after
+    GROUP BY service_id
+    ORDER BY service_id
+    LIMIT :limit
+)
+SELECT p.service_id,
+       (SELECT count(*) FROM batches o
+        WHERE o.service_id = p.service_id AND NOT o.final) AS queue_depth,
        (SELECT h.batch_id FROM batches h
-        WHERE h.service_id = b.service_id AND NOT h.final
+        WHERE h.service_id = p.service_id AND NOT h.final
         ORDER BY h.seq LIMIT 1) AS head_batch_id,
        (SELECT f.batch_id FROM batches f
-        WHERE f.service_id = b.service_id AND NOT f.final AND f.submitted
+        WHERE f.service_id = p.service_id AND NOT f.final AND f.submitted
         ORDER BY f.seq LIMIT 1) AS in_flight_batch_id,
-       count(*) AS total
-FROM batches b
-WHERE :after IS NULL OR b.service_id > :after
-GROUP BY b.service_id
-ORDER BY b.service_id
-LIMIT :limit;
+       p.total
+FROM page p
+ORDER BY p.service_id;
 
 -- name: status_counts
 SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1;
