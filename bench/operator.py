@@ -11,6 +11,7 @@ Also the per-call overhead of the metrics proxy around the ledger client.
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -95,6 +96,7 @@ async def _proxy_overhead(calls: int) -> tuple[float, float]:
 
 
 async def _run(services: int, per_service: int, requests: int) -> str:
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ledgerq-bench-operator-") as folder:
         db = f"sqlite:///{folder}/b.sqlite3"
         await _fill(db, services, per_service)
@@ -125,7 +127,9 @@ async def _run(services: int, per_service: int, requests: int) -> str:
         + f"\n\n`/metrics` exposes {series} samples for {services:,} services (per-service "
         f"depth bounded to the top {settings['metrics.top_services']} plus `other`). "
         f"Metrics proxy around the ledger client: {raw_us:.2f} µs per `submit` unwrapped, "
-        f"{wrapped_us:.2f} µs wrapped (a counter, a histogram, a timestamp)."
+        f"{wrapped_us:.2f} µs wrapped (a counter, a histogram, a timestamp). "
+        f"Load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after: "
+        "other work shared the machine."
     )
 
 

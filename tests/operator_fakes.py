@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
 from aiohttp import web
 
 from ledgerq.codec import Signer, encode_batch_list
@@ -19,7 +18,6 @@ from ledgerq.dlt.base import Accepted, SubmitResult
 from ledgerq.gateway.service import Gateway
 from ledgerq.model import Committed
 from ledgerq.store import open_store
-from ledgerq.store.sqlstore import SqlStore
 from ledgerq.web import gateway_app
 from tests.pipeline_fakes import ScriptedLedger
 
@@ -90,10 +88,3 @@ async def running_gateway(
         await asyncio.wait_for(task, 10)
         await store.close()
         folder.cleanup()
-
-
-#: The queue source's store query; the pipeline cannot run on a store without it.
-HAS_QUEUE_ROUND = hasattr(SqlStore, "queue_round")
-needs_pipeline = pytest.mark.skipif(
-    not HAS_QUEUE_ROUND, reason="the store has no queue_round yet (queuer work not merged)"
-)

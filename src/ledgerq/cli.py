@@ -41,10 +41,6 @@ from ledgerq.commands.config import config  # noqa: E402
 
 cli.add_command(config)
 
-from ledgerq.commands.retention import clean  # noqa: E402
-
-cli.add_command(clean)
-
 
 def main() -> None:
     cli()

@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.operator_fakes import HAS_QUEUE_ROUND, batch_list, running_gateway
+from tests.operator_fakes import batch_list, running_gateway
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -63,7 +63,7 @@ async def _chromium(*args: str) -> str:
 
 async def test_dashboard_renders_real_batches_and_saves_a_screenshot() -> None:
     _need_chromium()
-    async with running_gateway(pipeline=HAS_QUEUE_ROUND) as (url, _gw):
+    async with running_gateway() as (url, _gw):
         async with aiohttp.ClientSession() as http:
             posted: dict[str, list[str]] = {}
             for service, n in (("orders-eu", 6), ("orders-us", 4), ("billing", 3)):
@@ -73,14 +73,13 @@ async def test_dashboard_renders_real_batches_and_saves_a_screenshot() -> None:
                 ) as r:
                     assert r.status == 202
                 posted[service] = ids
-            if HAS_QUEUE_ROUND:
-                for service, ids in posted.items():
-                    async with http.get(
-                        f"{url}/batch_statuses",
-                        params={"id": ",".join(ids), "service_id": service, "wait": "20"},
-                    ) as r:
-                        statuses = {e["status"] for e in (await r.json())["data"]}
-                    assert statuses == {"COMMITTED"}
+            for service, ids in posted.items():
+                async with http.get(
+                    f"{url}/batch_statuses",
+                    params={"id": ",".join(ids), "service_id": service, "wait": "20"},
+                ) as r:
+                    statuses = {e["status"] for e in (await r.json())["data"]}
+                assert statuses == {"COMMITTED"}
         dom = await _chromium("--dump-dom", url + "/")
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / "dashboard.png"
@@ -93,8 +92,25 @@ async def test_dashboard_renders_real_batches_and_saves_a_screenshot() -> None:
     assert posted["billing"][-1][:16] in dom
     total = sum(len(ids) for ids in posted.values())
     cards = dict(re.findall(r'data-status="(\w+)">(\d+)<', dom))
-    if HAS_QUEUE_ROUND:
-        assert cards["Committed"] == str(total)
-    else:
-        assert cards["none"] == str(total)
+    assert cards["Committed"] == str(total)
+    assert "Committed</span>" in dom  # the recent batches' status badges
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+async def test_dashboard_asks_for_the_token_and_uses_one_from_the_fragment() -> None:
+    _need_chromium()
+    token = "dash-token-0123456789ab"
+    flags = {"auth.token": token, "auth.protect_reads": True}
+    async with running_gateway(flags, pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            body, _ids = batch_list(2, "guarded-svc")
+            headers = {**OCTET, "Authorization": f"Bearer {token}"}
+            async with http.post(
+                f"{url}/batches", params={"service_id": "guarded-svc"}, data=body, headers=headers
+            ) as r:
+                assert r.status == 202
+        locked = await _chromium("--dump-dom", url + "/")
+        opened = await _chromium("--dump-dom", f"{url}/#token={token}")
+    assert '<div id="token-box">' in locked  # shown: no longer hidden
+    assert "guarded-svc" not in locked
+    assert 'data-loaded="true"' in opened and "guarded-svc" in opened

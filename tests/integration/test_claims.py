@@ -382,3 +382,24 @@ async def test_run_cycles_until_stopped_and_wake_runs_a_cycle_early(db: str) -> 
         assert await asyncio.wait_for(changes.get(), 30) == {"s2"}
         a.stop()
         await asyncio.wait_for(task, 30)
+
+
+async def test_the_next_cycle_comes_when_a_foreign_claim_can_expire(db: str) -> None:
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    async with a, b:
+        await a.register_services(["idle", "busy"])
+        await a.cycle()
+        put_batch(db, "busy", "b1", submitted=True)
+        await b.cycle()
+        assert b.next_expiry == T0 + 5_000
+        assert b.pause_ms() == 1_000  # a's claims expire later than one interval
+        clock.advance(4_600)  # a stopped renewing
+        await b.cycle()
+        assert b.pause_ms() == 401
+        clock.advance(401)
+        assert (await b.cycle()).voided == ("idle",)
+        # The claim mid-submission can only go at its second expiry.
+        assert b.next_expiry == T0 + 30_000
+        assert b.pause_ms() == 1_000

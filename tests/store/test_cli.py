@@ -42,3 +42,37 @@ def test_bad_url_is_a_clean_error() -> None:
     result = CliRunner().invoke(cli, ["migrate", "--db", "mysql://x"])
     assert result.exit_code != 0
     assert "unsupported store URL" in result.output
+
+
+def test_clean_deletes_old_final_batches_only(tmp_path: Path) -> None:
+    import asyncio
+
+    from ledgerq.clock import now_ms
+    from ledgerq.model import Committed, Pending
+    from ledgerq.store import open_store
+
+    from .conftest import make_batch
+
+    url = f"sqlite:///{tmp_path / 'c.sqlite3'}"
+    day = 86_400_000
+
+    async def fill() -> None:
+        async with await open_store(url) as store:
+            old, waiting, recent = await store.add_batches([make_batch() for _ in range(3)])
+            await store.update_batch_status(
+                old.batch_header, old.service_id, Committed(), now=now_ms() - 3 * day
+            )
+            await store.update_batch_status(
+                waiting.batch_header, waiting.service_id, Pending(), now=now_ms() - 3 * day
+            )
+            await store.update_batch_status(recent.batch_header, recent.service_id, Committed())
+
+    asyncio.run(fill())
+    runner = CliRunner()
+    result = runner.invoke(cli, ["store", "clean", "--db", url, "--older-than", "2d"])
+    assert result.exit_code == 0, result.output
+    assert "deleted 1 final batch" in result.output
+    again = runner.invoke(cli, ["store", "clean", "--db", url, "--older-than", "2d"])
+    assert "deleted 0 final batch" in again.output
+    bad = runner.invoke(cli, ["store", "clean", "--db", url, "--older-than", "soon"])
+    assert bad.exit_code != 0 and "not a duration" in bad.output

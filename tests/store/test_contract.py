@@ -520,3 +520,13 @@ async def test_update_batch_statuses_is_all_or_nothing(
     got_b = await store.get_batch(b.batch_header, SVC)
     assert got_b is not None and got_b.status_name is BatchStatusName.COMMITTED
     assert [x.batch_header for x in await store.get_failed_batches()] == []
+
+
+async def test_status_written_twice_in_one_millisecond_keeps_the_injected_clock(
+    store: BatchTrackingStore, clock: ManualClock
+) -> None:
+    [b] = await store.add_batches([make_batch(SVC)])
+    await store.update_batch_status(b.batch_header, SVC, Pending(), now=clock.value)
+    await store.update_batch_status(b.batch_header, SVC, Committed(), now=clock.value)
+    # Recorded at (about) clock.value, not at the database's wall clock.
+    assert await store.clean_stale_records(clock.value + 1_000) == 1

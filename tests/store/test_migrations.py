@@ -69,6 +69,10 @@ _PG_CATALOG = {
         WHERE connamespace = 'public'::regnamespace
           AND conrelid::regclass::text <> 'schema_version'
         ORDER BY 1, 2""",
+    "statistics": """
+        SELECT s.stxrelid::regclass::text, s.stxname, s.stxkind::text,
+               pg_get_statisticsobjdef_columns(s.oid)
+        FROM pg_statistic_ext s WHERE s.stxnamespace = 'public'::regnamespace ORDER BY 2""",
     "triggers": """
         SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid)
         FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1, 2""",
@@ -227,3 +231,34 @@ async def test_foreign_batches_table_is_refused(
     _sql(backend, url, "CREATE TABLE batches (id INTEGER)")
     with pytest.raises(SchemaVersionError, match="not created by ledgerq"):
         await open_store(url)
+
+
+def _scalar(backend: str, url: str, query: str) -> int:
+    if backend == "sqlite":
+        with sqlite3.connect(path_from_url(url)) as conn:
+            return int(conn.execute(query).fetchone()[0])
+    with psycopg.connect(url) as conn:
+        row = conn.execute(query).fetchone()  # type: ignore[arg-type]
+        assert row is not None
+        return int(row[0])
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+async def test_triggers_stamp_hand_written_updates_with_the_database_clock(
+    backend: str, store_url_factory: Callable[[str], str]
+) -> None:
+    from ledgerq.clock import ManualClock, now_ms
+    from ledgerq.model import Pending
+
+    from .conftest import make_batch
+
+    url = store_url_factory(backend)
+    clock = ManualClock(1_000_000)  # far in the past
+    async with await open_store(url, clock=clock) as store:
+        [b] = await store.add_batches([make_batch()])
+        await store.update_batch_status(b.batch_header, b.service_id, Pending())
+    stamped = "SELECT updated_at FROM batch_statuses"
+    assert _scalar(backend, url, stamped) == clock.value  # the store's own write
+    before = now_ms()
+    _sql(backend, url, "UPDATE batch_statuses SET dlt_status = 'Unknown'")
+    assert _scalar(backend, url, stamped) >= before - 1_000

@@ -11,7 +11,7 @@ from aiohttp import web
 from ledgerq.dlt.base import Accepted, Ambiguous, Busy, Rejected, Unreachable
 from ledgerq.logs import add_secret, configure_logging
 from ledgerq.web.metrics import GatewayMetrics, response_label
-from tests.operator_fakes import batch_list, needs_pipeline, running_gateway
+from tests.operator_fakes import batch_list, running_gateway
 
 OCTET = {"Content-Type": "application/octet-stream"}
 TOKEN = "s3cret-token-0123456789"
@@ -32,7 +32,6 @@ def _sample(text: str, name: str) -> float:
     raise AssertionError(f"{name} not in metrics:\n{text}")
 
 
-@needs_pipeline
 async def test_metrics_count_batches_attempts_latency_and_bound_service_labels() -> None:
     async with running_gateway({"metrics.top_services": 2}) as (url, _gw):
         async with aiohttp.ClientSession() as http:
@@ -187,7 +186,6 @@ async def test_body_limit_is_enforced() -> None:
                 assert r.status == 413
 
 
-@needs_pipeline
 async def test_dashboard_page_assets_and_data() -> None:
     async with running_gateway() as (url, _gw), aiohttp.ClientSession() as http:
         body, ids = batch_list(3, "dash")
@@ -225,7 +223,6 @@ def test_secrets_are_redacted_from_log_lines(capsys: pytest.CaptureFixture[str])
     logging.getLogger().handlers[:] = []
 
 
-@needs_pipeline
 async def test_instrumented_ledger_keeps_the_pipeline_working_under_busy_answers() -> None:
     from tests.operator_fakes import CommittingLedger
 

@@ -133,6 +133,8 @@ class ClaimManager:
         self._conn: Conn | None = None
         self._held: dict[str, HeldClaim] = {}
         self._wake = asyncio.Event()
+        #: When the next foreign claim may expire (ms); run() wakes up for it.
+        self.next_expiry: int | None = None
         # One connection, used by one transaction (or read) at a time.
         self._lock = asyncio.Lock()
         self._stopping = False
@@ -169,20 +171,36 @@ class ClaimManager:
         """Run the next cycle now (e.g. when a new service appeared)."""
         self._wake.set()
 
+    def set_address(self, address: str | None) -> None:
+        """Where this instance's API listens; written with the next heartbeat."""
+        self._address = address
+
     def add_listener(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
 
     async def run(self) -> None:
         """Run a claim cycle every ``renew_interval_ms`` until :meth:`stop`."""
-        interval = self.settings.renew_interval_ms / 1000
         while not self._stopping:
             try:
                 await self.cycle()
             except StoreError as exc:
                 log.warning("claim cycle of %s failed: %s", self.instance_id, exc)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+                await asyncio.wait_for(self._wake.wait(), timeout=self.pause_ms() / 1000)
             self._wake.clear()
+
+    def pause_ms(self, now: int | None = None) -> int:
+        """How long :meth:`run` waits before the next cycle.
+
+        One renewal interval, or less when another instance's claim expires
+        sooner: a dead instance's services are then voided as its claims
+        expire, not up to an interval later.
+        """
+        now = self._clock() if now is None else now
+        pause = self.settings.renew_interval_ms
+        if self.next_expiry is not None:
+            pause = min(pause, max(self.next_expiry - now, 0) + 1)
+        return pause
 
     # -- what this instance holds ----------------------------------------
 
@@ -289,6 +307,8 @@ class ClaimManager:
 
     async def _maintain(self, conn: Conn, now: int) -> tuple[str, ...]:
         rows = await self._fetch(conn, "void_expired", now=now)
+        (nxt,) = await self._fetch(conn, "next_foreign_expiry", now=now)
+        self.next_expiry = nxt["at"]
         await self._exec(
             conn, "forget_instances", now=now, forget_ms=self.settings.forget_instance_ms
         )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from ledgerq.clock import now_ms
 from ledgerq.errors import LedgerqError
 from ledgerq.store import migrate_database, open_store
 from ledgerq.store.migrate import redact
@@ -89,3 +91,40 @@ def summary(db_url: str, max_services: int) -> None:
         asyncio.run(run())
     except LedgerqError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """``90s``, ``15m``, ``12h``, ``7d``, ``500ms`` → milliseconds."""
+    match = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|h|d)\s*", text)
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a duration; write e.g. 90s, 15m, 12h or 7d")
+    return int(match[1]) * _UNITS_MS[match[2]]
+
+
+@store.command()
+@db_option
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    help="Delete final batches whose final status is older than this (e.g. 7d, 12h).",
+)
+def clean(db_url: str, older_than: str) -> None:
+    """Delete final (Committed, Valid, Invalid) batches whose outcome is older than a cut-off.
+
+    Batches still waiting, in flight, Pending, Delayed or Unknown are never deleted.
+    """
+    cutoff = now_ms() - parse_duration_ms(older_than)
+
+    async def run() -> int:
+        async with await open_store(db_url) as s:
+            return await s.clean_stale_records(cutoff)
+
+    try:
+        deleted = asyncio.run(run())
+    except LedgerqError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{redact(db_url)}: deleted {deleted} final batch(es) older than {older_than}")

@@ -164,14 +164,18 @@ class MemoryStore:
     @staticmethod
     def _apply_status(rec: _Record, name: BatchStatusName, at: int) -> None:
         rec.status = name
-        rec.status_updated_at = at
+        # updated_at only grows, as the SQL stores keep it (see docs/schema.md).
+        prev = rec.status_updated_at
+        rec.status_updated_at = at if prev is None else max(at, prev + 1)
         rec.submitted = common.status_effects(name, rec.submitted)
         if name is BatchStatusName.DELAYED:
             rec.last_attempt_at = at
 
     def _write_receipts(self, service_id: str, receipts: list[TransactionReceipt], at: int) -> None:
         for r in receipts:
-            self._s.receipts[(service_id, r.transaction_id)] = _Receipt(r, at)
+            key = (service_id, r.transaction_id)
+            old = self._s.receipts.get(key)
+            self._s.receipts[key] = _Receipt(r, at if old is None else max(at, old.updated_at + 1))
 
     async def update_batch_status(
         self,

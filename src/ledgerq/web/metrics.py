@@ -56,6 +56,8 @@ from ledgerq.model import BatchStatus, TrackingBatch
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 THROUGHPUT_WINDOW_S = 600
 RECENT_BATCHES = 200
+#: Services read per query at a scrape (the store's largest page).
+_SERVICES_PAGE = 10_000
 #: Batches followed for latency at once; beyond it the oldest are forgotten.
 MAX_TRACKED = 200_000
 _LATENCY_BUCKETS = (
@@ -228,11 +230,11 @@ class GatewayMetrics:
         in_flight = 0
         after: str | None = None
         while True:
-            page = await store.list_services(limit=1000, after=after)
+            page = await store.list_services(limit=_SERVICES_PAGE, after=after)
             for s in page:
                 depths.append((s.queue_depth, s.service_id))
                 in_flight += s.in_flight_batch_id is not None
-            if len(page) < 1000:
+            if len(page) < _SERVICES_PAGE:
                 break
             after = page[-1].service_id
         depths.sort(key=lambda d: (-d[0], d[1]))

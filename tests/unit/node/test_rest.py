@@ -299,3 +299,39 @@ async def test_scabbard_routes_keep_services_apart() -> None:
         await runner.cleanup()
         await scabbard.close()
         await node.close()
+
+
+async def test_hundreds_of_http_long_polls_wake_on_commit() -> None:
+    now = [0]
+    node = await Node.open(None, commit_delay_ms=1_000, clock=lambda: now[0])
+    srv = await start(node)
+    connector = aiohttp.TCPConnector(limit=0)
+    session = aiohttp.ClientSession(connector=connector)
+    polls: list[asyncio.Task[str]] = []
+    try:
+        batch = make_intkey_batch(SIGNER, [("set", "lp", 1)])
+        bid = batch.header_signature
+        assert (await post(srv, encode_batch_list([batch])))[0] == 202
+
+        async def poll() -> str:
+            async with session.get(f"{srv.url}/batch_statuses?id={bid}&wait=60") as r:
+                return str((await r.json())["data"][0]["status"])
+
+        polls += [asyncio.create_task(poll()) for _ in range(200)]
+        for _ in range(1000):  # until every request is parked; none can finish yet
+            if len(node._waiters.get(bid, ())) == 200:
+                break
+            await asyncio.sleep(0.01)
+        assert len(node._waiters[bid]) == 200  # parked on futures, not polling
+        assert not any(p.done() for p in polls)  # the clock is stopped: nothing commits
+        now[0] += 1_000  # the commit delay passes; the driver commits on its next round
+        node._wake.set()
+        assert set(await asyncio.wait_for(asyncio.gather(*polls), 10)) == {"COMMITTED"}
+    finally:
+        for p in polls:
+            p.cancel()
+        await asyncio.gather(*polls, return_exceptions=True)
+        await session.close()
+        await srv.session.close()
+        await srv.runner.cleanup()
+        await node.close()

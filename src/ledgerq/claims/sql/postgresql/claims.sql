@@ -30,6 +30,13 @@ WHERE old.service_id = c.service_id
   )
 RETURNING c.service_id, old.claimant AS previous_claimant, old.expiry_2 <= %(now)s AS slow_path;
 
+-- name: next_foreign_expiry
+-- When the next claim of another instance can be voided, if it is not renewed:
+-- its first expiry, or its second once the first has passed.
+SELECT min(CASE WHEN expiry_1 > %(now)s THEN expiry_1 ELSE expiry_2 END) AS at
+FROM service_id_claims
+WHERE claimant IS NOT NULL AND claimant <> %(me)s AND expiry_2 > %(now)s;
+
 -- name: forget_instances
 DELETE FROM gateway_instances
 WHERE heartbeat_at <= %(now)s - %(forget_ms)s AND instance_id <> %(me)s;

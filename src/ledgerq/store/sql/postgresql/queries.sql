@@ -195,6 +195,9 @@ JOIN transaction_receipts r
 WHERE b.seq = ANY(%(seqs)s::bigint[]) AND NOT r.result_valid
 ORDER BY b.seq, t.position;
 
+-- Store writes keep updated_at strictly increasing (GREATEST(now, old + 1)), so
+-- the updated_at triggers only fill in for statements that do not set it.
+
 -- Status, its mirror in batches and, with check, the monitor's bookkeeping:
 -- one statement (data-modifying CTEs on different tables).
 -- name: write_status
@@ -202,10 +205,12 @@ WITH status_row AS (
     INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
     VALUES (%(service_id)s, %(batch_id)s, %(status)s, %(now)s, %(now)s)
     ON CONFLICT (service_id, batch_id) DO UPDATE
-    SET dlt_status = excluded.dlt_status, updated_at = excluded.updated_at
+    SET dlt_status = excluded.dlt_status,
+        updated_at = GREATEST(excluded.updated_at, batch_statuses.updated_at + 1)
 ), checked AS (
     UPDATE submissions
-    SET last_checked = %(now)s, times_checked = times_checked + 1, updated_at = %(now)s
+    SET last_checked = %(now)s, times_checked = times_checked + 1,
+        updated_at = GREATEST(%(now)s, updated_at + 1)
     WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s AND %(check)s::bool
 )
 UPDATE batches
@@ -228,7 +233,7 @@ WITH submission AS (
     ON CONFLICT (service_id, batch_id) DO UPDATE
     SET error_type = excluded.error_type,
         error_message = excluded.error_message,
-        updated_at = excluded.updated_at
+        updated_at = GREATEST(excluded.updated_at, submissions.updated_at + 1)
 )
 UPDATE batches
 SET submitted = TRUE, attempts = attempts + 1, last_attempt_at = %(now)s
@@ -243,7 +248,7 @@ VALUES (%(service_id)s, %(batch_id)s, %(now)s, 1, %(error_type)s, %(error_messag
 ON CONFLICT (service_id, batch_id) DO UPDATE
 SET error_type = excluded.error_type,
     error_message = excluded.error_message,
-    updated_at = excluded.updated_at;
+    updated_at = GREATEST(excluded.updated_at, submissions.updated_at + 1);
 
 -- name: upsert_receipt
 INSERT INTO transaction_receipts
@@ -259,7 +264,7 @@ SET result_valid = excluded.result_valid,
     serialized_receipt = excluded.serialized_receipt,
     external_status = excluded.external_status,
     external_error_message = excluded.external_error_message,
-    updated_at = excluded.updated_at;
+    updated_at = GREATEST(excluded.updated_at, transaction_receipts.updated_at + 1);
 
 -- name: clean_stale_receipts
 DELETE FROM transaction_receipts r
@@ -283,21 +288,30 @@ USING batch_statuses s
 WHERE s.service_id = b.service_id AND s.batch_id = b.batch_id
   AND b.final AND s.updated_at < %(cutoff)s;
 
+-- Page the services from batches_service_seq_idx first, then count and pick
+-- from the partial batches_open_idx per service: final batches are read once
+-- (for the total), not joined.
 -- name: list_services
-SELECT b.service_id,
-       count(*) FILTER (WHERE NOT b.final) AS queue_depth,
+WITH page AS (
+    SELECT service_id, count(*) AS total
+    FROM batches
+    WHERE %(after)s::text IS NULL OR service_id > %(after)s::text
+    GROUP BY service_id
+    ORDER BY service_id
+    LIMIT %(limit)s::int
+)
+SELECT p.service_id,
+       (SELECT count(*) FROM batches o
+        WHERE o.service_id = p.service_id AND NOT o.final) AS queue_depth,
        (SELECT h.batch_id FROM batches h
-        WHERE h.service_id = b.service_id AND NOT h.final
+        WHERE h.service_id = p.service_id AND NOT h.final
         ORDER BY h.seq LIMIT 1) AS head_batch_id,
        (SELECT f.batch_id FROM batches f
-        WHERE f.service_id = b.service_id AND NOT f.final AND f.submitted
+        WHERE f.service_id = p.service_id AND NOT f.final AND f.submitted
         ORDER BY f.seq LIMIT 1) AS in_flight_batch_id,
-       count(*) AS total
-FROM batches b
-WHERE %(after)s::text IS NULL OR b.service_id > %(after)s::text
-GROUP BY b.service_id
-ORDER BY b.service_id
-LIMIT %(limit)s::int;
+       p.total
+FROM page p
+ORDER BY p.service_id;
 
 -- name: status_counts
 SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1;

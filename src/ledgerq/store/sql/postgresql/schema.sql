@@ -54,6 +54,8 @@ CREATE INDEX batches_status_seq_idx ON batches (status, seq);
 -- Non-final batches that lock their service or wait for resubmission.
 CREATE INDEX batches_busy_idx ON batches (service_id, seq)
     WHERE NOT final AND (submitted OR status IS NOT NULL);
+-- Joint statistics, so the planner sees how few batches are busy.
+CREATE STATISTICS batches_queue_state (mcv) ON final, submitted, status FROM batches;
 
 CREATE TABLE transactions (
     service_id        VARCHAR(64) NOT NULL,

@@ -164,6 +164,9 @@ JOIN transaction_receipts r
 WHERE b.seq IN (SELECT value FROM json_each(:seqs)) AND NOT r.result_valid
 ORDER BY b.seq, t.position;
 
+-- Store writes keep updated_at strictly increasing (max(now, old + 1)), so the
+-- updated_at triggers only fill in for statements that do not set it.
+
 -- A named query may hold several statements: the SQLite session runs them in
 -- order, in one trip to the connection's thread.
 
@@ -172,7 +175,8 @@ ORDER BY b.seq, t.position;
 INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
 VALUES (:service_id, :batch_id, :status, :now, :now)
 ON CONFLICT (service_id, batch_id) DO UPDATE
-SET dlt_status = excluded.dlt_status, updated_at = excluded.updated_at;
+SET dlt_status = excluded.dlt_status,
+    updated_at = max(excluded.updated_at, batch_statuses.updated_at + 1);
 UPDATE batches
 SET status = :status,
     final = :final,
@@ -180,7 +184,8 @@ SET status = :status,
     last_attempt_at = CASE WHEN :status = 'Delayed' THEN :now ELSE last_attempt_at END
 WHERE service_id = :service_id AND batch_id = :batch_id;
 UPDATE submissions
-SET last_checked = :now, times_checked = times_checked + 1, updated_at = :now
+SET last_checked = :now, times_checked = times_checked + 1,
+    updated_at = max(:now, updated_at + 1)
 WHERE service_id = :service_id AND batch_id = :batch_id AND :check;
 
 -- An attempt: the batch is submitted, counted and timed; the submission row
@@ -193,7 +198,7 @@ VALUES (:service_id, :batch_id, :now, 1, :error_type, :error_message, :now, :now
 ON CONFLICT (service_id, batch_id) DO UPDATE
 SET error_type = excluded.error_type,
     error_message = excluded.error_message,
-    updated_at = excluded.updated_at;
+    updated_at = max(excluded.updated_at, submissions.updated_at + 1);
 UPDATE batches
 SET submitted = 1, attempts = attempts + 1, last_attempt_at = :now
 WHERE service_id = :service_id AND batch_id = :batch_id;
@@ -206,7 +211,7 @@ VALUES (:service_id, :batch_id, :now, 1, :error_type, :error_message, :now, :now
 ON CONFLICT (service_id, batch_id) DO UPDATE
 SET error_type = excluded.error_type,
     error_message = excluded.error_message,
-    updated_at = excluded.updated_at;
+    updated_at = max(excluded.updated_at, submissions.updated_at + 1);
 
 -- name: upsert_receipt
 INSERT INTO transaction_receipts
@@ -222,7 +227,7 @@ SET result_valid = excluded.result_valid,
     serialized_receipt = excluded.serialized_receipt,
     external_status = excluded.external_status,
     external_error_message = excluded.external_error_message,
-    updated_at = excluded.updated_at;
+    updated_at = max(excluded.updated_at, transaction_receipts.updated_at + 1);
 
 -- name: clean_stale_receipts
 DELETE FROM transaction_receipts
@@ -253,21 +258,30 @@ WHERE final
         AND s.updated_at < :cutoff
   );
 
+-- Page the services from batches_service_seq_idx first, then count and pick
+-- from the partial batches_open_idx per service: final batches are read once
+-- (for the total), not joined.
 -- name: list_services
-SELECT b.service_id,
-       sum(CASE WHEN b.final THEN 0 ELSE 1 END) AS queue_depth,
+WITH page AS (
+    SELECT service_id, count(*) AS total
+    FROM batches
+    WHERE :after IS NULL OR service_id > :after
+    GROUP BY service_id
+    ORDER BY service_id
+    LIMIT :limit
+)
+SELECT p.service_id,
+       (SELECT count(*) FROM batches o
+        WHERE o.service_id = p.service_id AND NOT o.final) AS queue_depth,
        (SELECT h.batch_id FROM batches h
-        WHERE h.service_id = b.service_id AND NOT h.final
+        WHERE h.service_id = p.service_id AND NOT h.final
         ORDER BY h.seq LIMIT 1) AS head_batch_id,
        (SELECT f.batch_id FROM batches f
-        WHERE f.service_id = b.service_id AND NOT f.final AND f.submitted
+        WHERE f.service_id = p.service_id AND NOT f.final AND f.submitted
         ORDER BY f.seq LIMIT 1) AS in_flight_batch_id,
-       count(*) AS total
-FROM batches b
-WHERE :after IS NULL OR b.service_id > :after
-GROUP BY b.service_id
-ORDER BY b.service_id
-LIMIT :limit;
+       p.total
+FROM page p
+ORDER BY p.service_id;
 
 -- name: status_counts
 SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1;

@@ -1,0 +1,449 @@
+"""Queuer: one round (``queue_round``) over 1,000,000 tracked batches in 10,000 services.
+
+The population is loaded set-based (PostgreSQL ``COPY``, SQLite
+``executemany``) into a database migrated by the store itself, then
+``ANALYZE``d. Every service has a history of final batches, then its head in
+one of the states a busy gateway sees, then new batches waiting behind it:
+
+* 60 % of services are ready (the head is new), 25 % have their head in
+  flight (``{submitted, Pending}``), 5 % ``{submitted, None}``, 4 % a
+  ``Delayed`` head inside its window and 4 % past it, 2 % ``Unknown``;
+* ~20 % of all batches are final (``Committed``), with their submission and
+  status rows; the rest wait. Each batch has one transaction.
+
+Timed: ``store.queue_round(now=..., delay_window_ms=15000)`` end to end
+(SQL, transaction hydration, Python objects), for every service and for half
+of them (``services=``, what an HA instance passes), each ``--rounds`` times;
+the figures are medians and 90th percentiles. The PostgreSQL plan is
+``EXPLAIN (ANALYZE, BUFFERS)`` of the round's statement; SQLite's is
+``EXPLAIN QUERY PLAN``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sqlite3
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+import psycopg
+
+from bench import report
+from ledgerq.store import BatchTrackingStore, open_store
+from ledgerq.store.sqlfiles import load_queries
+
+DEFAULT_PG = os.environ.get(
+    "LEDGERQ_BENCH_PG",
+    os.environ.get("LEDGERQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
+)
+NOW = 1_700_000_000_000
+WINDOW = 15_000
+CHUNK = 50_000
+
+
+@dataclass(frozen=True)
+class Row:
+    service_id: str
+    batch_id: str
+    submitted: bool
+    created_at: int
+    status: str | None
+    final: bool
+    last_attempt_at: int | None
+    attempts: int
+
+
+def _head_state(rng: random.Random) -> tuple[bool, str | None, int | None]:
+    """(submitted, status, last_attempt_at) of a service's first non-final batch."""
+    x = rng.random()
+    if x < 0.60:
+        return False, None, None
+    if x < 0.85:
+        return True, "Pending", NOW - 2_000
+    if x < 0.90:
+        return True, None, NOW - 100
+    if x < 0.94:
+        return False, "Delayed", NOW - rng.randrange(WINDOW)
+    if x < 0.98:
+        return False, "Delayed", NOW - WINDOW - rng.randrange(60_000)
+    return False, "Unknown", NOW - 5_000
+
+
+def population(batches: int, services: int, seed: int = 7) -> Iterator[Row]:
+    """Rows in acceptance order: services interleave, as traffic does."""
+    rng = random.Random(seed)
+    per = batches // services
+    finals = [min(per - 1, rng.randrange(2 * per // 5 + 1)) for _ in range(services)]
+    heads = [_head_state(rng) for _ in range(services)]
+    for i in range(per):
+        for s in range(services):
+            sid = f"circuit-{s // 100:04d}::s{s % 100:03d}"
+            bid = f"{s:06x}{i:06x}".ljust(128, "b")
+            created = NOW - 3_600_000 + i * 1_000
+            if i < finals[s]:
+                yield Row(sid, bid, True, created, "Committed", True, created + 500, 1)
+            elif i == finals[s]:
+                submitted, status, attempt = heads[s]
+                attempts = 0 if attempt is None else 1
+                yield Row(sid, bid, submitted, created, status, False, attempt, attempts)
+            else:
+                yield Row(sid, bid, False, created, None, False, None, 0)
+
+
+# -- loading --------------------------------------------------------------------
+
+_BATCH_COLUMNS = (
+    "service_id, batch_id, signer_public_key, trace, serialized_batch, submitted, "
+    "created_at, status, final, last_attempt_at, attempts"
+)
+_TXN_COLUMNS = (
+    "service_id, transaction_id, batch_id, position, payload, family_name, family_version, "
+    "signer_public_key"
+)
+_KEY = "02" + "ab" * 32
+_BLOB = b"\x0a" * 300  # about the size of a one-transaction intkey batch
+
+
+def _tid(row: Row) -> str:
+    return row.batch_id[:12].ljust(128, "t")
+
+
+def _chunks(batches: int, services: int) -> Iterator[list[Row]]:
+    chunk: list[Row] = []
+    for row in population(batches, services):
+        chunk.append(row)
+        if len(chunk) == CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def load_pg(url: str, batches: int, services: int) -> None:
+    with psycopg.connect(url) as conn, report.progress() as bar:
+        task = bar.add_task("PostgreSQL: COPY batches", total=batches)
+        for chunk in _chunks(batches, services):
+            with conn.cursor() as cur:
+                with cur.copy(f"COPY batches ({_BATCH_COLUMNS}) FROM STDIN") as copy:
+                    for r in chunk:
+                        copy.write_row(
+                            (
+                                r.service_id,
+                                r.batch_id,
+                                _KEY,
+                                False,
+                                _BLOB,
+                                r.submitted,
+                                r.created_at,
+                                r.status,
+                                r.final,
+                                r.last_attempt_at,
+                                r.attempts,
+                            )
+                        )
+                with cur.copy(f"COPY transactions ({_TXN_COLUMNS}) FROM STDIN") as copy:
+                    for r in chunk:
+                        copy.write_row(
+                            (r.service_id, _tid(r), r.batch_id, 0, b"p", "intkey", "1.0", _KEY)
+                        )
+                attempted = [r for r in chunk if r.attempts]
+                with cur.copy(
+                    "COPY submissions (service_id, batch_id, last_checked, times_checked, "
+                    "created_at, updated_at) FROM STDIN"
+                ) as copy:
+                    for r in attempted:
+                        at = r.last_attempt_at
+                        copy.write_row((r.service_id, r.batch_id, at, 1, at, at))
+                with cur.copy(
+                    "COPY batch_statuses (service_id, batch_id, dlt_status, created_at, "
+                    "updated_at) FROM STDIN"
+                ) as copy:
+                    for r in chunk:
+                        if r.status is not None:
+                            at = r.last_attempt_at or r.created_at
+                            copy.write_row((r.service_id, r.batch_id, r.status, at, at))
+            conn.commit()
+            bar.advance(task, len(chunk))
+        conn.execute(
+            "INSERT INTO service_id_claims (service_id, unclaimed_since) "
+            "SELECT DISTINCT service_id, %s::bigint FROM batches ON CONFLICT DO NOTHING",
+            (NOW,),
+        )
+        conn.commit()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+
+
+def load_sqlite(path: str, batches: int, services: int) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        with report.progress() as bar:
+            task = bar.add_task("SQLite: executemany batches", total=batches)
+            for chunk in _chunks(batches, services):
+                conn.executemany(
+                    f"INSERT INTO batches ({_BATCH_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        (
+                            r.service_id,
+                            r.batch_id,
+                            _KEY,
+                            0,
+                            _BLOB,
+                            int(r.submitted),
+                            r.created_at,
+                            r.status,
+                            int(r.final),
+                            r.last_attempt_at,
+                            r.attempts,
+                        )
+                        for r in chunk
+                    ),
+                )
+                conn.executemany(
+                    f"INSERT INTO transactions ({_TXN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
+                    (
+                        (r.service_id, _tid(r), r.batch_id, 0, b"p", "intkey", "1.0", _KEY)
+                        for r in chunk
+                    ),
+                )
+                conn.executemany(
+                    "INSERT INTO submissions (service_id, batch_id, last_checked, times_checked, "
+                    "created_at, updated_at) VALUES (?,?,?,1,?,?)",
+                    (
+                        (
+                            r.service_id,
+                            r.batch_id,
+                            r.last_attempt_at,
+                            r.last_attempt_at,
+                            r.last_attempt_at,
+                        )
+                        for r in chunk
+                        if r.attempts
+                    ),
+                )
+                conn.executemany(
+                    "INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, "
+                    "updated_at) VALUES (?,?,?,?,?)",
+                    (
+                        (
+                            r.service_id,
+                            r.batch_id,
+                            r.status,
+                            r.last_attempt_at or r.created_at,
+                            r.last_attempt_at or r.created_at,
+                        )
+                        for r in chunk
+                        if r.status is not None
+                    ),
+                )
+                conn.commit()
+                bar.advance(task, len(chunk))
+        conn.execute("ANALYZE")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+# -- measuring --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    label: str
+    picks: int
+    median_ms: float
+    p90_ms: float
+    min_ms: float
+
+
+async def _time_rounds(
+    store: BatchTrackingStore, label: str, rounds: int, services: list[str] | None
+) -> Timing:
+    # One untimed round warms the caches and the connection.
+    picks = len(await store.queue_round(now=NOW, delay_window_ms=WINDOW, services=services))
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        got = await store.queue_round(now=NOW, delay_window_ms=WINDOW, services=services)
+        times.append((time.perf_counter() - started) * 1000)
+        assert len(got) == picks
+    times.sort()
+    p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
+    return Timing(label, picks, statistics.median(times), p90, times[0])
+
+
+async def measure(url: str, rounds: int, services: int) -> list[Timing]:
+    half = [f"circuit-{s // 100:04d}::s{s % 100:03d}" for s in range(0, services, 2)]
+    async with await open_store(url) as store:
+        return [
+            await _time_rounds(store, "every service", rounds, None),
+            await _time_rounds(store, f"{len(half):,} listed services", rounds, half),
+        ]
+
+
+def _summarize(label: str, picks: int, times: list[float]) -> Timing:
+    times = sorted(times)
+    p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
+    return Timing(label, picks, statistics.median(times), p90, times[0])
+
+
+def statement_pg(url: str, rounds: int) -> Timing:
+    """The round's statement alone: executed and fetched, no hydration."""
+    sql = load_queries("postgresql")["queue_round"]
+    params = {"now": NOW, "delay_window_ms": WINDOW, "limit": None}
+    times = []
+    with psycopg.connect(url) as conn:
+        picks = len(conn.execute(sql, params).fetchall())
+        for _ in range(rounds):
+            started = time.perf_counter()
+            conn.execute(sql, params).fetchall()
+            times.append((time.perf_counter() - started) * 1000)
+    return _summarize("every service, statement only", picks, times)
+
+
+def statement_sqlite(path: str, rounds: int) -> Timing:
+    sql = load_queries("sqlite")["queue_round"]
+    params = {"now": NOW, "delay_window_ms": WINDOW, "limit": None}
+    times = []
+    conn = sqlite3.connect(path)
+    try:
+        picks = len(conn.execute(sql, params).fetchall())
+        for _ in range(rounds):
+            started = time.perf_counter()
+            conn.execute(sql, params).fetchall()
+            times.append((time.perf_counter() - started) * 1000)
+    finally:
+        conn.close()
+    return _summarize("every service, statement only", picks, times)
+
+
+def pg_plan(url: str) -> str:
+    sql = load_queries("postgresql")["queue_round"]
+    params = {"now": NOW, "delay_window_ms": WINDOW, "limit": None}
+    with psycopg.connect(url) as conn, psycopg.ClientCursor(conn) as cur:
+        cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+        return "\n".join(r[0] for r in cur.fetchall())
+
+
+def sqlite_plan(path: str) -> str:
+    sql = load_queries("sqlite")["queue_round"]
+    params = {"now": NOW, "delay_window_ms": WINDOW, "limit": None}
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
+    finally:
+        conn.close()
+    depth: dict[int, int] = {0: -1}
+    lines = []
+    for node, parent, _, detail in rows:
+        depth[node] = depth.get(parent, -1) + 1
+        lines.append("  " * depth[node] + detail)
+    return "\n".join(lines)
+
+
+@contextmanager
+def _pg_database(admin_url: str, keep: bool) -> Iterator[str]:
+    name = f"ledgerq_bench_queuer_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    parts = urlsplit(admin_url)
+    try:
+        yield urlunsplit(parts._replace(path="/" + name))
+    finally:
+        if not keep:
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _table(timings: list[Timing]) -> str:
+    lines = [
+        "| round over | picks | median | p90 | best |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for t in timings:
+        lines.append(
+            f"| {t.label} | {t.picks:,} | {t.median_ms:.1f} ms | {t.p90_ms:.1f} ms "
+            f"| {t.min_ms:.1f} ms |"
+        )
+    return "\n".join(lines)
+
+
+@click.command(name="queuer")
+@click.option("--batches", default=1_000_000, show_default=True, help="Tracked batches.")
+@click.option("--services", default=10_000, show_default=True, help="Services they belong to.")
+@click.option("--rounds", default=30, show_default=True, help="Timed rounds per case.")
+@click.option(
+    "--backend",
+    "backends",
+    type=click.Choice(["postgresql", "sqlite"]),
+    multiple=True,
+    default=("postgresql", "sqlite"),
+    show_default=True,
+)
+@click.option("--pg", "pg_admin", default=DEFAULT_PG, show_default=True, help="Admin URL.")
+@click.option("--keep", is_flag=True, help="Keep the databases (prints where).")
+@click.option("--write/--no-write", default=True, help="Write docs/BENCHMARKS.md.")
+def command(
+    batches: int,
+    services: int,
+    rounds: int,
+    backends: tuple[str, ...],
+    pg_admin: str,
+    keep: bool,
+    write: bool,
+) -> None:
+    """One queuer round over a large store, on PostgreSQL and SQLite."""
+    sections = []
+    summary = (
+        f"{batches:,} tracked batches in {services:,} services (shape in `bench/queuer.py`); "
+        f"each figure is over {rounds} rounds of `store.queue_round()` end to end."
+    )
+    for backend in backends:
+        if backend == "postgresql":
+            with _pg_database(pg_admin, keep) as url:
+                asyncio.run(_migrate(url))
+                started = time.perf_counter()
+                load_pg(url, batches, services)
+                loaded = time.perf_counter() - started
+                timings = asyncio.run(measure(url, rounds, services))
+                timings.append(statement_pg(url, rounds))
+                plan = pg_plan(url)
+                if keep:
+                    report.console.print(f"kept {url}")
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = str(Path(tmp) / "queuer.sqlite3")
+                url = f"sqlite:///{path}"
+                asyncio.run(_migrate(url))
+                started = time.perf_counter()
+                load_sqlite(path, batches, services)
+                loaded = time.perf_counter() - started
+                timings = asyncio.run(measure(url, rounds, services))
+                timings.append(statement_sqlite(path, rounds))
+                plan = sqlite_plan(path)
+        report.console.print(_table(timings))
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        sections.append(
+            f"### {'PostgreSQL' if backend == 'postgresql' else 'SQLite'}\n\n"
+            f"Loaded in {loaded:.0f} s. Load average after measuring (1, 5, 15 min): "
+            f"{load} — the machine is shared, figures on an idle one are lower.\n\n"
+            f"{_table(timings)}\n\n"
+            f"Plan of the round's statement:\n\n```\n{plan}\n```\n"
+        )
+    if write:
+        report.write_section("queuer", f"## Queuer round\n\n{summary}\n\n" + "\n".join(sections))
+
+
+async def _migrate(url: str) -> None:
+    async with await open_store(url):
+        pass
