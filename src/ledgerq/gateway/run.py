@@ -13,6 +13,7 @@ from ledgerq.config import Settings
 from ledgerq.dlt import HttpTimeouts, LedgerClient, http_ledger_client
 from ledgerq.dlt.splinter import scabbard_path
 from ledgerq.errors import InvalidBatchError, LedgerError
+from ledgerq.gateway.ha import open_high_availability
 from ledgerq.gateway.notify import PgWakeups
 from ledgerq.gateway.rounds import round_store
 from ledgerq.gateway.service import Gateway
@@ -58,6 +59,8 @@ async def run_gateway(
         opened = await open_store(settings.db, migrate=True)
         stack.push_async_callback(opened.close)
         store = round_store(opened)
+        # SQLite: refuse a second gateway on the file; PostgreSQL: take claims.
+        claims = await open_high_availability(settings, stack)
         ledger = await open_ledger(settings, stack)
         splinter = settings.ledger.startswith("splinter+")
         gateway = Gateway(
@@ -65,8 +68,17 @@ async def run_gateway(
             store,
             ledger,
             check_service_id=_splinter_service_id if splinter else _any_service_id,
+            claims=claims,
         )
         extra = []
+        if claims is not None:
+            extra.append(claims.run())
+
+            async def advertise() -> None:
+                await gateway.started.wait()
+                claims.set_address(f"{settings.bind[0]}:{gateway.port}")
+
+            extra.append(advertise())
         if settings.db.startswith(("postgresql://", "postgres://")):
             wakeups = PgWakeups(settings.db, lambda s: gateway.wake(s, relay=False))
             gateway.add_wakeups(wakeups)
