@@ -1,0 +1,331 @@
+"""Real processes for high-availability runs: one ``ledgerq node``, several
+``ledgerq serve`` on one PostgreSQL database, faults, and the invariants.
+
+Used by the chaos tests (``tests/acceptance/test_ha_chaos.py``) and by
+``ledgerq bench failover``. Everything binds 127.0.0.1 with ephemeral ports;
+each process logs to a file in the work directory, which is where the harness
+reads the address it listens on.
+
+Fenced writes are audited: every gateway connects with its instance id as
+``application_name`` (``PGAPPNAME``), and a trigger installed by
+:func:`install_fence_audit` records any ``UPDATE`` of ``batches`` made by an
+instance that does not hold the batch's service at that moment.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cbor2
+import psycopg
+
+from ledgerq.codec import Signer, encode_batch_list
+from ledgerq.codec.intkey import make_address, make_intkey_batch
+
+LEDGERQ = str(Path(sys.executable).parent / "ledgerq")
+_LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
+
+#: Claim timing for runs that must finish in seconds (see docs/ha.md).
+FAST_CLAIMS = {
+    "LEDGERQ_CLAIMS_RENEW_INTERVAL_MS": "200",
+    "LEDGERQ_CLAIMS_TTL_MS": "1000",
+    "LEDGERQ_CLAIMS_SLOW_TTL_MS": "3000",
+    "LEDGERQ_CLAIMS_GRACE_MS": "400",
+    "LEDGERQ_MONITOR_STALE_AFTER_MS": "1500",
+    "LEDGERQ_MONITOR_POLL_INTERVAL_S": "0.2",
+    "LEDGERQ_SUBMITTER_POLL_TIMEOUT_S": "0.2",
+    "LEDGERQ_LEDGER_TIMEOUT_SUBMIT_S": "2",
+}
+
+_AUDIT = """
+CREATE TABLE IF NOT EXISTS fence_audit (
+    writer     TEXT NOT NULL,
+    service_id TEXT NOT NULL,
+    batch_id   TEXT NOT NULL,
+    claimant   TEXT
+);
+CREATE OR REPLACE FUNCTION fence_audit_check() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    holder TEXT;
+BEGIN
+    SELECT claimant INTO holder FROM service_id_claims WHERE service_id = NEW.service_id;
+    IF holder IS DISTINCT FROM current_setting('application_name') THEN
+        INSERT INTO fence_audit VALUES
+            (current_setting('application_name'), NEW.service_id, NEW.batch_id, holder);
+    END IF;
+    RETURN NEW;
+END
+$$;
+DROP TRIGGER IF EXISTS batches_fence_audit ON batches;
+CREATE TRIGGER batches_fence_audit BEFORE UPDATE ON batches
+    FOR EACH ROW EXECUTE FUNCTION fence_audit_check();
+"""
+
+
+def install_fence_audit(pg_url: str) -> None:
+    """Record every batch update made by an instance not holding the service."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(_AUDIT.encode())
+
+
+def fence_violations(pg_url: str) -> list[tuple[str, str, str, str | None]]:
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute("SELECT writer, service_id, batch_id, claimant FROM fence_audit")
+        return [(w, s, b, c) for w, s, b, c in rows.fetchall()]
+
+
+class Process:
+    """A ``ledgerq`` subprocess logging to a file."""
+
+    def __init__(self, name: str, args: Sequence[str], env: Mapping[str, str], workdir: Path):
+        self.name = name
+        self.log_path = workdir / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [LEDGERQ, *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            cwd=workdir,
+        )
+        self.url = self._wait_listening(60.0)
+        self.stopped = False
+
+    def _wait_listening(self, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            match = _LISTENING.search(self.log_path.read_text(errors="replace"))
+            if match:
+                return match.group(1)
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.tail()}")
+            time.sleep(0.05)  # waiting for the process to come up, not for time to pass
+        raise RuntimeError(f"{self.name} did not listen within {timeout_s} s: {self.tail()}")
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive:
+            self.proc.kill()  # SIGKILL ends a stopped process too
+            self.proc.wait(30)
+        self._log.close()
+
+    def terminate(self, timeout_s: float = 30.0) -> None:
+        if self.alive:
+            if self.stopped:
+                self.cont()
+            self.proc.terminate()
+            self.proc.wait(timeout_s)
+        self._log.close()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+        self.stopped = True
+
+    def cont(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+        self.stopped = False
+
+
+def _request(
+    url: str, method: str = "GET", body: bytes | None = None, timeout_s: float = 10.0
+) -> Any:
+    req = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        req.add_header("Content-Type", "application/octet-stream")
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+@dataclass
+class Workload:
+    """Per service, an intkey ``set k 0`` then ``inc k 1`` batches, in order.
+
+    Exactly-once execution leaves each key at ``batches - 1``; order shows in
+    the node's fingerprints (strictly increasing in creation order).
+    """
+
+    services: int
+    batches_per_service: int
+    signer: Signer = field(default_factory=Signer.generate)
+    #: service id → (batch id, serialized batch) in creation order.
+    batches: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for s in range(self.services):
+            service_id, key = f"svc-{s:03d}", f"k{s:03d}"
+            made = []
+            for n in range(self.batches_per_service):
+                op = ("set", key, 0) if n == 0 else ("inc", key, 1)
+                b = make_intkey_batch(self.signer, [op])
+                made.append((b.header_signature, encode_batch_list([b])))
+            self.batches[service_id] = made
+
+    def key(self, service_id: str) -> str:
+        return "k" + service_id.removeprefix("svc-")
+
+    def all_ids(self) -> list[str]:
+        return [bid for made in self.batches.values() for bid, _ in made]
+
+
+@dataclass
+class Cluster:
+    workdir: Path
+    pg_url: str
+    env: Mapping[str, str] = field(default_factory=lambda: dict(FAST_CLAIMS))
+    node: Process | None = None
+    gateways: dict[str, Process] = field(default_factory=dict)
+    generation: int = 0
+
+    def start_node(self, *extra: str) -> Process:
+        self.node = Process(
+            "node", ["node", "--bind", "127.0.0.1:0", "--shards", "2", *extra], {}, self.workdir
+        )
+        return self.node
+
+    def start_gateway(self, name: str) -> Process:
+        assert self.node is not None
+        self.generation += 1
+        instance = f"gw-{name}-{self.generation}"
+        env = {
+            **self.env,
+            "LEDGERQ_DB": self.pg_url,
+            "LEDGERQ_LEDGER": "sawtooth+" + self.node.url,
+            "LEDGERQ_BIND": "127.0.0.1:0",
+            "LEDGERQ_CLAIMS_INSTANCE_ID": instance,
+            "PGAPPNAME": instance,
+            "LEDGERQ_LOG_LEVEL": "info",
+        }
+        gw = Process(instance, ["serve"], env, self.workdir)
+        self.gateways[name] = gw
+        return gw
+
+    def live_gateways(self) -> list[Process]:
+        return [g for g in self.gateways.values() if g.alive and not g.stopped]
+
+    def post(self, gateway: Process, service_id: str, serialized: bytes) -> None:
+        _request(f"{gateway.url}/batches?service_id={service_id}", "POST", serialized)
+
+    def post_round_robin(self, items: Iterable[tuple[str, bytes]]) -> None:
+        """Post each ``(service, batch list)`` to the next live gateway, retrying elsewhere."""
+        n = 0
+        for service_id, body in items:
+            for _ in range(20):
+                live = self.live_gateways()
+                gw = live[n % len(live)]
+                n += 1
+                try:
+                    self.post(gw, service_id, body)
+                    break
+                except (urllib.error.URLError, OSError, TimeoutError):
+                    continue
+            else:
+                raise RuntimeError(f"no gateway accepted a batch of {service_id}")
+
+    def drop_connections(self) -> int:
+        """``pg_terminate_backend`` every gateway connection; returns how many."""
+        with psycopg.connect(self.pg_url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND application_name LIKE %s",
+                ("gw-%",),
+            ).fetchall()
+        return len(rows)
+
+    def close(self) -> None:
+        for gw in self.gateways.values():
+            gw.kill()
+        if self.node is not None:
+            self.node.kill()
+
+
+def store_statuses(pg_url: str) -> dict[str, int]:
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(
+            "SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1"
+        ).fetchall()
+    return {s: n for s, n in rows}
+
+
+def wait_all_final(pg_url: str, total: int, timeout_s: float) -> dict[str, int]:
+    """Wait until the store holds ``total`` batches, all final; returns the status counts."""
+    deadline = time.monotonic() + timeout_s
+    counts: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        counts = store_statuses(pg_url)
+        final = sum(counts.get(s, 0) for s in ("Committed", "Valid", "Invalid"))
+        if final >= total:
+            return counts
+        time.sleep(0.2)  # polling an outside system for completion
+    return counts
+
+
+def node_value(node_url: str, key: str) -> int | None:
+    try:
+        doc = _request(f"{node_url}/state/{make_address(key)}")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+    return int(cbor2.loads(base64.b64decode(doc["data"]))[key])
+
+
+def node_fingerprint(node_url: str, batch_id: str) -> tuple[int, int] | None:
+    try:
+        doc = _request(f"{node_url}/fingerprints/{batch_id}")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+    b, _, t = doc["fingerprint"].partition(".")
+    return int(b), int(t)
+
+
+def check_invariants(pg_url: str, node_url: str, workload: Workload) -> list[str]:
+    """Everything the HA design promises, checked after a run; returns the violations."""
+    problems: list[str] = []
+    counts = store_statuses(pg_url)
+    total = sum(len(v) for v in workload.batches.values())
+    if counts.get("Committed", 0) != total:
+        problems.append(f"not every batch committed: {counts} (expected {total} Committed)")
+    for service_id, made in workload.batches.items():
+        value = node_value(node_url, workload.key(service_id))
+        if value != len(made) - 1:
+            problems.append(
+                f"{service_id}: key holds {value}, expected {len(made) - 1} "
+                "(a batch lost or executed twice)"
+            )
+        prints = [node_fingerprint(node_url, bid) for bid, _ in made]
+        if any(p is None for p in prints):
+            problems.append(f"{service_id}: some batches never reached the node")
+        elif prints != sorted(prints):  # type: ignore[type-var]
+            problems.append(f"{service_id}: committed out of creation order: {prints}")
+    with psycopg.connect(pg_url) as conn:
+        locked = conn.execute(
+            "SELECT service_id, batch_id FROM batches WHERE NOT final LIMIT 5"
+        ).fetchall()
+    if locked:
+        problems.append(f"services left with open batches: {locked}")
+    violations = fence_violations(pg_url)
+    if violations:
+        problems.append(f"writes by fenced-off instances landed: {violations[:5]}")
+    return problems

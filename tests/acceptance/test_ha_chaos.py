@@ -1,0 +1,157 @@
+"""Chaos: three ``ledgerq serve`` on one PostgreSQL, ``ledgerq node`` in its own
+process, ordered intkey batches in many services; gateways killed (FAIL),
+paused past their claim expiry (DELAY) and cut off from PostgreSQL. After
+each run: every batch committed exactly once, per service in creation order,
+no service locked, no write by a fenced-off instance landed.
+
+Claim timings are shortened (``bench._cluster.FAST_CLAIMS``) so a run takes
+seconds; these tests wait for real processes, they never assert on speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from bench._cluster import (
+    LEDGERQ,
+    Cluster,
+    Workload,
+    check_invariants,
+    fence_violations,
+    install_fence_audit,
+    wait_all_final,
+)
+from ledgerq.store import open_store
+
+pytestmark = [pytest.mark.slow]
+
+FINISH_TIMEOUT_S = 120
+
+
+async def _migrate(url: str) -> None:
+    store = await open_store(url)
+    await store.close()
+
+
+@pytest.fixture
+def cluster(pg_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    asyncio.run(_migrate(pg_url))  # before the audit trigger goes in
+    install_fence_audit(pg_url)
+    c = Cluster(tmp_path, pg_url)
+    c.start_node()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _wave(workload: Workload, start: int, stop: int) -> list[tuple[str, bytes]]:
+    """Batches ``start:stop`` of every service, one POST each, services interleaved."""
+    return [
+        (service_id, made[n][1])
+        for n in range(start, stop)
+        for service_id, made in workload.batches.items()
+        if n < len(made)
+    ]
+
+
+def _finish(cluster: Cluster, workload: Workload) -> None:
+    total = len(workload.all_ids())
+    counts = wait_all_final(cluster.pg_url, total, FINISH_TIMEOUT_S)
+    assert cluster.node is not None
+    problems = check_invariants(cluster.pg_url, cluster.node.url, workload)
+    logs = "\n".join(f"--- {g.name}\n{g.tail(15)}" for g in cluster.gateways.values())
+    assert not problems, f"{problems}\nstatuses {counts}\n{logs}"
+
+
+@pytest.mark.pg
+def test_kill_pause_and_dropped_connections_lose_and_reorder_nothing(cluster: Cluster) -> None:
+    workload = Workload(services=12, batches_per_service=10)
+    for name in ("a", "b", "c"):
+        cluster.start_gateway(name)
+    cluster.post_round_robin(_wave(workload, 0, 4))
+    # FAIL: a dies with whatever it had in flight.
+    cluster.gateways["a"].kill()
+    cluster.post_round_robin(_wave(workload, 4, 7))
+    # DELAY: b freezes past its second expiry, then wakes up and carries on
+    # with the claims it believes it has.
+    cluster.gateways["b"].stop()
+    time.sleep(4.0)  # past FAST_CLAIMS' slow TTL, in real time: b is a real process
+    cluster.gateways["b"].cont()
+    # Every gateway loses its PostgreSQL connections at once.
+    assert cluster.drop_connections() > 0
+    cluster.start_gateway("a")
+    cluster.post_round_robin(_wave(workload, 7, 10))
+    _finish(cluster, workload)
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_faults_while_batches_arrive(cluster: Cluster, seed: int) -> None:
+    rng = random.Random(seed)
+    workload = Workload(services=10, batches_per_service=8)
+    for name in ("a", "b", "c"):
+        cluster.start_gateway(name)
+    for n in range(8):
+        cluster.post_round_robin(_wave(workload, n, n + 1))
+        fault = rng.choice(["none", "kill", "pause", "drop"])
+        victim = rng.choice(sorted(cluster.gateways))
+        gw = cluster.gateways[victim]
+        if fault == "kill" and gw.alive and len(cluster.live_gateways()) > 1:
+            gw.kill()
+            cluster.start_gateway(victim)
+        elif fault == "pause" and gw.alive and not gw.stopped:
+            gw.stop()
+            time.sleep(rng.uniform(0.5, 3.5))  # around both expiries of FAST_CLAIMS
+            gw.cont()
+        elif fault == "drop":
+            cluster.drop_connections()
+    _finish(cluster, workload)
+
+
+def test_a_second_gateway_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'one.sqlite3'}"
+    args = [LEDGERQ, "serve", "--db", db, "--bind", "127.0.0.1:0"]
+    env_log = tmp_path / "first.log"
+    with (
+        env_log.open("wb") as log,
+        subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path) as first,
+    ):
+        try:
+            deadline = time.monotonic() + 60
+            while "listening on" not in env_log.read_text(errors="replace"):
+                assert first.poll() is None, env_log.read_text()
+                assert time.monotonic() < deadline, env_log.read_text()
+                time.sleep(0.05)  # waiting for the first gateway to come up
+            second = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+            assert second.returncode != 0
+            assert "already serving the SQLite database" in second.stderr
+            assert f"pid {first.pid}" in second.stderr
+        finally:
+            first.terminate()
+            first.wait(30)
+
+
+@pytest.mark.pg
+def test_the_fence_audit_catches_a_write_by_a_non_holder(pg_url: str) -> None:
+    asyncio.run(_migrate(pg_url))
+    install_fence_audit(pg_url)
+    with psycopg.connect(pg_url, autocommit=True, application_name="gw-x") as conn:
+        conn.execute(
+            "INSERT INTO batches (service_id, batch_id, signer_public_key, trace,"
+            " serialized_batch) VALUES ('s', 'b', '02', FALSE, '')"
+        )
+        conn.execute(
+            "INSERT INTO service_id_claims (service_id, claimant, epoch, expiry_1, expiry_2,"
+            " claimed_at) VALUES ('s', 'gw-y', 1, 1, 1, 1)"
+        )
+        conn.execute("UPDATE batches SET submitted = TRUE WHERE service_id = 's'")
+    assert fence_violations(pg_url) == [("gw-x", "s", "b", "gw-y")]
