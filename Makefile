@@ -23,12 +23,12 @@ $(VENV)/.bench: $(VENV)/.dev pyproject.toml
 	$(PIP) install --quiet -e '.[dev,bench]'
 	@touch $@
 
-# The gateway on the embedded defaults: the store in ledgerq.sqlite3, a ledger
-# node in the same process, the API and dashboard at http://127.0.0.1:8080/.
+# The gateway on the embedded defaults: SQLite file ledgerq.sqlite3 and the
+# in-process node, REST API and dashboard on http://127.0.0.1:8080.
 run: $(VENV)/.run
 	@echo "ledgerq: dashboard at http://127.0.0.1:8080/ ; from another terminal:"
 	@echo "  .venv/bin/ledgerq submit --generate 1000 --services 10"
-	$(BIN)/ledgerq serve
+	$(BIN)/ledgerq serve $(SERVE_ARGS)
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
