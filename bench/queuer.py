@@ -432,9 +432,12 @@ def command(
                 timings.append(statement_sqlite(path, rounds))
                 plan = sqlite_plan(path)
         report.console.print(_table(timings))
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         sections.append(
             f"### {'PostgreSQL' if backend == 'postgresql' else 'SQLite'}\n\n"
-            f"Loaded in {loaded:.0f} s.\n\n{_table(timings)}\n\n"
+            f"Loaded in {loaded:.0f} s. Load average after measuring (1, 5, 15 min): "
+            f"{load} — the machine is shared, figures on an idle one are lower.\n\n"
+            f"{_table(timings)}\n\n"
             f"Plan of the round's statement:\n\n```\n{plan}\n```\n"
         )
     if write:
