@@ -26,6 +26,10 @@ from ledgerq.commands.node import node  # noqa: E402
 
 cli.add_command(node)
 
+from ledgerq.commands.serve import serve  # noqa: E402
+
+cli.add_command(serve)
+
 from ledgerq.commands.cluster import instances, services  # noqa: E402
 
 cli.add_command(instances)

@@ -26,13 +26,16 @@ async def test_published_ids_reach_other_listeners_not_self(pg_url: str) -> None
     async with asyncio.TaskGroup() as tasks:
         ta = tasks.create_task(a.run())
         tb = tasks.create_task(b.run())
-        await asyncio.wait_for(a.listening.wait(), 10)
-        await asyncio.wait_for(b.listening.wait(), 10)
-        for s in ("s1", "s2", "s2", "s3"):
-            a.publish(s)
-        await asyncio.wait_for(b_got.wait(), 10)
-        ta.cancel()
-        tb.cancel()
+        try:
+            await asyncio.wait_for(a.listening.wait(), 30)
+            await asyncio.wait_for(b.listening.wait(), 30)
+            for s in ("s1", "s2", "s2", "s3"):
+                a.publish(s)
+            await asyncio.wait_for(b_got.wait(), 30)
+        finally:
+            a.stop()
+            b.stop()
+        await asyncio.wait_for(asyncio.gather(ta, tb), 30)
     assert sorted(got_b) == ["s1", "s2", "s3"]
     assert got_a == []
 

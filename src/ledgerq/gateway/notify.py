@@ -16,6 +16,7 @@ backoff; until then, polling covers the gap.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "ledgerq_wake"
 _MAX_PAYLOAD = 7900
+#: How often the loops look at the stop flag.
+_TICK_S = 0.5
 
 
 def chunk_payloads(service_ids: list[str]) -> list[str]:
@@ -53,6 +56,12 @@ class PgWakeups:
         self._own_pids: set[int] = set()
         self.received = 0
         self.listening = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        """End :meth:`run` within about ``_TICK_S`` (no cancellation needed)."""
+        self._stop.set()
+        self._has_pending.set()
 
     def publish(self, service_id: str) -> None:
         self._pending.add(service_id)
@@ -70,34 +79,39 @@ class PgWakeups:
 
     async def _listen_forever(self) -> None:
         backoff = 0.1
-        while True:
+        while not self._stop.is_set():
             try:
                 conn = await self._connect()
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self.listening.set()
                     backoff = 0.1
-                    async for note in conn.notifies():
-                        if note.pid in self._own_pids:
-                            continue
-                        self.received += 1
-                        for service_id in note.payload.split("\n"):
-                            if service_id:
-                                self._on_wake(service_id)
+                    while not self._stop.is_set():
+                        async for note in conn.notifies(timeout=_TICK_S):
+                            if note.pid in self._own_pids:
+                                continue
+                            self.received += 1
+                            for service_id in note.payload.split("\n"):
+                                if service_id:
+                                    self._on_wake(service_id)
             except psycopg.Error as exc:
                 self.listening.clear()
                 log.warning("wake-up listener lost PostgreSQL: %s; reconnecting", exc)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+                await self._pause(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def _publish_forever(self) -> None:
         backoff = 0.1
-        while True:
+        while not self._stop.is_set():
             try:
                 conn = await self._connect()
                 async with conn:
                     backoff = 0.1
-                    while True:
+                    while not self._stop.is_set():
                         await self._has_pending.wait()
                         self._has_pending.clear()
                         ids, self._pending = sorted(self._pending), set()
@@ -107,5 +121,5 @@ class PgWakeups:
                             )
             except (psycopg.Error, TimeoutError) as exc:
                 log.warning("wake-up publisher lost PostgreSQL: %s; reconnecting", exc)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+                await self._pause(backoff)
+                backoff = min(backoff * 2, 5.0)

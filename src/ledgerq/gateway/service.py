@@ -63,6 +63,8 @@ class Wakeups(Protocol):
 
     def publish(self, service_id: str) -> None: ...
 
+    def stop(self) -> None: ...
+
 
 class Gateway:
     def __init__(
@@ -183,6 +185,10 @@ class Gateway:
                 await submitter
                 self.monitor.stop()
                 await monitor
+                for w in self._wakeups:
+                    w.stop()
+                # Extras get a moment to end by themselves, then are cancelled.
+                await asyncio.wait(others, timeout=5) if others else None
                 for t in others:
                     t.cancel()
         finally:

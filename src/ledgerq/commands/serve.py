@@ -1,0 +1,77 @@
+"""``ledgerq serve``: the gateway, with its store, ledger client and (by default) the node.
+
+Start-up: settings are loaded and validated (an invalid value stops the
+command, naming the key), the store is opened and migrated, the ledger is
+reached (``node``: an in-process node with its data next to the SQLite
+file), then the gateway serves until SIGINT or SIGTERM, on which it drains
+in-flight submissions before exiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ledgerq.config import load_settings
+from ledgerq.errors import ConfigError, LedgerqError
+from ledgerq.logs import configure_logging
+
+if TYPE_CHECKING:
+    from ledgerq.gateway.service import Gateway
+
+
+def _announce(gateway: Gateway) -> None:
+    host, _ = gateway.settings.bind
+    # Tests read this line to learn the port when binding port 0.
+    click.echo(f"ledgerq gateway listening on http://{host}:{gateway.port}", err=True)
+
+
+@click.command("serve")
+@click.option("--db", help="Store URL (default sqlite:///ledgerq.sqlite3).")
+@click.option(
+    "--ledger",
+    help="node (in-process, default), sawtooth+http://HOST:PORT or splinter+http://HOST:PORT.",
+)
+@click.option("--bind", help="HOST:PORT to listen on (default 127.0.0.1:8080).")
+@click.option(
+    "--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file."
+)
+@click.option("--node-data-dir", help="Data directory of the in-process node.")
+@click.option("--node-ephemeral/--no-node-ephemeral", default=None, help="Keep no node data.")
+@click.option("--log-level", help="debug, info, warning or error.")
+@click.option("--log-json/--no-log-json", default=None, help="JSON log lines.")
+def serve(
+    db: str | None,
+    ledger: str | None,
+    bind: str | None,
+    config_file: str | None,
+    node_data_dir: str | None,
+    node_ephemeral: bool | None,
+    log_level: str | None,
+    log_json: bool | None,
+) -> None:
+    """Run the gateway: REST API, submitter and monitor."""
+    flags: dict[str, Any] = {
+        "db": db,
+        "ledger": ledger,
+        "bind": bind,
+        "node.data_dir": node_data_dir,
+        "node.ephemeral": node_ephemeral,
+        "log.level": log_level,
+        "log.json": log_json,
+    }
+    try:
+        settings = load_settings(flags, config_file=config_file)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    configure_logging(settings["log.level"], json_lines=settings["log.json"])
+    from ledgerq.gateway.run import run_gateway
+
+    try:
+        asyncio.run(run_gateway(settings, install_signals=True, on_started=_announce))
+    except LedgerqError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        pass
