@@ -23,11 +23,12 @@ $(VENV)/.bench: $(VENV)/.dev pyproject.toml
 	$(PIP) install --quiet -e '.[dev,bench]'
 	@touch $@
 
-# Until `ledgerq serve` exists (it replaces this), `make run` migrates the
-# default store (ledgerq.sqlite3, or $$LEDGERQ_DB) and prints what it holds.
+# The gateway on the embedded defaults: SQLite file ledgerq.sqlite3 and the
+# in-process node, REST API and dashboard on http://127.0.0.1:8080.
 run: $(VENV)/.run
-	$(BIN)/ledgerq migrate
-	$(BIN)/ledgerq store summary
+	@echo "ledgerq: dashboard at http://127.0.0.1:8080/ ; from another terminal:"
+	@echo "  .venv/bin/ledgerq submit --generate 1000 --services 10"
+	$(BIN)/ledgerq serve $(SERVE_ARGS)
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -10,6 +10,7 @@ rounds measure the neighbours, not the codec.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -76,6 +77,7 @@ def _best_rate(run: Callable[[], None], count: int, rounds: int) -> float:
 def command(batches: int, per_list: int, rounds: int, write: bool) -> None:
     """Parse+verify throughput of the Sawtooth batch codec."""
     signer = Signer.generate()
+    load_before = os.getloadavg()[0]
     rows = []
     with report.progress() as bar:
         for shape in SHAPES:
@@ -121,7 +123,9 @@ def command(batches: int, per_list: int, rounds: int, write: bool) -> None:
         f"shape, fastest of {rounds} rounds, one process. *verified* checks every signature "
         "(the default); *unverified* skips only the signature checks (`verify=False`); "
         "*to TrackingBatch* is `parse_batch_list` (verified, plus building the store's "
-        "values).\n\n"
+        f"values). Load average (1 min) {load_before:.1f} before and "
+        f"{os.getloadavg()[0]:.1f} after the run, on {os.cpu_count()} cores: the codec uses "
+        "one, so a load above that means it shared its core.\n\n"
         + report.table(
             [
                 "batch shape",

@@ -64,7 +64,7 @@ def test_sizes_are_parsed_and_checked() -> None:
 
 @pytest.mark.pg
 @pytest.mark.slow
-@pytest.mark.parametrize("system", ["bare", "procrastinate"])
+@pytest.mark.parametrize("system", ["bare", "ledgerq", "procrastinate"])
 async def test_a_tiny_real_run_commits_everything_in_order(
     system: str, tmp_path: Path, pg_admin_url: str
 ) -> None:

@@ -11,52 +11,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from ledgerq.commands.client import EXIT_REFUSED, EXIT_UNREACHABLE, ExitError
-
-url_option = click.option(
-    "--url",
-    envvar="LEDGERQ_URL",
-    default="http://127.0.0.1:8080",
-    show_default=True,
-    show_envvar=True,
-    help="Base URL of a running gateway.",
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print the raw JSON answer.")
-token_option = click.option(
-    "--token",
-    envvar="LEDGERQ_TOKEN",
-    default=None,
-    help="Bearer token, when the gateway sets auth.token [env LEDGERQ_TOKEN].",
-)
+from ledgerq.commands.client import json_option, run, url_option
 
 
-def _get(url: str, path: str, token: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
-    target = url.rstrip("/") + path
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        request = urllib.request.Request(target, headers=headers)
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            body: dict[str, Any] = json.load(resp)
-            return body
-    except urllib.error.HTTPError as exc:
-        hint = "; pass the gateway's token with --token or LEDGERQ_TOKEN" if exc.code == 401 else ""
-        raise ExitError(
-            f"{target} answered {exc.code}: {exc.read()[:300]!r}{hint}", EXIT_REFUSED
-        ) from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise ExitError(
-            f"cannot reach the gateway at {url}: {exc}; is `ledgerq serve` running there? "
-            "(start one with `ledgerq serve`, or point --url / LEDGERQ_URL at it)",
-            EXIT_UNREACHABLE,
-        ) from exc
+def _get(url: str, path: str, token: str | None, **params: Any) -> dict[str, Any]:
+    body: dict[str, Any] = run(lambda client: client.get(path, **params), url, token)
+    return body
 
 
 def _time(ms: int | None) -> str:
@@ -67,7 +33,6 @@ def _time(ms: int | None) -> str:
 
 @click.command()
 @url_option
-@token_option
 @json_option
 def instances(url: str, token: str | None, as_json: bool) -> None:
     """List the gateway instances sharing the gateway's database."""
@@ -95,12 +60,11 @@ def instances(url: str, token: str | None, as_json: bool) -> None:
 
 @click.command()
 @url_option
-@token_option
 @json_option
 @click.option("--limit", default=1000, show_default=True, help="Show at most this many services.")
 def services(url: str, token: str | None, as_json: bool, limit: int) -> None:
     """List services: queue depth, in-flight batch, lock reason and claimant."""
-    body = _get(url, f"/services?limit={int(limit)}", token)
+    body = _get(url, "/services", token, limit=int(limit))
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return
