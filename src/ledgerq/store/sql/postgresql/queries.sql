@@ -318,26 +318,13 @@ SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1;
 
 -- name: queue_round
 -- The one-round serial queuer's round over every service; the same round as
--- ledgerq.queuer.select_round (docs/queuer.md). heads: the first non-final
--- batch of each service, found by a skip scan of batches_open_idx (one index
--- probe per service, not a read of every waiting batch). busy: per service,
--- its batches that are not {submitted = false, None} (batches_busy_idx); a
--- service with one submitted or Pending is in flight, otherwise its first
--- busy batch is the Unknown/Delayed one to resubmit. Other services queue
--- their head.
-WITH RECURSIVE heads AS (
-    (SELECT service_id, seq FROM batches WHERE NOT final ORDER BY service_id, seq LIMIT 1)
-    UNION ALL
-    SELECT n.service_id, n.seq
-    FROM heads h
-    CROSS JOIN LATERAL (
-        SELECT o.service_id, o.seq FROM batches o
-        WHERE NOT o.final AND o.service_id > h.service_id
-        ORDER BY o.service_id, o.seq
-        LIMIT 1
-    ) n
-),
-busy AS (
+-- ledgerq.queuer.select_round (docs/queuer.md). queue_heads holds each
+-- service's first non-final batch (kept by triggers on batches). busy: per
+-- service, its batches that are not {submitted = false, None}, read from
+-- batches_busy_idx alone (index-only); a service with one submitted or
+-- Pending is in flight, otherwise its first busy batch is the Unknown/Delayed
+-- one to resubmit. Other services queue their head.
+WITH busy AS (
     SELECT service_id, min(seq) AS first_seq,
            bool_or(submitted OR status IS NOT DISTINCT FROM 'Pending') AS in_flight
     FROM batches
@@ -347,8 +334,9 @@ busy AS (
 picks AS (
     SELECT first_seq AS seq FROM busy WHERE NOT in_flight
     UNION ALL
-    SELECT h.seq FROM heads h
-    WHERE NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
+    SELECT h.head_seq FROM queue_heads h
+    WHERE h.head_seq IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
        b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
@@ -363,19 +351,9 @@ LIMIT %(limit)s::bigint;
 
 -- name: queue_round_services
 -- queue_round restricted to the service ids in %(services)s (an instance's
--- claimed services): one index probe per listed service.
+-- claimed services): one queue_heads row per listed service.
 WITH wanted AS (
     SELECT DISTINCT service_id FROM unnest(%(services)s::text[]) AS w(service_id)
-),
-heads AS (
-    SELECT n.service_id, n.seq
-    FROM wanted w
-    CROSS JOIN LATERAL (
-        SELECT o.service_id, o.seq FROM batches o
-        WHERE NOT o.final AND o.service_id = w.service_id
-        ORDER BY o.seq
-        LIMIT 1
-    ) n
 ),
 busy AS (
     SELECT service_id, min(seq) AS first_seq,
@@ -388,8 +366,10 @@ busy AS (
 picks AS (
     SELECT first_seq AS seq FROM busy WHERE NOT in_flight
     UNION ALL
-    SELECT h.seq FROM heads h
-    WHERE NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
+    SELECT h.head_seq FROM queue_heads h
+    WHERE h.head_seq IS NOT NULL
+      AND h.service_id IN (SELECT service_id FROM wanted)
+      AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
        b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
