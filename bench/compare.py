@@ -30,6 +30,7 @@ from bench._metrics import Figures, figures
 from bench._systems import Setup, node_and_watcher, run_bare, run_ledgerq, run_procrastinate
 
 IMG = report.ROOT / "docs" / "img"
+COLORS = {"bare": "C0", "ledgerq": "C1", "procrastinate": "C2"}
 DEFAULT_SIZES = "10:100,100:20,1000:3"
 
 
@@ -147,7 +148,7 @@ def _failure_tables(failures: list[Figures]) -> tuple[Table, str]:
         "executed twice (node)",
         "keys wrong",
         "missing",
-        "job runs / batches",
+        "job re-runs",
     ]
     rich = Table(*headers, title="one of two workers SIGKILLed at 1/3 of the run")
     rows = []
@@ -164,7 +165,7 @@ def _failure_tables(failures: list[Figures]) -> tuple[Table, str]:
                 str(f.executed_twice),
                 str(f.wrong_keys),
                 str(f.missing),
-                f"{runs / (f.services * f.per_service):.3f}" if runs else "-",
+                f"{runs - f.services * f.per_service:.0f}" if runs else "-",
             ]
         )
     for row in rows:
@@ -185,9 +186,14 @@ def _plots(results: list[Figures], failures: list[Figures]) -> list[str]:
         fig, axes = plt.subplots(2, len(sizes), figsize=(5 * len(sizes), 8), squeeze=False)
         for col, (s, m) in enumerate(sizes):
             for f in (f for f in results if (f.services, f.per_service) == (s, m)):
-                axes[0][col].plot(f.commit_times, range(1, len(f.commit_times) + 1), label=f.system)
+                color = COLORS.get(f.system)
+                axes[0][col].plot(
+                    f.commit_times, range(1, len(f.commit_times) + 1), label=f.system, color=color
+                )
                 lat = sorted(f.latencies_ms)
-                axes[1][col].plot(lat, [i / len(lat) for i in range(len(lat))], label=f.system)
+                axes[1][col].plot(
+                    lat, [i / len(lat) for i in range(len(lat))], label=f.system, color=color
+                )
             axes[0][col].set(title=f"S={s}, M={m}", xlabel="s", ylabel="batches committed")
             axes[1][col].set(xscale="log", xlabel="latency ms (log)", ylabel="fraction")
             axes[0][col].legend()
@@ -199,7 +205,12 @@ def _plots(results: list[Figures], failures: list[Figures]) -> list[str]:
     if failures:
         fig, ax = plt.subplots(figsize=(8, 4))
         for f in failures:
-            ax.plot(f.commit_times, range(1, len(f.commit_times) + 1), label=f.system)
+            ax.plot(
+                f.commit_times,
+                range(1, len(f.commit_times) + 1),
+                label=f.system,
+                color=COLORS.get(f.system),
+            )
             if f.killed_at is not None:
                 ax.axvline(f.killed_at, linestyle=":", color="grey")
         ax.set(title="SIGKILL of one worker (dotted)", xlabel="s", ylabel="batches committed")

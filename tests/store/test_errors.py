@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -72,3 +73,31 @@ async def test_sqlite_synchronous_mode_follows_the_url(
         assert mode == expected  # 1 = NORMAL, 2 = FULL
     finally:
         await store.close()
+
+
+async def test_sqlite_reads_do_not_wait_for_a_write_in_progress(tmp_path: Path) -> None:
+    from ledgerq.store.sqlite import SqliteBackend
+
+    async with await open_store(f"sqlite:///{tmp_path / 'rw.sqlite3'}") as store:
+        [b] = await store.add_batches([make_batch()])
+        backend = store._backend  # type: ignore[attr-defined]
+        assert isinstance(backend, SqliteBackend)
+        async with backend.transaction(write=True) as session:
+            await session.execute(
+                "record_attempt",
+                {
+                    "service_id": b.service_id,
+                    "batch_id": b.batch_header,
+                    "error_type": None,
+                    "error_message": None,
+                    "now": 5,
+                },
+            )
+            # The write is open and holds the writing connection; a read of the
+            # same store still answers, with the last committed state. (With one
+            # connection it would wait for the write, which waits for it: the
+            # timeout turns that deadlock into a failure.)
+            seen = await asyncio.wait_for(store.get_batch(b.batch_header, b.service_id), 10)
+            assert seen is not None and seen.attempts == 0
+        after = await store.get_batch(b.batch_header, b.service_id)
+        assert after is not None and after.attempts == 1

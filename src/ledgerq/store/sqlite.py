@@ -1,10 +1,13 @@
-"""SQLite backend: one file database, WAL mode, one connection per store.
+"""SQLite backend: one file database, WAL mode, two connections per store.
 
-Blocking ``sqlite3`` calls run on a dedicated single-thread executor that owns
-the connection; an ``asyncio.Lock`` gives each transaction the connection to
-itself, so concurrent tasks on one store are serialized and several stores
-(processes or connections) on one file coordinate through SQLite's own write
-lock (``BEGIN IMMEDIATE``, ``busy_timeout``).
+Blocking ``sqlite3`` calls run on dedicated single-thread executors, one per
+connection, that own their connection; an ``asyncio.Lock`` per connection
+gives each transaction its connection to itself. Write transactions use the
+writing connection (so a store's writes are serialized), read transactions
+the reading one: under WAL a read sees the last committed state and never
+waits for a write in progress. Several stores (processes or connections) on
+one file coordinate through SQLite's own write lock (``BEGIN IMMEDIATE``,
+``busy_timeout``).
 
 Durability: WAL with ``synchronous=NORMAL`` by default — a committed write
 survives a crash of the process (the design's requirement), and the database
@@ -112,60 +115,20 @@ def split_script(script: str) -> list[str]:
     return statements
 
 
-class _Session:
-    def __init__(self, backend: SqliteBackend) -> None:
-        self._b = backend
-        self._q = backend.queries
+class _Connection:
+    """One sqlite3 connection, owned by its own single-thread executor."""
 
-    async def execute(self, name: str, params: Params) -> int:
-        """Run a named query, all its statements in one trip; the last one's row count."""
-        statements = self._b.statements(name)
-
-        def run(conn: sqlite3.Connection) -> int:
-            count = 0
-            for sql in statements:
-                count = conn.execute(sql, params).rowcount
-            return count
-
-        return await self._b.call(run)
-
-    async def executemany(self, name: str, rows: Sequence[Params]) -> None:
-        sql = self._q[name]
-        await self._b.call(lambda c: c.executemany(sql, rows))
-
-    async def fetchall(self, name: str, params: Params) -> list[Row]:
-        sql = self._q[name]
-        return await self._b.call(lambda c: c.execute(sql, params).fetchall())
-
-    async def fetchone(self, name: str, params: Params) -> Row | None:
-        sql = self._q[name]
-        row: Row | None = await self._b.call(lambda c: c.execute(sql, params).fetchone())
-        return row
-
-
-class SqliteBackend:
-    dialect = "sqlite"
-
-    def __init__(self, path: str, options: SqliteOptions | None = None) -> None:
+    def __init__(self, path: str, options: SqliteOptions, name: str) -> None:
         self.path = path
-        self.options = options or SqliteOptions()
-        self.queries = load_queries(self.dialect)
-        self._statements: dict[str, list[str]] = {}
-        self._busy_timeout_ms = self.options.busy_timeout_ms
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledgerq-sqlite")
-        self._conn: sqlite3.Connection | None = None
-        self._lock = asyncio.Lock()
-
-    def statements(self, name: str) -> list[str]:
-        """The statements of a named query (most have one)."""
-        found = self._statements.get(name)
-        if found is None:
-            found = self._statements[name] = split_script(self.queries[name] + ";")
-        return found
+        self.options = options
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ledgerq-{name}")
+        self.conn: sqlite3.Connection | None = None
+        # One transaction at a time on this connection.
+        self.lock = asyncio.Lock()
 
     async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` on the connection's thread."""
-        conn = self._conn
+        conn = self.conn
         if conn is None:
             raise StoreError("the store is closed; open it again with open_store")
 
@@ -179,44 +142,122 @@ class SqliteBackend:
             except sqlite3.Error as exc:
                 raise _translate(exc) from exc
 
-        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, run)
 
-    async def connect(self) -> None:
+    async def open(self) -> None:
+        busy_ms = self.options.busy_timeout_ms
+
         def open_conn() -> sqlite3.Connection:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
                 self.path,
                 isolation_level=None,  # we issue BEGIN/COMMIT ourselves
-                timeout=self._busy_timeout_ms / 1000,
+                timeout=busy_ms / 1000,
             )
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self.options.synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
             return conn
 
         try:
-            self._conn = await asyncio.get_running_loop().run_in_executor(self._executor, open_conn)
+            self.conn = await asyncio.get_running_loop().run_in_executor(self.executor, open_conn)
         except (sqlite3.Error, OSError) as exc:
-            self._executor.shutdown(wait=False)
+            self.executor.shutdown(wait=False)
             raise StoreUnavailableError(
                 f"cannot open the SQLite database {self.path!r}: {exc}; check the path "
                 "and its permissions"
             ) from exc
 
+    async def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self.executor, conn.close)
+        self.executor.shutdown(wait=True)
+
+
+class _Session:
+    def __init__(self, backend: SqliteBackend, connection: _Connection) -> None:
+        self._b = backend
+        self._c = connection
+        self._q = backend.queries
+
+    async def execute(self, name: str, params: Params) -> int:
+        """Run a named query, all its statements in one trip; the last one's row count."""
+        statements = self._b.statements(name)
+
+        def run(conn: sqlite3.Connection) -> int:
+            count = 0
+            for sql in statements:
+                count = conn.execute(sql, params).rowcount
+            return count
+
+        return await self._c.call(run)
+
+    async def executemany(self, name: str, rows: Sequence[Params]) -> None:
+        sql = self._q[name]
+        await self._c.call(lambda c: c.executemany(sql, rows))
+
+    async def fetchall(self, name: str, params: Params) -> list[Row]:
+        sql = self._q[name]
+        return await self._c.call(lambda c: c.execute(sql, params).fetchall())
+
+    async def fetchone(self, name: str, params: Params) -> Row | None:
+        sql = self._q[name]
+        row: Row | None = await self._c.call(lambda c: c.execute(sql, params).fetchone())
+        return row
+
+
+class SqliteBackend:
+    dialect = "sqlite"
+
+    def __init__(self, path: str, options: SqliteOptions | None = None) -> None:
+        self.path = path
+        self.options = options or SqliteOptions()
+        self.queries = load_queries(self.dialect)
+        self._statements: dict[str, list[str]] = {}
+        # Writes go through one connection; read transactions through another,
+        # so under WAL they never queue behind a write. A private in-memory
+        # database exists in one connection only, so it uses one for both.
+        self._writer = _Connection(path, self.options, "sqlite-write")
+        self._reader = (
+            self._writer if path == ":memory:" else _Connection(path, self.options, "sqlite-read")
+        )
+
+    def statements(self, name: str) -> list[str]:
+        """The statements of a named query (most have one)."""
+        found = self._statements.get(name)
+        if found is None:
+            found = self._statements[name] = split_script(self.queries[name] + ";")
+        return found
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on the writing connection's thread."""
+        return await self._writer.call(fn)
+
+    async def connect(self) -> None:
+        await self._writer.open()
+        if self._reader is not self._writer:
+            try:
+                await self._reader.open()
+            except BaseException:
+                await self._writer.close()
+                raise
+
     @asynccontextmanager
     async def transaction(self, *, write: bool) -> AsyncIterator[_Session]:
-        async with self._lock:
+        connection = self._writer if write else self._reader
+        async with connection.lock:
             # IMMEDIATE takes the write lock up front, so a writer never fails
             # half-way on a lock upgrade; readers get a consistent WAL snapshot.
-            await self.call(lambda c: c.execute("BEGIN IMMEDIATE" if write else "BEGIN"))
+            await connection.call(lambda c: c.execute("BEGIN IMMEDIATE" if write else "BEGIN"))
             try:
-                yield _Session(self)
+                yield _Session(self, connection)
             except BaseException:
-                await asyncio.shield(self.call(lambda c: c.execute("ROLLBACK")))
+                await asyncio.shield(connection.call(lambda c: c.execute("ROLLBACK")))
                 raise
-            await self.call(lambda c: c.execute("COMMIT"))
+            await connection.call(lambda c: c.execute("COMMIT"))
 
     async def insert_batches(self, session: Any, batches: Sequence[TrackingBatch]) -> list[int]:
         q = self.queries
@@ -314,11 +355,10 @@ class SqliteBackend:
                 raise
             return MigrationResult(plan.before, plan.after)
 
-        async with self._lock:
+        async with self._writer.lock:
             return await self.call(run)
 
     async def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
-        self._executor.shutdown(wait=True)
+        if self._reader is not self._writer:
+            await self._reader.close()
+        await self._writer.close()
