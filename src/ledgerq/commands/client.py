@@ -137,20 +137,21 @@ def _status_exit(entries: list[dict[str, Any]], *, waited: bool) -> int:
 @click.command()
 @click.argument("batch_ids", nargs=-1, required=True)
 @click.option("--service-id", "-s", default=None, help="The batches' service.")
+@click.option("--wait", is_flag=True, help="Wait for every batch to be final (see --timeout).")
 @click.option(
-    "--wait",
+    "--timeout",
     type=click.FloatRange(0, 300),
-    is_flag=False,
-    flag_value=60.0,
-    default=None,
-    help="Wait up to SECONDS (60 if no value) for every batch to be final.",
+    default=60.0,
+    show_default=True,
+    help="With --wait: give up after this many seconds.",
 )
 @json_option
 @url_option
 def status(
     batch_ids: tuple[str, ...],
     service_id: str | None,
-    wait: float | None,
+    wait: bool,
+    timeout: float,
     as_json: bool,
     url: str,
     token: str | None,
@@ -159,7 +160,7 @@ def status(
     ids = [i for raw in batch_ids for i in raw.split(",") if i]
 
     async def fetch(client: GatewayClient) -> list[dict[str, Any]]:
-        return await client.statuses(ids, service_id, wait_s=wait or 0)
+        return await client.statuses(ids, service_id, wait_s=timeout if wait else 0)
 
     entries = run(fetch, url, token)
     if as_json:
@@ -176,7 +177,7 @@ def status(
                 _short(e["id"]), e["status"], e.get("ledgerq_status") or "-", problems or "-"
             )
         console().print(table)
-    code = _status_exit(entries, waited=wait is not None)
+    code = _status_exit(entries, waited=wait)
     if code:
         sys.exit(code)
 
