@@ -40,7 +40,6 @@ from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.config import load_settings
 from ledgerq.dlt.base import CommitEvent, LedgerBatchStatus, SubmitResult
 from ledgerq.dlt.node import NodeClient
-from ledgerq.gateway.rounds import round_store
 from ledgerq.gateway.service import Gateway
 from ledgerq.node import Node
 from ledgerq.store import open_store
@@ -132,7 +131,7 @@ async def run_one(
     node = await Node.open(workdir / "node", shards=4)
     timed = TimedNode(NodeClient(node))
     timed.expect = total
-    gateway = Gateway(settings, round_store(store), timed)
+    gateway = Gateway(settings, store, timed)
     runner = asyncio.create_task(gateway.run())
     try:
         await asyncio.wait_for(gateway.started.wait(), 30)
