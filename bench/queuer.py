@@ -13,8 +13,11 @@ one of the states a busy gateway sees, then new batches waiting behind it:
 
 Timed: ``store.queue_round(now=..., delay_window_ms=15000)`` end to end
 (SQL, transaction hydration, Python objects), for every service and for half
-of them (``services=``, what an HA instance passes), each ``--rounds`` times;
-the figures are medians and 90th percentiles. The PostgreSQL plan is
+of them (``services=``, what an HA instance passes), full and ``lean`` (what
+the gateway's queue source asks for: no blobs, no hydration), each
+``--rounds`` times; the figures are medians and 90th percentiles. On
+PostgreSQL the statement alone is also timed beside the statement before
+``queue_heads`` (the skip scan), interleaved in the same rounds. The PostgreSQL plan is
 ``EXPLAIN (ANALYZE, BUFFERS)`` of the round's statement; SQLite's is
 ``EXPLAIN QUERY PLAN``.
 """
@@ -267,16 +270,24 @@ class Timing:
 
 
 async def _time_rounds(
-    store: BatchTrackingStore, label: str, rounds: int, services: list[str] | None
+    store: BatchTrackingStore,
+    label: str,
+    rounds: int,
+    services: list[str] | None,
+    lean: bool = False,
 ) -> Timing:
+    async def round_() -> int:
+        got = await store.queue_round(now=NOW, delay_window_ms=WINDOW, services=services, lean=lean)
+        return len(got)
+
     # One untimed round warms the caches and the connection.
-    picks = len(await store.queue_round(now=NOW, delay_window_ms=WINDOW, services=services))
+    picks = await round_()
     times = []
     for _ in range(rounds):
         started = time.perf_counter()
-        got = await store.queue_round(now=NOW, delay_window_ms=WINDOW, services=services)
+        got = await round_()
         times.append((time.perf_counter() - started) * 1000)
-        assert len(got) == picks
+        assert got == picks
     times.sort()
     p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
     return Timing(label, picks, statistics.median(times), p90, times[0])
@@ -288,6 +299,10 @@ async def measure(url: str, rounds: int, services: int) -> list[Timing]:
         return [
             await _time_rounds(store, "every service", rounds, None),
             await _time_rounds(store, f"{len(half):,} listed services", rounds, half),
+            await _time_rounds(store, "every service, lean", rounds, None, lean=True),
+            await _time_rounds(
+                store, f"{len(half):,} listed services, lean", rounds, half, lean=True
+            ),
         ]
 
 
@@ -297,23 +312,77 @@ def _summarize(label: str, picks: int, times: list[float]) -> Timing:
     return Timing(label, picks, statistics.median(times), p90, times[0])
 
 
-def statement_pg(url: str, rounds: int) -> Timing:
-    """The round's statement alone: executed and fetched, no hydration."""
+def statement_pg(url: str, rounds: int) -> list[Timing]:
+    """The round's statement alone: executed and fetched, no hydration.
+
+    Beside it, interleaved in the same rounds, the statement before
+    ``queue_heads`` (a skip scan of ``batches_open_idx``), for comparison.
+    """
     sql = load_queries("postgresql")["queue_round"]
-    params = {"now": NOW, "delay_window_ms": WINDOW, "limit": None}
-    times = []
+    cases = {
+        "every service, statement only": (sql, {**_PARAMS, "lean": False}),
+        "every service, lean, statement only": (sql, {**_PARAMS, "lean": True}),
+        "every service, skip-scan statement (before `queue_heads`)": (_SKIP_SCAN, _PARAMS),
+    }
+    times: dict[str, list[float]] = {label: [] for label in cases}
+    picks: dict[str, int] = {}
     with psycopg.connect(url) as conn:
-        picks = len(conn.execute(sql, params).fetchall())
+        for label, (q, params) in cases.items():
+            picks[label] = len(conn.execute(q, params).fetchall())
         for _ in range(rounds):
-            started = time.perf_counter()
-            conn.execute(sql, params).fetchall()
-            times.append((time.perf_counter() - started) * 1000)
-    return _summarize("every service, statement only", picks, times)
+            for label, (q, params) in cases.items():
+                started = time.perf_counter()
+                conn.execute(q, params).fetchall()
+                times[label].append((time.perf_counter() - started) * 1000)
+    return [_summarize(label, picks[label], times[label]) for label in cases]
+
+
+_PARAMS = {"now": NOW, "delay_window_ms": WINDOW, "limit": None}
+
+#: PostgreSQL's queue_round before queue_heads (migration 6): each service's
+#: head found by a recursive skip scan, one index probe per service.
+_SKIP_SCAN = """
+WITH RECURSIVE heads AS (
+    (SELECT service_id, seq FROM batches WHERE NOT final ORDER BY service_id, seq LIMIT 1)
+    UNION ALL
+    SELECT n.service_id, n.seq
+    FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT o.service_id, o.seq FROM batches o
+        WHERE NOT o.final AND o.service_id > h.service_id
+        ORDER BY o.service_id, o.seq
+        LIMIT 1
+    ) n
+),
+busy AS (
+    SELECT service_id, min(seq) AS first_seq,
+           bool_or(submitted OR status IS NOT DISTINCT FROM 'Pending') AS in_flight
+    FROM batches
+    WHERE NOT final AND (submitted OR status IS NOT NULL)
+    GROUP BY service_id
+),
+picks AS (
+    SELECT first_seq AS seq FROM busy WHERE NOT in_flight
+    UNION ALL
+    SELECT h.seq FROM heads h
+    WHERE NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
+   OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT %(limit)s::bigint
+"""
 
 
 def statement_sqlite(path: str, rounds: int) -> Timing:
     sql = load_queries("sqlite")["queue_round"]
-    params = {"now": NOW, "delay_window_ms": WINDOW, "limit": None}
+    params = {**_PARAMS, "lean": False}
     times = []
     conn = sqlite3.connect(path)
     try:
@@ -328,8 +397,9 @@ def statement_sqlite(path: str, rounds: int) -> Timing:
 
 
 def pg_plan(url: str) -> str:
+    """The plan of the lean round, the one the queue source asks for."""
     sql = load_queries("postgresql")["queue_round"]
-    params = {"now": NOW, "delay_window_ms": WINDOW, "limit": None}
+    params = {**_PARAMS, "lean": True}
     with psycopg.connect(url) as conn, psycopg.ClientCursor(conn) as cur:
         cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
         return "\n".join(r[0] for r in cur.fetchall())
@@ -337,7 +407,7 @@ def pg_plan(url: str) -> str:
 
 def sqlite_plan(path: str) -> str:
     sql = load_queries("sqlite")["queue_round"]
-    params = {"now": NOW, "delay_window_ms": WINDOW, "limit": None}
+    params = {**_PARAMS, "lean": True}
     conn = sqlite3.connect(path)
     try:
         rows = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
@@ -416,7 +486,7 @@ def command(
                 load_pg(url, batches, services)
                 loaded = time.perf_counter() - started
                 timings = asyncio.run(measure(url, rounds, services))
-                timings.append(statement_pg(url, rounds))
+                timings += statement_pg(url, rounds)
                 plan = pg_plan(url)
                 if keep:
                     report.console.print(f"kept {url}")
@@ -438,7 +508,7 @@ def command(
             f"Loaded in {loaded:.0f} s. Load average after measuring (1, 5, 15 min): "
             f"{load} — the machine is shared, figures on an idle one are lower.\n\n"
             f"{_table(timings)}\n\n"
-            f"Plan of the round's statement:\n\n```\n{plan}\n```\n"
+            f"Plan of the round's statement (lean, as the queue source asks):\n\n```\n{plan}\n```\n"
         )
     if write:
         report.write_section("queuer", f"## Queuer round\n\n{summary}\n\n" + "\n".join(sections))

@@ -20,6 +20,13 @@
   its service no longer contains it, or ``hold_ms`` passes (the submitter
   died before recording anything). Until then it is not handed out again,
   even if the store — not yet told ``submitted = true`` — still queues it.
+* **Lean rounds** (``lean=True``): rounds come without the picks' blobs
+  (``serialized_batch``, transactions), so a round over many services ships
+  a few narrow columns per pick; the batches handed out are then loaded in
+  full with one set-based read per pull (at most ``limit`` of them). A pick
+  whose state changed in the store since its round (gone, final, or another
+  ``submitted``, status, attempt count or attempt time) is not handed out:
+  its service is looked at again on the next pull.
 * A round is a snapshot: the submitter records ``submitted = true`` (fenced,
   under HA) before posting, and must treat a refused write as "not mine".
 
@@ -31,8 +38,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import StoreError
@@ -41,6 +49,8 @@ from ledgerq.queuer import DEFAULT_DELAY_WINDOW_MS, RoundStore
 
 #: How soon to hand back to a caller whose ``exclude`` holds back work.
 _DEFERRED_RETRY_S = 0.002
+
+_T = TypeVar("_T")
 
 ServiceFilter = Callable[[], Collection[str] | None]
 
@@ -76,6 +86,7 @@ class QueueSource:
         hold_ms: int | None = None,
         poll_interval: float = 1.0,
         query_timeout: float = 30.0,
+        lean: bool = False,
     ) -> None:
         if delay_window_ms < 0:
             raise ValueError(f"delay_window_ms must be >= 0, got {delay_window_ms}")
@@ -87,6 +98,7 @@ class QueueSource:
         self._hold_ms = delay_window_ms if hold_ms is None else hold_ms
         self._poll_interval = poll_interval
         self._query_timeout = query_timeout
+        self._lean = lean
         self._round: deque[TrackingBatch] = deque()
         self._in_round: set[str] = set()
         self._held: dict[_Key, _Hold] = {}
@@ -182,10 +194,41 @@ class QueueSource:
                     skipped.append(batch)
                     continue
                 self._in_round.discard(batch.service_id)
-                self._held[_key(batch)] = _Hold(_version(batch), now)
                 taken.append(batch)
             self._round.extendleft(reversed(skipped))
+            if self._lean and taken:
+                taken = await self._load(taken)
+            for batch in taken:
+                self._held[_key(batch)] = _Hold(_version(batch), now)
             return taken, bool(skipped or self._woken)
+
+    async def _load(self, picks: list[TrackingBatch]) -> list[TrackingBatch]:
+        """The full batches of lean picks, minus those the store changed since."""
+        seqs = [b.seq for b in picks if b.seq is not None]
+        loaded = await self._ask(self._store.get_batches_by_seq(seqs), "the batches to submit")
+        by_seq = {b.seq: b for b in loaded}
+        full: list[TrackingBatch] = []
+        for pick in picks:
+            batch = by_seq.get(pick.seq)
+            if (
+                batch is None
+                or batch.is_final
+                or batch.submitted != pick.submitted
+                or _version(batch) != _version(pick)
+            ):
+                self._woken.add(pick.service_id)  # decide again from the store
+                continue
+            full.append(batch)
+        return full
+
+    async def _ask(self, query: Awaitable[_T], what: str) -> _T:
+        try:
+            return await asyncio.wait_for(query, self._query_timeout)
+        except TimeoutError as exc:
+            raise StoreError(
+                f"the store did not return {what} within {self._query_timeout} s; "
+                "check the database's load and connectivity"
+            ) from exc
 
     def _allowed(self, services: set[str]) -> set[str]:
         if self._services is None:
@@ -204,21 +247,18 @@ class QueueSource:
         if services is None and self._services is not None:
             allowed = self._services()
             services = None if allowed is None else set(allowed)
-        try:
-            picks = await asyncio.wait_for(
-                self._store.queue_round(
-                    now=now,
-                    delay_window_ms=self._delay_window_ms,
-                    services=services,
-                    limit=limit,
-                ),
-                self._query_timeout,
-            )
-        except TimeoutError as exc:
-            raise StoreError(
-                f"the store did not return a round within {self._query_timeout} s; "
-                "check the database's load and connectivity"
-            ) from exc
+        # Stores without lean rounds (test doubles) never see the argument.
+        lean: dict[str, bool] = {"lean": True} if self._lean else {}
+        picks = await self._ask(
+            self._store.queue_round(
+                now=now,
+                delay_window_ms=self._delay_window_ms,
+                services=services,
+                limit=limit,
+                **lean,
+            ),
+            "a round",
+        )
         if targets is None:
             self.rounds += 1
         returned = {_key(b) for b in picks}

@@ -59,12 +59,22 @@ class RoundStore(Protocol):
         delay_window_ms: int,
         services: Collection[str] | None = None,
         limit: int | None = None,
+        lean: bool = False,
     ) -> list[TrackingBatch]:
         """The round :func:`select_round` would return over every tracked batch.
 
         ``services`` restricts the round to those service ids (``None``: all);
-        ``limit`` keeps only the first ``limit`` picks in round order.
+        ``limit`` keeps only the first ``limit`` picks in round order. A
+        ``lean`` round may leave out each pick's ``serialized_batch`` (empty),
+        ``transactions`` (empty) and submission error (``None``); everything
+        the rules read (ids, ``seq``, ``submitted``, status, attempts, times)
+        is there. Load the full batches with :meth:`get_batches_by_seq`.
         """
+        ...
+
+    async def get_batches_by_seq(self, seqs: Collection[int]) -> list[TrackingBatch]:
+        """The batches with these ``seq``s, fully loaded, in ``seq`` order;
+        ``seq``s the store no longer holds are left out."""
         ...
 
 

@@ -41,6 +41,23 @@ async def test_oldest_batch_of_each_service_fully_loaded(
     assert got[0].seq == a[0].seq
 
 
+async def test_a_lean_round_leaves_the_blobs_to_get_batches_by_seq(
+    store: BatchTrackingStore, clock: ManualClock
+) -> None:
+    a = await add(store, "svc-a", 2)
+    b = await add(store, "svc-b")
+    full = await store.queue_round(now=clock(), delay_window_ms=WINDOW)
+    lean = await store.queue_round(now=clock(), delay_window_ms=WINDOW, lean=True)
+    assert ids(lean) == ids(full) == [a[0].batch_header, b[0].batch_header]
+    assert [x.seq for x in lean] == [x.seq for x in full]
+    for got in lean:
+        # Memory stores hold loaded batches; SQL ones leave the blobs out.
+        assert got.serialized_batch in (b"", a[0].serialized_batch, b[0].serialized_batch)
+    seqs = [x.seq for x in lean if x.seq is not None]
+    assert await store.get_batches_by_seq([*reversed(seqs), 10**9]) == full
+    assert await store.get_batches_by_seq([]) == []
+
+
 async def test_final_batches_are_skipped_and_unlock(
     store: BatchTrackingStore, clock: ManualClock
 ) -> None:

@@ -14,7 +14,6 @@ from ledgerq.dlt import HttpTimeouts, LedgerClient, http_ledger_client
 from ledgerq.dlt.splinter import scabbard_path
 from ledgerq.errors import InvalidBatchError, LedgerError
 from ledgerq.gateway.notify import PgWakeups
-from ledgerq.gateway.rounds import round_store
 from ledgerq.gateway.service import Gateway
 from ledgerq.store import open_store
 
@@ -55,9 +54,8 @@ async def run_gateway(
     on_started: Callable[[Gateway], Any] | None = None,
 ) -> None:
     async with AsyncExitStack() as stack:
-        opened = await open_store(settings.db, migrate=True)
-        stack.push_async_callback(opened.close)
-        store = round_store(opened)
+        store = await open_store(settings.db, migrate=True)
+        stack.push_async_callback(store.close)
         ledger = await open_ledger(settings, stack)
         splinter = settings.ledger.startswith("splinter+")
         gateway = Gateway(

@@ -95,6 +95,8 @@ class Gateway:
             delay_window_ms=settings["delay_window_ms"],
             poll_interval=settings.submitter.poll_timeout_s,
             services=services,
+            # Rounds without blobs; the batches handed out are loaded in full.
+            lean=True,
         )
         self.submitter = Submitter(self.queue, ledger, self.recorder, settings.submitter)
         self.monitor_source = StoreMonitorSource(store, services=services)

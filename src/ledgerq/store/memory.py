@@ -345,7 +345,9 @@ class MemoryStore:
         delay_window_ms: int,
         services: Collection[str] | None = None,
         limit: int | None = None,
+        lean: bool = False,
     ) -> list[TrackingBatch]:
+        # Lean or not, the memory store's batches are loaded already.
         common.check_round(delay_window_ms, limit)
         wanted = None if services is None else frozenset(services)
         open_ = [
@@ -356,6 +358,10 @@ class MemoryStore:
         ]
         picks = select_round(open_, now=now, delay_window_ms=delay_window_ms)
         return picks if limit is None else picks[:limit]
+
+    async def get_batches_by_seq(self, seqs: Collection[int]) -> list[TrackingBatch]:
+        wanted = set(seqs)
+        return [self._view(r) for r in self._ordered() if r.batch.seq in wanted]
 
     async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None:
         rec = self._find(id, service_id)

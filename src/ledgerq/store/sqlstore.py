@@ -409,20 +409,38 @@ class SqlStore:
         delay_window_ms: int,
         services: Collection[str] | None = None,
         limit: int | None = None,
+        lean: bool = False,
     ) -> list[TrackingBatch]:
         """The one-round serial queuer's round in one statement (plus hydration).
 
-        Equal to :func:`ledgerq.queuer.select_round` over every tracked batch.
+        Equal to :func:`ledgerq.queuer.select_round` over every tracked batch;
+        ``lean`` rounds leave the blobs out (see :class:`ledgerq.queuer.RoundStore`).
         """
         common.check_round(delay_window_ms, limit)
-        params: dict[str, Any] = {"now": now, "delay_window_ms": delay_window_ms, "limit": limit}
-        if services is None:
-            return await self._list("queue_round", params)
-        wanted = sorted(set(services))
+        params: dict[str, Any] = {
+            "now": now,
+            "delay_window_ms": delay_window_ms,
+            "limit": limit,
+            "lean": lean,
+        }
+        name = "queue_round"
+        if services is not None:
+            wanted = sorted(set(services))
+            if not wanted:
+                return []
+            params["services"] = self._backend.texts_param(wanted)
+            name = "queue_round_services"
+        if not lean:
+            return await self._list(name, params)
+        async with self._backend.transaction(write=False) as session:
+            return common.assemble(await session.fetchall(name, params), (), ())
+
+    async def get_batches_by_seq(self, seqs: Collection[int]) -> list[TrackingBatch]:
+        """The batches with these ``seq``s, fully loaded, in ``seq`` order."""
+        wanted = sorted(set(seqs))
         if not wanted:
             return []
-        params["services"] = self._backend.texts_param(wanted)
-        return await self._list("queue_round_services", params)
+        return await self._list("get_batches_by_seq", {"seqs": self._backend.seqs_param(wanted)})
 
     # -- reads ----------------------------------------------------------------
 

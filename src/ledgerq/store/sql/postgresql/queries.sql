@@ -316,6 +316,18 @@ ORDER BY p.service_id;
 -- name: status_counts
 SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1;
 
+-- name: get_batches_by_seq
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.seq = ANY(%(seqs)s::bigint[])
+ORDER BY b.seq;
+
+-- A lean round (%(lean)s true) leaves out what the queue source loads only
+-- for the batches it hands out: serialized_batch (empty), the submission error
+-- (no join) and, in the store, the transactions.
 -- name: queue_round
 -- The one-round serial queuer's round over every service; the same round as
 -- ledgerq.queuer.select_round (docs/queuer.md). queue_heads holds each
@@ -339,11 +351,13 @@ picks AS (
       AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
-FROM picks
+-- Picks in seq order: the heap is read in about its physical order.
+FROM (SELECT seq FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+LEFT JOIN submissions s
+    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
@@ -372,11 +386,13 @@ picks AS (
       AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
-FROM picks
+-- Picks in seq order: the heap is read in about its physical order.
+FROM (SELECT seq FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+LEFT JOIN submissions s
+    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq

@@ -286,6 +286,18 @@ ORDER BY p.service_id;
 -- name: status_counts
 SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1;
 
+-- name: get_batches_by_seq
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.seq IN (SELECT value FROM json_each(:seqs))
+ORDER BY b.seq;
+
+-- A lean round (:lean true) leaves out what the queue source loads only
+-- for the batches it hands out: serialized_batch (empty), the submission error
+-- (no join) and, in the store, the transactions.
 -- name: queue_round
 -- The one-round serial queuer's round over every service; the same round as
 -- ledgerq.queuer.select_round (docs/queuer.md). open_services: a skip scan of
@@ -323,11 +335,12 @@ picks(seq) AS (
       AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = open_services.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM picks
 JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+LEFT JOIN submissions s
+    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= :now - :delay_window_ms
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
@@ -358,11 +371,12 @@ picks(seq) AS (
     WHERE NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = wanted.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM picks
 JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+LEFT JOIN submissions s
+    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= :now - :delay_window_ms
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
