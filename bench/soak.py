@@ -264,11 +264,13 @@ async def _run(
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
+            locked, settle_s = await _settle(urls, settle_timeout_s)
+            soak.settle_s = settle_s
+            # Read the keys only once everything is final, or late commits look like errors.
+            drained = await watcher.wait_for(all_ids, 30) or drained
             keys = await read_keys(
                 node_url, [(f"svc{s:05d}", soak.key(s)) for s in range(services)]
             )
-            locked, settle_s = await _settle(urls, settle_timeout_s)
-            soak.settle_s = settle_s
             outcome = _outcome(soak, watcher, t0, keys, locked)
             if not drained:
                 report.console.print("[red]not every accepted batch reached a final status")

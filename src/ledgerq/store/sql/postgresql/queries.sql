@@ -353,7 +353,8 @@ picks AS (
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
        CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
-FROM picks
+-- Picks in seq order: the heap is read in about its physical order.
+FROM (SELECT seq FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
     ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
@@ -387,7 +388,8 @@ picks AS (
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
        CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
-FROM picks
+-- Picks in seq order: the heap is read in about its physical order.
+FROM (SELECT seq FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
     ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
