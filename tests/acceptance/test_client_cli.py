@@ -20,16 +20,12 @@ from typing import Any
 
 import pytest
 
-from ledgerq.cli import cli
 from tests.operator_fakes import batch_list
 
 LEDGERQ = str(Path(sys.executable).parent / "ledgerq")
 TOKEN = "cli-test-token-5f1c2a9e"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif("serve" not in cli.commands, reason="ledgerq serve is not merged yet"),
-]
+pytestmark = pytest.mark.slow
 
 
 def _env(**extra: str) -> dict[str, str]:
