@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -177,11 +177,56 @@ class _Connection:
         self.executor.shutdown(wait=True)
 
 
+def _drive(body: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (its session is synchronous) to its end."""
+    try:
+        body.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    body.close()
+    raise RuntimeError("a SQLite transaction body awaited something other than its session")
+
+
+class _SyncSession:
+    """The session of :meth:`SqliteBackend.run`: runs on the connection's thread.
+
+    Its coroutines never suspend, so a whole transaction body runs in one
+    trip to the connection's thread.
+    """
+
+    def __init__(self, backend: SqliteBackend, conn: sqlite3.Connection) -> None:
+        self._b = backend
+        self._conn = conn
+        self._q = backend.queries
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return fn(self._conn)
+
+    async def execute(self, name: str, params: Params) -> int:
+        count = 0
+        for sql in self._b.statements(name):
+            count = self._conn.execute(sql, params).rowcount
+        return count
+
+    async def executemany(self, name: str, rows: Sequence[Params]) -> None:
+        self._conn.executemany(self._q[name], rows)
+
+    async def fetchall(self, name: str, params: Params) -> list[Row]:
+        return self._conn.execute(self._q[name], params).fetchall()
+
+    async def fetchone(self, name: str, params: Params) -> Row | None:
+        row: Row | None = self._conn.execute(self._q[name], params).fetchone()
+        return row
+
+
 class _Session:
     def __init__(self, backend: SqliteBackend, connection: _Connection) -> None:
         self._b = backend
         self._c = connection
         self._q = backend.queries
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._c.call(fn)
 
     async def execute(self, name: str, params: Params) -> int:
         """Run a named query, all its statements in one trip; the last one's row count."""
@@ -259,6 +304,28 @@ class SqliteBackend:
                 raise
             await connection.call(lambda c: c.execute("COMMIT"))
 
+    async def run(self, body: Callable[[Any], Coroutine[Any, Any, T]], *, write: bool) -> T:
+        """``body(session)`` in one transaction, in one trip to the connection's thread.
+
+        ``body`` may await only its session's methods (they complete at once
+        on that thread); the transaction commits when it returns and rolls
+        back when it raises.
+        """
+        connection = self._writer if write else self._reader
+
+        def transaction(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                result = _drive(body(_SyncSession(self, conn)))
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        async with connection.lock:
+            return await connection.call(transaction)
+
     async def insert_batches(self, session: Any, batches: Sequence[TrackingBatch]) -> list[int]:
         q = self.queries
 
@@ -300,7 +367,8 @@ class SqliteBackend:
             )
             return list(range(last - len(batches) + 1, last + 1))
 
-        return await self.call(insert)
+        result: list[int] = await session.call(insert)
+        return result
 
     def seqs_param(self, seqs: Sequence[int]) -> str:
         return json.dumps(list(seqs))
