@@ -151,7 +151,12 @@ KEYS: tuple[Key, ...] = (
     Key("claims.instance_id", str, "", "HA instance id (default: host-pid-random)"),
     Key("claims.renew_interval_ms", _positive(_int), 1_000, "claim cycle period (ms)"),
     Key("claims.ttl_ms", _positive(_int), 5_000, "first claim expiry: idle failover (ms)"),
-    Key("claims.slow_ttl_ms", _positive(_int), 30_000, "second expiry: mid-submission (ms)"),
+    Key(
+        "claims.slow_ttl_ms", _non_negative(_int), 0, "2nd expiry, mid-submission (ms; 0: TTL+10%)"
+    ),
+    Key(
+        "claims.post_margin_ms", _non_negative(_int), 0, "claim left to start a POST (ms; 0: TTL/5)"
+    ),
     Key("claims.grace_ms", _non_negative(_int), 2_000, "unclaimed wait before any takes it (ms)"),
     Key("log.level", _log_level, "INFO", "debug, info, warning or error"),
     Key("log.json", _bool, False, "JSON log lines"),
@@ -219,6 +224,7 @@ class Settings:
             renew_interval_ms=v["claims.renew_interval_ms"],
             claim_ttl_ms=v["claims.ttl_ms"],
             slow_ttl_ms=v["claims.slow_ttl_ms"],
+            post_margin_ms=v["claims.post_margin_ms"],
             grace_ms=v["claims.grace_ms"],
             **identity,
         )

@@ -147,6 +147,10 @@ class Recorder:
             )
         return fence
 
+    def submission_fence(self, batch: TrackingBatch) -> Fence | None:
+        """The fence ``batch``'s submission in progress was taken under (None without HA)."""
+        return self._acting.get((batch.service_id, batch.batch_id))
+
     def _submission_fence(self, batch: TrackingBatch) -> Fence | None:
         fence = self._acting.pop((batch.service_id, batch.batch_id), None)
         return fence if fence is not None else self._fence(batch.service_id)

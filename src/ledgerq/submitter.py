@@ -15,6 +15,12 @@ service. Each task POSTs through the :class:`~ledgerq.dlt.LedgerClient`
 * ``Rejected`` (other 4xx) → ``Invalid`` with the ledger's message;
 * ``Ambiguous`` (timeout, reset after sending, 5xx) → ``Unknown``; never
   resent here: the monitor asks the ledger first.
+* Under high availability ``may_post(batch)`` is asked before **every**
+  attempt, the first included: once it says no (the claim the batch was taken
+  under is about to lapse), no further POST is made and the outcome is
+  ``Ambiguous`` → ``Unknown`` (recorded only if the claim still holds in the
+  database); whoever holds the service then asks the ledger before anything
+  is resent. See ``docs/ha.md``, "Safety".
 
 Every submission logs at info level when taken and when finished, with the
 batch and service ids, attempts and duration, so stuck batches show up.
@@ -48,6 +54,8 @@ from ledgerq.recorder import Recorder
 log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
+#: Whether a submission may start another POST attempt (HA: claim still valid).
+MayPost = Callable[[TrackingBatch], bool]
 
 
 class BatchSource(Protocol):
@@ -83,6 +91,13 @@ class SubmitterSettings:
             raise ConfigError("submitter.backoff_* must satisfy 0 <= initial <= max")
 
 
+#: The outcome of a submission whose claim lapsed before its next attempt: an
+#: earlier attempt may have reached the ledger, so it is asked first.
+_CLAIM_LAPSING = Ambiguous(
+    "this instance's claim on the service is about to lapse; no further attempt was made"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What a submission ended in, after retries."""
@@ -100,8 +115,10 @@ class Submitter:
         settings: SubmitterSettings | None = None,
         *,
         sleep: Sleep = asyncio.sleep,
+        may_post: MayPost | None = None,
     ) -> None:
         self._source = source
+        self._may_post = may_post
         self._ledger = ledger
         self._recorder = recorder
         self.settings = settings or SubmitterSettings()
@@ -202,6 +219,8 @@ class Submitter:
         backoff_ms = s.backoff_initial_ms
         attempts = 0
         while True:
+            if self._may_post is not None and not self._may_post(batch):
+                return Outcome(_CLAIM_LAPSING, attempts)
             attempts += 1
             result = await self._ledger.submit(
                 batch.service_id, batch.batch_id, batch.serialized_batch

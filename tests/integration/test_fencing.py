@@ -78,10 +78,10 @@ async def test_a_paused_instance_whose_claim_moved_on_changes_nothing(pg_url: st
         assert fence_a == Fence("a", 1)
         # a takes the first batch for submission, then pauses mid-submission.
         await store_a.change_batch_to_submitted(first.batch_id, "s", now=clock.value, fence=fence_a)
-        clock.advance(29_000)
+        clock.advance(5_000)
         await b.cycle()
         assert claimants(pg_url) == {"s": "a"}  # mid-submission: only the slow path
-        clock.advance(1_000)
+        clock.advance(500)
         await b.cycle()
         assert claimants(pg_url) == {"s": "b"}
         fence_b = b.fence_for("s")

@@ -19,10 +19,23 @@ def test_defaults_are_valid_and_documented_values() -> None:
     assert (s.renew_interval_ms, s.claim_ttl_ms, s.slow_ttl_ms, s.grace_ms) == (
         1_000,
         5_000,
-        30_000,
+        5_500,
         2_000,
     )
+    assert s.post_margin_ms == 1_000
     assert s.effective_liveness_ms == 5_000
+    # The target: every service (mid-submission ones too) fails over
+    # within claim TTL + 1 s of the holder's last renewal.
+    assert s.slow_ttl_ms < s.claim_ttl_ms + 1_000
+
+
+def test_second_expiry_and_post_margin_follow_the_ttl_unless_set() -> None:
+    s = ClaimSettings(instance_id="x", renew_interval_ms=200, claim_ttl_ms=1_000)
+    assert (s.slow_ttl_ms, s.post_margin_ms) == (1_100, 200)
+    tight = ClaimSettings(instance_id="x", renew_interval_ms=900, claim_ttl_ms=1_000)
+    assert tight.post_margin_ms == 50  # half the time left between renewals
+    s = ClaimSettings(instance_id="x", slow_ttl_ms=9_000, post_margin_ms=300)
+    assert (s.slow_ttl_ms, s.post_margin_ms) == (9_000, 300)
 
 
 @pytest.mark.parametrize(
@@ -35,6 +48,8 @@ def test_defaults_are_valid_and_documented_values() -> None:
         ({"liveness_ms": 500}, "liveness_ms"),
         ({"instance_id": ""}, "instance_id"),
         ({"max_attempts": 0}, "max_attempts"),
+        ({"post_margin_ms": 4_000}, "post_margin_ms"),
+        ({"post_margin_ms": -1}, "post_margin_ms"),
     ],
 )
 def test_inconsistent_settings_are_refused_naming_the_key(
@@ -109,7 +124,8 @@ def test_claim_settings_come_from_the_gateway_settings(tmp_path: Path) -> None:
 
     env = {"LEDGERQ_CLAIMS_TTL_MS": "8000", "LEDGERQ_CLAIMS_INSTANCE_ID": "gw-1"}
     claims = load_settings(environ=env, cwd=tmp_path).claims
-    assert (claims.instance_id, claims.claim_ttl_ms, claims.slow_ttl_ms) == ("gw-1", 8_000, 30_000)
+    assert (claims.instance_id, claims.claim_ttl_ms, claims.slow_ttl_ms) == ("gw-1", 8_000, 8_800)
+    assert claims.post_margin_ms == 1_600
     generated = load_settings(environ={}, cwd=tmp_path).claims.instance_id
     assert generated and generated != "gw-1"
     with pytest.raises(ConfigError, match="slow_ttl_ms"):

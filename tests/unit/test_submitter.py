@@ -175,3 +175,51 @@ def test_settings_are_validated() -> None:
 async def test_accepted_is_default_for_unscripted() -> None:
     ledger = ScriptedLedger()
     assert await ledger.submit("a", "x", b"") == Accepted()
+
+
+async def test_the_claim_is_checked_before_every_attempt_not_only_the_first() -> None:
+    store = MemoryPipelineStore()
+    b = batch("s", 1)
+    store.add(b)
+    ledger = ScriptedLedger()
+    ledger.script = {b.batch_id: [Busy(503)] * 10}
+    asked: list[str] = []
+
+    def may_post(taken: object) -> bool:
+        asked.append(getattr(taken, "batch_id", ""))
+        return len(asked) <= 2  # the claim lapses after the second attempt
+
+    recorder = Recorder(store, clock=ManualClock())
+    submitter = Submitter(
+        store,
+        ledger,
+        recorder,
+        SubmitterSettings(poll_timeout_s=0.05, max_retries=5),
+        sleep=Sleeps(),
+        may_post=may_post,
+    )
+    await run_until(submitter, lambda: len(store.writes) >= 2)
+    assert asked == [b.batch_id] * 3
+    assert ledger.sent.count(b.batch_id) == 2  # not the 6 the retry budget allows
+    # An earlier attempt may have reached the ledger: ask it before resending.
+    assert store.batches[b.batch_id].status_name is BatchStatusName.UNKNOWN
+    assert not store.batches[b.batch_id].submitted
+
+
+async def test_no_post_at_all_when_the_claim_lapses_before_the_first_attempt() -> None:
+    store = MemoryPipelineStore()
+    b = batch("s", 1)
+    store.add(b)
+    ledger = ScriptedLedger()
+    recorder = Recorder(store, clock=ManualClock())
+    submitter = Submitter(
+        store,
+        ledger,
+        recorder,
+        SubmitterSettings(poll_timeout_s=0.05),
+        sleep=Sleeps(),
+        may_post=lambda _b: False,
+    )
+    await run_until(submitter, lambda: len(store.writes) >= 2)
+    assert ledger.sent == []
+    assert store.batches[b.batch_id].status_name is BatchStatusName.UNKNOWN

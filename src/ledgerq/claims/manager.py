@@ -217,6 +217,22 @@ class ClaimManager:
         claim = self.held(now).get(service_id)
         return None if claim is None else Fence(self.instance_id, claim.epoch)
 
+    def may_post(self, service_id: str, fence: Fence, now: int | None = None) -> bool:
+        """Whether a submission taken under ``fence`` may start another POST attempt.
+
+        Only while the claim is still held at that epoch and, as last renewed,
+        valid for at least ``post_margin_ms`` more: no attempt starts after
+        ``expiry_1 - post_margin_ms``, so none starts once another instance
+        may take the service (``docs/ha.md``, "Safety").
+        """
+        now = self._clock() if now is None else now
+        claim = self._held.get(service_id)
+        return (
+            claim is not None
+            and fence == Fence(self.instance_id, claim.epoch)
+            and now + self.settings.post_margin_ms < claim.expiry_1
+        )
+
     # -- the claim cycle --------------------------------------------------
 
     async def cycle(self, now: int | None = None) -> CycleReport:

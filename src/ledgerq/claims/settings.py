@@ -13,11 +13,26 @@ seconds on a LAN next to PostgreSQL:
   but less tolerance for a slow database or a garbage-collection pause: an
   instance that misses ``claim_ttl_ms / renew_interval_ms`` renewals in a row
   loses its idle services (safely — fencing stops its writes).
-* ``slow_ttl_ms`` (30 s), the second expiry: after this long the claim is
-  void whatever the holder was doing. It must exceed the longest a submission
-  can take (the submitter's retry budget plus its HTTP timeout), or a slow but
-  healthy POST loses its claim; the new holder then asks the ledger about the
-  batch (the Unknown path) before resubmitting, so this costs time, never order.
+* ``slow_ttl_ms`` (``claim_ttl_ms`` + 10 %: 5.5 s), the second expiry: a service its holder was
+  *mid-submission* on (a batch marked submitted, not yet acknowledged by the
+  ledger) is void after this long, whatever the holder was doing. It need not
+  cover a whole submission: the holder checks its claim before **every** POST
+  attempt (``post_margin_ms`` below), the new holder asks the ledger before it
+  resubmits anything (the Unknown path), and ledgers de-duplicate batch ids,
+  so a POST still under way when the claim moves is the same batch the new
+  holder asks about, executed at most once (``docs/ha.md``, "Safety"). The
+  half second beyond ``claim_ttl_ms`` lets a POST the holder started just
+  before its cut-off reach the ledger before the new holder asks about it.
+* ``post_margin_ms`` (``claim_ttl_ms`` / 5: 1 s), the submitter starts a POST attempt only while its
+  claim, as last renewed, is valid for at least this long: no attempt starts
+  later than ``expiry_1 - post_margin_ms`` on the holder's clock, which is
+  ``post_margin_ms + slow_ttl_ms - claim_ttl_ms`` before any other instance
+  may take a service mid-submission. It must stay below ``claim_ttl_ms -
+  renew_interval_ms`` so a healthy instance, renewing every interval, always
+  passes the check.
+
+``slow_ttl_ms`` and ``post_margin_ms`` left at 0 are derived from
+``claim_ttl_ms`` as above (so shortening the TTL shortens them too).
 * ``grace_ms`` (2 s): an unclaimed service is first left to instances below
   their fair share; after ``grace_ms`` any instance takes it, so no service
   waits for a claimant longer than ``grace_ms + renew_interval_ms``.
@@ -55,7 +70,10 @@ class ClaimSettings:
     instance_id: str = field(default_factory=generate_instance_id)
     renew_interval_ms: int = 1_000
     claim_ttl_ms: int = 5_000
-    slow_ttl_ms: int = 30_000
+    #: 0: claim_ttl_ms + 10 %.
+    slow_ttl_ms: int = 0
+    #: 0: claim_ttl_ms / 5, at most half of claim_ttl_ms - renew_interval_ms.
+    post_margin_ms: int = 0
     grace_ms: int = 2_000
     liveness_ms: int | None = None
     forget_instance_ms: int = 600_000
@@ -70,6 +88,11 @@ class ClaimSettings:
                 f"instance_id must be 1 to {MAX_INSTANCE_ID_LENGTH} characters, "
                 f"got {self.instance_id!r}"
             )
+        if self.slow_ttl_ms == 0:
+            object.__setattr__(self, "slow_ttl_ms", self.claim_ttl_ms + self.claim_ttl_ms // 10)
+        if self.post_margin_ms == 0:
+            spare = max(self.claim_ttl_ms - self.renew_interval_ms, 0)
+            object.__setattr__(self, "post_margin_ms", min(self.claim_ttl_ms // 5, spare // 2))
         for key in ("renew_interval_ms", "claim_ttl_ms", "slow_ttl_ms", "db_timeout_ms"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
@@ -85,6 +108,14 @@ class ClaimSettings:
             raise ConfigError(
                 f"slow_ttl_ms ({self.slow_ttl_ms}) must be at least claim_ttl_ms "
                 f"({self.claim_ttl_ms}): the second expiry comes after the first"
+            )
+        if self.post_margin_ms < 0:
+            raise ConfigError(f"post_margin_ms must not be negative, got {self.post_margin_ms}")
+        if self.post_margin_ms >= self.claim_ttl_ms - self.renew_interval_ms:
+            raise ConfigError(
+                f"post_margin_ms ({self.post_margin_ms}) must be below claim_ttl_ms - "
+                f"renew_interval_ms ({self.claim_ttl_ms - self.renew_interval_ms}), or a "
+                "healthy instance would refuse to submit between two renewals"
             )
         if self.liveness_ms is not None and self.liveness_ms <= self.renew_interval_ms:
             raise ConfigError(

@@ -57,6 +57,8 @@ class Claims(ClaimsView, Protocol):
 
     def fence_for(self, service_id: str, now: int | None = None) -> Fence | None: ...
 
+    def may_post(self, service_id: str, fence: Fence, now: int | None = None) -> bool: ...
+
     def wake(self) -> None: ...
 
     def add_listener(self, listener: Callable[[frozenset[str], frozenset[str]], None]) -> None: ...
@@ -105,7 +107,13 @@ class Gateway:
             # Rounds without blobs; the batches handed out are loaded in full.
             lean=True,
         )
-        self.submitter = Submitter(self.queue, ledger, self.recorder, settings.submitter)
+        self.submitter = Submitter(
+            self.queue,
+            ledger,
+            self.recorder,
+            settings.submitter,
+            may_post=None if claims is None else self._may_post,
+        )
         self.monitor_source = StoreMonitorSource(store, services=services)
         self.monitor = Monitor(
             self.monitor_source,
@@ -153,6 +161,16 @@ class Gateway:
             self.monitor.trigger()
         for service_id in gained:
             self.wake(service_id, relay=False)
+
+    def _may_post(self, batch: TrackingBatch) -> bool:
+        # Checked before every POST attempt: the claim the submission was
+        # taken under must still be held, with post_margin_ms to spare.
+        fence = self.recorder.submission_fence(batch)
+        return (
+            fence is not None
+            and self.claims is not None
+            and self.claims.may_post(batch.service_id, fence)
+        )
 
     def _accepted(self, batches: Sequence[TrackingBatch]) -> None:
         self.metrics.batches_accepted(batches)
