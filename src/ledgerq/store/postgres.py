@@ -138,7 +138,13 @@ class PostgresBackend:
         async with self._connection() as conn, conn.transaction():
             yield _Session(conn, self)
 
-    async def run(self, body: Callable[[Any], Coroutine[Any, Any, T]], *, write: bool) -> T:
+    async def run(
+        self,
+        body: Callable[[Any], Coroutine[Any, Any, T]],
+        *,
+        write: bool,
+        short: bool = False,
+    ) -> T:
         """``body(session)`` in one transaction."""
         async with self.transaction(write=write) as session:
             return await body(session)

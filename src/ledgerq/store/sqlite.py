@@ -1,11 +1,21 @@
 """SQLite backend: one file database, WAL mode, two connections per store.
 
-Blocking ``sqlite3`` calls run on dedicated single-thread executors, one per
-connection, that own their connection; an ``asyncio.Lock`` per connection
-gives each transaction its connection to itself. Write transactions use the
-writing connection (so a store's writes are serialized), read transactions
-the reading one: under WAL a read sees the last committed state and never
-waits for a write in progress. Several stores (processes or connections) on
+Each connection has a dedicated single-thread executor, and an
+``asyncio.Lock`` gives each transaction its connection to itself. Write
+transactions use the writing connection (so a store's writes are
+serialized), read transactions the reading one: under WAL a read sees the
+last committed state and never waits for a write in progress.
+
+A transaction runs whole in one go (:meth:`SqliteBackend.run`): writes and
+short indexed reads on the event loop's own thread, long reads (rounds over
+every service, listings) on the connection's thread. Writes are short
+(group-committed pipeline writes, one insert per request), and running them
+on a second thread costs more than it saves: each statement releases the
+GIL and must win it back from a busy event loop, which on a loaded gateway
+stretched a 1 ms transaction to tens of milliseconds. (``inline=False``
+sends everything to the threads.) The price: while another process holds
+the database's write lock (a maintenance command), an inline write waits for
+it, up to ``busy_timeout_ms``, with the event loop. Several stores (processes or connections) on
 one file coordinate through SQLite's own write lock (``BEGIN IMMEDIATE``,
 ``busy_timeout``).
 
@@ -63,6 +73,8 @@ class SqliteOptions:
 
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
     synchronous: str = "NORMAL"
+    #: Run writes and short reads on the event loop's thread (module notes).
+    inline: bool = True
 
 
 def options_from_url(url: str) -> SqliteOptions:
@@ -115,6 +127,17 @@ def split_script(script: str) -> list[str]:
     return statements
 
 
+def _translated(fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
+    try:
+        return fn(conn)
+    except sqlite3.IntegrityError as exc:
+        if "UNIQUE" in str(exc) or "PRIMARY KEY" in str(exc):
+            raise ConflictError(str(exc)) from exc
+        raise StoreError(f"SQLite refused the write: {exc}") from exc
+    except sqlite3.Error as exc:
+        raise _translate(exc) from exc
+
+
 class _Connection:
     """One sqlite3 connection, owned by its own single-thread executor."""
 
@@ -126,23 +149,22 @@ class _Connection:
         # One transaction at a time on this connection.
         self.lock = asyncio.Lock()
 
-    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` on the connection's thread."""
+    def _connection(self) -> sqlite3.Connection:
         conn = self.conn
         if conn is None:
             raise StoreError("the store is closed; open it again with open_store")
+        return conn
 
-        def run() -> T:
-            try:
-                return fn(conn)
-            except sqlite3.IntegrityError as exc:
-                if "UNIQUE" in str(exc) or "PRIMARY KEY" in str(exc):
-                    raise ConflictError(str(exc)) from exc
-                raise StoreError(f"SQLite refused the write: {exc}") from exc
-            except sqlite3.Error as exc:
-                raise _translate(exc) from exc
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on the connection's thread."""
+        conn = self._connection()
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, _translated, fn, conn
+        )
 
-        return await asyncio.get_running_loop().run_in_executor(self.executor, run)
+    def call_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on the calling thread (the caller holds ``lock``)."""
+        return _translated(fn, self._connection())
 
     async def open(self) -> None:
         busy_ms = self.options.busy_timeout_ms
@@ -154,6 +176,9 @@ class _Connection:
                 self.path,
                 isolation_level=None,  # we issue BEGIN/COMMIT ourselves
                 timeout=busy_ms / 1000,
+                # Used from its own thread or, under ``lock``, from the event
+                # loop's (SqliteBackend.run's inline writes).
+                check_same_thread=False,
             )
             conn.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
             conn.execute("PRAGMA journal_mode = WAL")
@@ -304,7 +329,13 @@ class SqliteBackend:
                 raise
             await connection.call(lambda c: c.execute("COMMIT"))
 
-    async def run(self, body: Callable[[Any], Coroutine[Any, Any, T]], *, write: bool) -> T:
+    async def run(
+        self,
+        body: Callable[[Any], Coroutine[Any, Any, T]],
+        *,
+        write: bool,
+        short: bool = False,
+    ) -> T:
         """``body(session)`` in one transaction, in one trip to the connection's thread.
 
         ``body`` may await only its session's methods (they complete at once
@@ -324,6 +355,8 @@ class SqliteBackend:
             return result
 
         async with connection.lock:
+            if self.options.inline and (write or short):
+                return connection.call_here(transaction)
             return await connection.call(transaction)
 
     async def insert_batches(self, session: Any, batches: Sequence[TrackingBatch]) -> list[int]:

@@ -47,6 +47,10 @@ from ledgerq.store.migrate import MigrationResult
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
+
+#: Rounds of at most this many listed services (and loads of at most this
+#: many batches) are short reads.
+SHORT_ROUND_SERVICES = 64
 Params = Mapping[str, Any]
 
 
@@ -72,11 +76,16 @@ class Backend(Protocol):
     dialect: str
 
     def run(
-        self, body: Callable[[Session], Coroutine[Any, Any, T]], *, write: bool
+        self,
+        body: Callable[[Session], Coroutine[Any, Any, T]],
+        *,
+        write: bool,
+        short: bool = False,
     ) -> Awaitable[T]:
         """``body(session)`` in one transaction: commits when it returns, rolls
         back when it raises. ``body`` awaits nothing but its session (SQLite
-        runs it whole on the connection's thread)."""
+        runs it whole in one go). ``short``: a read of a few indexed rows
+        (SQLite may run it on the calling thread)."""
         ...
 
     async def insert_batches(self, session: Session, batches: Sequence[TrackingBatch]) -> list[int]:
@@ -528,20 +537,26 @@ class SqlStore:
                 return []
             params["services"] = self._backend.texts_param(wanted)
             name = "queue_round_services"
+        # A round of a few woken services is a short read.
+        short = services is not None and len(params["services"]) <= SHORT_ROUND_SERVICES
         if not lean:
-            return await self._list(name, params)
+            return await self._list(name, params, short=short)
 
         async def body(session: Session) -> list[TrackingBatch]:
             return common.assemble(await session.fetchall(name, params), (), ())
 
-        return await self._backend.run(body, write=False)
+        return await self._backend.run(body, write=False, short=short)
 
     async def get_batches_by_seq(self, seqs: Collection[int]) -> list[TrackingBatch]:
         """The batches with these ``seq``s, fully loaded, in ``seq`` order."""
         wanted = sorted(set(seqs))
         if not wanted:
             return []
-        return await self._list("get_batches_by_seq", {"seqs": self._backend.seqs_param(wanted)})
+        return await self._list(
+            "get_batches_by_seq",
+            {"seqs": self._backend.seqs_param(wanted)},
+            short=len(wanted) <= SHORT_ROUND_SERVICES,
+        )
 
     # -- reads ----------------------------------------------------------------
 
@@ -560,20 +575,22 @@ class SqlStore:
             )
         return common.assemble(rows, txns, invalid)
 
-    async def _list(self, name: str, params: Params) -> list[TrackingBatch]:
+    async def _list(self, name: str, params: Params, *, short: bool = False) -> list[TrackingBatch]:
         async def body(session: Session) -> list[TrackingBatch]:
             return await self._hydrate(session, await session.fetchall(name, params))
 
-        return await self._backend.run(body, write=False)
+        return await self._backend.run(body, write=False, short=short)
 
-    async def _fetchall(self, name: str, params: Params) -> list[Row]:
-        return await self._backend.run(lambda s: s.fetchall(name, params), write=False)
+    async def _fetchall(self, name: str, params: Params, *, short: bool = False) -> list[Row]:
+        return await self._backend.run(lambda s: s.fetchall(name, params), write=False, short=short)
 
     async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None:
         common.check_service_id(service_id)
         batch_id, dc = common.parse_id(id)
         if batch_id is not None:
-            found = await self._list("get_batch", {"service_id": service_id, "batch_id": batch_id})
+            found = await self._list(
+                "get_batch", {"service_id": service_id, "batch_id": batch_id}, short=True
+            )
         else:
             found = await self._list(
                 "get_batch_by_data_change_id", {"service_id": service_id, "data_change_id": dc}
@@ -596,7 +613,8 @@ class SqlStore:
         """Non-final batches that are ``Pending`` or ``{submitted, no status}``,
         in ``seq`` order, lean (no blobs, no transactions, no errors)."""
         common.check_limit(limit)
-        rows = await self._fetchall("list_in_flight", {"limit": limit})
+        # Reads the busy index only: short.
+        rows = await self._fetchall("list_in_flight", {"limit": limit}, short=True)
         return common.assemble(rows, (), ())
 
     async def get_unsubmitted_batches(self) -> TrackingBatchList:
