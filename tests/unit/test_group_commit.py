@@ -9,10 +9,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from ledgerq.errors import FencedOffError, StoreError, StoreUnavailableError
-from ledgerq.model import Pending
-from ledgerq.store import BatchWrite
-from ledgerq.store.group import GroupCommitWriter
+from ledgerq.errors import DuplicateBatchError, FencedOffError, StoreError, StoreUnavailableError
+from ledgerq.model import Pending, TrackingBatch
+from ledgerq.store import BatchWrite, MemoryStore
+from ledgerq.store.group import GroupCommitWriter, GroupInserter
+from tests.store.conftest import make_batch
 
 
 class SlowStore:
@@ -82,3 +83,57 @@ async def test_groups_are_capped() -> None:
     store.release.set()
     await asyncio.gather(*calls)
     assert store.groups == [["a", "b"], ["c", "d"], ["e"]]
+
+
+class GatedStore(MemoryStore):
+    """A memory store whose inserts wait for a gate, counting calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.calls: list[int] = []
+
+    async def add_batches(
+        self, batches: list[TrackingBatch], *, now: int | None = None
+    ) -> list[TrackingBatch]:
+        self.calls.append(len(batches))
+        await self.gate.wait()
+        return await super().add_batches(batches, now=now)
+
+
+async def test_requests_arriving_during_an_insert_are_inserted_together_in_order() -> None:
+    store = GatedStore()
+    inserter = GroupInserter(store)
+    first = asyncio.create_task(inserter.add_batches([make_batch("s1")], now=1))
+    await asyncio.sleep(0)
+    later = [
+        asyncio.create_task(inserter.add_batches([make_batch("s1"), make_batch("s2")], now=2)),
+        asyncio.create_task(inserter.add_batches([make_batch("s1")], now=3)),
+    ]
+    await asyncio.sleep(0)
+    store.gate.set()
+    results = await asyncio.gather(first, *later)
+    assert store.calls == [1, 3]  # one insert at once, then the two that waited together
+    seqs = [b.seq for r in results for b in r]
+    assert seqs == sorted(seqs)  # acceptance order is arrival order
+    assert [b.created_at for b in results[1]] == [2, 2] and results[2][0].created_at == 3
+
+
+async def test_a_refused_request_fails_alone_and_the_others_land() -> None:
+    store = GatedStore()
+    inserter = GroupInserter(store)
+    store.gate.set()
+    (known,) = await store.add_batches([make_batch("s1")])
+    store.gate.clear()
+    first = asyncio.create_task(inserter.add_batches([make_batch("s1")]))
+    await asyncio.sleep(0)
+    dup = asyncio.create_task(inserter.add_batches([make_batch("s2"), known]))
+    fine = asyncio.create_task(inserter.add_batches([make_batch("s3")]))
+    await asyncio.sleep(0)
+    store.gate.set()
+    await first
+    with pytest.raises(DuplicateBatchError, match=known.batch_id):
+        await dup
+    (landed,) = await fine
+    assert await store.get_batch(landed.batch_id, "s3") is not None
+    assert (await store.list_batches(service_id="s2")).batches == ()  # nothing of the refused

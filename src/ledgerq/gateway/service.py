@@ -37,7 +37,7 @@ from ledgerq.queue_source import QueueSource
 from ledgerq.queuer import RoundStore
 from ledgerq.recorder import Recorder
 from ledgerq.store.base import GroupWriter
-from ledgerq.store.group import GroupCommitWriter
+from ledgerq.store.group import GroupCommitWriter, GroupInserter
 from ledgerq.submitter import Submitter
 from ledgerq.web import GatewayMetrics, gateway_app
 
@@ -132,6 +132,8 @@ class Gateway:
             changes=self.changes,
             clock=clock,
             claims=claims,
+            # Requests arriving while one insert commits go in together.
+            acceptor=GroupInserter(store),
         )
         self.recorder.add_unlock_listener(self.wake)
         if claims is not None:

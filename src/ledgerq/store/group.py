@@ -1,4 +1,4 @@
-"""Group commit of the pipeline's writes.
+"""Group commit of the pipeline's writes, and of the API's inserts.
 
 :class:`GroupCommitWriter` offers the recorder's store role
 (``change_batch_to_submitted``, ``update_batch_status``) on top of a store's
@@ -20,15 +20,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from ledgerq.errors import StoreError
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
     Fence,
     SubmissionError,
+    TrackingBatch,
     TransactionReceipt,
 )
 from ledgerq.store import common
-from ledgerq.store.base import BatchWrite, GroupWriter
+from ledgerq.store.base import BatchAcceptor, BatchWrite, GroupWriter
 
 #: Writes applied in one transaction at most.
 DEFAULT_MAX_GROUP = 512
@@ -137,3 +139,96 @@ class GroupCommitWriter:
                 future.set_result(None)
             else:
                 future.set_exception(error)
+
+
+_Request = tuple[list[TrackingBatch], int | None, "asyncio.Future[list[TrackingBatch]]"]
+
+
+class GroupInserter:
+    """Group commit of ``add_batches``: the requests that arrive while one
+    insert commits are inserted together, in arrival order, in one
+    transaction.
+
+    If the combined insert is refused (a duplicate, a value the schema cannot
+    hold), each request of the group is inserted on its own, so the refusal
+    reaches only the request it concerns, naming its offender, and the others
+    land as if alone.
+    """
+
+    def __init__(self, store: BatchAcceptor, *, max_batches: int = 10_000) -> None:
+        self._store = store
+        self._max_batches = max_batches
+        self._queue: list[
+            tuple[list[TrackingBatch], int | None, asyncio.Future[list[TrackingBatch]]]
+        ]
+        self._queue = []
+        self._running = False
+        self.groups = 0
+
+    async def add_batches(
+        self, batches: list[TrackingBatch], *, now: int | None = None
+    ) -> list[TrackingBatch]:
+        if not self._running and not self._queue:
+            # Nothing in progress: insert at once, without a task in between.
+            self._running = True
+            try:
+                self.groups += 1
+                return await self._store.add_batches(batches, now=now)
+            finally:
+                self._running = False
+                self._start()
+        future: asyncio.Future[list[TrackingBatch]] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._queue.append((batches, now, future))
+        self._start()
+        return await asyncio.shield(future)
+
+    def _start(self) -> None:
+        if self._queue and not self._running:
+            self._running = True
+            asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                group = [self._queue.pop(0)]
+                size = len(group[0][0])
+                while self._queue and size + len(self._queue[0][0]) <= self._max_batches:
+                    size += len(self._queue[0][0])
+                    group.append(self._queue.pop(0))
+                await self._insert(group)
+        finally:
+            self._running = False
+
+    async def _insert(
+        self,
+        group: list[_Request],
+    ) -> None:
+        self.groups += 1
+        if len(group) > 1:
+            # Each request keeps its own acceptance time.
+            combined = [
+                b if now is None else common.with_defaults(b, now)
+                for batches, now, _ in group
+                for b in batches
+            ]
+            try:
+                stored = await self._store.add_batches(combined)
+            except StoreError:
+                pass  # each on its own below: the refusal goes where it belongs
+            else:
+                at = 0
+                for batches, _, future in group:
+                    if not future.done():
+                        future.set_result(stored[at : at + len(batches)])
+                    at += len(batches)
+                return
+        for batches, now, future in group:
+            try:
+                result = await self._store.add_batches(batches, now=now)
+            except Exception as exc:
+                if not future.done():
+                    future.set_exception(exc)
+            else:
+                if not future.done():
+                    future.set_result(result)

@@ -234,7 +234,9 @@ class _SyncSession:
         return count
 
     async def executemany(self, name: str, rows: Sequence[Params]) -> None:
-        self._conn.executemany(self._q[name], rows)
+        # Statement by statement, each over every row.
+        for sql in self._b.statements(name):
+            self._conn.executemany(sql, rows)
 
     async def fetchall(self, name: str, params: Params) -> list[Row]:
         return self._conn.execute(self._q[name], params).fetchall()
@@ -266,8 +268,13 @@ class _Session:
         return await self._c.call(run)
 
     async def executemany(self, name: str, rows: Sequence[Params]) -> None:
-        sql = self._q[name]
-        await self._c.call(lambda c: c.executemany(sql, rows))
+        statements = self._b.statements(name)
+
+        def run(conn: sqlite3.Connection) -> None:
+            for sql in statements:
+                conn.executemany(sql, rows)
+
+        await self._c.call(run)
 
     async def fetchall(self, name: str, params: Params) -> list[Row]:
         sql = self._q[name]

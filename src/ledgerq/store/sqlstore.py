@@ -36,6 +36,7 @@ from ledgerq.model import (
 )
 from ledgerq.store import common
 from ledgerq.store.base import (
+    DATA_CHANGE_PREFIX,
     NO_STATUS,
     WRITE_REFUSALS,
     BatchWrite,
@@ -122,6 +123,77 @@ class _Attempt:
 
 def _write_of(step: _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]) -> BatchWrite:
     return step.write if isinstance(step, _Attempt) else step[0]
+
+
+def _waves(
+    steps: Sequence[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]],
+) -> list[list[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]]]:
+    """Split sorted steps into runs that touch each batch at most once, in order.
+
+    A write by data change id gets a wave of its own (its batch is known
+    only once resolved).
+    """
+    waves: list[list[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]]] = []
+    seen: set[tuple[str, str]] = set()
+    for item in steps:
+        w = _write_of(item[1])
+        key = (w.service_id, w.id)
+        by_dc = w.id.startswith(DATA_CHANGE_PREFIX)
+        if not waves or key in seen or by_dc:
+            waves.append([])
+            seen = set()
+        waves[-1].append(item)
+        seen.add(key)
+        if by_dc:
+            seen.add(("", ""))  # nothing joins a wave by data change id
+    return waves
+
+
+#: Statements a group's writes defer, in the order one write issues them.
+_DEFERRED_ORDER = ("record_attempt", "write_status", "upsert_receipt", "upsert_submission_error")
+
+
+class _DeferredSession:
+    """A session for a wave of group writes: the batch and claim rows come
+    from one read per wave; the writes' statements are collected, then run
+    set-based (``executemany``), statement kind by statement kind."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self.states: dict[tuple[str, str], Row] = {}
+        self.claims: set[tuple[str, str, int]] = set()
+        self._pending: dict[str, list[Params]] = {name: [] for name in _DEFERRED_ORDER}
+
+    def mark(self) -> dict[str, int]:
+        return {name: len(rows) for name, rows in self._pending.items()}
+
+    def reset(self, mark: dict[str, int]) -> None:
+        for name, rows in self._pending.items():
+            del rows[mark[name] :]
+
+    async def execute(self, name: str, params: Params) -> int:
+        self._pending[name].append(params)
+        return 1
+
+    async def executemany(self, name: str, rows: Sequence[Params]) -> None:
+        self._pending[name].extend(rows)
+
+    async def fetchone(self, name: str, params: Params) -> Row | None:
+        if name == "batch_state":
+            return self.states.get((params["service_id"], params["batch_id"]))
+        if name == "hold_claim":
+            key = (params["service_id"], params["instance_id"], params["epoch"])
+            return (key[2],) if key in self.claims else None
+        return await self._session.fetchone(name, params)
+
+    async def fetchall(self, name: str, params: Params) -> list[Row]:
+        return await self._session.fetchall(name, params)
+
+    async def flush(self) -> None:
+        for name in _DEFERRED_ORDER:
+            rows = self._pending[name]
+            if rows:
+                await self._session.executemany(name, rows)
 
 
 def _batch_params(batch: TrackingBatch) -> dict[str, Any]:
@@ -478,16 +550,28 @@ class SqlStore:
                 results[i] = exc
 
         async def body(session: Session) -> list[StoreError | None]:
-            for i, step in steps:
-                try:
-                    if isinstance(step, _Attempt):
-                        await self._attempt_one(session, step)
-                    else:
-                        w, update, receipts = step
-                        at = self._now(w.now)
-                        await self._update_one(session, w.service_id, update, receipts, at, w.fence)
-                except WRITE_REFUSALS as exc:
-                    results[i] = exc
+            for wave in _waves(steps):
+                # The writes of a wave touch distinct batches: their rows are
+                # read and locked in one query, their statements deferred
+                # and run set-based, kind by kind, in the order one write
+                # issues them.
+                deferred = _DeferredSession(session)
+                await self._prefetch(session, deferred, [_write_of(step) for _, step in wave])
+                for i, step in wave:
+                    mark = deferred.mark()
+                    try:
+                        if isinstance(step, _Attempt):
+                            await self._attempt_one(deferred, step)
+                        else:
+                            w, update, receipts = step
+                            at = self._now(w.now)
+                            await self._update_one(
+                                deferred, w.service_id, update, receipts, at, w.fence
+                            )
+                    except WRITE_REFUSALS as exc:
+                        deferred.reset(mark)
+                        results[i] = exc
+                await deferred.flush()
             return results
 
         if not steps:
@@ -496,6 +580,36 @@ class SqlStore:
         # never deadlock; writes of one batch keep their order (stable sort).
         steps.sort(key=lambda step: _write_of(step[1]).service_id + "\0" + _write_of(step[1]).id)
         return await self._backend.run(body, write=True)
+
+    async def _prefetch(
+        self, session: Session, deferred: _DeferredSession, writes: Sequence[BatchWrite]
+    ) -> None:
+        keys = sorted(
+            {(w.service_id, w.id) for w in writes if not w.id.startswith(DATA_CHANGE_PREFIX)}
+        )
+        if keys:
+            rows = await session.fetchall(
+                "batch_states",
+                {
+                    "service_ids": self._backend.texts_param([k[0] for k in keys]),
+                    "batch_ids": self._backend.texts_param([k[1] for k in keys]),
+                },
+            )
+            deferred.states = {(r[0], r[1]): (r[1], r[2], r[3]) for r in rows}
+        fences = sorted(
+            {(w.service_id, w.fence.instance_id, w.fence.epoch) for w in writes if w.fence}
+        )
+        # Only PostgreSQL has claims; elsewhere the first fenced write refuses.
+        if fences and self.dialect == "postgresql":
+            rows = await session.fetchall(
+                "hold_claims",
+                {
+                    "service_ids": self._backend.texts_param([f[0] for f in fences]),
+                    "instance_ids": self._backend.texts_param([f[1] for f in fences]),
+                    "epochs": self._backend.seqs_param([f[2] for f in fences]),
+                },
+            )
+            deferred.claims = {(r[0], r[1], int(r[2])) for r in rows}
 
     async def clean_stale_records(self, submitted_by: int) -> int:
         params = {"cutoff": submitted_by}

@@ -394,3 +394,11 @@ WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
   AND (b.status = 'Pending' OR (b.submitted AND b.status IS NULL))
 ORDER BY b.seq
 LIMIT :limit;
+
+-- A group of writes (apply_writes): the rows of its batches (the write lock
+-- is the transaction's already).
+-- name: batch_states
+SELECT b.service_id, b.batch_id, b.status, b.submitted
+FROM json_each(:service_ids) AS s
+JOIN json_each(:batch_ids) AS i ON i.key = s.key
+JOIN batches b ON b.service_id = s.value AND b.batch_id = i.value;
