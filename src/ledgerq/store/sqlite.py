@@ -416,6 +416,9 @@ class SqliteBackend:
     def texts_param(self, values: Sequence[str]) -> str:
         return json.dumps(list(values))
 
+    def keys_param(self, keys: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        return {"keys": json.dumps([list(k) for k in keys])}
+
     async def migrate(self, *, apply: bool, url: str) -> MigrationResult:
         q = self.queries
 
