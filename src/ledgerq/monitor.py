@@ -17,8 +17,9 @@ It follows every batch the ledger has, or may have, until it is final:
   applied at once — no poll stands between a commit and the next batch of
   the service. An event that arrives before the submitter has recorded the
   batch as accepted is held until it has (so ``Pending`` never overwrites a
-  final status). Any other event triggers an early poll, rate limited to one
-  per ``min_poll_interval_s``.
+  final status). An event still unmatched after ``early_grace_s`` (a batch
+  submitted by another process or an earlier run) triggers an early poll,
+  rate limited to one per ``min_poll_interval_s``.
 * Without events, a poll runs every ``poll_interval_s``.
 
 A failed status read is logged and retried next round; it never changes a
@@ -66,12 +67,17 @@ class MonitorSettings:
     batch_limit: int = 10_000
     #: Events that arrived before their batch was recorded accepted, kept at most.
     early_events: int = 10_000
+    #: Events applied at once (their writes share group commits).
+    event_concurrency: int = 1024
+    #: How long such an event waits for its batch to be recorded accepted
+    #: before it triggers a poll instead.
+    early_grace_s: float = 0.5
 
     def __post_init__(self) -> None:
-        for key in ("poll_interval_s", "min_poll_interval_s", "wait_s"):
+        for key in ("poll_interval_s", "min_poll_interval_s", "wait_s", "early_grace_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"monitor.{key} must not be negative")
-        for key in ("max_ids", "connections", "stale_after_ms", "batch_limit"):
+        for key in ("max_ids", "connections", "stale_after_ms", "batch_limit", "event_concurrency"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"monitor.{key} must be at least 1")
 
@@ -172,16 +178,17 @@ class Monitor:
             except LedgerError as exc:
                 log.warning("status read for service %s failed: %s", service_id, exc)
                 return 0
-        applied = 0
-        for status in statuses:
-            if (
+        news = [
+            status
+            for status in statuses
+            # A known Pending is nothing new; and an event may have made it final meanwhile.
+            if not (
                 status.status.name is BatchStatusName.PENDING
                 and status.batch_id in self._known_pending
-            ):
-                continue  # nothing new; and an event may have made it final meanwhile
-            await self._apply(service_id, status)
-            applied += 1
-        return applied
+            )
+        ]
+        await asyncio.gather(*(self._apply(service_id, status) for status in news))
+        return len(news)
 
     async def _apply(self, service_id: str, status: LedgerBatchStatus) -> None:
         if status.status.is_final or status.status.name is BatchStatusName.UNKNOWN:
@@ -196,6 +203,10 @@ class Monitor:
         if early is not None:
             self._inbox.put_nowait(early)
 
+    def _unclaimed_event(self, batch_id: str) -> None:
+        if batch_id in self._early:
+            self.trigger()  # not ours after all: let a poll find its batch
+
     async def _follow(self, events: AsyncIterator[CommitEvent]) -> None:
         async with asyncio.TaskGroup() as tasks:
             apply = tasks.create_task(self._apply_inbox())
@@ -206,8 +217,15 @@ class Monitor:
                 apply.cancel()
 
     async def _apply_inbox(self) -> None:
-        while True:
-            await self.handle_event(await self._inbox.get())
+        # Concurrently (a batch has one final event), so the writes of many
+        # events share a group commit instead of queueing one behind another.
+        limit = asyncio.Semaphore(self.settings.event_concurrency)
+        async with asyncio.TaskGroup() as tasks:
+            while True:
+                event = await self._inbox.get()
+                await limit.acquire()
+                task = tasks.create_task(self.handle_event(event))
+                task.add_done_callback(lambda _t: limit.release())
 
     async def handle_event(self, event: CommitEvent) -> None:
         """Apply a final-status event for a watched batch; otherwise hold it and poll."""
@@ -215,10 +233,14 @@ class Monitor:
             return
         service_id = self._watched.pop(event.batch_id, None)
         if service_id is None:
+            # Usually the submitter has not recorded it accepted yet: applied
+            # when it has. If not within the grace, a poll looks for it.
             self._early[event.batch_id] = event
             while len(self._early) > self.settings.early_events:
                 self._early.popitem(last=False)
-            self.trigger()
+            asyncio.get_running_loop().call_later(
+                self.settings.early_grace_s, self._unclaimed_event, event.batch_id
+            )
             return
         self.applied_from_events += 1
         try:

@@ -4,7 +4,9 @@
 (:class:`ledgerq.queuer.RoundStore.queue_round`) to the submitter:
 
 * **One round at a time.** When the current round is used up, the next pull
-  asks the store for a new one. Every service with work has one batch in a
+  asks the store for a new one — if one is due: at start, after
+  ``wake(None)``, and once per ``poll_interval``; in between, the woken
+  services below are all there is to look at. Every service with work has one batch in a
   round, so a service with 10,000 waiting batches delays a service with one
   batch by at most the rest of the current round.
 * **Woken, not polled.** :meth:`QueueSource.wake` says a service's state
@@ -103,6 +105,13 @@ class QueueSource:
         self._in_round: set[str] = set()
         self._held: dict[_Key, _Hold] = {}
         self._woken: set[str] = set()
+        # Seqs of round picks that came without their blobs.
+        self._lean_picks: set[int] = set()
+        # A full round is asked for only when one is due: at start, after
+        # wake(None), and every poll interval (Delayed batches whose window
+        # passed, wake-ups missed); otherwise woken services are enough.
+        self._full_due = True
+        self._last_full: int | None = None
         self._event = asyncio.Event()
         self._lock = asyncio.Lock()
         self.rounds = 0
@@ -121,6 +130,8 @@ class QueueSource:
         """A service's state changed in the store (``None``: some service)."""
         if service_id is not None:
             self._woken.add(service_id)
+        else:
+            self._full_due = True
         self._event.set()
 
     async def get(self, max_wait: float | None = None) -> TrackingBatch | None:
@@ -181,7 +192,7 @@ class QueueSource:
                 targets = self._allowed(woken - self._in_round - exclude)
                 if targets:
                     await self._refill(now, targets)
-            if not self._round:
+            if not self._round and self._full_round_due(now):
                 await self._refill(now, None)
             taken: list[TrackingBatch] = []
             skipped: list[TrackingBatch] = []
@@ -196,7 +207,7 @@ class QueueSource:
                 self._in_round.discard(batch.service_id)
                 taken.append(batch)
             self._round.extendleft(reversed(skipped))
-            if self._lean and taken:
+            if any(b.seq in self._lean_picks for b in taken):
                 taken = await self._load(taken)
             for batch in taken:
                 self._held[_key(batch)] = _Hold(_version(batch), now)
@@ -204,11 +215,15 @@ class QueueSource:
 
     async def _load(self, picks: list[TrackingBatch]) -> list[TrackingBatch]:
         """The full batches of lean picks, minus those the store changed since."""
-        seqs = [b.seq for b in picks if b.seq is not None]
+        seqs = [b.seq for b in picks if b.seq is not None and b.seq in self._lean_picks]
         loaded = await self._ask(self._store.get_batches_by_seq(seqs), "the batches to submit")
         by_seq = {b.seq: b for b in loaded}
         full: list[TrackingBatch] = []
         for pick in picks:
+            if pick.seq is None or pick.seq not in self._lean_picks:
+                full.append(pick)  # from a round of woken services: loaded already
+                continue
+            self._lean_picks.discard(pick.seq)
             batch = by_seq.get(pick.seq)
             if (
                 batch is None
@@ -240,6 +255,14 @@ class QueueSource:
         expired = [k for k, h in self._held.items() if now - h.taken_at >= self._hold_ms]
         for key in expired:
             del self._held[key]
+            self._woken.add(key[0])  # look at its service again
+
+    def _full_round_due(self, now: int) -> bool:
+        return (
+            self._full_due
+            or self._last_full is None
+            or now - self._last_full >= self._poll_interval * 1000
+        )
 
     async def _refill(self, now: int, targets: set[str] | None) -> None:
         services = targets
@@ -248,7 +271,8 @@ class QueueSource:
             allowed = self._services()
             services = None if allowed is None else set(allowed)
         # Stores without lean rounds (test doubles) never see the argument.
-        lean: dict[str, bool] = {"lean": True} if self._lean else {}
+        # Rounds of a few woken services come whole: one query, no reload.
+        lean: dict[str, bool] = {"lean": targets is None} if self._lean else {}
         picks = await self._ask(
             self._store.queue_round(
                 now=now,
@@ -261,6 +285,8 @@ class QueueSource:
         )
         if targets is None:
             self.rounds += 1
+            self._full_due = False
+            self._last_full = now
         returned = {_key(b) for b in picks}
         # A held batch missing from a round that covers its service is no
         # longer queueable in the store: the store has caught up. A round cut
@@ -278,5 +304,7 @@ class QueueSource:
                 del self._held[_key(batch)]
             if batch.service_id in self._in_round:
                 continue
+            if lean.get("lean") and batch.seq is not None:
+                self._lean_picks.add(batch.seq)
             self._round.append(batch)
             self._in_round.add(batch.service_id)

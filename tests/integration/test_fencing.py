@@ -12,7 +12,7 @@ import pytest
 from ledgerq.clock import ManualClock
 from ledgerq.errors import FencedOffError, StoreError
 from ledgerq.model import Committed, Fence, Pending, Unknown
-from ledgerq.store import BatchTrackingStore, open_store
+from ledgerq.store import BatchTrackingStore, BatchWrite, open_store
 from ledgerq.store.sqlfiles import load_migrations, load_queries
 from tests.integration.claims_helpers import T0, claimants, manager
 from tests.store.conftest import make_batch
@@ -165,3 +165,25 @@ async def test_stores_without_claims_refuse_a_fence(url: str, tmp_path: Path) ->
             await store.change_batch_to_submitted(batch.batch_id, "s", fence=Fence("a", 1))
         with pytest.raises(StoreError, match="fencing needs"):
             await store.update_batch_status(batch.batch_id, "s", Pending(), fence=Fence("a", 1))
+
+
+async def test_a_group_of_writes_is_fenced_write_by_write(pg_url: str) -> None:
+    clock = ManualClock(T0)
+    a = manager(pg_url, "a", clock)
+    async with await open_store(pg_url) as store, a:
+        mine, theirs = make_batch("mine"), make_batch("theirs")
+        await store.add_batches([mine, theirs], now=T0)
+        await a.cycle()
+        fence = a.fence_for("mine")
+        assert fence is not None and a.fence_for("theirs") is not None
+        stale = Fence("a", fence.epoch + 7)  # an epoch this instance no longer holds
+        results = await store.apply_writes(
+            [
+                BatchWrite("theirs", theirs.batch_id, attempt=True, now=T0, fence=stale),
+                BatchWrite("mine", mine.batch_id, attempt=True, now=T0, fence=fence),
+            ]
+        )
+        assert isinstance(results[0], FencedOffError)
+        assert results[1] is None
+        assert await _batch_row(pg_url, "theirs", theirs.batch_id) == (False, None, 0)
+        assert await _batch_row(pg_url, "mine", mine.batch_id) == (True, None, 1)

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from ledgerq.claims import ClaimInfo, InstanceInfo
 from ledgerq.gateway.api import GatewayApi
 from ledgerq.gateway.sources import StoreMonitorSource
-from ledgerq.model import Pending, TrackingBatch, TrackingBatchList
+from ledgerq.model import BatchStatusName, Pending, TrackingBatch
 
 T0 = 1_700_000_000_000
 
@@ -36,35 +36,20 @@ def _batch(
     )
 
 
-class FakeListing:
+class FakeInFlight:
     def __init__(self, batches: Iterable[TrackingBatch]) -> None:
         self.batches = list(batches)
-        self.calls: list[str | None] = []
 
-    async def list_batches_by_status(self, status: Any) -> TrackingBatchList:
-        return TrackingBatchList(tuple(b for b in self.batches if b.status_name == status))
-
-    async def list_batches(
-        self,
-        *,
-        service_id: str | None = None,
-        status: Any = None,
-        limit: int = 100,
-        after_seq: int | None = None,
-    ) -> TrackingBatchList:
-        self.calls.append(service_id)
-        out = [
+    async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
+        return [
             b
             for b in self.batches
-            if b.batch_status is None
-            and (service_id is None or b.service_id == service_id)
-            and (after_seq is None or (b.seq or 0) > after_seq)
-        ]
-        return TrackingBatchList(tuple(out[:limit]))
+            if b.status_name is BatchStatusName.PENDING or (b.submitted and b.batch_status is None)
+        ][:limit]
 
 
 async def test_monitor_follows_only_claimed_services_and_checks_adopted_ones_at_once() -> None:
-    store = FakeListing(
+    store = FakeInFlight(
         [
             _batch("mine", 1, submitted=True, status=Pending()),
             _batch("theirs", 2, submitted=True, status=Pending()),
@@ -74,18 +59,17 @@ async def test_monitor_follows_only_claimed_services_and_checks_adopted_ones_at_
         ]
     )
     claimed = {"mine"}
-    source = StoreMonitorSource(store, services=lambda: claimed, scan_every_ms=10_000)
+    source = StoreMonitorSource(store, services=lambda: claimed)
     first = await source.monitored_batches(now=T0 + 1, stale_before=T0 - 60_000, limit=100)
     assert [b.batch_id for b in first] == ["mine-1"]
     claimed.add("taken")
     source.adopt({"taken"})
-    # Not stale, no full scan due: the adopted service is still checked.
+    # Not stale: the adopted service is checked all the same, once.
     adopted = await source.monitored_batches(now=T0 + 2, stale_before=T0 - 60_000, limit=100)
     assert [b.batch_id for b in adopted] == ["mine-1", "taken-3"]
-    assert store.calls[-1] == "taken"
     again = await source.monitored_batches(now=T0 + 3, stale_before=T0 - 60_000, limit=100)
     assert [b.batch_id for b in again] == ["mine-1"]
-    # The periodic stale scan never reaches into services held elsewhere.
+    # Stale batches are recovered, never in services held elsewhere.
     stale = await source.monitored_batches(now=T0 + 20_000, stale_before=T0 + 1, limit=100)
     assert [b.batch_id for b in stale] == ["mine-1", "taken-3"]
 

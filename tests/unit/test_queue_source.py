@@ -92,8 +92,27 @@ async def test_serves_one_round_then_asks_for_the_next(
     assert await src.next() is None  # both services are now held
     store.update(a[0], submitted=True, batch_status=Committed())
     store.update(b[0], submitted=True, batch_status=Committed())
+    src.wake()
     assert await ids(src, 3) == [a[1], b[1], None]
     assert src.held == 2
+    assert src.rounds == 2
+
+
+async def test_without_a_wake_up_the_next_full_round_waits_for_the_poll_interval(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    (a,) = store.add("a")
+    src = source(store, clock, poll_interval=1.0)
+    assert await src.next() is not None
+    store.update(a, submitted=True, batch_status=Committed())
+    (b,) = store.add("b")  # nobody announces it
+    assert await src.next() is None
+    assert src.rounds == 1  # no query over every service for nothing
+    clock.advance(999)
+    assert await src.next() is None
+    clock.advance(1)
+    assert await ids(src, 1) == [b]
+    assert src.rounds == 2
 
 
 async def test_never_hands_out_a_batch_twice_before_the_store_records_it(
@@ -107,6 +126,7 @@ async def test_never_hands_out_a_batch_twice_before_the_store_records_it(
     src.wake()
     assert await ids(src, 2) == [None, None]
     store.update(first, submitted=True)
+    src.wake("a")
     assert await src.next() is None
     assert src.held == 0  # the store caught up, the hold is gone
 
@@ -249,6 +269,7 @@ async def test_round_limit_keeps_the_first_picks_and_the_holds(
     assert src.held == 2
     store.update(a, submitted=True)
     store.update(b, submitted=True)
+    src.wake()
     assert await ids(src, 1) == [c]
 
 

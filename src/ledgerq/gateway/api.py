@@ -56,6 +56,7 @@ from ledgerq.model import (
     TrackingBatch,
     TrackingBatchList,
 )
+from ledgerq.store.base import BatchAcceptor
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +193,11 @@ class GatewayApi:
         changes: Changes | None = None,
         clock: Clock = now_ms,
         claims: ClaimsView | None = None,
+        acceptor: BatchAcceptor | None = None,
     ) -> None:
+        """``acceptor``: what stores accepted batches (default: ``store``)."""
         self.store = store
+        self.acceptor: BatchAcceptor = store if acceptor is None else acceptor
         self.claims = claims
         self.on_accepted = on_accepted
         self.check_service_id = check_service_id
@@ -238,7 +242,7 @@ class GatewayApi:
                 return _too_large(self.max_body_bytes)
             return _error(400, "Invalid BatchList", str(exc), exc.rule)
         try:
-            stored = await self.store.add_batches(list(batches), now=self.clock())
+            stored = await self.acceptor.add_batches(list(batches), now=self.clock())
         except DuplicateBatchError as exc:
             return _error(409, "Batch Already Tracked", str(exc), "duplicate_batch")
         except StoreError as exc:

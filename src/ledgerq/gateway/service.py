@@ -30,20 +30,24 @@ from ledgerq.clock import Clock, now_ms
 from ledgerq.config import Settings
 from ledgerq.dlt.base import LedgerClient
 from ledgerq.gateway.api import ApiStore, Changes, ClaimsView, GatewayApi
-from ledgerq.gateway.sources import ListingStore, StoreMonitorSource
+from ledgerq.gateway.sources import InFlightStore, StoreMonitorSource
 from ledgerq.model import Fence, TrackingBatch
 from ledgerq.monitor import Monitor
 from ledgerq.queue_source import QueueSource
 from ledgerq.queuer import RoundStore
-from ledgerq.recorder import Recorder, StatusWriter
+from ledgerq.recorder import Recorder
+from ledgerq.store.base import GroupWriter
+from ledgerq.store.group import GroupCommitWriter, GroupInserter
 from ledgerq.submitter import Submitter
 from ledgerq.web import GatewayMetrics, gateway_app
 
 log = logging.getLogger(__name__)
 
 
-class GatewayStore(ApiStore, ListingStore, RoundStore, StatusWriter, Protocol):
+class GatewayStore(ApiStore, InFlightStore, RoundStore, GroupWriter, Protocol):
     """Every store role the gateway uses."""
+
+    dialect: str
 
 
 class Claims(ClaimsView, Protocol):
@@ -88,8 +92,11 @@ class Gateway:
         # Under HA only claimed services are queued and monitored.
         services = None if claims is None else claims.claimed_services
         self.changes = Changes()
+        # The pipeline's writes are group-committed: one transaction for all
+        # the outcomes that arrive while the previous one commits.
+        self.writer = GroupCommitWriter(store, flushers=1 if store.dialect == "sqlite" else 4)
         self.recorder = Recorder(
-            store, clock=clock, fences=None if claims is None else claims.fence_for
+            self.writer, clock=clock, fences=None if claims is None else claims.fence_for
         )
         self.queue = QueueSource(
             store,
@@ -125,6 +132,8 @@ class Gateway:
             changes=self.changes,
             clock=clock,
             claims=claims,
+            # Requests arriving while one insert commits go in together.
+            acceptor=GroupInserter(store),
         )
         self.recorder.add_unlock_listener(self.wake)
         if claims is not None:

@@ -28,6 +28,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
+from ledgerq.errors import (
+    BatchNotFoundError,
+    FencedOffError,
+    StatusTransitionError,
+    StoreError,
+    StoreInputError,
+)
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
@@ -74,6 +81,30 @@ class StatusUpdate:
     submission_error: SubmissionError | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class BatchWrite:
+    """One pipeline write, for ``apply_writes``.
+
+    ``attempt=False``: ``update_batch_status(id, service_id, status, receipts,
+    submission_error, now=, fence=)``; ``attempt=True``:
+    ``change_batch_to_submitted(id, service_id, receipts, status,
+    submission_error, now=, fence=)`` (``status`` then a name or None).
+    """
+
+    service_id: str
+    id: str
+    status: BatchStatus | BatchStatusName | None = None
+    transaction_receipts: tuple[TransactionReceipt, ...] = ()
+    submission_error: SubmissionError | None = None
+    attempt: bool = False
+    now: int | None = None
+    fence: Fence | None = None
+
+
+#: Errors ``apply_writes`` reports per write instead of failing the group.
+WRITE_REFUSALS = (BatchNotFoundError, FencedOffError, StatusTransitionError, StoreInputError)
+
+
 class BatchAcceptor(Protocol):
     """What the API needs to accept batches."""
 
@@ -104,6 +135,12 @@ class BatchReader(Protocol):
     async def get_unsubmitted_batches(self) -> TrackingBatchList: ...
 
     async def get_failed_batches(self) -> TrackingBatchList: ...
+
+    async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
+        """Non-final batches the ledger has or may have (``Pending``, or
+        ``submitted`` without a status), in ``seq`` order, lean: without
+        blobs, transactions or submission errors. What the monitor follows."""
+        ...
 
     async def list_batches(
         self,
@@ -157,6 +194,21 @@ class MonitorStore(Protocol):
         ...
 
 
+class GroupWriter(Protocol):
+    """Group commit: many pipeline writes in one transaction."""
+
+    async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
+        """Apply ``writes`` in order in one transaction (one commit).
+
+        Each write behaves as its single call would; one that call would
+        refuse (:data:`WRITE_REFUSALS`: unknown batch, fenced off, final
+        status, bad input) changes nothing and its error is returned in its
+        place, while the others land. Any other failure (the database) fails
+        the whole group: nothing lands and the error is raised.
+        """
+        ...
+
+
 class SubmitterStore(Protocol):
     """What the submitter needs."""
 
@@ -188,7 +240,7 @@ class SubmitterStore(Protocol):
 
 
 class BatchTrackingStore(
-    BatchAcceptor, BatchReader, MonitorStore, SubmitterStore, RoundStore, Protocol
+    BatchAcceptor, BatchReader, MonitorStore, SubmitterStore, GroupWriter, RoundStore, Protocol
 ):
     """Every operation of the seed, plus the listings the API needs."""
 

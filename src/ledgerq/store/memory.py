@@ -14,7 +14,13 @@ from types import TracebackType
 from typing import Self
 
 from ledgerq.clock import Clock, now_ms
-from ledgerq.errors import BatchNotFoundError, DuplicateBatchError, StatusTransitionError
+from ledgerq.errors import (
+    BatchNotFoundError,
+    DuplicateBatchError,
+    StatusTransitionError,
+    StoreError,
+    StoreInputError,
+)
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
@@ -27,7 +33,14 @@ from ledgerq.model import (
 )
 from ledgerq.queuer import select_round
 from ledgerq.store import common
-from ledgerq.store.base import NO_STATUS, ServiceSummary, StatusFilter, StatusUpdate
+from ledgerq.store.base import (
+    NO_STATUS,
+    WRITE_REFUSALS,
+    BatchWrite,
+    ServiceSummary,
+    StatusFilter,
+    StatusUpdate,
+)
 
 
 @dataclass(slots=True)
@@ -279,6 +292,39 @@ class MemoryStore:
             self._apply_status(rec, name, at)
         self._write_receipts(service_id, receipts, at)
 
+    async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
+        results: list[StoreError | None] = []
+        for w in writes:
+            try:
+                if w.attempt:
+                    await self.change_batch_to_submitted(
+                        w.id,
+                        w.service_id,
+                        list(w.transaction_receipts),
+                        None if w.status is None else common.status_name_of(w.status),
+                        w.submission_error,
+                        now=w.now,
+                        fence=w.fence,
+                    )
+                else:
+                    if isinstance(w.status, BatchStatusName | str):
+                        raise StoreInputError(
+                            "a status update takes a BatchStatus (with its details), not a name"
+                        )
+                    await self.update_batch_status(
+                        w.id,
+                        w.service_id,
+                        w.status,
+                        list(w.transaction_receipts),
+                        w.submission_error,
+                        now=w.now,
+                        fence=w.fence,
+                    )
+                results.append(None)
+            except WRITE_REFUSALS as exc:
+                results.append(exc)
+        return results
+
     async def clean_stale_records(self, submitted_by: int) -> int:
         s = self._s
         stale = [
@@ -376,6 +422,15 @@ class MemoryStore:
     ) -> TrackingBatchList:
         name = common.status_name_of(status)
         return TrackingBatchList(tuple(self._view(r) for r in self._ordered() if r.status is name))
+
+    async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
+        common.check_limit(limit)
+        found = [
+            self._view(r)
+            for r in self._ordered()
+            if r.status is BatchStatusName.PENDING or (r.submitted and r.status is None)
+        ]
+        return found[:limit]
 
     async def get_unsubmitted_batches(self) -> TrackingBatchList:
         return TrackingBatchList(

@@ -15,9 +15,9 @@ Driver errors are translated here: connection failures become
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -36,6 +36,8 @@ ADVISORY_CLASS_MIGRATE = 0x6C71_0002
 # Column types of the binary COPY rows (see copy_batches / copy_transactions).
 _BATCH_TYPES = ["int8", "text", "text", "text", "text", "bool", "bytea", "int8"]
 _TRANSACTION_TYPES = ["text", "text", "text", "int4", "bytea", "text", "text", "text"]
+
+T = TypeVar("T")
 
 DEFAULT_POOL_TIMEOUT_S = 10.0
 DEFAULT_STATEMENT_TIMEOUT_MS = 60_000
@@ -141,6 +143,17 @@ class PostgresBackend:
     async def transaction(self, *, write: bool) -> AsyncIterator[_Session]:
         async with self._connection() as conn, conn.transaction():
             yield _Session(conn, self)
+
+    async def run(
+        self,
+        body: Callable[[Any], Coroutine[Any, Any, T]],
+        *,
+        write: bool,
+        short: bool = False,
+    ) -> T:
+        """``body(session)`` in one transaction."""
+        async with self.transaction(write=write) as session:
+            return await body(session)
 
     async def insert_batches(self, session: Any, batches: Sequence[TrackingBatch]) -> list[int]:
         conn: psycopg.AsyncConnection[Any] = session.conn

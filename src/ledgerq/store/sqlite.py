@@ -1,11 +1,21 @@
 """SQLite backend: one file database, WAL mode, two connections per store.
 
-Blocking ``sqlite3`` calls run on dedicated single-thread executors, one per
-connection, that own their connection; an ``asyncio.Lock`` per connection
-gives each transaction its connection to itself. Write transactions use the
-writing connection (so a store's writes are serialized), read transactions
-the reading one: under WAL a read sees the last committed state and never
-waits for a write in progress. Several stores (processes or connections) on
+Each connection has a dedicated single-thread executor, and an
+``asyncio.Lock`` gives each transaction its connection to itself. Write
+transactions use the writing connection (so a store's writes are
+serialized), read transactions the reading one: under WAL a read sees the
+last committed state and never waits for a write in progress.
+
+A transaction runs whole in one go (:meth:`SqliteBackend.run`): writes and
+short indexed reads on the event loop's own thread, long reads (rounds over
+every service, listings) on the connection's thread. Writes are short
+(group-committed pipeline writes, one insert per request), and running them
+on a second thread costs more than it saves: each statement releases the
+GIL and must win it back from a busy event loop, which on a loaded gateway
+stretched a 1 ms transaction to tens of milliseconds. (``inline=False``
+sends everything to the threads.) The price: while another process holds
+the database's write lock (a maintenance command), an inline write waits for
+it, up to ``busy_timeout_ms``, with the event loop. Several stores (processes or connections) on
 one file coordinate through SQLite's own write lock (``BEGIN IMMEDIATE``,
 ``busy_timeout``).
 
@@ -22,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -63,6 +73,8 @@ class SqliteOptions:
 
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
     synchronous: str = "NORMAL"
+    #: Run writes and short reads on the event loop's thread (module notes).
+    inline: bool = True
 
 
 def options_from_url(url: str) -> SqliteOptions:
@@ -115,6 +127,17 @@ def split_script(script: str) -> list[str]:
     return statements
 
 
+def _translated(fn: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
+    try:
+        return fn(conn)
+    except sqlite3.IntegrityError as exc:
+        if "UNIQUE" in str(exc) or "PRIMARY KEY" in str(exc):
+            raise ConflictError(str(exc)) from exc
+        raise StoreError(f"SQLite refused the write: {exc}") from exc
+    except sqlite3.Error as exc:
+        raise _translate(exc) from exc
+
+
 class _Connection:
     """One sqlite3 connection, owned by its own single-thread executor."""
 
@@ -126,23 +149,22 @@ class _Connection:
         # One transaction at a time on this connection.
         self.lock = asyncio.Lock()
 
-    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` on the connection's thread."""
+    def _connection(self) -> sqlite3.Connection:
         conn = self.conn
         if conn is None:
             raise StoreError("the store is closed; open it again with open_store")
+        return conn
 
-        def run() -> T:
-            try:
-                return fn(conn)
-            except sqlite3.IntegrityError as exc:
-                if "UNIQUE" in str(exc) or "PRIMARY KEY" in str(exc):
-                    raise ConflictError(str(exc)) from exc
-                raise StoreError(f"SQLite refused the write: {exc}") from exc
-            except sqlite3.Error as exc:
-                raise _translate(exc) from exc
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on the connection's thread."""
+        conn = self._connection()
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, _translated, fn, conn
+        )
 
-        return await asyncio.get_running_loop().run_in_executor(self.executor, run)
+    def call_here(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on the calling thread (the caller holds ``lock``)."""
+        return _translated(fn, self._connection())
 
     async def open(self) -> None:
         busy_ms = self.options.busy_timeout_ms
@@ -154,6 +176,9 @@ class _Connection:
                 self.path,
                 isolation_level=None,  # we issue BEGIN/COMMIT ourselves
                 timeout=busy_ms / 1000,
+                # Used from its own thread or, under ``lock``, from the event
+                # loop's (SqliteBackend.run's inline writes).
+                check_same_thread=False,
             )
             conn.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
             conn.execute("PRAGMA journal_mode = WAL")
@@ -177,11 +202,58 @@ class _Connection:
         self.executor.shutdown(wait=True)
 
 
+def _drive(body: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (its session is synchronous) to its end."""
+    try:
+        body.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    body.close()
+    raise RuntimeError("a SQLite transaction body awaited something other than its session")
+
+
+class _SyncSession:
+    """The session of :meth:`SqliteBackend.run`: runs on the connection's thread.
+
+    Its coroutines never suspend, so a whole transaction body runs in one
+    trip to the connection's thread.
+    """
+
+    def __init__(self, backend: SqliteBackend, conn: sqlite3.Connection) -> None:
+        self._b = backend
+        self._conn = conn
+        self._q = backend.queries
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return fn(self._conn)
+
+    async def execute(self, name: str, params: Params) -> int:
+        count = 0
+        for sql in self._b.statements(name):
+            count = self._conn.execute(sql, params).rowcount
+        return count
+
+    async def executemany(self, name: str, rows: Sequence[Params]) -> None:
+        # Statement by statement, each over every row.
+        for sql in self._b.statements(name):
+            self._conn.executemany(sql, rows)
+
+    async def fetchall(self, name: str, params: Params) -> list[Row]:
+        return self._conn.execute(self._q[name], params).fetchall()
+
+    async def fetchone(self, name: str, params: Params) -> Row | None:
+        row: Row | None = self._conn.execute(self._q[name], params).fetchone()
+        return row
+
+
 class _Session:
     def __init__(self, backend: SqliteBackend, connection: _Connection) -> None:
         self._b = backend
         self._c = connection
         self._q = backend.queries
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._c.call(fn)
 
     async def execute(self, name: str, params: Params) -> int:
         """Run a named query, all its statements in one trip; the last one's row count."""
@@ -196,8 +268,13 @@ class _Session:
         return await self._c.call(run)
 
     async def executemany(self, name: str, rows: Sequence[Params]) -> None:
-        sql = self._q[name]
-        await self._c.call(lambda c: c.executemany(sql, rows))
+        statements = self._b.statements(name)
+
+        def run(conn: sqlite3.Connection) -> None:
+            for sql in statements:
+                conn.executemany(sql, rows)
+
+        await self._c.call(run)
 
     async def fetchall(self, name: str, params: Params) -> list[Row]:
         sql = self._q[name]
@@ -259,6 +336,36 @@ class SqliteBackend:
                 raise
             await connection.call(lambda c: c.execute("COMMIT"))
 
+    async def run(
+        self,
+        body: Callable[[Any], Coroutine[Any, Any, T]],
+        *,
+        write: bool,
+        short: bool = False,
+    ) -> T:
+        """``body(session)`` in one transaction, in one trip to the connection's thread.
+
+        ``body`` may await only its session's methods (they complete at once
+        on that thread); the transaction commits when it returns and rolls
+        back when it raises.
+        """
+        connection = self._writer if write else self._reader
+
+        def transaction(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                result = _drive(body(_SyncSession(self, conn)))
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        async with connection.lock:
+            if self.options.inline and (write or short):
+                return connection.call_here(transaction)
+            return await connection.call(transaction)
+
     async def insert_batches(self, session: Any, batches: Sequence[TrackingBatch]) -> list[int]:
         q = self.queries
 
@@ -300,7 +407,8 @@ class SqliteBackend:
             )
             return list(range(last - len(batches) + 1, last + 1))
 
-        return await self.call(insert)
+        result: list[int] = await session.call(insert)
+        return result
 
     def seqs_param(self, seqs: Sequence[int]) -> str:
         return json.dumps(list(seqs))

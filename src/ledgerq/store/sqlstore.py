@@ -11,10 +11,10 @@ Each public method is one database transaction.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, TypeVar
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import (
@@ -22,6 +22,8 @@ from ledgerq.errors import (
     DuplicateBatchError,
     FencedOffError,
     StatusTransitionError,
+    StoreError,
+    StoreInputError,
 )
 from ledgerq.model import (
     BatchStatus,
@@ -33,10 +35,23 @@ from ledgerq.model import (
     TransactionReceipt,
 )
 from ledgerq.store import common
-from ledgerq.store.base import NO_STATUS, ServiceSummary, StatusFilter, StatusUpdate
+from ledgerq.store.base import (
+    DATA_CHANGE_PREFIX,
+    NO_STATUS,
+    WRITE_REFUSALS,
+    BatchWrite,
+    ServiceSummary,
+    StatusFilter,
+    StatusUpdate,
+)
 from ledgerq.store.migrate import MigrationResult
 
+T = TypeVar("T")
 Row = tuple[Any, ...]
+
+#: Rounds of at most this many listed services (and loads of at most this
+#: many batches) are short reads.
+SHORT_ROUND_SERVICES = 64
 Params = Mapping[str, Any]
 
 
@@ -61,8 +76,17 @@ class ConflictError(Exception):
 class Backend(Protocol):
     dialect: str
 
-    def transaction(self, *, write: bool) -> AbstractAsyncContextManager[Session]:
-        """One transaction; commits on success, rolls back on error."""
+    def run(
+        self,
+        body: Callable[[Session], Coroutine[Any, Any, T]],
+        *,
+        write: bool,
+        short: bool = False,
+    ) -> Awaitable[T]:
+        """``body(session)`` in one transaction: commits when it returns, rolls
+        back when it raises. ``body`` awaits nothing but its session (SQLite
+        runs it whole in one go). ``short``: a read of a few indexed rows
+        (SQLite may run it on the calling thread)."""
         ...
 
     async def insert_batches(self, session: Session, batches: Sequence[TrackingBatch]) -> list[int]:
@@ -85,6 +109,91 @@ class Backend(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    """A checked ``change_batch_to_submitted``."""
+
+    write: BatchWrite
+    name: BatchStatusName | None
+    receipts: list[TransactionReceipt]
+    at: int
+
+
+def _write_of(step: _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]) -> BatchWrite:
+    return step.write if isinstance(step, _Attempt) else step[0]
+
+
+def _waves(
+    steps: Sequence[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]],
+) -> list[list[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]]]:
+    """Split sorted steps into runs that touch each batch at most once, in order.
+
+    A write by data change id gets a wave of its own (its batch is known
+    only once resolved).
+    """
+    waves: list[list[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]]] = []
+    seen: set[tuple[str, str]] = set()
+    for item in steps:
+        w = _write_of(item[1])
+        key = (w.service_id, w.id)
+        by_dc = w.id.startswith(DATA_CHANGE_PREFIX)
+        if not waves or key in seen or by_dc:
+            waves.append([])
+            seen = set()
+        waves[-1].append(item)
+        seen.add(key)
+        if by_dc:
+            seen.add(("", ""))  # nothing joins a wave by data change id
+    return waves
+
+
+#: Statements a group's writes defer, in the order one write issues them.
+_DEFERRED_ORDER = ("record_attempt", "write_status", "upsert_receipt", "upsert_submission_error")
+
+
+class _DeferredSession:
+    """A session for a wave of group writes: the batch and claim rows come
+    from one read per wave; the writes' statements are collected, then run
+    set-based (``executemany``), statement kind by statement kind."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self.states: dict[tuple[str, str], Row] = {}
+        self.claims: set[tuple[str, str, int]] = set()
+        self._pending: dict[str, list[Params]] = {name: [] for name in _DEFERRED_ORDER}
+
+    def mark(self) -> dict[str, int]:
+        return {name: len(rows) for name, rows in self._pending.items()}
+
+    def reset(self, mark: dict[str, int]) -> None:
+        for name, rows in self._pending.items():
+            del rows[mark[name] :]
+
+    async def execute(self, name: str, params: Params) -> int:
+        self._pending[name].append(params)
+        return 1
+
+    async def executemany(self, name: str, rows: Sequence[Params]) -> None:
+        self._pending[name].extend(rows)
+
+    async def fetchone(self, name: str, params: Params) -> Row | None:
+        if name == "batch_state":
+            return self.states.get((params["service_id"], params["batch_id"]))
+        if name == "hold_claim":
+            key = (params["service_id"], params["instance_id"], params["epoch"])
+            return (key[2],) if key in self.claims else None
+        return await self._session.fetchone(name, params)
+
+    async def fetchall(self, name: str, params: Params) -> list[Row]:
+        return await self._session.fetchall(name, params)
+
+    async def flush(self) -> None:
+        for name in _DEFERRED_ORDER:
+            rows = self._pending[name]
+            if rows:
+                await self._session.executemany(name, rows)
 
 
 def _batch_params(batch: TrackingBatch) -> dict[str, Any]:
@@ -127,8 +236,9 @@ class SqlStore:
         at = self._now(now)
         rows = [common.with_defaults(b, at) for b in batches]
         try:
-            async with self._backend.transaction(write=True) as session:
-                seqs = await self._backend.insert_batches(session, rows)
+            seqs = await self._backend.run(
+                lambda session: self._backend.insert_batches(session, rows), write=True
+            )
         except ConflictError as exc:
             raise await self._name_duplicate(rows) from exc
         return [
@@ -147,43 +257,49 @@ class SqlStore:
         ]
 
     async def _name_duplicate(self, batches: Sequence[TrackingBatch]) -> DuplicateBatchError:
-        async with self._backend.transaction(write=False) as session:
-            for b in batches:
-                found = await session.fetchone("batch_exists", _batch_params(b))
-                if found and found[0]:
+        return await self._backend.run(
+            lambda session: self._find_duplicate(session, batches), write=False
+        )
+
+    async def _find_duplicate(
+        self, session: Session, batches: Sequence[TrackingBatch]
+    ) -> DuplicateBatchError:
+        for b in batches:
+            found = await session.fetchone("batch_exists", _batch_params(b))
+            if found and found[0]:
+                return DuplicateBatchError(
+                    f"batch {b.batch_header} is already tracked in service "
+                    f"{b.service_id!r}; nothing was added",
+                    batch_id=b.batch_header,
+                    service_id=b.service_id,
+                )
+            if b.data_change_id is not None:
+                owner = await session.fetchone(
+                    "data_change_id_owner",
+                    {"service_id": b.service_id, "data_change_id": b.data_change_id},
+                )
+                if owner:
                     return DuplicateBatchError(
-                        f"batch {b.batch_header} is already tracked in service "
-                        f"{b.service_id!r}; nothing was added",
+                        f"data change id {b.data_change_id!r} is already used by batch "
+                        f"{owner[0]} in service {b.service_id!r}; nothing was added",
                         batch_id=b.batch_header,
+                        data_change_id=b.data_change_id,
                         service_id=b.service_id,
                     )
-                if b.data_change_id is not None:
-                    owner = await session.fetchone(
-                        "data_change_id_owner",
-                        {"service_id": b.service_id, "data_change_id": b.data_change_id},
+            for t in b.transactions:
+                owner = await session.fetchone(
+                    "transaction_owner",
+                    {"service_id": b.service_id, "transaction_id": t.transaction_header},
+                )
+                if owner:
+                    return DuplicateBatchError(
+                        f"transaction {t.transaction_header} of batch {b.batch_header} is "
+                        f"already tracked in batch {owner[0]} of service {b.service_id!r}; "
+                        "nothing was added",
+                        batch_id=b.batch_header,
+                        service_id=b.service_id,
+                        transaction_id=t.transaction_header,
                     )
-                    if owner:
-                        return DuplicateBatchError(
-                            f"data change id {b.data_change_id!r} is already used by batch "
-                            f"{owner[0]} in service {b.service_id!r}; nothing was added",
-                            batch_id=b.batch_header,
-                            data_change_id=b.data_change_id,
-                            service_id=b.service_id,
-                        )
-                for t in b.transactions:
-                    owner = await session.fetchone(
-                        "transaction_owner",
-                        {"service_id": b.service_id, "transaction_id": t.transaction_header},
-                    )
-                    if owner:
-                        return DuplicateBatchError(
-                            f"transaction {t.transaction_header} of batch {b.batch_header} is "
-                            f"already tracked in batch {owner[0]} of service {b.service_id!r}; "
-                            "nothing was added",
-                            batch_id=b.batch_header,
-                            service_id=b.service_id,
-                            transaction_id=t.transaction_header,
-                        )
         # A concurrent writer inserted and then removed the key; the call is safe to retry.
         return DuplicateBatchError("a batch of this request was added concurrently; retry")
 
@@ -350,9 +466,12 @@ class SqlStore:
         if not prepared:
             return
         at = self._now(now)
-        async with self._backend.transaction(write=True) as session:
+
+        async def body(session: Session) -> None:
             for update, receipts in prepared:
                 await self._update_one(session, service_id, update, receipts, at, fence)
+
+        await self._backend.run(body, write=True)
 
     async def change_batch_to_submitted(
         self,
@@ -365,40 +484,142 @@ class SqlStore:
         now: int | None = None,
         fence: Fence | None = None,
     ) -> None:
-        name = None if dlt_status is None else common.status_name_of(dlt_status)
-        receipts = common.receipts_to_write(None, transaction_receipts or ())
+        write = BatchWrite(
+            service_id,
+            batch_id,
+            None if dlt_status is None else common.status_name_of(dlt_status),
+            tuple(transaction_receipts or ()),
+            submission_error,
+            attempt=True,
+            now=now,
+            fence=fence,
+        )
+        attempt = self._prepare_attempt(write)
+        await self._backend.run(lambda session: self._attempt_one(session, attempt), write=True)
+
+    def _prepare_attempt(self, write: BatchWrite) -> _Attempt:
+        name = None if write.status is None else common.status_name_of(write.status)
+        receipts = common.receipts_to_write(None, write.transaction_receipts)
         common.check_receipts(receipts)
-        common.check_submission_error(submission_error)
-        at = self._now(now)
-        async with self._backend.transaction(write=True) as session:
-            bid, current, _ = await self._lock_batch(session, batch_id, service_id, fence)
-            if current is not None and BatchStatusName(current).is_final:
-                raise StatusTransitionError(
-                    f"batch {bid} of service {service_id!r} is {current}, which is final; "
-                    "it is never submitted again"
-                )
-            key = {"service_id": service_id, "batch_id": bid}
-            await session.execute(
-                "record_attempt",
+        common.check_submission_error(write.submission_error)
+        return _Attempt(write, name, receipts, self._now(write.now))
+
+    async def _attempt_one(self, session: Session, attempt: _Attempt) -> None:
+        w = attempt.write
+        service_id = w.service_id
+        bid, current, _ = await self._lock_batch(session, w.id, service_id, w.fence)
+        if current is not None and BatchStatusName(current).is_final:
+            raise StatusTransitionError(
+                f"batch {bid} of service {service_id!r} is {current}, which is final; "
+                "it is never submitted again"
+            )
+        error = w.submission_error
+        await session.execute(
+            "record_attempt",
+            {
+                "service_id": service_id,
+                "batch_id": bid,
+                "error_type": error and error.error_type,
+                "error_message": error and error.error_message,
+                "now": attempt.at,
+            },
+        )
+        if attempt.name is not None:
+            await self._write_status(
+                session, service_id, bid, current, True, attempt.name, attempt.at, check=False
+            )
+        await self._write_receipts(session, service_id, attempt.receipts, attempt.at)
+
+    async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
+        results: list[StoreError | None] = [None] * len(writes)
+        steps: list[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]] = []
+        for i, w in enumerate(writes):
+            try:
+                if w.attempt:
+                    steps.append((i, self._prepare_attempt(w)))
+                else:
+                    status = w.status
+                    if isinstance(status, BatchStatusName | str):
+                        raise StoreInputError(
+                            "a status update takes a BatchStatus (with its details), not a name"
+                        )
+                    update = StatusUpdate(w.id, status, w.transaction_receipts, w.submission_error)
+                    [(update, receipts)] = common.prepare_updates([update])
+                    steps.append((i, (w, update, receipts)))
+            except WRITE_REFUSALS as exc:
+                results[i] = exc
+
+        async def body(session: Session) -> list[StoreError | None]:
+            for wave in _waves(steps):
+                # The writes of a wave touch distinct batches: their rows are
+                # read and locked in one query, their statements deferred
+                # and run set-based, kind by kind, in the order one write
+                # issues them.
+                deferred = _DeferredSession(session)
+                await self._prefetch(session, deferred, [_write_of(step) for _, step in wave])
+                for i, step in wave:
+                    mark = deferred.mark()
+                    try:
+                        if isinstance(step, _Attempt):
+                            await self._attempt_one(deferred, step)
+                        else:
+                            w, update, receipts = step
+                            at = self._now(w.now)
+                            await self._update_one(
+                                deferred, w.service_id, update, receipts, at, w.fence
+                            )
+                    except WRITE_REFUSALS as exc:
+                        deferred.reset(mark)
+                        results[i] = exc
+                await deferred.flush()
+            return results
+
+        if not steps:
+            return results
+        # Lock order (service, batch), as in update_batch_statuses: two groups
+        # never deadlock; writes of one batch keep their order (stable sort).
+        steps.sort(key=lambda step: _write_of(step[1]).service_id + "\0" + _write_of(step[1]).id)
+        return await self._backend.run(body, write=True)
+
+    async def _prefetch(
+        self, session: Session, deferred: _DeferredSession, writes: Sequence[BatchWrite]
+    ) -> None:
+        keys = sorted(
+            {(w.service_id, w.id) for w in writes if not w.id.startswith(DATA_CHANGE_PREFIX)}
+        )
+        if keys:
+            rows = await session.fetchall(
+                "batch_states",
                 {
-                    **key,
-                    "error_type": submission_error and submission_error.error_type,
-                    "error_message": submission_error and submission_error.error_message,
-                    "now": at,
+                    "service_ids": self._backend.texts_param([k[0] for k in keys]),
+                    "batch_ids": self._backend.texts_param([k[1] for k in keys]),
                 },
             )
-            if name is not None:
-                await self._write_status(
-                    session, service_id, bid, current, True, name, at, check=False
-                )
-            await self._write_receipts(session, service_id, receipts, at)
+            deferred.states = {(r[0], r[1]): (r[1], r[2], r[3]) for r in rows}
+        fences = sorted(
+            {(w.service_id, w.fence.instance_id, w.fence.epoch) for w in writes if w.fence}
+        )
+        # Only PostgreSQL has claims; elsewhere the first fenced write refuses.
+        if fences and self.dialect == "postgresql":
+            rows = await session.fetchall(
+                "hold_claims",
+                {
+                    "service_ids": self._backend.texts_param([f[0] for f in fences]),
+                    "instance_ids": self._backend.texts_param([f[1] for f in fences]),
+                    "epochs": self._backend.seqs_param([f[2] for f in fences]),
+                },
+            )
+            deferred.claims = {(r[0], r[1], int(r[2])) for r in rows}
 
     async def clean_stale_records(self, submitted_by: int) -> int:
         params = {"cutoff": submitted_by}
-        async with self._backend.transaction(write=True) as session:
+
+        async def body(session: Session) -> int:
             await session.execute("clean_stale_receipts", params)
             await session.execute("clean_orphan_receipts", params)
             return await session.execute("clean_stale_batches", params)
+
+        return await self._backend.run(body, write=True)
 
     # -- queuer ---------------------------------------------------------------
 
@@ -430,17 +651,26 @@ class SqlStore:
                 return []
             params["services"] = self._backend.texts_param(wanted)
             name = "queue_round_services"
+        # A round of a few woken services is a short read.
+        short = services is not None and len(params["services"]) <= SHORT_ROUND_SERVICES
         if not lean:
-            return await self._list(name, params)
-        async with self._backend.transaction(write=False) as session:
+            return await self._list(name, params, short=short)
+
+        async def body(session: Session) -> list[TrackingBatch]:
             return common.assemble(await session.fetchall(name, params), (), ())
+
+        return await self._backend.run(body, write=False, short=short)
 
     async def get_batches_by_seq(self, seqs: Collection[int]) -> list[TrackingBatch]:
         """The batches with these ``seq``s, fully loaded, in ``seq`` order."""
         wanted = sorted(set(seqs))
         if not wanted:
             return []
-        return await self._list("get_batches_by_seq", {"seqs": self._backend.seqs_param(wanted)})
+        return await self._list(
+            "get_batches_by_seq",
+            {"seqs": self._backend.seqs_param(wanted)},
+            short=len(wanted) <= SHORT_ROUND_SERVICES,
+        )
 
     # -- reads ----------------------------------------------------------------
 
@@ -459,16 +689,22 @@ class SqlStore:
             )
         return common.assemble(rows, txns, invalid)
 
-    async def _list(self, name: str, params: Params) -> list[TrackingBatch]:
-        async with self._backend.transaction(write=False) as session:
-            rows = await session.fetchall(name, params)
-            return await self._hydrate(session, rows)
+    async def _list(self, name: str, params: Params, *, short: bool = False) -> list[TrackingBatch]:
+        async def body(session: Session) -> list[TrackingBatch]:
+            return await self._hydrate(session, await session.fetchall(name, params))
+
+        return await self._backend.run(body, write=False, short=short)
+
+    async def _fetchall(self, name: str, params: Params, *, short: bool = False) -> list[Row]:
+        return await self._backend.run(lambda s: s.fetchall(name, params), write=False, short=short)
 
     async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None:
         common.check_service_id(service_id)
         batch_id, dc = common.parse_id(id)
         if batch_id is not None:
-            found = await self._list("get_batch", {"service_id": service_id, "batch_id": batch_id})
+            found = await self._list(
+                "get_batch", {"service_id": service_id, "batch_id": batch_id}, short=True
+            )
         else:
             found = await self._list(
                 "get_batch_by_data_change_id", {"service_id": service_id, "data_change_id": dc}
@@ -486,6 +722,14 @@ class SqlStore:
         return TrackingBatchList(
             tuple(await self._list("list_batches_by_status", {"status": name.value}))
         )
+
+    async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
+        """Non-final batches that are ``Pending`` or ``{submitted, no status}``,
+        in ``seq`` order, lean (no blobs, no transactions, no errors)."""
+        common.check_limit(limit)
+        # Reads the busy index only: short.
+        rows = await self._fetchall("list_in_flight", {"limit": limit}, short=True)
+        return common.assemble(rows, (), ())
 
     async def get_unsubmitted_batches(self) -> TrackingBatchList:
         return TrackingBatchList(tuple(await self._list("get_unsubmitted_batches", {})))
@@ -521,8 +765,7 @@ class SqlStore:
         self, *, limit: int = 1000, after: str | None = None
     ) -> list[ServiceSummary]:
         common.check_limit(limit)
-        async with self._backend.transaction(write=False) as session:
-            rows = await session.fetchall("list_services", {"after": after, "limit": limit})
+        rows = await self._fetchall("list_services", {"after": after, "limit": limit})
         return [
             ServiceSummary(
                 service_id=sid,
@@ -535,8 +778,7 @@ class SqlStore:
         ]
 
     async def status_counts(self) -> dict[str, int]:
-        async with self._backend.transaction(write=False) as session:
-            rows = await session.fetchall("status_counts", {})
+        rows = await self._fetchall("status_counts", {})
         return {str(name): int(count) for name, count in rows}
 
 

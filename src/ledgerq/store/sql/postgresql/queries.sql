@@ -397,3 +397,35 @@ WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT %(limit)s::bigint;
+
+-- What the DLT monitor follows: non-final batches the ledger has (Pending)
+-- or may have ({submitted, no status}), lean (no blobs, no errors). The
+-- predicate repeats batches_busy_idx's, so only busy batches are read.
+-- name: list_in_flight
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       ''::bytea, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, NULL, NULL
+FROM batches b
+WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
+  AND (b.status = 'Pending' OR (b.submitted AND b.status IS NULL))
+ORDER BY b.seq
+LIMIT %(limit)s;
+
+-- A group of writes (apply_writes): the rows of its batches, locked in key
+-- order, and the claims it writes under, share-locked (see hold_claim).
+-- name: batch_states
+SELECT b.service_id, b.batch_id, b.status, b.submitted
+FROM batches b
+JOIN unnest(%(service_ids)s::text[], %(batch_ids)s::text[]) AS k(service_id, batch_id)
+    ON b.service_id = k.service_id AND b.batch_id = k.batch_id
+ORDER BY b.service_id, b.batch_id
+FOR UPDATE OF b;
+
+-- name: hold_claims
+SELECT c.service_id, c.claimant, c.epoch
+FROM service_id_claims c
+JOIN unnest(%(service_ids)s::text[], %(instance_ids)s::text[], %(epochs)s::bigint[])
+    AS k(service_id, instance_id, epoch)
+    ON c.service_id = k.service_id AND c.claimant = k.instance_id AND c.epoch = k.epoch
+ORDER BY c.service_id
+FOR SHARE OF c;

@@ -381,3 +381,24 @@ WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= :now - :delay_window_ms
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT coalesce(:limit, -1);
+
+-- What the DLT monitor follows: non-final batches the ledger has (Pending)
+-- or may have ({submitted, no status}), lean (no blobs, no errors). The
+-- predicate repeats batches_busy_idx's, so only busy batches are read.
+-- name: list_in_flight
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       X'', b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, NULL, NULL
+FROM batches b
+WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
+  AND (b.status = 'Pending' OR (b.submitted AND b.status IS NULL))
+ORDER BY b.seq
+LIMIT :limit;
+
+-- A group of writes (apply_writes): the rows of its batches (the write lock
+-- is the transaction's already).
+-- name: batch_states
+SELECT b.service_id, b.batch_id, b.status, b.submitted
+FROM json_each(:service_ids) AS s
+JOIN json_each(:batch_ids) AS i ON i.key = s.key
+JOIN batches b ON b.service_id = s.value AND b.batch_id = i.value;

@@ -1,0 +1,234 @@
+"""Group commit of the pipeline's writes, and of the API's inserts.
+
+:class:`GroupCommitWriter` offers the recorder's store role
+(``change_batch_to_submitted``, ``update_batch_status``) on top of a store's
+:meth:`~ledgerq.store.base.GroupWriter.apply_writes`: every call queues its
+write and waits for it; a flusher takes everything queued and applies it in
+one transaction. With nothing in progress a write is flushed at once (no
+added latency when idle); under load, the writes that arrive while a group
+commits form the next group, so the number of commits per second stays
+bounded whatever the number of batches.
+
+Each caller still gets its own outcome: the error its single call would have
+raised (unknown batch, fenced off, final status) is raised to that caller
+only; a database failure is raised to every caller of the group. A write a
+caller stops waiting for (cancelled) still lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from ledgerq.errors import StoreError
+from ledgerq.model import (
+    BatchStatus,
+    BatchStatusName,
+    Fence,
+    SubmissionError,
+    TrackingBatch,
+    TransactionReceipt,
+)
+from ledgerq.store import common
+from ledgerq.store.base import BatchAcceptor, BatchWrite, GroupWriter
+
+#: Writes applied in one transaction at most.
+DEFAULT_MAX_GROUP = 512
+
+
+class GroupCommitWriter:
+    def __init__(
+        self, store: GroupWriter, *, max_group: int = DEFAULT_MAX_GROUP, flushers: int = 1
+    ) -> None:
+        """``flushers``: groups committing at once (more than one suits a
+        server database with a connection pool; SQLite has one writer)."""
+        if max_group < 1 or flushers < 1:
+            raise ValueError("max_group and flushers must be at least 1")
+        self._store = store
+        self._max_group = max_group
+        self._flushers = flushers
+        self._queue: list[tuple[BatchWrite, asyncio.Future[None]]] = []
+        self._running = 0
+        self.groups = 0
+        self.writes = 0
+
+    async def change_batch_to_submitted(
+        self,
+        batch_id: str,
+        service_id: str,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        dlt_status: str | BatchStatusName | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        status = None if dlt_status is None else common.status_name_of(dlt_status)
+        await self.write(
+            BatchWrite(
+                service_id,
+                batch_id,
+                status,
+                tuple(transaction_receipts or ()),
+                submission_error,
+                attempt=True,
+                now=now,
+                fence=fence,
+            )
+        )
+
+    async def update_batch_status(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus | None,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        await self.write(
+            BatchWrite(
+                service_id,
+                id,
+                status,
+                tuple(transaction_receipts or ()),
+                submission_error,
+                now=now,
+                fence=fence,
+            )
+        )
+
+    async def write(self, write: BatchWrite) -> None:
+        """Queue ``write``; return once its group committed (or raise its error)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Retrieved here so a caller that stopped waiting leaves no warning.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._queue.append((write, future))
+        if self._running < self._flushers:
+            self._running += 1
+            asyncio.get_running_loop().create_task(self._flush())
+        await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                group = self._queue[: self._max_group]
+                del self._queue[: self._max_group]
+                await self._apply(group)
+        finally:
+            self._running -= 1
+
+    async def _apply(self, group: Sequence[tuple[BatchWrite, asyncio.Future[None]]]) -> None:
+        self.groups += 1
+        self.writes += len(group)
+        try:
+            results = await self._store.apply_writes([w for w, _ in group])
+        except BaseException as exc:
+            for _, future in group:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), error in zip(group, results, strict=True):
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+
+_Request = tuple[list[TrackingBatch], int | None, "asyncio.Future[list[TrackingBatch]]"]
+
+
+class GroupInserter:
+    """Group commit of ``add_batches``: the requests that arrive while one
+    insert commits are inserted together, in arrival order, in one
+    transaction.
+
+    If the combined insert is refused (a duplicate, a value the schema cannot
+    hold), each request of the group is inserted on its own, so the refusal
+    reaches only the request it concerns, naming its offender, and the others
+    land as if alone.
+    """
+
+    def __init__(self, store: BatchAcceptor, *, max_batches: int = 10_000) -> None:
+        self._store = store
+        self._max_batches = max_batches
+        self._queue: list[
+            tuple[list[TrackingBatch], int | None, asyncio.Future[list[TrackingBatch]]]
+        ]
+        self._queue = []
+        self._running = False
+        self.groups = 0
+
+    async def add_batches(
+        self, batches: list[TrackingBatch], *, now: int | None = None
+    ) -> list[TrackingBatch]:
+        if not self._running and not self._queue:
+            # Nothing in progress: insert at once, without a task in between.
+            self._running = True
+            try:
+                self.groups += 1
+                return await self._store.add_batches(batches, now=now)
+            finally:
+                self._running = False
+                self._start()
+        future: asyncio.Future[list[TrackingBatch]] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._queue.append((batches, now, future))
+        self._start()
+        return await asyncio.shield(future)
+
+    def _start(self) -> None:
+        if self._queue and not self._running:
+            self._running = True
+            asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                group = [self._queue.pop(0)]
+                size = len(group[0][0])
+                while self._queue and size + len(self._queue[0][0]) <= self._max_batches:
+                    size += len(self._queue[0][0])
+                    group.append(self._queue.pop(0))
+                await self._insert(group)
+        finally:
+            self._running = False
+
+    async def _insert(
+        self,
+        group: list[_Request],
+    ) -> None:
+        self.groups += 1
+        if len(group) > 1:
+            # Each request keeps its own acceptance time.
+            combined = [
+                b if now is None else common.with_defaults(b, now)
+                for batches, now, _ in group
+                for b in batches
+            ]
+            try:
+                stored = await self._store.add_batches(combined)
+            except StoreError:
+                pass  # each on its own below: the refusal goes where it belongs
+            else:
+                at = 0
+                for batches, _, future in group:
+                    if not future.done():
+                        future.set_result(stored[at : at + len(batches)])
+                    at += len(batches)
+                return
+        for batches, now, future in group:
+            try:
+                result = await self._store.add_batches(batches, now=now)
+            except Exception as exc:
+                if not future.done():
+                    future.set_exception(exc)
+            else:
+                if not future.done():
+                    future.set_result(result)

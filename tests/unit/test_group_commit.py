@@ -1,0 +1,139 @@
+"""GroupCommitWriter: writes that arrive while a group commits form the next
+group; each caller gets its own outcome; a database failure reaches everyone
+of the group."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from ledgerq.errors import DuplicateBatchError, FencedOffError, StoreError, StoreUnavailableError
+from ledgerq.model import Pending, TrackingBatch
+from ledgerq.store import BatchWrite, MemoryStore
+from ledgerq.store.group import GroupCommitWriter, GroupInserter
+from tests.store.conftest import make_batch
+
+
+class SlowStore:
+    """Records each group; commits when released; refuses ids starting with 'x'."""
+
+    def __init__(self) -> None:
+        self.groups: list[list[str]] = []
+        self.release = asyncio.Event()
+        self.fail: Exception | None = None
+
+    async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
+        self.groups.append([w.id for w in writes])
+        await self.release.wait()
+        if self.fail is not None:
+            raise self.fail
+        return [FencedOffError(f"not {w.id}") if w.id.startswith("x") else None for w in writes]
+
+
+async def test_writes_arriving_during_a_commit_form_the_next_group() -> None:
+    store = SlowStore()
+    writer = GroupCommitWriter(store)
+    first = asyncio.create_task(writer.update_batch_status("a", "s", Pending()))
+    await asyncio.sleep(0)
+    later = [
+        asyncio.create_task(writer.change_batch_to_submitted(bid, "s")) for bid in ("b", "c", "d")
+    ]
+    await asyncio.sleep(0)
+    assert store.groups == [["a"]]  # an idle writer flushes at once
+    store.release.set()
+    await asyncio.gather(first, *later)
+    assert store.groups == [["a"], ["b", "c", "d"]]
+    assert (writer.groups, writer.writes) == (2, 4)
+
+
+async def test_each_caller_gets_its_own_refusal() -> None:
+    store = SlowStore()
+    store.release.set()
+    writer = GroupCommitWriter(store)
+    ok = asyncio.create_task(writer.update_batch_status("a", "s", Pending()))
+    refused = asyncio.create_task(writer.update_batch_status("x1", "s", Pending()))
+    await ok
+    with pytest.raises(FencedOffError, match="not x1"):
+        await refused
+
+
+async def test_a_database_failure_reaches_every_caller_of_the_group() -> None:
+    store = SlowStore()
+    store.fail = StoreUnavailableError("down")
+    writer = GroupCommitWriter(store)
+    calls = [asyncio.create_task(writer.update_batch_status(bid, "s", Pending())) for bid in "abc"]
+    await asyncio.sleep(0)
+    store.release.set()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, StoreUnavailableError) for r in results)
+    # The writer recovers: the next write is flushed again.
+    store.fail = None
+    await writer.update_batch_status("d", "s", Pending())
+
+
+async def test_groups_are_capped() -> None:
+    store = SlowStore()
+    writer = GroupCommitWriter(store, max_group=2)
+    calls = [
+        asyncio.create_task(writer.update_batch_status(bid, "s", Pending())) for bid in "abcde"
+    ]
+    await asyncio.sleep(0)
+    store.release.set()
+    await asyncio.gather(*calls)
+    assert store.groups == [["a", "b"], ["c", "d"], ["e"]]
+
+
+class GatedStore(MemoryStore):
+    """A memory store whose inserts wait for a gate, counting calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.calls: list[int] = []
+
+    async def add_batches(
+        self, batches: list[TrackingBatch], *, now: int | None = None
+    ) -> list[TrackingBatch]:
+        self.calls.append(len(batches))
+        await self.gate.wait()
+        return await super().add_batches(batches, now=now)
+
+
+async def test_requests_arriving_during_an_insert_are_inserted_together_in_order() -> None:
+    store = GatedStore()
+    inserter = GroupInserter(store)
+    first = asyncio.create_task(inserter.add_batches([make_batch("s1")], now=1))
+    await asyncio.sleep(0)
+    later = [
+        asyncio.create_task(inserter.add_batches([make_batch("s1"), make_batch("s2")], now=2)),
+        asyncio.create_task(inserter.add_batches([make_batch("s1")], now=3)),
+    ]
+    await asyncio.sleep(0)
+    store.gate.set()
+    results = await asyncio.gather(first, *later)
+    assert store.calls == [1, 3]  # one insert at once, then the two that waited together
+    seqs = [b.seq for r in results for b in r]
+    assert seqs == sorted(seqs)  # acceptance order is arrival order
+    assert [b.created_at for b in results[1]] == [2, 2] and results[2][0].created_at == 3
+
+
+async def test_a_refused_request_fails_alone_and_the_others_land() -> None:
+    store = GatedStore()
+    inserter = GroupInserter(store)
+    store.gate.set()
+    (known,) = await store.add_batches([make_batch("s1")])
+    store.gate.clear()
+    first = asyncio.create_task(inserter.add_batches([make_batch("s1")]))
+    await asyncio.sleep(0)
+    dup = asyncio.create_task(inserter.add_batches([make_batch("s2"), known]))
+    fine = asyncio.create_task(inserter.add_batches([make_batch("s3")]))
+    await asyncio.sleep(0)
+    store.gate.set()
+    await first
+    with pytest.raises(DuplicateBatchError, match=known.batch_id):
+        await dup
+    (landed,) = await fine
+    assert await store.get_batch(landed.batch_id, "s3") is not None
+    assert (await store.list_batches(service_id="s2")).batches == ()  # nothing of the refused
