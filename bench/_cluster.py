@@ -139,6 +139,15 @@ class Process:
         self.proc.send_signal(signal.SIGSTOP)
         self.stopped = True
 
+    @property
+    def stopped_itself(self) -> bool:
+        """Whether the process is in the stopped state (e.g. it SIGSTOPped itself)."""
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rpartition(")")[2].split()[0] in ("T", "t")
+
     def cont(self) -> None:
         self.proc.send_signal(signal.SIGCONT)
         self.stopped = False
@@ -200,7 +209,8 @@ class Cluster:
         )
         return self.node
 
-    def start_gateway(self, name: str) -> Process:
+    def start_gateway(self, name: str, extra_env: Mapping[str, str] | None = None) -> Process:
+        """Start ``ledgerq serve`` as ``gw-<name>-<n>``; ``extra_env`` e.g. its failpoints."""
         assert self.node is not None
         self.generation += 1
         instance = f"gw-{name}-{self.generation}"
@@ -212,6 +222,7 @@ class Cluster:
             "LEDGERQ_CLAIMS_INSTANCE_ID": instance,
             "PGAPPNAME": instance,
             "LEDGERQ_LOG_LEVEL": "info",
+            **(extra_env or {}),
         }
         gw = Process(instance, ["serve"], env, self.workdir)
         self.gateways[name] = gw
@@ -223,12 +234,15 @@ class Cluster:
     def post(self, gateway: Process, service_id: str, serialized: bytes) -> None:
         _request(f"{gateway.url}/batches?service_id={service_id}", "POST", serialized)
 
-    def post_round_robin(self, items: Iterable[tuple[str, bytes]]) -> None:
-        """Post each ``(service, batch list)`` to the next live gateway, retrying elsewhere."""
+    def post_round_robin(
+        self, items: Iterable[tuple[str, bytes]], to: Sequence[Process] | None = None
+    ) -> None:
+        """Post each ``(service, batch list)`` to the next live gateway (of ``to``, if
+        given), retrying elsewhere."""
         n = 0
         for service_id, body in items:
             for _ in range(20):
-                live = self.live_gateways()
+                live = [g for g in self.live_gateways() if to is None or g in to]
                 gw = live[n % len(live)]
                 n += 1
                 try:

@@ -48,6 +48,7 @@ from ledgerq.dlt.base import (
     Unreachable,
 )
 from ledgerq.errors import ConfigError, LedgerqError
+from ledgerq.failpoints import failpoint
 from ledgerq.model import TrackingBatch
 from ledgerq.recorder import Recorder
 
@@ -187,9 +188,12 @@ class Submitter:
         log.info("submission started batch=%s service=%s", batch.batch_id[:16], batch.service_id)
         outcome: Outcome | None = None
         try:
+            failpoint("submitting")
             await self._recorder.submitting(batch)
             outcome = await self.attempt(batch)
+            failpoint("before_record")
             await self._record(batch, outcome)
+            failpoint("after_record")
             self.submitted_total += 1
         except LedgerqError as exc:
             # The store failed: the batch stays {submitted, ...} and the
@@ -222,9 +226,11 @@ class Submitter:
             if self._may_post is not None and not self._may_post(batch):
                 return Outcome(_CLAIM_LAPSING, attempts)
             attempts += 1
+            failpoint("before_post")
             result = await self._ledger.submit(
                 batch.service_id, batch.batch_id, batch.serialized_batch
             )
+            failpoint("after_response")
             if not isinstance(result, Busy | Unreachable) or attempts > s.max_retries:
                 return Outcome(result, attempts)
             if self._stopping.is_set():

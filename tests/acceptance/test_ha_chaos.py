@@ -23,12 +23,15 @@ import pytest
 from bench._cluster import (
     LEDGERQ,
     Cluster,
+    Process,
     Workload,
     check_invariants,
     fence_violations,
     install_fence_audit,
     wait_all_final,
 )
+from ledgerq.clock import now_ms
+from ledgerq.codec import parse_batch_list
 from ledgerq.store import open_store
 
 pytestmark = [pytest.mark.slow]
@@ -115,6 +118,82 @@ def test_random_faults_while_batches_arrive(cluster: Cluster, seed: int) -> None
         elif fault == "drop":
             cluster.drop_connections()
     _finish(cluster, workload)
+
+
+#: The plan's PASS/DELAY/FAIL steps, as the gateway's failpoints (ledgerq.failpoints):
+#: request claim (again), begin submission, begin POST, HTTP response, update
+#: status via the observer (before and after the write).
+STEPS = (
+    "claim_cycle",
+    "submitting",
+    "before_post",
+    "after_response",
+    "before_record",
+    "after_record",
+)
+
+
+def _wait_for(predicate: object, timeout_s: float, what: str, gw: Process) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)  # polling real processes and PostgreSQL, not letting time pass
+    raise AssertionError(f"timed out waiting for {what}\n{gw.tail(40)}")
+
+
+def _held_by(pg_url: str, instance: str) -> int:
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM service_id_claims WHERE claimant = %s", (instance,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _preload(url: str, workload: Workload) -> None:
+    """Every batch straight into the store, in creation order (as accepted POSTs
+    would leave them), so the gateway under test is alone with all the work."""
+    store = await open_store(url)
+    try:
+        start = now_ms()
+        for n in range(workload.batches_per_service):
+            for service_id, made in workload.batches.items():
+                batches = parse_batch_list(made[n][1], service_id)
+                await store.add_batches(list(batches), now=start + n)
+    finally:
+        await store.close()
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("action", ["kill", "stop", "drop"])
+@pytest.mark.parametrize("step", STEPS)
+def test_a_fault_at_each_step_of_the_cycle_loses_and_reorders_nothing(
+    cluster: Cluster, step: str, action: str
+) -> None:
+    """FAIL (kill), DELAY (stop, resumed once its claims moved on) or a dropped
+    connection, in gateway a, at exactly one step of the plan's list."""
+    workload = Workload(services=6, batches_per_service=5)
+    asyncio.run(_preload(cluster.pg_url, workload))
+    # a starts alone and claims every service, so it passes each point of the
+    # submission cycle once per batch: the 8th pass of 30 is mid-run. The
+    # claim cycle runs every 200 ms (the first at start-up): ~0.6 s in.
+    hit = 4 if step == "claim_cycle" else 8
+    a = cluster.start_gateway("a", {"LEDGERQ_FAILPOINTS": f"{step}={action}@{hit}"})
+    fired = f"failpoint {step}: {action} at hit {hit}"
+    _wait_for(lambda: fired in a.log_path.read_text(errors="replace"), 60, fired, a)
+    cluster.start_gateway("b")
+    cluster.start_gateway("c")
+    if action == "kill":
+        _wait_for(lambda: not a.alive, 30, "a to die", a)
+    elif action == "stop":
+        _wait_for(lambda: a.stopped_itself, 30, "a to stop itself", a)
+        a.stopped = True
+        # DELAY: a wakes only once every claim it had was taken by another.
+        _wait_for(lambda: _held_by(cluster.pg_url, a.name) == 0, 60, "a's claims to move", a)
+        a.cont()
+    _finish(cluster, workload)
+    if action != "kill":
+        assert a.alive, a.tail(40)
 
 
 def test_a_second_gateway_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:

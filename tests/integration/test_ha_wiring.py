@@ -46,3 +46,18 @@ async def test_postgres_gateway_claims_before_serving_and_releases_on_exit(
         (me,) = await claims.list_instances()
         assert me.address == "127.0.0.1:1234"
     assert claimants(pg_url) == {"s1": None, "s2": None}
+
+
+@pytest.mark.pg
+async def test_store_sessions_left_idle_in_a_transaction_are_ended_by_the_server(
+    pg_url: str,
+) -> None:
+    # A gateway frozen mid-write (SIGSTOP) must not keep its claim row
+    # share-locked past the TTL: the server ends such sessions.
+    store = await open_store(pg_url, pg_idle_in_transaction_ms=1_234)
+    async with store:
+        backend = store._backend  # type: ignore[attr-defined]
+        async with backend.transaction(write=False) as session:
+            cur = await session.conn.execute(b"SHOW idle_in_transaction_session_timeout")
+            row = await cur.fetchone()
+    assert row is not None and row[0] == "1234ms"

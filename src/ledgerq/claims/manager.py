@@ -50,6 +50,7 @@ from ledgerq.claims.queries import claim_queries
 from ledgerq.claims.settings import ClaimSettings
 from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import ConfigError, StoreError, StoreUnavailableError
+from ledgerq.failpoints import failpoint
 from ledgerq.model import Fence
 
 log = logging.getLogger(__name__)
@@ -241,6 +242,7 @@ class ClaimManager:
         Every step is attempted even when an earlier one failed (renewal
         matters most); the first failure is raised at the end.
         """
+        failpoint("claim_cycle")
         now = self._clock() if now is None else now
         errors: list[StoreError] = []
 

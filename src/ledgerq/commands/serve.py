@@ -67,6 +67,12 @@ def serve(
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     configure_logging(settings["log.level"], json_lines=settings["log.json"])
+    from ledgerq import failpoints
+
+    try:
+        failpoints.configure()  # fault tests only; nothing armed when unset
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
     from ledgerq.gateway.run import run_gateway
 
     try:

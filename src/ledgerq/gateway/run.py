@@ -55,7 +55,11 @@ async def run_gateway(
     on_started: Callable[[Gateway], Any] | None = None,
 ) -> None:
     async with AsyncExitStack() as stack:
-        store = await open_store(settings.db, migrate=True)
+        # A frozen instance's open transaction (a fenced write share-locks its
+        # claim row) must end before others need that row: within the TTL.
+        store = await open_store(
+            settings.db, migrate=True, pg_idle_in_transaction_ms=settings.claims.claim_ttl_ms
+        )
         stack.push_async_callback(store.close)
         # SQLite: refuse a second gateway on the file; PostgreSQL: take claims.
         claims = await open_high_availability(settings, stack)

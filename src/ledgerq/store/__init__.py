@@ -74,7 +74,12 @@ def _dialect(url: str) -> str:
 
 
 async def _open_sql(
-    url: str, *, migrate: bool, clock: Clock, pg_pool_max_size: int = 8
+    url: str,
+    *,
+    migrate: bool,
+    clock: Clock,
+    pg_pool_max_size: int = 8,
+    pg_idle_in_transaction_ms: int | None = None,
 ) -> tuple[SqlStore, MigrationResult]:
     backend: Backend
     if _dialect(url) == "sqlite":
@@ -86,7 +91,12 @@ async def _open_sql(
     else:
         from ledgerq.store.postgres import PostgresBackend
 
-        pg = PostgresBackend(url, pool_max_size=pg_pool_max_size)
+        idle = (
+            {}
+            if pg_idle_in_transaction_ms is None
+            else {"idle_in_transaction_ms": pg_idle_in_transaction_ms}
+        )
+        pg = PostgresBackend(url, pool_max_size=pg_pool_max_size, **idle)
         await pg.connect()
         backend = pg
     store = SqlStore(backend, clock=clock)
@@ -104,11 +114,24 @@ async def open_store(
     migrate: bool = True,
     clock: Clock = now_ms,
     pg_pool_max_size: int = 8,
+    pg_idle_in_transaction_ms: int | None = None,
 ) -> BatchTrackingStore:
-    """Open the store at ``url``; close it with ``await store.close()`` or ``async with``."""
+    """Open the store at ``url``; close it with ``await store.close()`` or ``async with``.
+
+    ``pg_idle_in_transaction_ms``: PostgreSQL ends a session of this store
+    that leaves a transaction open without a statement for this long (its
+    process frozen, say), so its row locks never hold other instances up
+    (default ``ledgerq.store.postgres.DEFAULT_IDLE_IN_TRANSACTION_MS``).
+    """
     if _dialect(url) == "memory":
         return MemoryStore(clock=clock)
-    store, _ = await _open_sql(url, migrate=migrate, clock=clock, pg_pool_max_size=pg_pool_max_size)
+    store, _ = await _open_sql(
+        url,
+        migrate=migrate,
+        clock=clock,
+        pg_pool_max_size=pg_pool_max_size,
+        pg_idle_in_transaction_ms=pg_idle_in_transaction_ms,
+    )
     return store
 
 

@@ -41,6 +41,10 @@ T = TypeVar("T")
 
 DEFAULT_POOL_TIMEOUT_S = 10.0
 DEFAULT_STATEMENT_TIMEOUT_MS = 60_000
+#: A session idle inside a transaction this long is ended by the server: a
+#: frozen gateway must not keep row locks (a fenced write share-locks its
+#: claim row) that other instances' claim maintenance waits for.
+DEFAULT_IDLE_IN_TRANSACTION_MS = 5_000
 
 
 def _translate(exc: psycopg.Error, url: str) -> StoreError:
@@ -86,6 +90,7 @@ class PostgresBackend:
         pool_max_size: int = 8,
         pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S,
         statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
+        idle_in_transaction_ms: int = DEFAULT_IDLE_IN_TRANSACTION_MS,
     ) -> None:
         self.url = url
         self.queries = load_queries(self.dialect)
@@ -98,7 +103,8 @@ class PostgresBackend:
             timeout=pool_timeout_s,
             kwargs={
                 "connect_timeout": max(1, int(pool_timeout_s)),
-                "options": f"-c statement_timeout={int(statement_timeout_ms)}",
+                "options": f"-c statement_timeout={int(statement_timeout_ms)}"
+                f" -c idle_in_transaction_session_timeout={int(idle_in_transaction_ms)}",
             },
         )
 
