@@ -37,6 +37,7 @@ import psycopg
 from bench import report
 from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.commands.node import tune_gc
 from ledgerq.config import load_settings
 from ledgerq.dlt.base import CommitEvent, LedgerBatchStatus, SubmitResult
 from ledgerq.dlt.node import NodeClient
@@ -305,6 +306,7 @@ def command(
     write: bool,
 ) -> None:
     """REST in → committed on the in-process node: throughput, cycle overhead, latency."""
+    tune_gc()  # as `ledgerq serve` does
     rows = []
     for backend in backends:
         with tempfile.TemporaryDirectory(prefix="ledgerq-bench-") as tmp:
