@@ -69,6 +69,9 @@ class TimedNode:
     def events(self) -> AsyncIterator[CommitEvent] | None:
         return self._events()
 
+    def triggers(self) -> AsyncIterator[None] | None:
+        return self.inner.triggers()
+
     async def _events(self) -> AsyncIterator[CommitEvent]:
         stream = self.inner.events()
         assert stream is not None
