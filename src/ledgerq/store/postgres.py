@@ -68,8 +68,14 @@ class _Session:
         return cur.rowcount
 
     async def executemany(self, name: str, rows: Sequence[Params]) -> None:
-        async with self.conn.cursor() as cur:
-            await cur.executemany(self._q[name], rows)
+        # One statement at a time, not psycopg's pipelined executemany: until
+        # a pipeline is synced the server counts the session as active, so a
+        # gateway paused in the middle of one would hold its row and claim
+        # locks past idle_in_transaction_session_timeout and keep the other
+        # instances from taking its services over.
+        query = self._q[name]
+        for row in rows:
+            await self.conn.execute(query, row)
 
     async def fetchall(self, name: str, params: Params) -> list[Row]:
         cur = await self.conn.execute(self._q[name], params)
