@@ -45,6 +45,9 @@ class NullLedger:
     def events(self) -> AsyncIterator[CommitEvent] | None:
         return None
 
+    def triggers(self) -> AsyncIterator[None] | None:
+        return None
+
     async def close(self) -> None:
         pass
 

@@ -182,6 +182,7 @@ class ScriptedLedger:
         self.statuses: dict[str, BatchStatus] = {}
         self.status_requests: list[tuple[str, tuple[str, ...]]] = []
         self.event_queue: asyncio.Queue[CommitEvent] | None = None
+        self.trigger_queue: asyncio.Queue[None] | None = None
         self.gate: asyncio.Event | None = None
 
     async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
@@ -207,6 +208,16 @@ class ScriptedLedger:
 
     @staticmethod
     async def _events(queue: asyncio.Queue[CommitEvent]) -> AsyncIterator[CommitEvent]:
+        while True:
+            yield await queue.get()
+
+    def triggers(self) -> AsyncIterator[None] | None:
+        if self.trigger_queue is None:
+            return None
+        return self._triggers(self.trigger_queue)
+
+    @staticmethod
+    async def _triggers(queue: asyncio.Queue[None]) -> AsyncIterator[None]:
         while True:
             yield await queue.get()
 

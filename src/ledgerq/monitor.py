@@ -20,7 +20,11 @@ It follows every batch the ledger has, or may have, until it is final:
   final status). An event still unmatched after ``early_grace_s`` (a batch
   submitted by another process or an earlier run) triggers an early poll,
   rate limited to one per ``min_poll_interval_s``.
-* Without events, a poll runs every ``poll_interval_s``.
+* **Triggers.** Where the ledger announces commits without their batches
+  (a Sawtooth validator's ``/subscriptions`` websocket, see
+  :meth:`~ledgerq.dlt.base.LedgerClient.triggers`), each announcement asks
+  for an early poll, rate limited the same way.
+* Otherwise, a poll runs every ``poll_interval_s``.
 
 A failed status read is logged and retried next round; it never changes a
 batch.
@@ -109,6 +113,7 @@ class Monitor:
         self._known_pending: set[str] = set()
         self.polls = 0
         self.applied_from_events = 0
+        self.triggers_received = 0
         recorder.add_accept_listener(self._on_accepted)
 
     def trigger(self) -> None:
@@ -122,12 +127,17 @@ class Monitor:
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
             events = self._ledger.events()
-            follow = tasks.create_task(self._follow(events)) if events is not None else None
+            triggers = self._ledger.triggers()
+            followers = []
+            if events is not None:
+                followers.append(tasks.create_task(self._follow(events)))
+            if triggers is not None:
+                followers.append(tasks.create_task(self._follow_triggers(triggers)))
             try:
                 await self._poll_loop()
             finally:
-                if follow is not None:
-                    follow.cancel()
+                for follower in followers:
+                    follower.cancel()
 
     async def _poll_loop(self) -> None:
         s = self.settings
@@ -215,6 +225,11 @@ class Monitor:
                     self._inbox.put_nowait(event)
             finally:
                 apply.cancel()
+
+    async def _follow_triggers(self, triggers: AsyncIterator[None]) -> None:
+        async for _ in triggers:
+            self.triggers_received += 1
+            self.trigger()
 
     async def _apply_inbox(self) -> None:
         # Concurrently (a batch has one final event), so the writes of many

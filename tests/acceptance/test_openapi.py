@@ -116,8 +116,13 @@ def node_url() -> Iterator[str]:
 
 
 GATEWAY = schemathesis.openapi.from_dict(load_spec("gateway.openapi.json"))
-# The event stream never ends by itself; it has its own tests.
-NODE = schemathesis.openapi.from_dict(load_spec("node.openapi.json")).exclude(path="/events")
+# The event stream never ends by itself and the websocket is no plain HTTP call;
+# both have their own tests.
+NODE = (
+    schemathesis.openapi.from_dict(load_spec("node.openapi.json"))
+    .exclude(path="/events")
+    .exclude(path="/subscriptions")
+)
 # A body the schema calls valid (any bytes) need not be a valid BatchList: the
 # codec's rules cannot be written as a schema, so that one check is left out.
 EXCLUDED = [schemathesis.checks.positive_data_acceptance]

@@ -90,3 +90,16 @@ def test_every_key_and_command_is_documented() -> None:
     api = (docs / "api.md").read_text()
     for name in cli.list_commands(None):  # type: ignore[arg-type]
         assert f"`ledgerq {name}" in api, name
+
+
+def test_serve_takes_the_delay_window_as_a_flag_and_refuses_a_negative_one(
+    tmp_path: Path,
+) -> None:
+    result = CliRunner().invoke(
+        cli,
+        ["serve", "--db", f"sqlite:///{tmp_path / 'x.sqlite3'}", "--delay-window-ms", "-1"],
+        env={},
+    )
+    assert result.exit_code != 0
+    assert "delay_window_ms" in result.output
+    assert not (tmp_path / "x.sqlite3").exists()  # refused before anything was opened

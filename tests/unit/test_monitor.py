@@ -169,3 +169,27 @@ async def test_unwatched_event_triggers_a_poll_after_its_grace() -> None:
     assert monitor.polls > polls
     monitor.stop()
     await asyncio.wait_for(task, 5)
+
+
+async def test_a_trigger_from_the_ledger_polls_early() -> None:
+    store, ledger, recorder, monitor, _ = setup(poll_interval_s=3600, min_poll_interval_s=0)
+    ledger.trigger_queue = asyncio.Queue()
+    b = batch("a", 1)
+    store.add(b)
+    await recorder.submitting(b)
+    await recorder.accepted(b)
+    ledger.statuses[b.batch_id] = Pending()
+    task = asyncio.create_task(monitor.run())
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert monitor.polls == 1  # at start; the next one is an hour away
+    ledger.statuses[b.batch_id] = Committed()
+    ledger.trigger_queue.put_nowait(None)
+    for _ in range(50):
+        await asyncio.sleep(0)
+        if store.batches[b.batch_id].status_name is BatchStatusName.COMMITTED:
+            break
+    assert store.batches[b.batch_id].status_name is BatchStatusName.COMMITTED
+    assert (monitor.polls, monitor.triggers_received) == (2, 1)
+    monitor.stop()
+    await asyncio.wait_for(task, 5)

@@ -40,6 +40,11 @@ def _announce(gateway: Gateway) -> None:
 )
 @click.option("--node-data-dir", help="Data directory of the in-process node.")
 @click.option("--node-ephemeral/--no-node-ephemeral", default=None, help="Keep no node data.")
+@click.option(
+    "--delay-window-ms",
+    type=int,
+    help="How long a Delayed batch waits before it is resubmitted (default 15000).",
+)
 @click.option("--log-level", help="debug, info, warning or error.")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines.")
 def serve(
@@ -49,6 +54,7 @@ def serve(
     config_file: str | None,
     node_data_dir: str | None,
     node_ephemeral: bool | None,
+    delay_window_ms: int | None,
     log_level: str | None,
     log_json: bool | None,
 ) -> None:
@@ -59,6 +65,7 @@ def serve(
         "bind": bind,
         "node.data_dir": node_data_dir,
         "node.ephemeral": node_ephemeral,
+        "delay_window_ms": delay_window_ms,
         "log.level": log_level,
         "log.json": log_json,
     }
@@ -73,7 +80,10 @@ def serve(
         failpoints.configure()  # fault tests only; nothing armed when unset
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    from ledgerq.commands.node import tune_gc
     from ledgerq.gateway.run import run_gateway
+
+    tune_gc()
 
     try:
         asyncio.run(run_gateway(settings, install_signals=True, on_started=_announce))

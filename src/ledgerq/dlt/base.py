@@ -98,6 +98,16 @@ class LedgerClient(Protocol):
         """A stream of final-status events, or ``None`` if the ledger has none."""
         ...
 
+    def triggers(self) -> AsyncIterator[None] | None:
+        """One item whenever the ledger may have news (a block committed), or ``None``.
+
+        For ledgers that announce commits without saying which batches (a
+        Sawtooth validator's ``/subscriptions`` websocket): each item asks for
+        an early status poll. The iterator may end when the ledger turns out
+        to have no announcements; polling on the interval then continues.
+        """
+        ...
+
     async def close(self) -> None: ...
 
 

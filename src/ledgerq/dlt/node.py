@@ -58,6 +58,9 @@ class NodeClient:
     def events(self) -> AsyncIterator[CommitEvent] | None:
         return self._events()
 
+    def triggers(self) -> AsyncIterator[None] | None:
+        return None  # the events carry the statuses themselves
+
     async def _events(self) -> AsyncIterator[CommitEvent]:
         async for event in self.node.subscribe():
             status = sawtooth_status(event.info.to_json())

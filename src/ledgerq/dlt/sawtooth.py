@@ -4,8 +4,11 @@
 * ``GET /batch_statuses?id=a,b&wait=N`` for up to 15 ids, ``POST
   /batch_statuses?wait=N`` with a JSON array beyond (as the API advises);
 * ``GET /events`` (server-sent events) where the ledger offers it — the
-  ledgerq node does; a plain Sawtooth answers 404 and the stream ends, so the
-  monitor falls back to polling.
+  ledgerq node does; a plain Sawtooth answers 404 and the stream ends;
+* without ``/events`` (a Sawtooth validator's REST API), the
+  ``/subscriptions`` websocket: every block message is a trigger for an
+  early status poll (:meth:`SawtoothClient.triggers`). Without either, the
+  monitor polls on its interval.
 
 Sawtooth has no services: ``service_id`` is ignored on the wire.
 """
@@ -16,7 +19,7 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
 
@@ -32,11 +35,19 @@ _GET_LIMIT = 15
 
 
 class SawtoothClient:
-    def __init__(self, base_url: str, timeouts: HttpTimeouts | None = None) -> None:
+    """``use_events=False`` ignores ``/events`` and follows ``/subscriptions`` only."""
+
+    def __init__(
+        self, base_url: str, timeouts: HttpTimeouts | None = None, *, use_events: bool = True
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeouts = timeouts or HttpTimeouts()
         self.description = f"sawtooth {self.base_url}"
+        self.use_events = use_events
         self._session: aiohttp.ClientSession | None = None
+        # Whether /events exists, once its first answer says so.
+        self._events_known = asyncio.Event()
+        self._has_events = False
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -90,7 +101,26 @@ class SawtoothClient:
             raise LedgerError(f"{url} answered a body that is not a status list") from exc
 
     def events(self) -> AsyncIterator[CommitEvent] | None:
-        return sse_events(self, f"{self.base_url}/events")
+        if not self.use_events:
+            return None
+        return sse_events(self, f"{self.base_url}/events", on_answer=self._events_answered)
+
+    def _events_answered(self, available: bool) -> None:
+        self._has_events = available
+        self._events_known.set()
+
+    def triggers(self) -> AsyncIterator[None] | None:
+        return self._triggers()
+
+    async def _triggers(self) -> AsyncIterator[None]:
+        if self.use_events:
+            # /events carries the statuses themselves: no triggers needed when it exists.
+            await self._events_known.wait()
+            if self._has_events:
+                return
+        url = "ws" + self.base_url.removeprefix("http") + "/subscriptions"
+        async for _ in block_triggers(self, url):
+            yield None
 
     async def close(self) -> None:
         if self._session is not None:
@@ -99,12 +129,17 @@ class SawtoothClient:
 
 
 async def sse_events(
-    client: SawtoothClient, url: str, *, idle_timeout_s: float = 60.0
+    client: SawtoothClient,
+    url: str,
+    *,
+    idle_timeout_s: float = 60.0,
+    on_answer: Callable[[bool], None] | None = None,
 ) -> AsyncIterator[CommitEvent]:
     """Final-status events from an SSE stream, reconnecting with ``Last-Event-ID``.
 
     Ends when the server has no stream (404/405). Reconnects after errors with
     a capped backoff; a quiet stream is reopened after ``idle_timeout_s``.
+    ``on_answer`` learns whether the stream exists, at its first answer.
     """
     last_id: str | None = None
     backoff = 0.1
@@ -118,10 +153,15 @@ async def sse_events(
         try:
             async with client.session.get(url, headers=headers, timeout=timeout) as resp:
                 if resp.status in (404, 405, 501):
-                    log.info("%s has no event stream (%s); polling only", url, resp.status)
+                    log.info("%s has no event stream (%s)", url, resp.status)
+                    if on_answer is not None:
+                        on_answer(False)
                     return
                 if resp.status != 200:
                     raise LedgerError(f"{url} answered {resp.status}")
+                if on_answer is not None:
+                    on_answer(True)
+                    on_answer = None
                 backoff = 0.1
                 event_id: str | None = None
                 data: list[str] = []
@@ -142,6 +182,61 @@ async def sse_events(
             log.debug("event stream %s interrupted: %r; reconnecting", url, exc)
         await asyncio.sleep(backoff)
         backoff = min(backoff * 2, 5.0)
+
+
+async def block_triggers(
+    client: SawtoothClient, url: str, *, heartbeat_s: float = 20.0
+) -> AsyncIterator[None]:
+    """One item per block the ledger commits, from its ``/subscriptions`` websocket.
+
+    Also one item at each (re)connection, since blocks may have been missed
+    while disconnected. Reconnects with a capped backoff when the socket
+    drops or cannot connect; ends (logging once) when the ledger has no such
+    endpoint (the handshake answered 404, 405, 501 or a plain 2xx).
+    """
+    # Only block announcements are needed, not state: a prefix no address has
+    # (not hex) keeps ``state_changes`` empty. An empty list would mean all changes.
+    subscribe = {"action": "subscribe", "address_prefixes": [_NO_ADDRESS]}
+    backoff = 0.1
+    while True:
+        try:
+            async with client.session.ws_connect(
+                url,
+                heartbeat=heartbeat_s,
+                timeout=aiohttp.ClientWSTimeout(ws_close=client.timeouts.connect),
+            ) as ws:
+                await ws.send_str(json.dumps(subscribe))
+                backoff = 0.1
+                yield None
+                async for msg in ws:
+                    if msg.type != aiohttp.WSMsgType.TEXT:
+                        continue
+                    if _is_block(msg.data, url):
+                        yield None
+            log.debug("subscription socket %s closed; reconnecting", url)
+        except aiohttp.WSServerHandshakeError as exc:
+            if exc.status in (404, 405, 501) or 200 <= exc.status < 300:
+                log.info("%s has no subscription websocket (%s); polling only", url, exc.status)
+                return
+            log.debug("subscription socket %s refused (%s); retrying", url, exc.status)
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+            log.debug("subscription socket %s interrupted: %r; reconnecting", url, exc)
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, 5.0)
+
+
+_NO_ADDRESS = "ledgerq:blocks-only"
+
+
+def _is_block(data: str, url: str) -> bool:
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and "block_id" in doc:
+        return True
+    log.debug("subscription socket %s sent %.200s", url, data)
+    return False
 
 
 def _parse_event(data: str, event_id: str | None) -> CommitEvent | None:

@@ -102,6 +102,9 @@ class SplinterClient:
     def events(self) -> AsyncIterator[CommitEvent] | None:
         return None
 
+    def triggers(self) -> AsyncIterator[None] | None:
+        return None
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()

@@ -63,10 +63,14 @@ class BatchStatusInfo:
 
 @dataclass(frozen=True, slots=True)
 class StatusEvent:
-    """A batch reached a final status; ``seq`` increases by one per event."""
+    """A batch reached a final status; ``seq`` increases by one per event.
+
+    ``writes``: what the commit applied to the state (empty for an INVALID batch).
+    """
 
     seq: int
     info: BatchStatusInfo
+    writes: tuple[tuple[KVSKey, KVSDatum], ...] = ()
 
 
 #: A final status as stored: ``COMMITTED``, or the invalid transactions of an
@@ -160,8 +164,10 @@ class Ledger:
             summary = slot.summary
             if summary is None:
                 continue  # a duplicate: nothing changes
+            writes: tuple[tuple[KVSKey, KVSDatum], ...] = ()
             if summary.success:
-                for key, value in summary.values_written:
+                writes = summary.values_written
+                for key, value in writes:
                     state[key] = value
                 info = BatchStatusInfo(slot.tx_id, COMMITTED)
                 statuses[slot.tx_id] = COMMITTED
@@ -169,5 +175,5 @@ class Ledger:
                 info = BatchStatusInfo(slot.tx_id, INVALID, summary.invalid)
                 statuses[slot.tx_id] = summary.invalid
             self.event_seq += 1
-            events.append(StatusEvent(self.event_seq, info))
+            events.append(StatusEvent(self.event_seq, info, writes))
         return events

@@ -15,6 +15,8 @@
 * ``GET /events``: server-sent events, one per batch reaching a final status:
   ``id: <sequence>`` and ``data: {"id", "status", "invalid_transactions"}``;
   send ``Last-Event-ID`` (or ``?last_event_id=``) to resume after an event.
+* ``GET /subscriptions``: Sawtooth's state-delta websocket, one message per
+  commit (see :mod:`ledgerq.node.subscriptions`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ledgerq.errors import InvalidBatchError, NodeBusyError, NodeError
 from ledgerq.node.messages import TxFingerprint
 from ledgerq.node.runtime import Node
 from ledgerq.node.scabbard import ScabbardServices, scabbard_json
+from ledgerq.node.subscriptions import add_subscriptions
 
 NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
 _BATCH_ID = re.compile(r"[0-9a-f]{128}")
@@ -302,4 +305,5 @@ def make_app(
     app.router.add_get("/logs/{fingerprint}", get_logs)
     app.router.add_get("/fingerprints/{batch_id}", get_fingerprint)
     app.router.add_get("/events", events)
+    add_subscriptions(app, node)
     return app

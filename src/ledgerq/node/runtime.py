@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from itertools import islice
 from pathlib import Path
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.codec import ParsedBatch, decode_batch
 from ledgerq.errors import NodeBusyError, NodeError
+from ledgerq.node.blocks import Block, BlockLog
 from ledgerq.node.families import FamilyRegistry, default_registry
 from ledgerq.node.journal import (
     Journal,
@@ -63,6 +64,7 @@ class Node:
         commit_delay_ms: int,
         snapshot_every: int,
         event_buffer: int,
+        block_buffer: int,
         clock: Clock,
         registry: FamilyRegistry,
     ) -> None:
@@ -99,6 +101,8 @@ class Node:
         self._waiters: defaultdict[str, list[asyncio.Future[None]]] = defaultdict(list)
         # (seq, batch id, stored status): plain tuples, see ledger.FinalStatus.
         self._events: deque[tuple[int, str, FinalStatus]] = deque(maxlen=event_buffer)
+        #: Recent commits as websocket "blocks" (see :mod:`ledgerq.node.blocks`).
+        self.blocks = BlockLog(block_buffer, last_batch_id=snap.get("last_batch"))
         self._event_signal = asyncio.Event()
         self._wake = asyncio.Event()
         self._next_commit_at: int | None = None
@@ -118,6 +122,7 @@ class Node:
         commit_delay_ms: int = 0,
         snapshot_every: int = 50_000,
         event_buffer: int = 100_000,
+        block_buffer: int = 10_000,
         clock: Clock = now_ms,
         registry: FamilyRegistry | None = None,
     ) -> Node:
@@ -132,6 +137,7 @@ class Node:
             commit_delay_ms=commit_delay_ms,
             snapshot_every=snapshot_every,
             event_buffer=event_buffer,
+            block_buffer=block_buffer,
             clock=clock,
             registry=registry or default_registry(),
         )
@@ -328,6 +334,7 @@ class Node:
             self._events.extend(
                 (e.seq, e.info.id, e.info.invalid_transactions or e.info.status) for e in events
             )
+            self.blocks.extend(events)
             signal, self._event_signal = self._event_signal, asyncio.Event()
             signal.set()
         if self._held and newly_committed:
@@ -362,6 +369,7 @@ class Node:
             "state": self.ledger.state,
             "statuses": self.ledger.statuses,
             "event_seq": self.ledger.event_seq,
+            "last_batch": self.blocks.last_batch_id,
             "committed_txs": self._committed_txs,
             "batch": self.machine.worker.batch_number + 1,
         }
@@ -450,6 +458,26 @@ class Node:
                 for seq, bid, stored in list(islice(events, start, None)):
                     last = seq
                     yield StatusEvent(seq, final_info(bid, stored))
+                continue
+            if self._closed:
+                return
+            signal = self._event_signal
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(signal.wait(), 15)
+
+    async def follow_blocks(self, after: int | None = None) -> AsyncGenerator[Block, None]:
+        """Blocks (commits) numbered above ``after`` (default: from now on), as they happen.
+
+        Ends when the node closes. A follower slower than ``block_buffer``
+        blocks skips to the oldest kept.
+        """
+        last = self.ledger.event_seq if after is None else after
+        while True:
+            blocks = self.blocks.after(last)
+            if blocks:
+                for block in blocks:
+                    last = block.num
+                    yield block
                 continue
             if self._closed:
                 return

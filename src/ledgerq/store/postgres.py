@@ -210,6 +210,9 @@ class PostgresBackend:
     def texts_param(self, values: Sequence[str]) -> list[str]:
         return list(values)
 
+    def keys_param(self, keys: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        return {"service_ids": [k[0] for k in keys], "batch_ids": [k[1] for k in keys]}
+
     async def migrate(self, *, apply: bool, url: str) -> MigrationResult:
         q = self.queries
         async with self._connection() as conn, conn.transaction():

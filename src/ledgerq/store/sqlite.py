@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +56,12 @@ from ledgerq.store.sqlstore import ConflictError, Params, Row
 T = TypeVar("T")
 
 DEFAULT_BUSY_TIMEOUT_MS = 10_000
+#: Write transactions between two background WAL checkpoints.
+CHECKPOINT_EVERY = 256
+#: WAL pages at which a commit checkpoints by itself (safety net; SQLite's default is 1000).
+WAL_AUTOCHECKPOINT = 20_000
+
+log = logging.getLogger(__name__)
 
 
 def path_from_url(url: str) -> str:
@@ -301,6 +308,15 @@ class SqliteBackend:
         self._reader = (
             self._writer if path == ":memory:" else _Connection(path, self.options, "sqlite-read")
         )
+        # WAL checkpoints (they flush to disk) run on their own connection and
+        # thread, every CHECKPOINT_EVERY write transactions, not inside a
+        # commit on the event loop; the writer's automatic checkpoint is only
+        # a safety net at a larger WAL.
+        self._checkpointer = (
+            None if path == ":memory:" else _Connection(path, self.options, "sqlite-checkpoint")
+        )
+        self._commits = 0
+        self._checkpoint_task: asyncio.Task[None] | None = None
 
     def statements(self, name: str) -> list[str]:
         """The statements of a named query (most have one)."""
@@ -318,9 +334,37 @@ class SqliteBackend:
         if self._reader is not self._writer:
             try:
                 await self._reader.open()
+                if self._checkpointer is not None:
+                    await self._checkpointer.open()
+                    await self._writer.call(
+                        lambda c: c.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT}")
+                    )
             except BaseException:
+                await self._reader.close()
                 await self._writer.close()
                 raise
+
+    def _committed(self) -> None:
+        self._commits += 1
+        if (
+            self._checkpointer is not None
+            and self._commits >= CHECKPOINT_EVERY
+            and self._checkpoint_task is None
+        ):
+            self._commits = 0
+            self._checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint())
+
+    async def _checkpoint(self) -> None:
+        assert self._checkpointer is not None
+        try:
+            # PASSIVE: copies what no reader still needs, never blocks a writer.
+            await self._checkpointer.call(
+                lambda c: c.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            )
+        except StoreError as exc:
+            log.warning("WAL checkpoint failed: %s; retried after more writes", exc)
+        finally:
+            self._checkpoint_task = None
 
     @asynccontextmanager
     async def transaction(self, *, write: bool) -> AsyncIterator[_Session]:
@@ -363,8 +407,12 @@ class SqliteBackend:
 
         async with connection.lock:
             if self.options.inline and (write or short):
-                return connection.call_here(transaction)
-            return await connection.call(transaction)
+                result = connection.call_here(transaction)
+            else:
+                result = await connection.call(transaction)
+        if write:
+            self._committed()
+        return result
 
     async def insert_batches(self, session: Any, batches: Sequence[TrackingBatch]) -> list[int]:
         q = self.queries
@@ -415,6 +463,9 @@ class SqliteBackend:
 
     def texts_param(self, values: Sequence[str]) -> str:
         return json.dumps(list(values))
+
+    def keys_param(self, keys: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        return {"keys": json.dumps([list(k) for k in keys])}
 
     async def migrate(self, *, apply: bool, url: str) -> MigrationResult:
         q = self.queries
@@ -467,6 +518,10 @@ class SqliteBackend:
             return await self.call(run)
 
     async def close(self) -> None:
+        if self._checkpoint_task is not None:
+            await asyncio.wait([self._checkpoint_task])
+        if self._checkpointer is not None:
+            await self._checkpointer.close()
         if self._reader is not self._writer:
             await self._reader.close()
         await self._writer.close()

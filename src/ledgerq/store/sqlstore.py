@@ -102,6 +102,10 @@ class Backend(Protocol):
         """A list of strings (service ids) as the dialect's queries take it."""
         ...
 
+    def keys_param(self, keys: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        """``(service_id, batch_id)`` pairs as ``batch_states`` takes them."""
+        ...
+
     async def connect(self) -> None: ...
 
     async def migrate(self, *, apply: bool, url: str) -> MigrationResult:
@@ -588,13 +592,7 @@ class SqlStore:
             {(w.service_id, w.id) for w in writes if not w.id.startswith(DATA_CHANGE_PREFIX)}
         )
         if keys:
-            rows = await session.fetchall(
-                "batch_states",
-                {
-                    "service_ids": self._backend.texts_param([k[0] for k in keys]),
-                    "batch_ids": self._backend.texts_param([k[1] for k in keys]),
-                },
-            )
+            rows = await session.fetchall("batch_states", self._backend.keys_param(keys))
             deferred.states = {(r[0], r[1]): (r[1], r[2], r[3]) for r in rows}
         fences = sorted(
             {(w.service_id, w.fence.instance_id, w.fence.epoch) for w in writes if w.fence}

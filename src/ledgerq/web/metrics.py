@@ -300,6 +300,9 @@ class InstrumentedLedger:
         stream = self.inner.events()
         return None if stream is None else self._events(stream)
 
+    def triggers(self) -> AsyncIterator[None] | None:
+        return self.inner.triggers()
+
     async def _events(self, stream: AsyncIterator[CommitEvent]) -> AsyncIterator[CommitEvent]:
         async for event in stream:
             self.metrics.status_reported(event.batch_id, event.status)

@@ -397,8 +397,10 @@ LIMIT :limit;
 
 -- A group of writes (apply_writes): the rows of its batches (the write lock
 -- is the transaction's already).
+-- :keys is a JSON array of [service_id, batch_id]; CROSS JOIN keeps the
+-- planner from scanning a service's batches per key: one key lookup each.
 -- name: batch_states
 SELECT b.service_id, b.batch_id, b.status, b.submitted
-FROM json_each(:service_ids) AS s
-JOIN json_each(:batch_ids) AS i ON i.key = s.key
-JOIN batches b ON b.service_id = s.value AND b.batch_id = i.value;
+FROM json_each(:keys) AS k
+CROSS JOIN batches b
+WHERE b.service_id = json_extract(k.value, '$[0]') AND b.batch_id = json_extract(k.value, '$[1]');
