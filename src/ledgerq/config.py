@@ -147,7 +147,12 @@ KEYS: tuple[Key, ...] = (
     Key("ledger_timeout.submit_s", _positive(float), 10.0, "ledger POST timeout (s)"),
     Key("monitor.poll_interval_s", _positive(float), 1.0, "status poll fallback (s)"),
     Key("monitor.wait_s", _non_negative(float), 1.0, "long-poll wait of a status read (s)"),
-    Key("monitor.stale_after_ms", _positive(_int), 60_000, "recover {submitted, None} after (ms)"),
+    Key(
+        "monitor.stale_after_ms",
+        _positive(_int),
+        60_000,
+        "recover unanswered submitted batches after (ms)",
+    ),
     Key("claims.instance_id", str, "", "HA instance id (default: host-pid-random)"),
     Key("claims.renew_interval_ms", _positive(_int), 1_000, "claim cycle period (ms)"),
     Key("claims.ttl_ms", _positive(_int), 5_000, "first claim expiry: idle failover (ms)"),

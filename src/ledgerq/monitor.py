@@ -3,11 +3,12 @@
 It follows every batch the ledger has, or may have, until it is final:
 
 * **Polling.** Each round reads from the store the batches to follow —
-  ``{submitted, Pending}``, and ``{submitted, None}`` batches older than
-  ``stale_after_ms`` that no submitter of this process holds (their
-  submitter died) — groups them by service, asks the ledger for their
-  statuses (chunks of ``max_ids``, ``wait_s`` long-poll, at most
-  ``connections`` requests at once), keeps only answers about ids it asked
+  ``{submitted, Pending}``, and other ``submitted`` batches (no status, or
+  ``Unknown``/``Delayed`` being resubmitted) older than ``stale_after_ms``
+  that no submitter of this process holds (their submitter died) — groups
+  them by service, asks the ledger for their statuses (chunks of
+  ``max_ids``, ``wait_s`` long-poll, at most ``connections`` requests at
+  once), keeps only answers about ids it asked
   for, and applies each through the :class:`~ledgerq.recorder.Recorder`:
   ``COMMITTED`` and ``INVALID`` are final, ``PENDING`` marks a recovered
   batch pending, ``UNKNOWN`` clears ``submitted`` so the queuer sends the
@@ -55,7 +56,7 @@ class MonitoredSource(Protocol):
     async def monitored_batches(
         self, *, now: int, stale_before: int, limit: int
     ) -> Sequence[TrackingBatch]:
-        """``{submitted, Pending}`` batches, and ``{submitted, None}`` batches
+        """``{submitted, Pending}`` batches, and other ``submitted`` batches
         taken for submission before ``stale_before``; oldest first."""
         ...
 

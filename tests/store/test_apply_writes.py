@@ -14,6 +14,7 @@ from ledgerq.model import (
     InvalidTransaction,
     Pending,
     SubmissionError,
+    Unknown,
 )
 from ledgerq.store import BatchTrackingStore, BatchWrite
 
@@ -105,3 +106,37 @@ async def test_writes_of_one_batch_apply_in_their_order(
         assert results[0] is None and isinstance(results[1], StatusTransitionError)
     got = await store.get_batch(a.batch_id, "s1")
     assert got is not None and got.status_name is BatchStatusName.COMMITTED
+
+
+async def test_list_in_flight_holds_every_batch_taken_but_unanswered(
+    store: BatchTrackingStore,
+) -> None:
+    """Pending, and submitted without an answer: first attempts and
+    resubmissions after Unknown or Delayed (a submitter that died there
+    leaves them so); not waiting, final or Delayed-and-waiting batches."""
+    (
+        first,
+        pending,
+        delayed,
+        resent_delayed,
+        resent_unknown,
+        done,
+        waiting,
+    ) = await store.add_batches([make_batch(f"s{i}") for i in range(7)])
+    await store.change_batch_to_submitted(first.batch_id, "s0", now=NOW)
+    await store.change_batch_to_submitted(pending.batch_id, "s1", now=NOW)
+    await store.update_batch_status(pending.batch_id, "s1", Pending())
+    await store.change_batch_to_submitted(delayed.batch_id, "s2", None, "Delayed", now=NOW)
+    await store.change_batch_to_submitted(resent_delayed.batch_id, "s3", None, "Delayed", now=NOW)
+    await store.change_batch_to_submitted(resent_delayed.batch_id, "s3", now=NOW + 1)
+    await store.update_batch_status(resent_unknown.batch_id, "s4", Unknown())
+    await store.change_batch_to_submitted(resent_unknown.batch_id, "s4", now=NOW + 2)
+    await store.update_batch_status(done.batch_id, "s5", Committed())
+    got = await store.list_in_flight()
+    assert [(b.service_id, b.status_name, b.submitted) for b in got] == [
+        ("s0", None, True),
+        ("s1", BatchStatusName.PENDING, True),
+        ("s3", BatchStatusName.DELAYED, True),
+        ("s4", BatchStatusName.UNKNOWN, True),
+    ]
+    assert waiting.batch_id not in {b.batch_id for b in got}

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from ledgerq.claims import ClaimInfo, InstanceInfo
 from ledgerq.gateway.api import GatewayApi
 from ledgerq.gateway.sources import StoreMonitorSource
-from ledgerq.model import BatchStatusName, Pending, TrackingBatch
+from ledgerq.model import BatchStatusName, Delayed, Pending, TrackingBatch
 
 T0 = 1_700_000_000_000
 
@@ -41,11 +41,9 @@ class FakeInFlight:
         self.batches = list(batches)
 
     async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
-        return [
-            b
-            for b in self.batches
-            if b.status_name is BatchStatusName.PENDING or (b.submitted and b.batch_status is None)
-        ][:limit]
+        return [b for b in self.batches if b.status_name is BatchStatusName.PENDING or b.submitted][
+            :limit
+        ]
 
 
 async def test_monitor_follows_only_claimed_services_and_checks_adopted_ones_at_once() -> None:
@@ -55,6 +53,8 @@ async def test_monitor_follows_only_claimed_services_and_checks_adopted_ones_at_
             _batch("theirs", 2, submitted=True, status=Pending()),
             _batch("taken", 3, submitted=True),  # left in flight by the previous holder
             _batch("taken", 4, submitted=False),
+            # Taken for resubmission after Delayed, then its submitter died.
+            _batch("resent", 6, submitted=True, status=Delayed()),
             _batch("theirs", 5, submitted=True),
         ]
     )
@@ -72,6 +72,9 @@ async def test_monitor_follows_only_claimed_services_and_checks_adopted_ones_at_
     # Stale batches are recovered, never in services held elsewhere.
     stale = await source.monitored_batches(now=T0 + 20_000, stale_before=T0 + 1, limit=100)
     assert [b.batch_id for b in stale] == ["mine-1", "taken-3"]
+    claimed.add("resent")
+    stale = await source.monitored_batches(now=T0 + 20_000, stale_before=T0 + 1, limit=100)
+    assert [b.batch_id for b in stale] == ["mine-1", "taken-3", "resent-6"]
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,15 @@
 
 :class:`StoreMonitorSource` finds the batches the monitor follows with one
 indexed read of the busy batches (``list_in_flight``): every ``Pending``
-batch, and ``{submitted, None}`` batches whose last attempt is older than the
-stale cut-off.
+batch, and every batch marked ``submitted`` whose last attempt is older than
+the stale cut-off — taken for a first attempt (no status) or for a
+resubmission after ``Unknown`` or ``Delayed``: a submitter that died
+between taking it and recording the ledger's answer leaves it so.
 
 Under high availability it follows only the services this instance claims
 (``services``), and a service just taken over from another instance is
-*adopted*: its ``{submitted, None}`` batch, left by the previous holder, is
-asked of the ledger at the next poll, however recent its attempt.
+*adopted*: its submitted batch, left by the previous holder, is asked of the
+ledger at the next poll, however recent its attempt.
 """
 
 from __future__ import annotations

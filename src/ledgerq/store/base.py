@@ -138,8 +138,9 @@ class BatchReader(Protocol):
 
     async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
         """Non-final batches the ledger has or may have (``Pending``, or
-        ``submitted`` without a status), in ``seq`` order, lean: without
-        blobs, transactions or submission errors. What the monitor follows."""
+        ``submitted``: taken for a first attempt, or for a resubmission after
+        ``Unknown`` or ``Delayed``), in ``seq`` order, lean: without blobs,
+        transactions or submission errors. What the monitor follows."""
         ...
 
     async def list_batches(

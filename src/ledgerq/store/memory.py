@@ -428,7 +428,8 @@ class MemoryStore:
         found = [
             self._view(r)
             for r in self._ordered()
-            if r.status is BatchStatusName.PENDING or (r.submitted and r.status is None)
+            if not (r.status is not None and r.status.is_final)
+            and (r.status is BatchStatusName.PENDING or r.submitted)
         ]
         return found[:limit]
 

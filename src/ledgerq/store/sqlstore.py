@@ -722,8 +722,8 @@ class SqlStore:
         )
 
     async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
-        """Non-final batches that are ``Pending`` or ``{submitted, no status}``,
-        in ``seq`` order, lean (no blobs, no transactions, no errors)."""
+        """Non-final batches that are ``Pending`` or ``submitted``, in ``seq``
+        order, lean (no blobs, no transactions, no errors)."""
         common.check_limit(limit)
         # Reads the busy index only: short.
         rows = await self._fetchall("list_in_flight", {"limit": limit}, short=True)

@@ -383,15 +383,16 @@ ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b
 LIMIT coalesce(:limit, -1);
 
 -- What the DLT monitor follows: non-final batches the ledger has (Pending)
--- or may have ({submitted, no status}), lean (no blobs, no errors). The
--- predicate repeats batches_busy_idx's, so only busy batches are read.
+-- or may have (submitted: taken for a first attempt, or for a resubmission
+-- after Unknown or Delayed), lean (no blobs, no errors). The predicate
+-- repeats batches_busy_idx's, so only busy batches are read.
 -- name: list_in_flight
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
        X'', b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, NULL, NULL
 FROM batches b
 WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
-  AND (b.status = 'Pending' OR (b.submitted AND b.status IS NULL))
+  AND (b.status = 'Pending' OR b.submitted)
 ORDER BY b.seq
 LIMIT :limit;
 
