@@ -405,7 +405,14 @@ class ClaimManager:
                 except _RETRYABLE as exc:
                     last = exc
                     self.retries += 1
-                except (psycopg.OperationalError, psycopg.InterfaceError, TimeoutError) as exc:
+                except TimeoutError:
+                    last = TimeoutError(
+                        f"no answer within db_timeout_ms ({self.settings.db_timeout_ms} ms): "
+                        "a claim row locked by another session, or a slow database"
+                    )
+                    await self._drop_connection()
+                    continue
+                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                     last = exc
                     await self._drop_connection()
                     continue

@@ -2,7 +2,9 @@
 
 * PostgreSQL: a :class:`~ledgerq.claims.ClaimManager`. Its first claim cycle
   runs before the gateway serves, so the queue starts with this instance's
-  share; leaving the exit stack releases every claim, which the caller
+  share (if a step of it fails, e.g. on a claim row another instance holds
+  locked, the gateway starts anyway and the next cycle retries; an
+  unreachable database stops it); leaving the exit stack releases every claim, which the caller
   arranges to happen after the submitter drained.
 * SQLite: the :class:`~ledgerq.claims.SingleInstanceLock` on the database
   file, held until the exit stack closes; a second gateway on the same file
@@ -17,6 +19,7 @@ from contextlib import AsyncExitStack
 
 from ledgerq.claims import ClaimManager, SingleInstanceLock
 from ledgerq.config import Settings
+from ledgerq.errors import StoreError, StoreUnavailableError
 from ledgerq.store.sqlite import path_from_url
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,15 @@ async def open_high_availability(
         return None
     claims = ClaimManager(db, settings.claims, address=address or settings["bind"])
     stack.push_async_callback(claims.close)
-    report = await claims.cycle()
+    try:
+        report = await claims.cycle()
+    except StoreUnavailableError:
+        raise  # no database at all: refuse to start
+    except StoreError as exc:
+        # Another instance may hold a claim row locked for a while (it froze
+        # mid-write); the run loop tries again every renewal interval.
+        log.warning("first claim cycle of %s failed, retrying: %s", claims.instance_id, exc)
+        return claims
     log.info(
         "instance %s holds %d services after its first claim cycle",
         claims.instance_id,
