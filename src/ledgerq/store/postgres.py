@@ -68,14 +68,26 @@ class _Session:
         return cur.rowcount
 
     async def executemany(self, name: str, rows: Sequence[Params]) -> None:
-        # One statement at a time, not psycopg's pipelined executemany: until
-        # a pipeline is synced the server counts the session as active, so a
-        # gateway paused in the middle of one would hold its row and claim
-        # locks past idle_in_transaction_session_timeout and keep the other
-        # instances from taking its services over.
-        query = self._q[name]
-        for row in rows:
-            await self.conn.execute(query, row)
+        # Not psycopg's pipelined executemany: until a pipeline is synced the
+        # server counts the session as active, so a gateway paused in the
+        # middle of one would hold its row and claim locks past
+        # idle_in_transaction_session_timeout and keep the other instances
+        # from taking its services over. A query with a set-based form
+        # (``<name>_set``, arrays of columns) is sent once for all rows;
+        # others one row at a time.
+        if not rows:
+            return
+        set_query = self._q.get(f"{name}_set")
+        if set_query is None:
+            for row in rows:
+                await self.conn.execute(self._q[name], row)
+            return
+        if name == "upsert_receipt":
+            # ON CONFLICT may touch a row once per statement: last one wins.
+            by_key = {(r["service_id"], r["transaction_id"]): r for r in rows}
+            rows = list(by_key.values())
+        columns = {key: [row[key] for row in rows] for key in rows[0]}
+        await self.conn.execute(set_query, columns)
 
     async def fetchall(self, name: str, params: Params) -> list[Row]:
         cur = await self.conn.execute(self._q[name], params)

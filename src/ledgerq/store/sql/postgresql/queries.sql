@@ -430,3 +430,89 @@ JOIN unnest(%(service_ids)s::text[], %(instance_ids)s::text[], %(epochs)s::bigin
     ON c.service_id = k.service_id AND c.claimant = k.instance_id AND c.epoch = k.epoch
 ORDER BY c.service_id
 FOR SHARE OF c;
+
+-- Set-based forms of the group writes (apply_writes): one statement for a
+-- whole wave, each parameter an array with one element per row. A wave
+-- touches each batch once. (Sent as one statement, not a pipelined
+-- executemany: a paused client must leave its session idle in transaction,
+-- where idle_in_transaction_session_timeout ends it.)
+-- name: record_attempt_set
+WITH k AS (
+    SELECT *
+    FROM unnest(%(service_id)s::text[], %(batch_id)s::text[], %(error_type)s::text[],
+                %(error_message)s::text[], %(now)s::bigint[])
+        AS k(service_id, batch_id, error_type, error_message, now)
+), submission AS (
+    INSERT INTO submissions
+        (service_id, batch_id, last_checked, times_checked, error_type, error_message,
+         created_at, updated_at)
+    SELECT service_id, batch_id, now, 1, error_type, error_message, now, now FROM k
+    ON CONFLICT (service_id, batch_id) DO UPDATE
+    SET error_type = excluded.error_type,
+        error_message = excluded.error_message,
+        updated_at = GREATEST(excluded.updated_at, submissions.updated_at + 1)
+)
+UPDATE batches b
+SET submitted = TRUE, attempts = b.attempts + 1, last_attempt_at = k.now
+FROM k
+WHERE b.service_id = k.service_id AND b.batch_id = k.batch_id;
+
+-- name: write_status_set
+WITH k AS (
+    SELECT *
+    FROM unnest(%(service_id)s::text[], %(batch_id)s::text[], %(status)s::text[],
+                %(final)s::bool[], %(submitted)s::bool[], %(check)s::bool[], %(now)s::bigint[])
+        AS k(service_id, batch_id, status, final, submitted, checked, now)
+), status_row AS (
+    INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
+    SELECT service_id, batch_id, status, now, now FROM k
+    ON CONFLICT (service_id, batch_id) DO UPDATE
+    SET dlt_status = excluded.dlt_status,
+        updated_at = GREATEST(excluded.updated_at, batch_statuses.updated_at + 1)
+), checked AS (
+    UPDATE submissions s
+    SET last_checked = k.now, times_checked = s.times_checked + 1,
+        updated_at = GREATEST(k.now, s.updated_at + 1)
+    FROM k
+    WHERE s.service_id = k.service_id AND s.batch_id = k.batch_id AND k.checked
+)
+UPDATE batches b
+SET status = k.status,
+    final = k.final,
+    submitted = k.submitted,
+    last_attempt_at = CASE WHEN k.status = 'Delayed' THEN k.now ELSE b.last_attempt_at END
+FROM k
+WHERE b.service_id = k.service_id AND b.batch_id = k.batch_id;
+
+-- name: upsert_submission_error_set
+INSERT INTO submissions
+    (service_id, batch_id, last_checked, times_checked, error_type, error_message, created_at,
+     updated_at)
+SELECT service_id, batch_id, now, 1, error_type, error_message, now, now
+FROM unnest(%(service_id)s::text[], %(batch_id)s::text[], %(error_type)s::text[],
+            %(error_message)s::text[], %(now)s::bigint[])
+    AS k(service_id, batch_id, error_type, error_message, now)
+ON CONFLICT (service_id, batch_id) DO UPDATE
+SET error_type = excluded.error_type,
+    error_message = excluded.error_message,
+    updated_at = GREATEST(excluded.updated_at, submissions.updated_at + 1);
+
+-- name: upsert_receipt_set
+INSERT INTO transaction_receipts
+    (service_id, transaction_id, result_valid, error_message, error_data, serialized_receipt,
+     external_status, external_error_message, created_at, updated_at)
+SELECT service_id, transaction_id, result_valid, error_message, error_data, serialized_receipt,
+       external_status, external_error_message, now, now
+FROM unnest(%(service_id)s::text[], %(transaction_id)s::text[], %(result_valid)s::bool[],
+            %(error_message)s::text[], %(error_data)s::bytea[], %(serialized_receipt)s::bytea[],
+            %(external_status)s::text[], %(external_error_message)s::text[], %(now)s::bigint[])
+    AS k(service_id, transaction_id, result_valid, error_message, error_data,
+         serialized_receipt, external_status, external_error_message, now)
+ON CONFLICT (service_id, transaction_id) DO UPDATE
+SET result_valid = excluded.result_valid,
+    error_message = excluded.error_message,
+    error_data = excluded.error_data,
+    serialized_receipt = excluded.serialized_receipt,
+    external_status = excluded.external_status,
+    external_error_message = excluded.external_error_message,
+    updated_at = GREATEST(excluded.updated_at, transaction_receipts.updated_at + 1);
