@@ -5,9 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: run test lint format typecheck bench bench-compare clean protos
+.PHONY: run test test-fast lint format bench bench-compare clean protos
 
 $(BIN)/python:
+	@PYTHON=$(PYTHON) sh scripts/prerequisites.sh venv
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
@@ -30,13 +31,22 @@ run: $(VENV)/.run
 	@echo "  .venv/bin/ledgerq submit --generate 1000 --services 10"
 	$(BIN)/ledgerq serve $(SERVE_ARGS)
 
+# Every test. PostgreSQL is a throwaway cluster the run starts from the
+# installed server binaries (or the server LEDGERQ_TEST_PG names); what is
+# missing is installed when possible (root on Debian), else named in one line.
 test: $(VENV)/.dev
+	@sh scripts/prerequisites.sh postgresql chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests that need nothing but Python: unit and interop, slow ones left out.
+test-fast: $(VENV)/.dev
+	$(BIN)/python -m pytest tests/unit tests/interop -m 'not slow' -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(VENV)/.dev
 	$(BIN)/ruff format .

@@ -1,5 +1,7 @@
-"""Real processes for high-availability runs: one ``ledgerq node``, several
-``ledgerq serve`` on one PostgreSQL database, faults, and the invariants.
+"""Real processes for high-availability runs: one ledger — ``ledgerq node``, or
+the fault ledger (``ledgerq.testing.fault_ledger``: Sawtooth's REST API
+without events, judging every POST, injecting faults) — several ``ledgerq
+serve`` on one PostgreSQL database, faults, and the invariants.
 
 Used by the chaos tests (``tests/acceptance/test_ha_chaos.py``) and by
 ``ledgerq bench failover``. Everything binds 127.0.0.1 with ephemeral ports;
@@ -43,7 +45,6 @@ FAST_CLAIMS = {
     "LEDGERQ_CLAIMS_RENEW_INTERVAL_MS": "200",
     "LEDGERQ_CLAIMS_TTL_MS": "1000",
     "LEDGERQ_CLAIMS_GRACE_MS": "400",
-    "LEDGERQ_MONITOR_STALE_AFTER_MS": "1500",
     "LEDGERQ_MONITOR_POLL_INTERVAL_S": "0.2",
     "LEDGERQ_SUBMITTER_POLL_TIMEOUT_S": "0.2",
     "LEDGERQ_LEDGER_TIMEOUT_SUBMIT_S": "2",
@@ -89,12 +90,20 @@ def fence_violations(pg_url: str) -> list[tuple[str, str, str, str | None]]:
 class Process:
     """A ``ledgerq`` subprocess logging to a file."""
 
-    def __init__(self, name: str, args: Sequence[str], env: Mapping[str, str], workdir: Path):
+    def __init__(
+        self,
+        name: str,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        workdir: Path,
+        *,
+        program: Sequence[str] = (LEDGERQ,),
+    ):
         self.name = name
         self.log_path = workdir / f"{name}.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [LEDGERQ, *args],
+            [*program, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},
@@ -102,6 +111,8 @@ class Process:
         )
         self.url = self._wait_listening(60.0)
         self.stopped = False
+        #: (frozen at, thawed at) of every SIGSTOP sent from outside (time.time()).
+        self.pauses: list[tuple[float, float | None]] = []
 
     def _wait_listening(self, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
@@ -138,6 +149,7 @@ class Process:
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGSTOP)
         self.stopped = True
+        self.pauses.append((time.time(), None))
 
     @property
     def stopped_itself(self) -> bool:
@@ -151,6 +163,8 @@ class Process:
     def cont(self) -> None:
         self.proc.send_signal(signal.SIGCONT)
         self.stopped = False
+        if self.pauses and self.pauses[-1][1] is None:
+            self.pauses[-1] = (self.pauses[-1][0], time.time())
 
 
 def _request(
@@ -200,6 +214,8 @@ class Cluster:
     pg_url: str
     env: Mapping[str, str] = field(default_factory=lambda: dict(FAST_CLAIMS))
     node: Process | None = None
+    #: The fault ledger, when the cluster runs against it instead of the node.
+    fault_ledger: Process | None = None
     gateways: dict[str, Process] = field(default_factory=dict)
     generation: int = 0
 
@@ -209,18 +225,36 @@ class Cluster:
         )
         return self.node
 
+    def start_fault_ledger(self, *flags: str) -> Process:
+        """The fault ledger as the cluster's ledger; ``flags`` set its fault plan."""
+        self.fault_ledger = Process(
+            "fault-ledger",
+            ["--bind", "127.0.0.1:0", *flags],
+            {},
+            self.workdir,
+            program=(sys.executable, "-m", "ledgerq.testing.fault_ledger"),
+        )
+        return self.fault_ledger
+
+    @property
+    def ledger(self) -> Process:
+        ledger = self.fault_ledger or self.node
+        assert ledger is not None, "start a node or a fault ledger first"
+        return ledger
+
     def start_gateway(self, name: str, extra_env: Mapping[str, str] | None = None) -> Process:
         """Start ``ledgerq serve`` as ``gw-<name>-<n>``; ``extra_env`` e.g. its failpoints."""
-        assert self.node is not None
         self.generation += 1
         instance = f"gw-{name}-{self.generation}"
         env = {
             **self.env,
             "LEDGERQ_DB": self.pg_url,
-            "LEDGERQ_LEDGER": "sawtooth+" + self.node.url,
+            "LEDGERQ_LEDGER": "sawtooth+" + self.ledger.url,
             "LEDGERQ_BIND": "127.0.0.1:0",
             "LEDGERQ_CLAIMS_INSTANCE_ID": instance,
             "PGAPPNAME": instance,
+            # One process per instance: faults hit the instance itself.
+            "LEDGERQ_WORKERS": "1",
             "LEDGERQ_LOG_LEVEL": "info",
             **(extra_env or {}),
         }
@@ -267,8 +301,9 @@ class Cluster:
     def close(self) -> None:
         for gw in self.gateways.values():
             gw.kill()
-        if self.node is not None:
-            self.node.kill()
+        for ledger in (self.node, self.fault_ledger):
+            if ledger is not None:
+                ledger.kill()
 
 
 def store_statuses(pg_url: str) -> dict[str, int]:
@@ -313,13 +348,111 @@ def node_fingerprint(node_url: str, batch_id: str) -> tuple[int, int] | None:
     return int(b), int(t)
 
 
-def check_invariants(pg_url: str, node_url: str, workload: Workload) -> list[str]:
-    """Everything the HA design promises, checked after a run; returns the violations."""
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ (\S+): (.*)$")
+_SUBMISSION = re.compile(r"submission (started|finished) batch=([0-9a-f]+) ")
+
+
+def _log_time(stamp: str) -> float:
+    import datetime
+
+    return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def frozen_mid_post(gateways: Iterable[Process]) -> set[str]:
+    """Batch id prefixes a gateway was submitting when it was frozen (SIGSTOP, from
+    outside or by a ``stop`` failpoint), whose submission ended only after it thawed.
+
+    Such a gateway may write a POST it had already decided on after its claim
+    moved on and the new holder resent the batch — the late copy ``docs/ha.md``
+    ("Safety") bounds but no gateway can prevent: no lock covers an HTTP
+    request. Every other POST of a batch the ledger holds is a defect.
+    """
+    prefixes: set[str] = set()
+    for gw in gateways:
+        freezes = [(a, b if b is not None else float("inf")) for a, b in gw.pauses]
+        started: dict[str, float] = {}
+        spans: list[tuple[str, float, float]] = []
+        frozen_at: float | None = None
+        for line in gw.log_path.read_text(errors="replace").splitlines():
+            m = _LOG_LINE.match(line)
+            if not m:
+                continue
+            at, message = _log_time(m.group(1)), m.group(3)
+            if message.startswith("failpoint ") and ": stop at hit" in message:
+                frozen_at = at
+            elif message.startswith("failpoint ") and message.endswith(": resumed"):
+                if frozen_at is not None:
+                    freezes.append((frozen_at, at))
+                frozen_at = None
+            sub = _SUBMISSION.search(message)
+            if sub and sub.group(1) == "started":
+                started[sub.group(2)] = at
+            elif sub:
+                spans.append((sub.group(2), started.pop(sub.group(2), at), at))
+        if frozen_at is not None:
+            freezes.append((frozen_at, float("inf")))
+        spans += [(p, t, float("inf")) for p, t in started.items()]
+        for prefix, begin, end in spans:
+            if any(begin <= a and end >= b for a, b in freezes):
+                prefixes.add(prefix)
+    return prefixes
+
+
+def check_invariants(
+    pg_url: str,
+    node_url: str,
+    workload: Workload,
+    *,
+    fault_ledger: bool = False,
+    frozen: set[str] | None = None,
+) -> list[str]:
+    """Everything the HA design promises, checked after a run; returns the violations.
+
+    ``fault_ledger``: ``node_url`` is the fault ledger's, whose report judges
+    order per key, exactly-once values and every POST: no batch it held may be
+    POSTed again, but for the late copies of gateways frozen mid-POST
+    (``frozen``, from :func:`frozen_mid_post`)."""
     problems: list[str] = []
     counts = store_statuses(pg_url)
     total = sum(len(v) for v in workload.batches.values())
     if counts.get("Committed", 0) != total:
         problems.append(f"not every batch committed: {counts} (expected {total} Committed)")
+    if fault_ledger:
+        problems += _judged_by_fault_ledger(node_url, workload, frozen or set())
+    else:
+        problems += _judged_by_node(node_url, workload)
+    with psycopg.connect(pg_url) as conn:
+        locked = conn.execute(
+            "SELECT service_id, batch_id FROM batches WHERE NOT final LIMIT 5"
+        ).fetchall()
+    if locked:
+        problems.append(f"services left with open batches: {locked}")
+    violations = fence_violations(pg_url)
+    if violations:
+        problems.append(f"writes by fenced-off instances landed: {violations[:5]}")
+    return problems
+
+
+def _judged_by_fault_ledger(url: str, workload: Workload, frozen: set[str]) -> list[str]:
+    report = _request(f"{url}/_fault/report", timeout_s=60)
+    problems = []
+    # Submission logs name batches by their first 16 characters.
+    unexplained = [v for v in report["violations"] if v["batch_id"][:16] not in frozen]
+    if unexplained:
+        problems.append(f"POSTs of batches the ledger held: {unexplained[:5]}")
+    for service_id, made in workload.batches.items():
+        key = workload.key(service_id)
+        order = report["order"].get(key, [])
+        if order != [bid for bid, _ in made]:
+            problems.append(f"{service_id}: committed {len(order)} of {len(made)}, or out of order")
+        value = report["values"].get(key)
+        if value != len(made) - 1:
+            problems.append(f"{service_id}: key holds {value}, expected {len(made) - 1}")
+    return problems
+
+
+def _judged_by_node(node_url: str, workload: Workload) -> list[str]:
+    problems = []
     for service_id, made in workload.batches.items():
         value = node_value(node_url, workload.key(service_id))
         if value != len(made) - 1:
@@ -332,13 +465,4 @@ def check_invariants(pg_url: str, node_url: str, workload: Workload) -> list[str
             problems.append(f"{service_id}: some batches never reached the node")
         elif prints != sorted(prints):  # type: ignore[type-var]
             problems.append(f"{service_id}: committed out of creation order: {prints}")
-    with psycopg.connect(pg_url) as conn:
-        locked = conn.execute(
-            "SELECT service_id, batch_id FROM batches WHERE NOT final LIMIT 5"
-        ).fetchall()
-    if locked:
-        problems.append(f"services left with open batches: {locked}")
-    violations = fence_violations(pg_url)
-    if violations:
-        problems.append(f"writes by fenced-off instances landed: {violations[:5]}")
     return problems

@@ -1,10 +1,13 @@
 """Shared parts of the system benchmarks (compare, load, soak).
 
-Real processes on loopback: ``ledgerq node``, ``ledgerq serve`` and job-queue
-workers run as subprocesses whose stderr goes to a log file; the benchmark
-process only generates the workload and watches the node's ``/events``
-stream, which timestamps every batch reaching a final status with one clock
-(``time.monotonic`` of the benchmark process).
+Real processes on loopback: ``ledgerq node`` (or the plain-REST fault
+ledger), ``ledgerq serve`` and job-queue workers run as subprocesses whose
+stderr goes to a log file; the benchmark process only generates the workload
+and watches the ledger: the node's ``/events`` stream, which timestamps every
+batch reaching a final status, or the fault ledger's own report, which
+records when each batch was first POSTed and when it became final. Both use
+one clock: ``time.monotonic`` (system-wide ``CLOCK_MONOTONIC``, the same in
+every process of the machine).
 """
 
 from __future__ import annotations
@@ -115,12 +118,40 @@ def node_proc(workdir: Path, *, shards: int = 2) -> Proc:
     return Proc([*args, "--shards", str(shards)], workdir / "node.log")
 
 
+def fault_ledger_proc(workdir: Path, *, commit_delay_ms: int = 20, verify: bool = False) -> Proc:
+    """The plain-REST ledger (no ``/events``, no ``/subscriptions``) on a loopback port.
+
+    Signatures are not verified by default, so the ledger's CPU (it shares the
+    machine with the system under test) stays small and equal for every system.
+    """
+    args = [
+        sys.executable,
+        "-m",
+        "ledgerq.testing.fault_ledger",
+        "--bind",
+        "127.0.0.1:0",
+        "--commit-delay-ms",
+        str(commit_delay_ms),
+        *([] if verify else ["--no-verify"]),
+    ]
+    return Proc(args, workdir / "ledger.log")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def gateway_proc(
     workdir: Path, db: str, ledger: str, *, name: str = "gateway", env: Mapping[str, str] = {}
 ) -> Proc:
-    """``ledgerq serve`` on PostgreSQL ``db``, submitting to ``ledger``."""
+    """``ledgerq serve`` on PostgreSQL ``db``, submitting to ``ledger``; one
+    process unless ``env`` sets ``LEDGERQ_WORKERS``."""
     args = [LEDGERQ, "serve", "--db", db, "--ledger", ledger, "--bind", "127.0.0.1:0"]
-    return Proc(args, workdir / f"{name}.log", env={"LEDGERQ_CONFIG": "", **env})
+    return Proc(
+        args, workdir / f"{name}.log", env={"LEDGERQ_CONFIG": "", "LEDGERQ_WORKERS": "1", **env}
+    )
 
 
 # -- workload -------------------------------------------------------------------
@@ -242,6 +273,64 @@ class EventWatcher:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), min(left, 1.0))
         return True
+
+
+class LedgerReport:
+    """Watches the fault ledger: waits on its progress, then reads its report.
+
+    The same interface as :class:`EventWatcher` (``events``, ``wait_for``),
+    filled from the ledger's report (:meth:`collect`); it also knows when each
+    batch was first POSTed (``first_post``), which gives the gap between a
+    commit and the next batch of the service, and the violations.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.events: dict[str, list[tuple[float, str]]] = {}
+        self.first_post: dict[str, float] = {}
+        self.values: dict[str, int] = {}
+        self.violations: list[dict[str, object]] = []
+        self.counts: dict[str, int] = {}
+
+    async def __aenter__(self) -> LedgerReport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def final_count(self) -> int:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+            session.get(f"{self.url}/_fault/progress") as resp,
+        ):
+            return int((await resp.json())["final"])
+
+    async def wait_for(self, ids: Sequence[str], timeout_s: float) -> bool:
+        """Until as many batches as ``ids`` are final (a fresh ledger per run)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if await self.final_count() >= len(ids):
+                await self.collect()
+                return all(i in self.events for i in ids)
+            await asyncio.sleep(0.05)  # polling another process for completion
+        await self.collect()
+        return False
+
+    async def collect(self) -> None:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session,
+            session.get(f"{self.url}/_fault/report") as resp,
+        ):
+            report = await resp.json()
+        t0 = float(report["t0_monotonic"])
+        for batch_id, b in report["batches"].items():
+            if b["first_post_ms"] is not None:
+                self.first_post[batch_id] = t0 + b["first_post_ms"] / 1000
+            if b["final_ms"] is not None and b["status"] in ("COMMITTED", "INVALID"):
+                self.events[batch_id] = [(t0 + b["final_ms"] / 1000, b["status"])]
+        self.values = dict(report["values"])
+        self.violations = list(report["violations"])
+        self.counts = dict(report["counts"])
 
 
 def workload_keys(workload: Workload) -> list[tuple[str, str]]:

@@ -10,6 +10,13 @@ Definitions (all times on the benchmark process's monotonic clock):
 * *cycle*: time between consecutive commits of one service; the *cycle
   overhead* of a system is its median cycle minus the bare client's;
 * *throughput*: batches committed / (last commit - first acceptance);
+* *gap* (plain-REST ledger only, whose report has POST arrival times): for
+  consecutive batches of one service, the arrival of batch n+1's first POST
+  at the ledger minus batch n's commit, both on the ledger's clock — what the
+  system adds between a commit and the next batch of the service;
+* *CPU per batch*: CPU seconds of the system's own process(es) (the
+  gateways, the procrastinate workers, the benchmark process for the ideal
+  client) during the run, per committed batch;
 * *blocked* (failure case): for each service with work left when a worker was
   killed, the time from the kill to that service's next commit.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from bench._harness import Workload
 from bench._systems import Run
@@ -46,12 +54,22 @@ class Figures:
     commit_times: list[float] = field(default_factory=list)  # seconds since start
     latencies_ms: list[float] = field(default_factory=list)
     killed_at: float | None = None  # seconds since start
+    gap_p50_ms: float | None = None
+    gap_p99_ms: float | None = None
+    cpu_ms_per_batch: float | None = None
+    #: POSTs of a batch the (fault) ledger held; None where not judged.
+    violations: int | None = None
 
 
 def figures(
-    run: Run, events: dict[str, list[tuple[float, str]]], keys: dict[str, int | None]
+    run: Run,
+    events: dict[str, list[tuple[float, str]]],
+    keys: dict[str, int | None],
+    first_post: dict[str, float] | None = None,
+    violations: int | None = None,
 ) -> Figures:
     wl: Workload = run.workload
+    gaps = _gaps(wl, events, first_post) if first_post is not None else []
     latencies: list[float] = []
     cycles: list[float] = []
     blocked: list[float] = []
@@ -107,4 +125,23 @@ def figures(
         commit_times=sorted(commits),
         latencies_ms=latencies,
         killed_at=None if run.killed_at is None else run.killed_at - run.started,
+        gap_p50_ms=percentile(gaps, 50) if gaps else None,
+        gap_p99_ms=percentile(gaps, 99) if gaps else None,
+        cpu_ms_per_batch=(
+            run.cpu_s * 1000 / len(commits) if run.cpu_s is not None and commits else None
+        ),
+        violations=violations,
     )
+
+
+def _gaps(
+    wl: Workload, events: dict[str, list[tuple[float, str]]], first_post: dict[str, float]
+) -> list[float]:
+    out = []
+    for batches in wl.batches.values():
+        for prev, nxt in pairwise(batches):
+            done = events.get(prev.batch_id)
+            posted = first_post.get(nxt.batch_id)
+            if done and posted is not None:
+                out.append((posted - done[0][0]) * 1000)
+    return out

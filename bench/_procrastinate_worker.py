@@ -81,7 +81,7 @@ async def _main(args: argparse.Namespace) -> None:
                 concurrency=args.concurrency,
                 name=args.name,
                 install_signal_handlers=True,
-                fetch_job_polling_interval=1.0,
+                fetch_job_polling_interval=args.poll_s,
             )
         )
         # Registered workers are what the stalled-job recovery looks at.
@@ -106,6 +106,7 @@ def main() -> None:
     parser.add_argument(
         "--index", type=int, default=0, help="workers started before this one (ready check)"
     )
+    parser.add_argument("--poll-s", type=float, default=1.0, help="job polling interval (s)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(_main(args))

@@ -1,17 +1,22 @@
-"""The three ways ``bench compare`` gets a workload committed on ``ledgerq node``.
+"""The ways ``bench compare`` gets a workload committed on a ledger.
 
-* ``bare``: the benchmark process itself POSTs each service's batches in turn
-  and long-polls each until final, ``slots`` at a time. No queue, no
-  database, nothing durable: the floor any queue is measured against.
-* ``ledgerq``: ``ledgerq serve`` on PostgreSQL submitting to the node; the
-  batches are POSTed to the gateway, one BatchList per service.
+* ``ideal``: the benchmark process itself POSTs each service's batches in
+  order straight to the ledger and long-polls each until final, every service
+  at once. No queue, no database, nothing durable: the bound any queue is
+  measured against.
+* ``ledgerq-sqlite``, ``ledgerq-pg``: ``ledgerq serve`` on SQLite or
+  PostgreSQL submitting to the ledger; the batches are POSTed to the gateway,
+  one BatchList per service.
 * ``procrastinate``: a job per batch with ``lock=<service id>`` (see
   ``bench/_procrastinate_worker.py``), worker processes with ``slots``
-  concurrency in total.
+  concurrency in total, polling for jobs every ``poll_s``.
 
-Each run gets a fresh node process and a fresh database, and returns, per
-batch, when it was accepted by the system under test; commit times come from
-the node's event stream (:class:`bench._harness.EventWatcher`).
+The ledger is ``ledgerq node`` (with its ``/events`` stream) or the plain-REST
+fault ledger (Sawtooth's API only, as a validator or a hosted endpoint). Each
+run gets a fresh ledger process and a fresh database, and returns, per batch,
+when it was accepted by the system under test, and the CPU the system's own
+process(es) used; commit times come from the ledger
+(:class:`bench._harness.EventWatcher`, :class:`bench._harness.LedgerReport`).
 """
 
 from __future__ import annotations
@@ -29,13 +34,18 @@ import aiohttp
 from bench._harness import (
     Batch,
     EventWatcher,
+    LedgerReport,
     Proc,
     Workload,
+    cpu_seconds,
     create_database,
     drop_database,
+    fault_ledger_proc,
     gateway_proc,
     node_proc,
 )
+
+Watcher = EventWatcher | LedgerReport
 
 #: Called once, mid-run, when a worker should be killed; returns the kill time.
 Killer = Callable[[], Awaitable[float]]
@@ -52,6 +62,8 @@ class Run:
     finished: bool = False
     killed_at: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    #: CPU seconds the system's own processes used during the run (None: not measured).
+    cpu_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -61,17 +73,28 @@ class Setup:
     slots: int
     workers: int  # processes per system (2 for the failure case)
     timeout_s: float
+    #: ``node`` (``ledgerq node``, with events) or ``plain`` (the fault ledger: REST only).
+    ledger: str = "node"
+    commit_delay_ms: int = 20
+    #: procrastinate's job polling interval (its default is 5 s).
+    procrastinate_poll_s: float = 0.02
 
 
 @contextlib.asynccontextmanager
-async def node_and_watcher(setup: Setup, tag: str) -> AsyncIterator[tuple[Proc, EventWatcher]]:
-    node = node_proc(setup.workdir / tag)
-    url = await node.start()
+async def ledger_and_watcher(setup: Setup, tag: str) -> AsyncIterator[tuple[Proc, Watcher]]:
+    if setup.ledger == "plain":
+        ledger = fault_ledger_proc(setup.workdir / tag, commit_delay_ms=setup.commit_delay_ms)
+    else:
+        ledger = node_proc(setup.workdir / tag)
+    url = await ledger.start()
     try:
-        async with EventWatcher(url) as watcher:
-            yield node, watcher
+        if setup.ledger == "plain":
+            yield ledger, LedgerReport(url)
+        else:
+            async with EventWatcher(url) as watcher:
+                yield ledger, watcher
     finally:
-        await node.stop()
+        await ledger.stop()
 
 
 async def _post_list(
@@ -94,12 +117,12 @@ async def _post_list(
             return
 
 
-# -- bare client ----------------------------------------------------------------
+# -- the ideal client ----------------------------------------------------------------
 
 
-async def run_bare(setup: Setup, workload: Workload, watcher: EventWatcher, node_url: str) -> Run:
-    run = Run("bare", workload)
-    slots = asyncio.Semaphore(setup.slots)
+async def run_ideal(setup: Setup, workload: Workload, watcher: Watcher, ledger_url: str) -> Run:
+    """Every service at once: POST a batch, long-poll it until final, then the next."""
+    run = Run("ideal", workload)
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(
         connector=conn, timeout=aiohttp.ClientTimeout(total=60)
@@ -107,16 +130,19 @@ async def run_bare(setup: Setup, workload: Workload, watcher: EventWatcher, node
 
         async def one_service(batches: list[Batch]) -> None:
             for b in batches:
-                async with slots:
-                    await _post_list(session, node_url, b.batch_list)
-                    while b.batch_id not in watcher.events:
+                while True:
+                    await _post_list(session, ledger_url, b.batch_list)
+                    status = "PENDING"
+                    while status == "PENDING":
                         async with session.get(
-                            f"{node_url}/batch_statuses", params={"id": b.batch_id, "wait": "10"}
+                            f"{ledger_url}/batch_statuses",
+                            params={"id": b.batch_id, "wait": "10"},
                         ) as resp:
                             status = (await resp.json())["data"][0]["status"]
-                        if status in ("COMMITTED", "INVALID"):
-                            break
+                    if status != "UNKNOWN":  # a ledger that lost it: post again
+                        break
 
+        cpu0 = time.process_time()
         run.started = time.monotonic()
         for b in workload.by_id.values():
             run.accepted[b.batch_id] = run.started
@@ -124,6 +150,7 @@ async def run_bare(setup: Setup, workload: Workload, watcher: EventWatcher, node
             asyncio.gather(*(one_service(bs) for bs in workload.batches.values())),
             setup.timeout_s,
         )
+        run.cpu_s = time.process_time() - cpu0
     run.finished = await watcher.wait_for(list(workload.by_id), 30)
     return run
 
@@ -134,12 +161,18 @@ async def run_bare(setup: Setup, workload: Workload, watcher: EventWatcher, node
 async def run_ledgerq(
     setup: Setup,
     workload: Workload,
-    watcher: EventWatcher,
+    watcher: Watcher,
     node_url: str,
     kill_after: float | None = None,
+    *,
+    store: str = "pg",
 ) -> Run:
-    run = Run("ledgerq", workload)
-    db = create_database(setup.pg_admin, "bench_ledgerq")
+    run = Run(f"ledgerq-{store}", workload)
+    if store == "sqlite":
+        (setup.workdir / "ledgerq").mkdir(parents=True, exist_ok=True)
+        db = f"sqlite:///{setup.workdir / 'ledgerq' / f'gw-{workload.run_tag}.sqlite3'}"
+    else:
+        db = create_database(setup.pg_admin, "bench_ledgerq")
     slots = str(max(1, setup.slots // setup.workers))
     gateways = [
         gateway_proc(
@@ -147,7 +180,11 @@ async def run_ledgerq(
             db,
             f"sawtooth+{node_url}",
             name=f"gateway{i}",
-            env={"LEDGERQ_SUBMITTER_SLOTS": slots, "LEDGERQ_CLAIMS_INSTANCE_ID": f"bench-gw{i}"},
+            env={
+                "LEDGERQ_SUBMITTER_SLOTS": slots,
+                "LEDGERQ_CLAIMS_INSTANCE_ID": f"bench-gw{i}",
+                "LEDGERQ_LOG_LEVEL": "WARNING",
+            },
         )
         for i in range(setup.workers)
     ]
@@ -159,6 +196,7 @@ async def run_ledgerq(
             gateways = gateways[:1]
             run.extra["single_instance_restart"] = 1.0
         urls += [await g.start() for g in gateways[1:]]
+        cpu0 = {g.pid: cpu_seconds(g.pid) for g in gateways}
         sem = asyncio.Semaphore(16)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             from ledgerq.codec import encode_batch_list
@@ -186,10 +224,13 @@ async def run_ledgerq(
         run.finished = await watcher.wait_for(
             list(workload.by_id), setup.timeout_s - (time.monotonic() - run.started)
         )
+        if kill_after is None:
+            run.cpu_s = sum(cpu_seconds(pid) - used for pid, used in cpu0.items())
     finally:
         for g in gateways:
             await g.stop()
-        drop_database(setup.pg_admin, db)
+        if store != "sqlite":
+            drop_database(setup.pg_admin, db)
     return run
 
 
@@ -238,7 +279,7 @@ async def _wait_fraction(
 async def run_procrastinate(
     setup: Setup,
     workload: Workload,
-    watcher: EventWatcher,
+    watcher: Watcher,
     node_url: str,
     kill_after: float | None = None,
     recover_every_s: float = 1.0,
@@ -268,12 +309,15 @@ async def run_procrastinate(
                         f"worker{i}",
                         "--index",
                         str(i),
+                        "--poll-s",
+                        str(setup.procrastinate_poll_s),
                     ],
                     setup.workdir / "procrastinate" / f"worker{i}.log",
                     banner=__import__("re").compile(rb"procrastinate worker ready"),
                 )
                 await proc.start()
                 workers.append(proc)
+            cpu0 = {w.pid: cpu_seconds(w.pid) for w in workers}
             run.started = time.monotonic()
             sem = asyncio.Semaphore(16)
 
@@ -303,6 +347,8 @@ async def run_procrastinate(
             run.finished = await watcher.wait_for(
                 list(workload.by_id), setup.timeout_s - (time.monotonic() - run.started)
             )
+            if kill_after is None:
+                run.cpu_s = sum(cpu_seconds(pid) - used for pid, used in cpu0.items())
             if recovery is not None:
                 recovery.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -1,12 +1,25 @@
-"""``ledgerq bench compare``: the same ordered workload run by ledgerq and by procrastinate.
+"""``ledgerq bench compare``: the same ordered workload run by an ideal client, ledgerq
+and procrastinate, against a plain Sawtooth-shaped REST ledger and against ``ledgerq node``.
 
 S services × M intkey batches (``set`` then ``inc``s: a reorder shows up as
-INVALID), every batch POSTed to ``ledgerq node`` (its own process, loopback)
-and done only when the node reports it COMMITTED. For each S the bare client
-(no queue: the node's floor), ledgerq (``ledgerq serve`` on PostgreSQL) and
-procrastinate (a job per batch, ``lock=<service id>``, on the same PostgreSQL
-server in another database) run one after the other, the order alternating
-from one S to the next. The failure case kills (SIGKILL) one of two worker
+INVALID), every batch POSTed to the ledger (its own process, loopback) and
+done only when the ledger reports it COMMITTED. Two ledgers:
+
+* ``plain``: the fault ledger without faults (``ledgerq.testing.fault_ledger``):
+  Sawtooth's REST API only — ``POST /batches``, ``batch_statuses?wait=``, no
+  ``/events``, no ``/subscriptions`` — committing each batch
+  ``--commit-delay-ms`` after accepting it; what a validator behind a proxy or
+  a hosted endpoint offers. It records when each batch was first POSTed, so
+  the gap between a commit and the next batch of the service is measured on
+  one clock, and it judges every POST (a resend of a batch it holds counts).
+* ``node``: ``ledgerq node``, whose ``/events`` stream timestamps commits.
+
+For each S, on each ledger, the systems run one after the other, the order
+alternating from one S to the next: the *ideal* client (no store: each
+service's batches posted in order straight to the ledger, each long-polled;
+the bound), ledgerq on SQLite and on PostgreSQL (``ledgerq serve``), and
+procrastinate (a job per batch, ``lock=<service id>``, job polling tuned to
+20 ms). The failure case (on the node) kills (SIGKILL) one of two worker
 processes in each system once a third of the batches are committed.
 
 Definitions of every figure: ``bench/_metrics.py``.
@@ -25,13 +38,21 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import report
-from bench._harness import DEFAULT_PG, Workload, read_keys, workload_keys
+from bench._harness import DEFAULT_PG, LedgerReport, Workload, read_keys, workload_keys
 from bench._metrics import Figures, figures
-from bench._systems import Setup, node_and_watcher, run_bare, run_ledgerq, run_procrastinate
+from bench._systems import (
+    Setup,
+    ledger_and_watcher,
+    run_ideal,
+    run_ledgerq,
+    run_procrastinate,
+)
 
 IMG = report.ROOT / "docs" / "img"
-COLORS = {"bare": "C0", "ledgerq": "C1", "procrastinate": "C2"}
-DEFAULT_SIZES = "10:100,100:20,1000:3"
+SYSTEMS = ("ideal", "ledgerq-sqlite", "ledgerq-pg", "procrastinate")
+LEDGERS = ("plain", "node")
+COLORS = {"ideal": "C0", "ledgerq-sqlite": "C1", "ledgerq-pg": "C3", "procrastinate": "C2"}
+DEFAULT_SIZES = "50:20,1000:5"
 
 
 def _parse_sizes(value: str) -> list[tuple[int, int]]:
@@ -46,94 +67,103 @@ def _parse_sizes(value: str) -> list[tuple[int, int]]:
 
 async def _one(setup: Setup, system: str, s: int, m: int, kill_after: float | None) -> Figures:
     workload = Workload(s, m)
-    tag = f"{system}-{s}x{m}{'-kill' if kill_after is not None else ''}"
-    async with node_and_watcher(setup, tag) as (node, watcher):
-        if system == "bare":
-            run = await run_bare(setup, workload, watcher, node.url)
-        elif system == "ledgerq":
-            run = await run_ledgerq(setup, workload, watcher, node.url, kill_after)
+    tag = f"{setup.ledger}-{system}-{s}x{m}{'-kill' if kill_after is not None else ''}"
+    async with ledger_and_watcher(setup, tag) as (ledger, watcher):
+        if system == "ideal":
+            run = await run_ideal(setup, workload, watcher, ledger.url)
+        elif system.startswith("ledgerq"):
+            store = system.removeprefix("ledgerq-")
+            run = await run_ledgerq(setup, workload, watcher, ledger.url, kill_after, store=store)
         else:
-            run = await run_procrastinate(setup, workload, watcher, node.url, kill_after)
-        keys = await read_keys(node.url, workload_keys(workload))
+            run = await run_procrastinate(setup, workload, watcher, ledger.url, kill_after)
+        if isinstance(watcher, LedgerReport):
+            keys = {svc: watcher.values.get(key) for svc, key in workload_keys(workload)}
+            return figures(run, watcher.events, keys, watcher.first_post, len(watcher.violations))
+        keys = await read_keys(ledger.url, workload_keys(workload))
         return figures(run, dict(watcher.events), keys)
 
 
 async def _main(
-    setup: Setup, sizes: list[tuple[int, int]], systems: list[str], failure: tuple[int, int] | None
-) -> tuple[list[Figures], list[Figures]]:
-    results: list[Figures] = []
-    for n, (s, m) in enumerate(sizes):
-        order = systems if n % 2 == 0 else [systems[0], *reversed(systems[1:])]
-        for system in order:
-            report.console.print(f"[bold]{system}[/]: {s} services × {m} batches")
-            results.append(await _one(setup, system, s, m, None))
+    setup: Setup,
+    sizes: list[tuple[int, int]],
+    systems: list[str],
+    ledgers: list[str],
+    failure: tuple[int, int] | None,
+) -> tuple[dict[str, list[Figures]], list[Figures]]:
+    results: dict[str, list[Figures]] = {}
+    for ledger in ledgers:
+        on = Setup(**{**setup.__dict__, "ledger": ledger})
+        for n, (s, m) in enumerate(sizes):
+            order = systems if n % 2 == 0 else [systems[0], *reversed(systems[1:])]
+            for system in order:
+                report.console.print(f"[bold]{system}[/] on the {ledger} ledger: {s} × {m}")
+                results.setdefault(ledger, []).append(await _one(on, system, s, m, None))
     failures: list[Figures] = []
     if failure is not None:
-        two = Setup(setup.workdir, setup.pg_admin, setup.slots, 2, setup.timeout_s)
-        for system in [x for x in systems if x != "bare"]:
+        two = Setup(**{**setup.__dict__, "workers": 2, "ledger": "node"})
+        for system in [x for x in systems if x in ("ledgerq-pg", "procrastinate")]:
             report.console.print(f"[bold]{system}[/]: worker SIGKILLed mid-run")
             failures.append(await _one(two, system, *failure, 1 / 3))
     return results, failures
 
 
 def _ratio(a: float, b: float) -> str:
-    # An overhead at or below zero (slot contention dominates the bare client) has no ratio.
     return f"{a / b:.2f}" if a > 0 and b > 0 else "-"
 
 
-def _tables(results: list[Figures]) -> tuple[Table, str]:
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _tables(ledger: str, results: list[Figures]) -> tuple[Table, str]:
     headers = [
         "S × M",
         "system",
         "batches/s",
-        "p50 ms",
-        "p99 ms",
+        "× ideal",
+        "× procrastinate",
+        "gap p50 ms",
+        "gap p99 ms",
         "cycle p50 ms",
-        "cycle overhead ms",
+        "latency p50 ms",
+        "latency p99 ms",
+        "CPU ms/batch",
         "INVALID",
         "missing",
+        "resent while held",
     ]
-    rich = Table(*headers, title="ledgerq vs procrastinate (same node, same PostgreSQL)")
+    rich = Table(*headers, title=f"the {ledger} ledger")
     rows: list[list[str]] = []
     by_size: dict[tuple[int, int], dict[str, Figures]] = {}
     for f in results:
         by_size.setdefault((f.services, f.per_service), {})[f.system] = f
     for (s, m), systems in by_size.items():
-        bare = systems.get("bare")
-        for name, f in systems.items():
-            overhead = f.cycle_p50_ms - bare.cycle_p50_ms if bare else float("nan")
+        ideal = systems.get("ideal")
+        pc = systems.get("procrastinate")
+        for name in SYSTEMS:
+            f = systems.get(name)
+            if f is None:
+                continue
             rows.append(
                 [
                     f"{s} × {m}",
                     name,
                     f"{f.throughput:,.0f}",
-                    f"{f.latency_p50_ms:.1f}",
-                    f"{f.latency_p99_ms:.1f}",
-                    f"{f.cycle_p50_ms:.1f}",
-                    f"{overhead:.1f}" if name != "bare" else "-",
+                    _ratio(f.throughput, ideal.throughput) if ideal else "-",
+                    _ratio(f.throughput, pc.throughput) if pc and name != "procrastinate" else "-",
+                    _ms(f.gap_p50_ms),
+                    _ms(f.gap_p99_ms),
+                    _ms(f.cycle_p50_ms),
+                    _ms(f.latency_p50_ms),
+                    _ms(f.latency_p99_ms),
+                    "-" if f.cpu_ms_per_batch is None else f"{f.cpu_ms_per_batch:.2f}",
                     str(f.invalid),
                     str(f.missing),
-                ]
-            )
-        lq, pc = systems.get("ledgerq"), systems.get("procrastinate")
-        if lq and pc:
-            ovh_lq = lq.cycle_p50_ms - bare.cycle_p50_ms if bare else lq.cycle_p50_ms
-            ovh_pc = pc.cycle_p50_ms - bare.cycle_p50_ms if bare else pc.cycle_p50_ms
-            rows.append(
-                [
-                    f"{s} × {m}",
-                    "**ledgerq / procrastinate**",
-                    _ratio(lq.throughput, pc.throughput),
-                    _ratio(lq.latency_p50_ms, pc.latency_p50_ms),
-                    _ratio(lq.latency_p99_ms, pc.latency_p99_ms),
-                    _ratio(lq.cycle_p50_ms, pc.cycle_p50_ms),
-                    _ratio(ovh_lq, ovh_pc),
-                    "",
-                    "",
+                    "-" if f.violations is None else str(f.violations),
                 ]
             )
     for row in rows:
-        rich.add_row(*(c.replace("**", "") for c in row))
+        rich.add_row(*row)
     return rich, report.table(headers, rows)
 
 
@@ -173,53 +203,62 @@ def _failure_tables(failures: list[Figures]) -> tuple[Table, str]:
     return rich, report.table(headers, rows)
 
 
-def _plots(results: list[Figures], failures: list[Figures]) -> list[str]:
+def _plots(ledger: str, results: list[Figures]) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     IMG.mkdir(parents=True, exist_ok=True)
-    written = []
     sizes = sorted({(f.services, f.per_service) for f in results})
-    if sizes:
-        fig, axes = plt.subplots(2, len(sizes), figsize=(5 * len(sizes), 8), squeeze=False)
-        for col, (s, m) in enumerate(sizes):
-            for f in (f for f in results if (f.services, f.per_service) == (s, m)):
-                color = COLORS.get(f.system)
-                axes[0][col].plot(
-                    f.commit_times, range(1, len(f.commit_times) + 1), label=f.system, color=color
-                )
-                lat = sorted(f.latencies_ms)
-                axes[1][col].plot(
-                    lat, [i / len(lat) for i in range(len(lat))], label=f.system, color=color
-                )
-            axes[0][col].set(title=f"S={s}, M={m}", xlabel="s", ylabel="batches committed")
-            axes[1][col].set(xscale="log", xlabel="latency ms (log)", ylabel="fraction")
-            axes[0][col].legend()
-            axes[1][col].legend()
-        fig.tight_layout()
-        fig.savefig(IMG / "compare.png", dpi=90)
-        plt.close(fig)
-        written.append("compare.png")
-    if failures:
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for f in failures:
-            ax.plot(
-                f.commit_times,
-                range(1, len(f.commit_times) + 1),
-                label=f.system,
-                color=COLORS.get(f.system),
+    if not sizes:
+        return []
+    fig, axes = plt.subplots(2, len(sizes), figsize=(5 * len(sizes), 8), squeeze=False)
+    for col, (s, m) in enumerate(sizes):
+        for f in (f for f in results if (f.services, f.per_service) == (s, m)):
+            color = COLORS.get(f.system)
+            axes[0][col].plot(
+                f.commit_times, range(1, len(f.commit_times) + 1), label=f.system, color=color
             )
-            if f.killed_at is not None:
-                ax.axvline(f.killed_at, linestyle=":", color="grey")
-        ax.set(title="SIGKILL of one worker (dotted)", xlabel="s", ylabel="batches committed")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(IMG / "compare-failure.png", dpi=90)
-        plt.close(fig)
-        written.append("compare-failure.png")
-    return written
+            lat = sorted(f.latencies_ms)
+            axes[1][col].plot(
+                lat, [i / len(lat) for i in range(len(lat))], label=f.system, color=color
+            )
+        axes[0][col].set(title=f"{ledger}: S={s}, M={m}", xlabel="s", ylabel="batches committed")
+        axes[1][col].set(xscale="log", xlabel="latency ms (log)", ylabel="fraction")
+        axes[0][col].legend()
+        axes[1][col].legend()
+    fig.tight_layout()
+    name = f"compare-{ledger}.png"
+    fig.savefig(IMG / name, dpi=90)
+    plt.close(fig)
+    return [name]
+
+
+def _failure_plot(failures: list[Figures]) -> list[str]:
+    if not failures:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for f in failures:
+        ax.plot(
+            f.commit_times,
+            range(1, len(f.commit_times) + 1),
+            label=f.system,
+            color=COLORS.get(f.system),
+        )
+        if f.killed_at is not None:
+            ax.axvline(f.killed_at, linestyle=":", color="grey")
+    ax.set(title="SIGKILL of one worker (dotted)", xlabel="s", ylabel="batches committed")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(IMG / "compare-failure.png", dpi=90)
+    plt.close(fig)
+    return ["compare-failure.png"]
 
 
 @click.command("compare")
@@ -231,17 +270,34 @@ def _plots(results: list[Figures], failures: list[Figures]) -> list[str]:
 )
 @click.option(
     "--systems",
-    default="bare,ledgerq,procrastinate",
+    default=",".join(SYSTEMS),
     show_default=True,
-    help="Which systems to run (bare = no queue, the node's floor).",
+    help="Which systems to run (ideal = no store: the bound).",
 )
-@click.option("--slots", default=64, show_default=True, help="Concurrent submissions per system.")
+@click.option(
+    "--ledgers",
+    default=",".join(LEDGERS),
+    show_default=True,
+    help="plain (Sawtooth REST only, no events) and/or node (ledgerq node).",
+)
+@click.option(
+    "--commit-delay-ms",
+    default=20,
+    show_default=True,
+    help="How long the plain ledger takes to commit a batch it accepted.",
+)
+@click.option(
+    "--slots",
+    default=256,
+    show_default=True,
+    help="Concurrent submissions: ledgerq submitter.slots, procrastinate's worker concurrency.",
+)
 @click.option(
     "--failure",
     "failure_size",
     default="100:20",
     show_default=True,
-    help="SERVICES:BATCHES for the kill-a-worker run; 'none' to skip it.",
+    help="SERVICES:BATCHES for the kill-a-worker run (on the node); 'none' to skip it.",
 )
 @click.option("--pg", default=DEFAULT_PG, show_default=True, help="PostgreSQL admin URL.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds allowed per run.")
@@ -250,6 +306,8 @@ def _plots(results: list[Figures], failures: list[Figures]) -> list[str]:
 def command(
     sizes: str,
     systems: str,
+    ledgers: str,
+    commit_delay_ms: int,
     slots: int,
     failure_size: str,
     pg: str,
@@ -257,55 +315,73 @@ def command(
     write: bool,
     keep_logs: bool,
 ) -> None:
-    """ledgerq vs procrastinate: the same ordered workload, committed on `ledgerq node`."""
+    """An ideal client, ledgerq and procrastinate: the same ordered workload, on two ledgers."""
     chosen = [x.strip() for x in systems.split(",") if x.strip()]
-    unknown = set(chosen) - {"bare", "ledgerq", "procrastinate"}
+    unknown = set(chosen) - set(SYSTEMS)
     if unknown:
         raise click.BadParameter(f"unknown systems {sorted(unknown)}", param_hint="--systems")
+    on = [x.strip() for x in ledgers.split(",") if x.strip()]
+    if set(on) - set(LEDGERS):
+        raise click.BadParameter(f"use {' and/or '.join(LEDGERS)}", param_hint="--ledgers")
     failure = None if failure_size == "none" else _parse_sizes(failure_size)[0]
     workdir = Path(tempfile.mkdtemp(prefix="ledgerq-compare-"))
-    load_before = os.getloadavg()[0]
-    setup = Setup(workdir, pg, slots, 1, timeout)
+    load_before = os.getloadavg()
+    setup = Setup(workdir, pg, slots, 1, timeout, commit_delay_ms=commit_delay_ms)
     try:
-        results, failures = asyncio.run(_main(setup, _parse_sizes(sizes), chosen, failure))
+        results, failures = asyncio.run(_main(setup, _parse_sizes(sizes), chosen, on, failure))
     finally:
         if keep_logs:
             report.console.print(f"logs in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    console = Console(width=160)
-    rich_main, md_main = _tables(results)
-    console.print(rich_main)
+    load_after = os.getloadavg()
+    console = Console(width=200)
+    tables = {}
+    for ledger, figs in results.items():
+        rich, md = _tables(ledger, figs)
+        console.print(rich)
+        tables[ledger] = md
     md_fail = ""
     if failures:
         rich_fail, md_fail = _failure_tables(failures)
         console.print(rich_fail)
     if not write:
         return
-    images = _plots(results, failures)
     text = [
-        f"{slots} concurrent submissions per system (ledgerq `submitter.slots`, procrastinate "
-        "worker `concurrency`); a fresh `ledgerq node` process and database per run; "
-        "definitions in `bench/_metrics.py`. Cycle overhead = system's median cycle minus the "
-        "bare client's at the same S. Machine load average (1 min) before/after: "
-        f"{load_before:.1f}/{os.getloadavg()[0]:.1f}.",
+        f"Machine load average (1, 5, 15 min) before: {load_before[0]:.1f}, "
+        f"{load_before[1]:.1f}, {load_before[2]:.1f}; after: {load_after[0]:.1f}, "
+        f"{load_after[1]:.1f}, {load_after[2]:.1f} (2 cores shared with other work: "
+        "compare ratios within one table, measured side by side). Every system runs "
+        "against a fresh ledger process; the ledgers, the systems' processes and the "
+        "benchmark client share the machine. ledgerq: `submitter.slots` and procrastinate's "
+        f"worker concurrency {slots}; procrastinate polls for jobs every 20 ms. "
+        "*Gap* = the next batch's first POST reaching the ledger minus the previous batch's "
+        "commit, on the ledger's clock (plain ledger only); *CPU ms/batch* = the system's own "
+        "processes (gateway; workers; the benchmark process for the ideal client); "
+        "*resent while held* = POSTs of a batch the ledger held pending or committed. "
+        "Definitions: `bench/_metrics.py`.",
         "",
-        md_main,
     ]
+    images = []
+    for ledger, md in tables.items():
+        label = (
+            f"**Plain Sawtooth-shaped REST ledger** (no `/events`, no `/subscriptions`; "
+            f"commits {commit_delay_ms} ms after accepting)"
+            if ledger == "plain"
+            else "**`ledgerq node`** (with its `/events` stream)"
+        )
+        text += [label, "", md, ""]
+        images += _plots(ledger, results[ledger])
     if md_fail:
         text += [
-            "",
-            "Failure case: two worker processes per system (two `ledgerq serve` instances; two "
-            "procrastinate workers with the stalled-job retry of its documentation run every "
-            "second), one SIGKILLed once a third of the batches are committed.",
+            "Failure case, on `ledgerq node`: two worker processes per system (two "
+            "`ledgerq serve` instances; two procrastinate workers with the stalled-job retry "
+            "of its documentation run every second), one SIGKILLed once a third of the "
+            "batches are committed.",
             "",
             md_fail,
+            "",
         ]
-        if any(f.extra.get("single_instance_restart") for f in failures):
-            text += [
-                "",
-                "ledgerq ran one instance here (its instances reported no high availability), "
-                "SIGKILLed and restarted 1 s later.",
-            ]
-    text += ["", *(f"![{name}](img/{name})" for name in images)]
+        images += _failure_plot(failures)
+    text += [f"![{name}](img/{name})" for name in images]
     report.write_section("compare", "\n".join(text))

@@ -39,9 +39,9 @@ from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.commands.node import tune_gc
 from ledgerq.config import load_settings
-from ledgerq.dlt.base import CommitEvent, LedgerBatchStatus, SubmitResult
-from ledgerq.dlt.node import NodeClient
 from ledgerq.gateway.service import Gateway
+from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, SubmitResult
+from ledgerq.ledgers.inprocess import NodeClient
 from ledgerq.node import Node
 from ledgerq.store import open_store
 

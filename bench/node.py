@@ -32,9 +32,11 @@ from ledgerq.codec import ParsedBatch, Signer, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.commands.node import tune_gc
 from ledgerq.node import Node
+from ledgerq.node.candidates import apply_batch
 from ledgerq.node.families import default_registry
 from ledgerq.node.rest import make_app
-from ledgerq.node.sawtooth import apply_batch
+
+_MESSAGES = [0]  # engine messages delivered in the last in-process run
 
 
 def build(kind: str, count: int, per_batch: int) -> list[ParsedBatch]:
@@ -113,6 +115,7 @@ async def in_process(
     await asyncio.wait_for(w.done.wait(), 600)
     latencies = w.latencies
     elapsed = time.perf_counter() - t0
+    _MESSAGES[0] = node.machine.delivered
     collector.cancel()
     await node.close()
     return elapsed, latencies
@@ -158,6 +161,86 @@ async def over_rest(
     return elapsed, w.latencies
 
 
+async def one_at_a_time(batches: Sequence[ParsedBatch], data_dir: Path) -> list[float]:
+    """Durable mode at low load: each batch submitted alone, the next once it committed."""
+    node = await Node.open(data_dir, shards=4)
+    latencies = []
+    try:
+        for batch in batches:
+            t0 = time.perf_counter()
+            await node.submit([batch])
+            await node.batch_statuses([batch.header_signature], wait=10)
+            latencies.append(time.perf_counter() - t0)
+    finally:
+        await node.close()
+    return latencies
+
+
+def crossing_messages(rounds: int = 20_000) -> list[list[object]]:
+    """What the messages between the worker, shards and executors would cost to cross.
+
+    If shards ran in other processes, every message to or from a shard would be
+    serialized, sent and parsed. Measured: pickle + unpickle of each kind, and a
+    round trip through a pipe to another process (``multiprocessing.Pipe``).
+    """
+    import multiprocessing
+    import pickle
+
+    from ledgerq.node.ordering.messages import (
+        KVSAcquireLock,
+        KVSLockAcquired,
+        KVSRead,
+        KVSReadRequest,
+        KVSWrite,
+        TxFingerprint,
+        UpdateSeenAll,
+    )
+
+    key = "1cf126" + "ab" * 32
+    fp = TxFingerprint(12, 345)
+    samples = {
+        "KVSAcquireLock": KVSAcquireLock(
+            frozenset(), frozenset({key}), frozenset(), frozenset({key}), "worker", 17, fp
+        ),
+        "KVSLockAcquired": KVSLockAcquired(fp, 1),
+        "KVSRead": KVSRead(fp, key, b"\xa1chot\x19\x03\xe8"),
+        "KVSReadRequest": KVSReadRequest(fp, key, True),
+        "KVSWrite": KVSWrite(fp, key, b"\xa1chot\x19\x03\xe8"),
+        "UpdateSeenAll": UpdateSeenAll(fp),
+    }
+    rows: list[list[object]] = []
+    for name, msg in samples.items():
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            pickle.loads(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+        rows.append([name, f"{(time.perf_counter() - t0) / rounds * 1e6:.2f}"])
+    here, there = multiprocessing.Pipe()
+    echo = multiprocessing.get_context("fork").Process(target=_echo, args=(there,))
+    echo.start()
+    msg = samples["KVSRead"]
+    t0 = time.perf_counter()
+    for _ in range(rounds // 4):
+        here.send(msg)
+        here.recv()
+    rows.append(
+        [
+            "KVSRead round trip through a pipe",
+            f"{(time.perf_counter() - t0) / (rounds // 4) * 1e6:.1f}",
+        ]
+    )
+    here.send(None)
+    echo.join(10)
+    return rows
+
+
+def _echo(conn: object) -> None:
+    while True:
+        msg = conn.recv()  # type: ignore[attr-defined]
+        if msg is None:
+            return
+        conn.send(msg)  # type: ignore[attr-defined]
+
+
 def _row(label: str, txs: int, elapsed: float, latencies: list[float] | None) -> list[object]:
     cells: list[object] = [label, f"{txs / elapsed:,.0f}"]
     if latencies:
@@ -194,6 +277,11 @@ def command(
     tune_gc()  # as `ledgerq node` does
     rows = []
     load_before = os.getloadavg()[0]
+    sequential = build("low", 500, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        lat = asyncio.run(one_at_a_time(sequential, Path(tmp)))
+    rows.append(_row("low load: durable commit, one batch at a time", len(lat), sum(lat), lat))
+    console.print(rows[-1])
     for kind in ("low", "hot"):
         batches = build(kind, count, per_batch)
         gc.collect()
@@ -203,6 +291,7 @@ def command(
         console.print(rows[-1])
         elapsed, lat = asyncio.run(in_process(batches, None, chunk, shards, window))
         rows.append(_row(f"{kind}: in-process node, memory", txs, elapsed, lat))
+        rows[-1][0] = f"{rows[-1][0]} ({_MESSAGES[0] / max(1, txs):.1f} messages/tx)"
         console.print(rows[-1])
         with tempfile.TemporaryDirectory() as tmp:
             elapsed, lat = asyncio.run(in_process(batches, Path(tmp), chunk, shards, window))
@@ -217,11 +306,21 @@ def command(
         f"{chunk} batches per submit/POST, {concurrency} concurrent POSTs, at most {window:,} "
         "batches in flight. `low`: every "
         "transaction sets its own name; `hot`: every transaction increments one name. "
-        "Latency: submit (or POST) to final-status event. Load average (1 min) of the "
+        "Latency: submit (or POST) to final-status event; the low-load row submits 500 "
+        "batches one at a time with the fsynced journal and the store, each after the "
+        "previous one committed (submit to COMMITTED). Load average (1 min) of the "
         f"machine before/after the run: {load_before:.1f}/{os.getloadavg()[0]:.1f} "
         "(other work on the same cores lowers every figure, the baseline included). "
         "Garbage collector thresholds as `ledgerq node` sets them (50,000/20/100).\n\n"
         + table(["workload", "tx/s", "p50 ms", "p95 ms", "p99 ms"], rows)
+    )
+    crossing = crossing_messages()
+    markdown += (
+        "\n\nMessages that would cross between processes if shards ran apart from the "
+        "worker and executors (a single-key intkey transaction sends KVSAcquireLock, "
+        "KVSLockAcquired, KVSRead and KVSWrite across, plus a share of UpdateSeenAll): "
+        "serialization cost per message (pickle + unpickle, µs) and a pipe round trip to "
+        "another process (µs).\n\n" + table(["message", "µs"], crossing)
     )
     console.print(markdown)
     if write:

@@ -24,11 +24,11 @@ from bench import report
 from ledgerq.codec import Signer, to_tracking_batch
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.config import load_settings
-from ledgerq.dlt.base import Accepted, CommitEvent, LedgerBatchStatus, SubmitResult
 from ledgerq.gateway.service import Gateway
+from ledgerq.ledgers.base import Accepted, CommitEvent, LedgerBatchStatus, SubmitResult
+from ledgerq.operator import gateway_app
+from ledgerq.operator.metrics import GatewayMetrics
 from ledgerq.store import open_store
-from ledgerq.web import gateway_app
-from ledgerq.web.metrics import GatewayMetrics
 
 
 class NullLedger:

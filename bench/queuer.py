@@ -9,13 +9,19 @@ one of the states a busy gateway sees, then new batches waiting behind it:
   flight (``{submitted, Pending}``), 5 % ``{submitted, None}``, 4 % a
   ``Delayed`` head inside its window and 4 % past it, 2 % ``Unknown``;
 * ~20 % of all batches are final (``Committed``), with their submission and
-  status rows; the rest wait. Each batch has one transaction.
+  status rows; the rest wait. Each batch has one intkey transaction that
+  reads and writes one of 8 names of its service, chosen at random: the lock
+  entries and blockers of the open batches are loaded as ``add_batches``
+  would have written them.
 
-Timed: ``store.queue_round(now=..., delay_window_ms=15000)`` end to end
-(SQL, transaction hydration, Python objects), for every service and for half
-of them (``services=``, what an HA instance passes), full and ``lean`` (what
-the gateway's queue source asks for: no blobs, no hydration), each
-``--rounds`` times; the figures are medians and 90th percentiles. On
+Timed: ``store.queue_round(now=..., delay_window_ms=15000)`` (the serial
+strategy) and ``store.parallel_round(...)`` (the parallel one), interleaved,
+end to end (SQL, transaction hydration, Python objects), for every service
+and for half of them (``services=``, what an HA instance passes), full and
+``lean`` (what the gateway's queue source asks for: no blobs, no hydration),
+each ``--rounds`` times; the figures are medians and 90th percentiles. With
+``--alternatives``, the two designs the parallel round was measured against
+(``bench/_parallel_alternatives.py``) are timed on the same population. On
 PostgreSQL the statement alone is also timed beside the statement before
 ``queue_heads`` (the skip scan), interleaved in the same rounds. The PostgreSQL plan is
 ``EXPLAIN (ANALYZE, BUFFERS)`` of the round's statement; SQLite's is
@@ -25,6 +31,8 @@ PostgreSQL the statement alone is also timed beside the statement before
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import os
 import random
 import sqlite3
@@ -32,7 +40,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +49,11 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 import psycopg
 
+from bench import _parallel_alternatives as alt
 from bench import report
-from ledgerq.store import BatchTrackingStore, open_store
+from ledgerq.codec.intkey import make_address
+from ledgerq.model import TrackingBatch
+from ledgerq.store import open_store
 from ledgerq.store.sqlfiles import load_queries
 
 DEFAULT_PG = os.environ.get(
@@ -56,6 +67,7 @@ CHUNK = 50_000
 
 @dataclass(frozen=True)
 class Row:
+    seq: int
     service_id: str
     batch_id: str
     submitted: bool
@@ -64,6 +76,14 @@ class Row:
     final: bool
     last_attempt_at: int | None
     attempts: int
+    #: The intkey address the batch reads and writes.
+    address: str
+    #: The latest earlier open batch of the service on the same address.
+    blocked_by: int | None
+
+
+#: Names per service the batches spread over.
+NAMES = 8
 
 
 def _head_state(rng: random.Random) -> tuple[bool, str | None, int | None]:
@@ -82,36 +102,53 @@ def _head_state(rng: random.Random) -> tuple[bool, str | None, int | None]:
     return False, "Unknown", NOW - 5_000
 
 
+def service_name(s: int) -> str:
+    return f"circuit-{s // 100:04d}::s{s % 100:03d}"
+
+
 def population(batches: int, services: int, seed: int = 7) -> Iterator[Row]:
     """Rows in acceptance order: services interleave, as traffic does."""
     rng = random.Random(seed)
     per = batches // services
     finals = [min(per - 1, rng.randrange(2 * per // 5 + 1)) for _ in range(services)]
     heads = [_head_state(rng) for _ in range(services)]
+    # Per service, the latest open batch on each of its addresses.
+    latest: list[dict[str, int]] = [{} for _ in range(services)]
+    seq = 0
     for i in range(per):
         for s in range(services):
-            sid = f"circuit-{s // 100:04d}::s{s % 100:03d}"
+            seq += 1
+            sid = service_name(s)
             bid = f"{s:06x}{i:06x}".ljust(128, "b")
             created = NOW - 3_600_000 + i * 1_000
+            address = make_address(f"{s}-{rng.randrange(NAMES)}")
             if i < finals[s]:
-                yield Row(sid, bid, True, created, "Committed", True, created + 500, 1)
-            elif i == finals[s]:
+                yield Row(
+                    seq, sid, bid, True, created, "Committed", True, created + 500, 1, address, None
+                )
+                continue
+            blocked_by = latest[s].get(address)
+            latest[s][address] = seq
+            if i == finals[s]:
                 submitted, status, attempt = heads[s]
                 attempts = 0 if attempt is None else 1
-                yield Row(sid, bid, submitted, created, status, False, attempt, attempts)
+                yield Row(
+                    seq, sid, bid, submitted, created, status, False, attempt, attempts, address,
+                    blocked_by,
+                )  # fmt: skip
             else:
-                yield Row(sid, bid, False, created, None, False, None, 0)
+                yield Row(seq, sid, bid, False, created, None, False, None, 0, address, blocked_by)
 
 
 # -- loading --------------------------------------------------------------------
 
 _BATCH_COLUMNS = (
-    "service_id, batch_id, signer_public_key, trace, serialized_batch, submitted, "
-    "created_at, status, final, last_attempt_at, attempts"
+    "seq, service_id, batch_id, signer_public_key, trace, serialized_batch, submitted, "
+    "created_at, status, final, last_attempt_at, attempts, blocked_by"
 )
 _TXN_COLUMNS = (
     "service_id, transaction_id, batch_id, position, payload, family_name, family_version, "
-    "signer_public_key"
+    "signer_public_key, inputs, outputs"
 )
 _KEY = "02" + "ab" * 32
 _BLOB = b"\x0a" * 300  # about the size of a one-transaction intkey batch
@@ -141,6 +178,7 @@ def load_pg(url: str, batches: int, services: int) -> None:
                     for r in chunk:
                         copy.write_row(
                             (
+                                r.seq,
                                 r.service_id,
                                 r.batch_id,
                                 _KEY,
@@ -152,13 +190,29 @@ def load_pg(url: str, batches: int, services: int) -> None:
                                 r.final,
                                 r.last_attempt_at,
                                 r.attempts,
+                                r.blocked_by,
                             )
                         )
                 with cur.copy(f"COPY transactions ({_TXN_COLUMNS}) FROM STDIN") as copy:
                     for r in chunk:
                         copy.write_row(
-                            (r.service_id, _tid(r), r.batch_id, 0, b"p", "intkey", "1.0", _KEY)
+                            (
+                                r.service_id,
+                                _tid(r),
+                                r.batch_id,
+                                0,
+                                b"p",
+                                "intkey",
+                                "1.0",
+                                _KEY,
+                                [r.address],
+                                [r.address],
+                            )
                         )
+                with cur.copy("COPY batch_locks (seq, service_id, mode, entry) FROM STDIN") as copy:
+                    for r in chunk:
+                        if not r.final:
+                            copy.write_row((r.seq, r.service_id, "w", r.address))
                 attempted = [r for r in chunk if r.attempts]
                 with cur.copy(
                     "COPY submissions (service_id, batch_id, last_checked, times_checked, "
@@ -194,9 +248,10 @@ def load_sqlite(path: str, batches: int, services: int) -> None:
             task = bar.add_task("SQLite: executemany batches", total=batches)
             for chunk in _chunks(batches, services):
                 conn.executemany(
-                    f"INSERT INTO batches ({_BATCH_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    f"INSERT INTO batches ({_BATCH_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (
                         (
+                            r.seq,
                             r.service_id,
                             r.batch_id,
                             _KEY,
@@ -208,16 +263,32 @@ def load_sqlite(path: str, batches: int, services: int) -> None:
                             int(r.final),
                             r.last_attempt_at,
                             r.attempts,
+                            r.blocked_by,
                         )
                         for r in chunk
                     ),
                 )
                 conn.executemany(
-                    f"INSERT INTO transactions ({_TXN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
+                    f"INSERT INTO transactions ({_TXN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
                     (
-                        (r.service_id, _tid(r), r.batch_id, 0, b"p", "intkey", "1.0", _KEY)
+                        (
+                            r.service_id,
+                            _tid(r),
+                            r.batch_id,
+                            0,
+                            b"p",
+                            "intkey",
+                            "1.0",
+                            _KEY,
+                            json.dumps([r.address]),
+                            json.dumps([r.address]),
+                        )
                         for r in chunk
                     ),
+                )
+                conn.executemany(
+                    "INSERT INTO batch_locks (seq, service_id, mode, entry) VALUES (?,?,'w',?)",
+                    ((r.seq, r.service_id, r.address) for r in chunk if not r.final),
                 )
                 conn.executemany(
                     "INSERT INTO submissions (service_id, batch_id, last_checked, times_checked, "
@@ -269,41 +340,45 @@ class Timing:
     min_ms: float
 
 
-async def _time_rounds(
-    store: BatchTrackingStore,
-    label: str,
-    rounds: int,
-    services: list[str] | None,
-    lean: bool = False,
-) -> Timing:
-    async def round_() -> int:
-        got = await store.queue_round(now=NOW, delay_window_ms=WINDOW, services=services, lean=lean)
-        return len(got)
+RoundCall = Callable[[], Awaitable[list[TrackingBatch]]]
 
-    # One untimed round warms the caches and the connection.
-    picks = await round_()
-    times = []
+
+async def _interleaved(cases: dict[str, RoundCall], rounds: int) -> list[Timing]:
+    """Each case once per round, in turn, so the strategies share the
+    machine's moods; the first round of each warms caches and is not timed."""
+    picks = {label: len(await call()) for label, call in cases.items()}
+    times: dict[str, list[float]] = {label: [] for label in cases}
     for _ in range(rounds):
-        started = time.perf_counter()
-        got = await round_()
-        times.append((time.perf_counter() - started) * 1000)
-        assert got == picks
-    times.sort()
-    p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
-    return Timing(label, picks, statistics.median(times), p90, times[0])
+        for label, call in cases.items():
+            started = time.perf_counter()
+            got = await call()
+            times[label].append((time.perf_counter() - started) * 1000)
+            assert len(got) == picks[label]
+    return [_summarize(label, picks[label], times[label]) for label in cases]
 
 
 async def measure(url: str, rounds: int, services: int) -> list[Timing]:
-    half = [f"circuit-{s // 100:04d}::s{s % 100:03d}" for s in range(0, services, 2)]
+    half = [service_name(s) for s in range(0, services, 2)]
     async with await open_store(url) as store:
-        return [
-            await _time_rounds(store, "every service", rounds, None),
-            await _time_rounds(store, f"{len(half):,} listed services", rounds, half),
-            await _time_rounds(store, "every service, lean", rounds, None, lean=True),
-            await _time_rounds(
-                store, f"{len(half):,} listed services, lean", rounds, half, lean=True
-            ),
-        ]
+        cases: dict[str, RoundCall] = {}
+        for who, listed in (("every service", None), (f"{len(half):,} listed services", half)):
+            for lean in (False, True):
+                how = f"{who}{', lean' if lean else ''}"
+                cases[f"serial, {how}"] = functools.partial(
+                    store.queue_round,
+                    now=NOW,
+                    delay_window_ms=WINDOW,
+                    services=listed,
+                    lean=lean,
+                )
+                cases[f"parallel, {how}"] = functools.partial(
+                    store.parallel_round,
+                    now=NOW,
+                    delay_window_ms=WINDOW,
+                    services=listed,
+                    lean=lean,
+                )
+        return await _interleaved(cases, rounds)
 
 
 def _summarize(label: str, picks: int, times: list[float]) -> Timing:
@@ -318,11 +393,17 @@ def statement_pg(url: str, rounds: int) -> list[Timing]:
     Beside it, interleaved in the same rounds, the statement before
     ``queue_heads`` (a skip scan of ``batches_open_idx``), for comparison.
     """
-    sql = load_queries("postgresql")["queue_round"]
+    queries = load_queries("postgresql")
+    sql, par = queries["queue_round"], queries["parallel_round"]
     cases = {
-        "every service, statement only": (sql, {**_PARAMS, "lean": False}),
-        "every service, lean, statement only": (sql, {**_PARAMS, "lean": True}),
-        "every service, skip-scan statement (before `queue_heads`)": (_SKIP_SCAN, _PARAMS),
+        "serial, every service, statement only": (sql, {**_PARAMS, "lean": False}),
+        "parallel, every service, statement only": (par, {**_PAR_PARAMS, "lean": False}),
+        "serial, every service, lean, statement only": (sql, {**_PARAMS, "lean": True}),
+        "parallel, every service, lean, statement only": (par, {**_PAR_PARAMS, "lean": True}),
+        "serial, every service, skip-scan statement (before `queue_heads`)": (
+            _SKIP_SCAN,
+            _PARAMS,
+        ),
     }
     times: dict[str, list[float]] = {label: [] for label in cases}
     picks: dict[str, int] = {}
@@ -338,6 +419,7 @@ def statement_pg(url: str, rounds: int) -> list[Timing]:
 
 
 _PARAMS = {"now": NOW, "delay_window_ms": WINDOW, "limit": None}
+_PAR_PARAMS = {**_PARAMS, "exclude": []}
 
 #: PostgreSQL's queue_round before queue_heads (migration 6): each service's
 #: head found by a recursive skip scan, one index probe per service.
@@ -380,34 +462,44 @@ LIMIT %(limit)s::bigint
 """
 
 
-def statement_sqlite(path: str, rounds: int) -> Timing:
-    sql = load_queries("sqlite")["queue_round"]
-    params = {**_PARAMS, "lean": False}
-    times = []
+def statement_sqlite(path: str, rounds: int) -> list[Timing]:
+    queries = load_queries("sqlite")
+    cases = {
+        "serial, every service, statement only": (
+            queries["queue_round"],
+            {**_PARAMS, "lean": False},
+        ),
+        "parallel, every service, statement only": (
+            queries["parallel_round"],
+            {**_PARAMS, "lean": False, "exclude": "[]"},
+        ),
+    }
+    times: dict[str, list[float]] = {label: [] for label in cases}
     conn = sqlite3.connect(path)
     try:
-        picks = len(conn.execute(sql, params).fetchall())
+        picks = {label: len(conn.execute(q, p).fetchall()) for label, (q, p) in cases.items()}
         for _ in range(rounds):
-            started = time.perf_counter()
-            conn.execute(sql, params).fetchall()
-            times.append((time.perf_counter() - started) * 1000)
+            for label, (q, p) in cases.items():
+                started = time.perf_counter()
+                conn.execute(q, p).fetchall()
+                times[label].append((time.perf_counter() - started) * 1000)
     finally:
         conn.close()
-    return _summarize("every service, statement only", picks, times)
+    return [_summarize(label, picks[label], times[label]) for label in cases]
 
 
-def pg_plan(url: str) -> str:
-    """The plan of the lean round, the one the queue source asks for."""
-    sql = load_queries("postgresql")["queue_round"]
-    params = {**_PARAMS, "lean": True}
+def pg_plan(url: str, name: str = "queue_round") -> str:
+    """The plan of a lean round, the one the queue source asks for."""
+    sql = load_queries("postgresql")[name]
+    params = {**_PAR_PARAMS, "lean": True}
     with psycopg.connect(url) as conn, psycopg.ClientCursor(conn) as cur:
         cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
         return "\n".join(r[0] for r in cur.fetchall())
 
 
-def sqlite_plan(path: str) -> str:
-    sql = load_queries("sqlite")["queue_round"]
-    params = {**_PARAMS, "lean": True}
+def sqlite_plan(path: str, name: str = "queue_round") -> str:
+    sql = load_queries("sqlite")[name]
+    params = {**_PARAMS, "lean": True, "exclude": "[]"}
     conn = sqlite3.connect(path)
     try:
         rows = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
@@ -463,6 +555,12 @@ def _table(timings: list[Timing]) -> str:
 @click.option("--pg", "pg_admin", default=DEFAULT_PG, show_default=True, help="Admin URL.")
 @click.option("--keep", is_flag=True, help="Keep the databases (prints where).")
 @click.option("--write/--no-write", default=True, help="Write docs/BENCHMARKS.md.")
+@click.option(
+    "--alternatives/--no-alternatives",
+    default=True,
+    show_default=True,
+    help="Also time the designs the parallel round was measured against.",
+)
 def command(
     batches: int,
     services: int,
@@ -471,12 +569,14 @@ def command(
     pg_admin: str,
     keep: bool,
     write: bool,
+    alternatives: bool,
 ) -> None:
-    """One queuer round over a large store, on PostgreSQL and SQLite."""
+    """One queuer round over a large store, serial and parallel, on PostgreSQL and SQLite."""
     sections = []
     summary = (
         f"{batches:,} tracked batches in {services:,} services (shape in `bench/queuer.py`); "
-        f"each figure is over {rounds} rounds of `store.queue_round()` end to end."
+        f"each figure is over {rounds} rounds, the serial strategy's "
+        "`store.queue_round()` and the parallel one's `store.parallel_round()` taking turns."
     )
     for backend in backends:
         if backend == "postgresql":
@@ -488,6 +588,8 @@ def command(
                 timings = asyncio.run(measure(url, rounds, services))
                 timings += statement_pg(url, rounds)
                 plan = pg_plan(url)
+                parallel_plan = pg_plan(url, "parallel_round")
+                others = _alternatives(alt.pg_alternatives, url, rounds, alternatives)
                 if keep:
                     report.console.print(f"kept {url}")
         else:
@@ -499,19 +601,38 @@ def command(
                 load_sqlite(path, batches, services)
                 loaded = time.perf_counter() - started
                 timings = asyncio.run(measure(url, rounds, services))
-                timings.append(statement_sqlite(path, rounds))
+                timings += statement_sqlite(path, rounds)
                 plan = sqlite_plan(path)
+                parallel_plan = sqlite_plan(path, "parallel_round")
+                others = _alternatives(alt.sqlite_alternatives, path, rounds, alternatives)
         report.console.print(_table(timings))
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         sections.append(
             f"### {'PostgreSQL' if backend == 'postgresql' else 'SQLite'}\n\n"
             f"Loaded in {loaded:.0f} s. Load average after measuring (1, 5, 15 min): "
             f"{load} — the machine is shared, figures on an idle one are lower.\n\n"
-            f"{_table(timings)}\n\n"
-            f"Plan of the round's statement (lean, as the queue source asks):\n\n```\n{plan}\n```\n"
+            f"{_table(timings)}\n\n{others}"
+            f"Plan of the serial round's statement (lean, as the queue source asks):\n\n"
+            f"```\n{plan}\n```\n\n"
+            f"Plan of the parallel round's statement (lean):\n\n```\n{parallel_plan}\n```\n"
         )
     if write:
         report.write_section("queuer", f"## Queuer round\n\n{summary}\n\n" + "\n".join(sections))
+
+
+def _alternatives(
+    run: Callable[[str, int], alt.Result], where: str, rounds: int, wanted: bool
+) -> str:
+    """The alternatives' table, in Markdown (empty if not ``wanted``)."""
+    if not wanted:
+        return ""
+    found, note = run(where, rounds)
+    timings = [_summarize(label, picks, times) for label, picks, times in found]
+    report.console.print(_table(timings))
+    return (
+        "The parallel round's alternatives on the same population, each deciding "
+        f"in Python (`bench/_parallel_alternatives.py`). {note}\n\n{_table(timings)}\n\n"
+    )
 
 
 async def _migrate(url: str) -> None:

@@ -79,11 +79,12 @@ def write_section(
     """Replace (or append) the section ``name`` of docs/BENCHMARKS.md (or ``path``)."""
     target = path or BENCHMARKS_MD
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     body = (
         f"<!-- bench:{name} -->\n"
         f"_Command:_ `{command or invocation()}`  \n"
         f"_Machine:_ {machine()}  \n"
-        f"_Date:_ {today}\n\n"
+        f"_Date:_ {today}; load average (1, 5, 15 min) when written: {load}\n\n"
         f"{markdown.strip()}\n"
         f"<!-- /bench:{name} -->"
     )

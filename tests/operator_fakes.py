@@ -14,16 +14,16 @@ from aiohttp import web
 from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.config import load_settings
-from ledgerq.dlt.base import Accepted, SubmitResult
 from ledgerq.gateway.service import Gateway
+from ledgerq.ledgers.base import Accepted, SubmitResult
 from ledgerq.model import Committed
+from ledgerq.operator import gateway_app
 from ledgerq.store import open_store
-from ledgerq.web import gateway_app
 from tests.pipeline_fakes import ScriptedLedger
 
 
 class CommittingLedger(ScriptedLedger):
-    """Every accepted batch is committed at once (polled by the monitor)."""
+    """Every accepted batch is committed at once (read by the follower)."""
 
     description = "committing fake"
 
@@ -59,7 +59,6 @@ async def running_gateway(
             "db": db,
             "bind": "127.0.0.1:0",
             "monitor.poll_interval_s": 0.05,
-            "monitor.wait_s": 0,
             **(flags or {}),
         },
         environ={},

@@ -6,13 +6,13 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from ledgerq.dlt.base import (
+from ledgerq.errors import FencedOffError
+from ledgerq.ledgers.base import (
     Accepted,
     CommitEvent,
     LedgerBatchStatus,
     SubmitResult,
 )
-from ledgerq.errors import FencedOffError
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
@@ -110,24 +110,32 @@ class MemoryPipelineStore:
         b = self.batches[id]
         assert b.service_id == service_id
         assert not b.is_final, f"{id} is final already"
-        submitted = status is None or status.name not in (
-            BatchStatusName.UNKNOWN,
-            BatchStatusName.DELAYED,
-        )
-        attempt = now if status is not None and status.name is BatchStatusName.DELAYED else None
-        self.batches[id] = replace(
-            b,
-            batch_status=status,
-            submitted=submitted,
-            last_attempt_at=attempt or b.last_attempt_at,
-        )
+        if status is None:
+            # Only the submission error: status and submitted stay (an ambiguous outcome).
+            self.batches[id] = replace(b, submission_error=submission_error)
+        else:
+            # As the stores: Unknown and Delayed clear submitted, others keep it.
+            unsubmitted = status.name in (BatchStatusName.UNKNOWN, BatchStatusName.DELAYED)
+            attempt = now if status.name is BatchStatusName.DELAYED else None
+            self.batches[id] = replace(
+                b,
+                batch_status=status,
+                submitted=b.submitted and not unsubmitted,
+                last_attempt_at=attempt or b.last_attempt_at,
+                submission_error=submission_error or b.submission_error,
+            )
         self.errors[id] = submission_error
         self.writes.append((id, None if status is None else status.name))
         self.wake.set()
 
     # -- queue source (one round: the oldest open batch of each unlocked service)
     async def next_batches(
-        self, limit: int, *, exclude: frozenset[str], timeout_s: float
+        self,
+        limit: int,
+        *,
+        exclude: frozenset[str],
+        timeout_s: float,
+        exclude_batches: frozenset[str] = frozenset(),
     ) -> Sequence[TrackingBatch]:
         picks = self.round(exclude)
         if not picks:
@@ -155,24 +163,23 @@ class MemoryPipelineStore:
             picks.append(open_[0])
         return picks
 
-    # -- monitor source
-    async def monitored_batches(
-        self, *, now: int, stale_before: int, limit: int
-    ) -> Sequence[TrackingBatch]:
+    # -- monitor source: what the ledger has or may have
+    async def monitored_batches(self, *, limit: int) -> Sequence[TrackingBatch]:
         out = [
             b
             for b in self.batches.values()
-            if b.submitted
-            and (
-                b.status_name is BatchStatusName.PENDING
-                or (b.batch_status is None and self.taken_at.get(b.batch_id, 0) < stale_before)
-            )
+            if not b.is_final and (b.submitted or b.status_name is BatchStatusName.PENDING)
         ]
         return out[:limit]
 
 
 class ScriptedLedger:
-    """A ledger whose answers tests choose; records what it was sent."""
+    """A ledger whose answers tests choose; records what it was sent.
+
+    Status reads with ``wait_s`` answer, as Sawtooth's, when none of their ids
+    is pending (after :meth:`decide`), or after ``wait_s`` seconds.
+    ``read_errors`` are raised by the next status reads, one each.
+    """
 
     description = "scripted"
 
@@ -181,12 +188,25 @@ class ScriptedLedger:
         self.sent: list[str] = []
         self.statuses: dict[str, BatchStatus] = {}
         self.status_requests: list[tuple[str, tuple[str, ...]]] = []
+        self.waits: list[float] = []
         self.event_queue: asyncio.Queue[CommitEvent] | None = None
         self.trigger_queue: asyncio.Queue[None] | None = None
         self.gate: asyncio.Event | None = None
+        self.read_errors: list[Exception] = []
+        self.parked = 0
+        self.most_parked = 0
+        self.posted = asyncio.Event()
+        self._changed = asyncio.Condition()
+
+    async def decide(self, batch_id: str, status: BatchStatus) -> None:
+        """The ledger decides (or forgets) a batch: parked reads answer."""
+        async with self._changed:
+            self.statuses[batch_id] = status
+            self._changed.notify_all()
 
     async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
         self.sent.append(batch_id)
+        self.posted.set()
         if self.gate is not None:
             await self.gate.wait()
         queue = self.script.get(batch_id)
@@ -199,6 +219,23 @@ class ScriptedLedger:
         self, service_id: str, batch_ids: Sequence[str], *, wait_s: float = 0.0
     ) -> tuple[LedgerBatchStatus, ...]:
         self.status_requests.append((service_id, tuple(batch_ids)))
+        self.waits.append(wait_s)
+        if self.read_errors:
+            raise self.read_errors.pop(0)
+
+        def settled() -> bool:
+            return not any(isinstance(self.statuses.get(i), Pending) for i in batch_ids)
+
+        if wait_s > 0:
+            self.parked += 1
+            self.most_parked = max(self.most_parked, self.parked)
+            try:
+                async with self._changed:
+                    await asyncio.wait_for(self._changed.wait_for(settled), wait_s)
+            except TimeoutError:
+                pass
+            finally:
+                self.parked -= 1
         return tuple(LedgerBatchStatus(i, self.statuses.get(i, Unknown())) for i in batch_ids)
 
     def events(self) -> AsyncIterator[CommitEvent] | None:

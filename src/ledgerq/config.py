@@ -25,8 +25,9 @@ from typing import Any
 
 from ledgerq.claims.settings import ClaimSettings
 from ledgerq.errors import ConfigError
-from ledgerq.monitor import MonitorSettings
-from ledgerq.submitter import SubmitterSettings
+from ledgerq.follow.follower import FollowSettings
+from ledgerq.queue.strategy import Strategy, StrategyMap
+from ledgerq.submit.submitter import SubmitterSettings
 
 ENV_PREFIX = "LEDGERQ_"
 DEFAULT_CONFIG_FILE = "ledgerq.toml"
@@ -121,6 +122,23 @@ def _origins(value: Any) -> str:
     return ",".join(origins)
 
 
+def _strategy(value: Any) -> str:
+    return Strategy.parse(str(value)).value
+
+
+def _strategy_rules(value: Any) -> str:
+    rules = StrategyMap.parse("serial", str(value)).rules
+    return ",".join(f"{pattern}={strategy.value}" for pattern, strategy in rules)
+
+
+def _hosts(value: Any) -> str:
+    hosts = [h.strip().lower() for h in str(value).split(",") if h.strip()]
+    for host in hosts:
+        if "/" in host or " " in host:
+            raise ValueError(f"{host!r}: list host names or addresses, without scheme or path")
+    return ",".join(hosts)
+
+
 @dataclass(frozen=True, slots=True)
 class Key:
     name: str
@@ -133,10 +151,35 @@ KEYS: tuple[Key, ...] = (
     Key("db", _db, "sqlite:///ledgerq.sqlite3", "batch tracking store URL"),
     Key("ledger", _ledger, "node", "node (in-process), sawtooth+http://H:P or splinter+http://H:P"),
     Key("bind", _bind, "127.0.0.1:8080", "HOST:PORT the gateway listens on"),
+    Key("workers", _non_negative(_int), 0, "gateway processes behind the port (0: one per core)"),
     Key("node.data_dir", str, "", "in-process node data directory (default: next to the db)"),
     Key("node.shards", _positive(_int), 4, "in-process node shard count"),
-    Key("node.ephemeral", _bool, False, "in-process node keeps nothing on disk"),
+    Key("node.ephemeral", _bool, False, "in-process node forgets pending batches on restart"),
+    Key("node.token", _token, "", "`ledgerq node`: bearer token on every route (secret)"),
+    Key("node.allowed_hosts", _hosts, "", "`ledgerq node`: Host names it answers besides loopback"),
+    Key("node.allowed_origins", _origins, "", "`ledgerq node`: web origins let in (default none)"),
+    Key(
+        "node.insecure_allow_remote",
+        _bool,
+        False,
+        "`ledgerq node`: allow a non-loopback bind without a token",
+    ),
+    Key("node.max_held", _positive(_int), 10_000, "node: batches held on dependencies, at most"),
+    Key(
+        "node.held_expiry_s", _positive(float), 300.0, "node: a held batch turns INVALID after (s)"
+    ),
+    Key("node.max_status_ids", _positive(_int), 1_000, "node: batch ids per status request"),
+    Key("node.max_waiters", _positive(_int), 10_000, "node: status long-polls parked at once"),
+    Key("node.max_scabbard_services", _positive(_int), 64, "node: scabbard ledgers open at once"),
+    Key("node.scabbard_idle_s", _positive(float), 300.0, "node: close a scabbard ledger idle (s)"),
     Key("delay_window_ms", _non_negative(_int), 15_000, "wait after a Delayed batch (ms)"),
+    Key("queuer.strategy", _strategy, "serial", "serial (Grid's plan) or parallel (per key)"),
+    Key(
+        "queuer.strategy_by_service",
+        _strategy_rules,
+        "",
+        "PATTERN=STRATEGY,... overriding queuer.strategy per service id (first match)",
+    ),
     Key("max_body_bytes", _positive(_int), 10 * 1024 * 1024, "largest accepted BatchList"),
     Key("submitter.slots", _positive(_int), 256, "concurrent submissions"),
     Key("submitter.max_retries", _non_negative(_int), 5, "busy retries before Delayed"),
@@ -145,13 +188,22 @@ KEYS: tuple[Key, ...] = (
     Key("submitter.poll_timeout_s", _positive(float), 1.0, "queue poll fallback (s)"),
     Key("ledger_timeout.connect_s", _positive(float), 3.0, "ledger connect timeout (s)"),
     Key("ledger_timeout.submit_s", _positive(float), 10.0, "ledger POST timeout (s)"),
-    Key("monitor.poll_interval_s", _positive(float), 1.0, "status poll fallback (s)"),
-    Key("monitor.wait_s", _non_negative(float), 1.0, "long-poll wait of a status read (s)"),
     Key(
-        "monitor.stale_after_ms",
+        "monitor.poll_interval_s", _positive(float), 1.0, "safety-net scan of in-flight batches (s)"
+    ),
+    Key("monitor.wait_s", _positive(float), 5.0, "wait of a parked status read (s)"),
+    Key("monitor.max_parked", _positive(_int), 1024, "status reads parked at once"),
+    Key(
+        "monitor.backoff_initial_ms",
         _positive(_int),
-        60_000,
-        "recover unanswered submitted batches after (ms)",
+        50,
+        "first retry of a failed status read (ms)",
+    ),
+    Key(
+        "monitor.backoff_max_ms",
+        _positive(_int),
+        5_000,
+        "longest retry of a failed status read (ms)",
     ),
     Key("claims.instance_id", str, "", "HA instance id (default: host-pid-random)"),
     Key("claims.renew_interval_ms", _positive(_int), 1_000, "claim cycle period (ms)"),
@@ -163,6 +215,12 @@ KEYS: tuple[Key, ...] = (
         "claims.post_margin_ms", _non_negative(_int), 0, "claim left to start a POST (ms; 0: TTL/5)"
     ),
     Key("claims.grace_ms", _non_negative(_int), 2_000, "unclaimed wait before any takes it (ms)"),
+    Key(
+        "claims.forget_service_ms",
+        _positive(_int),
+        600_000,
+        "claim row of a service idle this long is deleted (ms)",
+    ),
     Key("log.level", _log_level, "INFO", "debug, info, warning or error"),
     Key("log.json", _bool, False, "JSON log lines"),
     Key("auth.token", _token, "", "bearer token required for writes (secret; empty: none)"),
@@ -171,7 +229,7 @@ KEYS: tuple[Key, ...] = (
     Key("metrics.top_services", _positive(_int), 20, "services with their own depth series"),
 )
 #: Keys whose values are never printed (``config show``) nor logged.
-SECRET_KEYS = frozenset({"auth.token"})
+SECRET_KEYS = frozenset({"auth.token", "node.token"})
 _BY_NAME = {k.name: k for k in KEYS}
 
 
@@ -222,6 +280,13 @@ class Settings:
         )
 
     @property
+    def strategies(self) -> StrategyMap:
+        """Which queuer strategy serves which service (``queuer.*``)."""
+        return StrategyMap.parse(
+            self.values["queuer.strategy"], self.values["queuer.strategy_by_service"]
+        )
+
+    @property
     def claims(self) -> ClaimSettings:
         v = self.values
         identity = {"instance_id": v["claims.instance_id"]} if v["claims.instance_id"] else {}
@@ -231,16 +296,20 @@ class Settings:
             slow_ttl_ms=v["claims.slow_ttl_ms"],
             post_margin_ms=v["claims.post_margin_ms"],
             grace_ms=v["claims.grace_ms"],
+            forget_service_ms=v["claims.forget_service_ms"],
             **identity,
         )
 
     @property
-    def monitor(self) -> MonitorSettings:
+    def monitor(self) -> FollowSettings:
+        """The follower's settings (keys ``monitor.*``)."""
         v = self.values
-        return MonitorSettings(
+        return FollowSettings(
             poll_interval_s=v["monitor.poll_interval_s"],
             wait_s=v["monitor.wait_s"],
-            stale_after_ms=v["monitor.stale_after_ms"],
+            max_parked=v["monitor.max_parked"],
+            backoff_initial_ms=v["monitor.backoff_initial_ms"],
+            backoff_max_ms=v["monitor.backoff_max_ms"],
         )
 
 

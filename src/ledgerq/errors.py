@@ -86,7 +86,16 @@ class FencedOffError(StoreError):
 
 
 class LedgerError(LedgerqError):
-    """A ledger (DLT) call failed."""
+    """A ledger (DLT) call failed: nothing it answered was used.
+
+    ``cause`` is a short, stable name of what went wrong (``HTTP 404``,
+    ``malformed status body``, ``connection failed``), so repeated failures
+    can be told apart from a new one; the message has the details.
+    """
+
+    def __init__(self, message: str, *, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause or "ledger error"
 
 
 class NodeError(LedgerqError):

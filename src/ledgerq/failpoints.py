@@ -1,4 +1,4 @@
-"""Failpoints: named points in the gateway where a fault test makes the real
+"""Failpoints: named points in the gateway and the node where a fault test makes the real
 process fail, at exactly that point.
 
 Enabled only through the environment, read once when ``ledgerq serve``
@@ -27,6 +27,14 @@ PASS/DELAY/FAIL list (``docs/ha.md``):
 ``after_record``    after the outcome was written
 ==================  =====================================================
 
+and in the node (``ledgerq node``, and a gateway's in-process node):
+
+======================  =================================================
+``node_journal_synced``  a journal group is on disk, not yet acknowledged
+``node_store_write``     the store's write is done but not committed
+``node_store_written``   the store's write committed, journal not yet cut
+======================  =================================================
+
 With the variable unset (production), :func:`failpoint` is one test of an
 empty dict.
 """
@@ -51,6 +59,9 @@ POINTS = (
     "after_response",
     "before_record",
     "after_record",
+    "node_journal_synced",
+    "node_store_write",
+    "node_store_written",
 )
 ACTIONS = ("kill", "stop", "drop")
 

@@ -1,7 +1,7 @@
 """The batch tracking model: the seed's structs as immutable, typed values.
 
 These values cross every boundary of the gateway (codec → store → queuer →
-submitter → monitor). They are plain frozen dataclasses; no driver type ever
+submitter → follower). They are plain frozen dataclasses; no driver type ever
 appears in them.
 
 Conventions a caller relies on:
@@ -172,6 +172,15 @@ class TrackingTransaction:
     payload: bytes
     signer_public_key: str
     service_id: str
+    # ledgerq additions (not in the seed): the state the transaction header
+    # declares, as sent. ``inputs`` may be read and ``outputs`` written
+    # (addresses or address prefixes); ``dependencies`` are ids of
+    # transactions that must be applied first. ``None``: not known (a
+    # transaction tracked before they were recorded, or built by hand), which
+    # the parallel queuer treats as reading and writing every address.
+    inputs: tuple[str, ...] | None = None
+    outputs: tuple[str, ...] | None = None
+    dependencies: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

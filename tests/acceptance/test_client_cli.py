@@ -119,6 +119,20 @@ def test_submit_generate_commits_everything_in_order(gateway: Served) -> None:
     assert single.returncode == 0 and "single instance" in single.stdout
 
 
+def test_the_quickstart_status_step_finds_a_batch_by_id_alone(gateway: Served) -> None:
+    # The quickstart: generate, list committed batches, copy an id, ask its status.
+    done = ledgerq("submit", "--generate", "20", "--services", "4", "--url", gateway.url)
+    assert done.returncode == 0, done.stderr
+    listed = ledgerq("batches", "--status", "Committed", "--limit", "5", "--full-ids",
+                     "--url", gateway.url)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    ids = re.findall(r"\b[0-9a-f]{128}\b", listed.stdout)
+    assert len(ids) == 5, listed.stdout
+    status = ledgerq("status", ids[-1], "--wait", "--url", gateway.url)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "COMMITTED" in status.stdout and "gen-" in status.stdout
+
+
 def test_a_batch_list_file_with_an_invalid_batch_exits_5(gateway: Served, tmp_path: Path) -> None:
     from ledgerq.codec import Signer, encode_batch_list
     from ledgerq.codec.intkey import make_intkey_batch

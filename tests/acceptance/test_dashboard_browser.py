@@ -4,14 +4,13 @@ The page is rendered twice: ``--dump-dom`` to check that the data the
 gateway holds (batch and service ids, counts) is in the DOM the page's script
 built, and ``--screenshot`` saved as ``test-artifacts/dashboard.png``.
 Chromium's virtual time budget lets the page's fetches complete before the
-DOM is taken, without the test sleeping. Skipped where chromium is missing,
-except under CI (``.ci/run`` installs it).
+DOM is taken, without the test sleeping. Skipped where chromium is missing
+(``make test`` installs it when it can); under CI a skip fails the run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
 import tempfile
@@ -31,8 +30,6 @@ pytestmark = pytest.mark.slow
 
 def _need_chromium() -> str:
     if CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is required in CI (apt-get install -y chromium)")
         pytest.skip("chromium not installed (apt-get install -y chromium)")
     return CHROMIUM
 

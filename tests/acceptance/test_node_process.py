@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,10 @@ LEDGERQ = str(Path(sys.executable).parent / "ledgerq")
 
 
 class NodeProcess:
-    def __init__(self, data_dir: Path, *extra: str) -> None:
+    def __init__(self, data_dir: Path, *extra: str, failpoints: str = "") -> None:
+        env = {k: v for k, v in os.environ.items() if k != "LEDGERQ_FAILPOINTS"}
+        if failpoints:
+            env["LEDGERQ_FAILPOINTS"] = failpoints
         self.proc = subprocess.Popen(
             [
                 LEDGERQ,
@@ -41,6 +45,7 @@ class NodeProcess:
             ],
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         assert self.proc.stderr is not None
         for line in self.proc.stderr:  # blocks until the node says where it listens
@@ -59,7 +64,8 @@ class NodeProcess:
             return json.loads(resp.read())
 
     def statuses(self, ids: list[str], wait: int = 10) -> list[str]:
-        doc = self.request("GET", f"/batch_statuses?id={','.join(ids)}&wait={wait}")
+        body = json.dumps(ids).encode()
+        doc = self.request("POST", f"/batch_statuses?wait={wait}", body, "application/json")
         return [d["status"] for d in doc["data"]]
 
     def value(self, name: str) -> int:
@@ -82,6 +88,8 @@ def procs() -> Iterator[list[NodeProcess]]:
     for p in started:
         if p.proc.poll() is None:
             p.kill()
+        if p.proc.stderr is not None and not p.proc.stderr.closed:
+            p.proc.stderr.close()
 
 
 def post(node: NodeProcess, batches: list[Any]) -> None:
@@ -102,7 +110,7 @@ def test_sigkill_and_restart_keeps_everything(tmp_path: Path, procs: list[NodePr
     assert first.statuses([bad.header_signature]) == ["INVALID"]
     assert first.value("n") == 20
     first.kill()
-    assert any(p.name.startswith("snapshot") for p in tmp_path.iterdir())
+    assert (tmp_path / "store").is_dir()
 
     second = NodeProcess(tmp_path)
     procs.append(second)
@@ -133,6 +141,78 @@ def test_sigkill_with_pending_batches(tmp_path: Path, procs: list[NodeProcess]) 
         expected = "UNKNOWN" if ephemeral else "COMMITTED"
         assert again.statuses([batch.header_signature], wait=10) == [expected]
         again.kill()
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "node_journal_synced=kill@6",  # on disk, not yet acknowledged
+        "node_store_write=kill@2",  # mid store write: the store keeps the previous one
+        "node_store_written=kill@2",  # store written, journal not yet cut
+    ],
+)
+def test_kill_at_every_durability_step_loses_and_repeats_nothing(
+    tmp_path: Path, procs: list[NodeProcess], point: str
+) -> None:
+    """Every acknowledged batch commits exactly once, wherever the process dies."""
+    node = NodeProcess(tmp_path, "--snapshot-every", "3", failpoints=point)
+    procs.append(node)
+    setter = make_intkey_batch(SIGNER, [("set", "k", 0)])
+    incs: list[Any] = []
+    acknowledged = []
+    batch = setter
+    while len(incs) < 2_000:  # until the failpoint kills it, a few store writes in
+        try:
+            post(node, [batch])
+        except OSError:  # the process is gone: this POST was not acknowledged
+            break
+        acknowledged.append(batch)
+        if batch is setter or len(acknowledged) % 4 == 0:
+            try:
+                node.statuses([batch.header_signature], wait=10)  # let the store catch up
+            except OSError:
+                break
+        batch = make_intkey_batch(SIGNER, [("inc", "k", 1)])
+        incs.append(batch)
+    assert node.proc.wait(30) == -signal.SIGKILL, "the failpoint did not fire"
+    assert node.proc.stderr is not None
+    node.proc.stderr.close()
+    again = NodeProcess(tmp_path)
+    procs.append(again)
+    ids = [b.header_signature for b in acknowledged]
+    assert set(again.statuses(ids, wait=10)) == {"COMMITTED"}
+    everything = again.statuses([b.header_signature for b in incs], wait=0)
+    assert again.value("k") == everything.count("COMMITTED")  # each inc applied once
+    assert everything.count("COMMITTED") >= len(acknowledged) - 1
+    again.kill()
+
+
+def test_a_wide_bind_without_a_token_is_refused(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERQ_")}
+    done = subprocess.run(
+        [LEDGERQ, "node", "--bind", "0.0.0.0:0", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "refusing to listen on 0.0.0.0 without a token" in done.stderr
+    assert not (tmp_path / "store").exists()  # refused before anything was opened
+
+
+def test_the_token_guards_the_real_process(tmp_path: Path, procs: list[NodeProcess]) -> None:
+    token = "node-token-0123456789abcdef"
+    node = NodeProcess(tmp_path, "--token", token)
+    procs.append(node)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        node.request("GET", "/state")
+    assert refused.value.code == 401
+    refused.value.close()
+    req = urllib.request.Request(node.url + "/state", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+    node.kill()
 
 
 def test_cli_help_lists_the_options() -> None:

@@ -25,9 +25,9 @@ from ledgerq.gateway.service import Gateway
 from ledgerq.node import Node
 from ledgerq.node.rest import make_app
 from ledgerq.node.scabbard import ScabbardServices
+from ledgerq.operator import extend_node_app, gateway_app
+from ledgerq.operator.openapi import load_spec
 from ledgerq.store import open_store
-from ledgerq.web import extend_node_app, gateway_app
-from ledgerq.web.openapi import load_spec
 from tests.operator_fakes import CommittingLedger
 
 AppFactory = Callable[[], Awaitable[tuple[web.Application, Callable[[], Awaitable[None]]]]]

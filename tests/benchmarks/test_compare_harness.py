@@ -1,6 +1,6 @@
 """The comparison benchmark's harness, kept from rotting: its figures on made-up
-events, and a tiny real run of the bare client and of procrastinate against
-`ledgerq node` on loopback."""
+events, and a tiny real run of every system against `ledgerq node` and against
+the plain-REST fault ledger on loopback."""
 
 from __future__ import annotations
 
@@ -62,13 +62,28 @@ def test_sizes_are_parsed_and_checked() -> None:
         _parse_sizes("10")
 
 
+def test_the_gap_is_the_next_post_minus_the_previous_commit() -> None:
+    wl = Workload(1, 3)
+    ids = [b.batch_id for b in wl.batches[wl.service_id(0)]]
+    run, events = _run_with(wl, {})
+    posted = {ids[0]: 0.5, ids[1]: 1.004, ids[2]: 2.010}
+    f = figures(run, events, {wl.service_id(0): 2}, posted, 0)
+    assert f.gap_p50_ms is not None and f.gap_p99_ms is not None
+    assert round(f.gap_p50_ms) in (4, 10) and round(f.gap_p99_ms) == 10
+    assert f.violations == 0
+
+
 @pytest.mark.pg
 @pytest.mark.slow
-@pytest.mark.parametrize("system", ["bare", "ledgerq", "procrastinate"])
+@pytest.mark.parametrize("ledger", ["node", "plain"])
+@pytest.mark.parametrize("system", ["ideal", "ledgerq-sqlite", "ledgerq-pg", "procrastinate"])
 async def test_a_tiny_real_run_commits_everything_in_order(
-    system: str, tmp_path: Path, pg_admin_url: str
+    system: str, ledger: str, tmp_path: Path, pg_admin_url: str
 ) -> None:
-    setup = Setup(tmp_path, pg_admin_url, slots=4, workers=1, timeout_s=60)
+    setup = Setup(tmp_path, pg_admin_url, slots=4, workers=1, timeout_s=60, ledger=ledger)
     f = await _one(setup, system, 3, 4, None)
     assert (f.committed, f.invalid, f.missing, f.executed_twice, f.wrong_keys) == (12, 0, 0, 0, 0)
     assert f.throughput > 0
+    assert f.cpu_ms_per_batch is not None and f.cpu_ms_per_batch > 0
+    if ledger == "plain":
+        assert f.violations == 0 and f.gap_p50_ms is not None

@@ -105,8 +105,9 @@ FAST_GATEWAY_ENV = {
     "LEDGERQ_LEDGER_TIMEOUT_SUBMIT_S": "1.0",
     "LEDGERQ_MONITOR_POLL_INTERVAL_S": "0.2",
     "LEDGERQ_MONITOR_WAIT_S": "0.5",
-    "LEDGERQ_MONITOR_STALE_AFTER_MS": "2000",
     "LEDGERQ_LOG_LEVEL": "INFO",
+    # One process: these tests stop, kill and restart the gateway itself.
+    "LEDGERQ_WORKERS": "1",
 }
 
 

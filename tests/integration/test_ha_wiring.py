@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
 
 from ledgerq.claims.lock import InstanceLockedError
+from ledgerq.clock import ManualClock
 from ledgerq.config import load_settings
 from ledgerq.gateway.ha import open_high_availability
+from ledgerq.gateway.service import Gateway
+from ledgerq.ledgers import HttpTimeouts, http_ledger_client
 from ledgerq.store import open_store
-from tests.integration.claims_helpers import claimants
+from tests.integration.claims_helpers import T0, claimants, manager
+from tests.store.conftest import make_batch
 
 
 async def test_sqlite_gateway_takes_the_file_lock(tmp_path: Path) -> None:
@@ -61,3 +66,96 @@ async def test_store_sessions_left_idle_in_a_transaction_are_ended_by_the_server
             cur = await session.conn.execute(b"SHOW idle_in_transaction_session_timeout")
             row = await cur.fetchone()
     assert row is not None and row[0] == "1234ms"
+
+
+class HangingLedger:
+    """A ledger that reads every POST /batches and never answers it; it sees
+    when the client gives up (closes the connection). Status reads get 503."""
+
+    def __init__(self) -> None:
+        self.posts = 0
+        self.posted = asyncio.Event()
+        self.abandoned = asyncio.Event()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if head.startswith(b"POST /batches"):
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                self.posts += 1
+                self.posted.set()
+                # Never answered: the next read ends only when the client closes.
+                while await reader.read(1024):
+                    pass
+                self.abandoned.set()
+            else:
+                writer.write(b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+@pytest.mark.pg
+async def test_a_post_ends_when_the_claim_it_was_made_under_lapses(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # The HTTP submit timeout is 300 s; the claim has 1.2 s left (as last
+    # renewed) when the POST starts. The POST must be abandoned with the
+    # claim, long before anyone else may take the service (its second
+    # expiry), and recorded ambiguous (still submitted), so the ledger is
+    # asked before anything is resent.
+    ledger = HangingLedger()
+    url = await ledger.start()
+    clock = ManualClock(T0)
+    settings = load_settings(
+        {"db": pg_url, "ledger": f"sawtooth+{url}", "bind": "127.0.0.1:0"},
+        environ={"LEDGERQ_LEDGER_TIMEOUT_SUBMIT_S": "300"},
+        cwd=tmp_path,
+    )
+    batch = make_batch("s")
+    async with await open_store(pg_url) as store:
+        await store.add_batches([batch], now=T0)
+        claims = manager(pg_url, "a", clock)
+        client = http_ledger_client(settings.ledger, HttpTimeouts(connect=3, submit=300))
+        async with claims:
+            await claims.cycle()  # lease until T0 + 5000; the clock stays put from here
+            clock.advance(3_800)
+            fence = claims.fence_for("s")
+            assert fence is not None and claims.claim_left_ms("s", fence) == 1_200
+            gateway = Gateway(settings, store, client, claims=claims)
+            recorded = asyncio.Event()
+            gateway.recorder.add_ask_listener(lambda _b, _s: recorded.set())
+            task = asyncio.create_task(gateway.run())
+            try:
+                async with asyncio.timeout(120):
+                    await ledger.posted.wait()
+                    await ledger.abandoned.wait()
+                    await recorded.wait()  # recorded ambiguous: the ledger is asked next
+                got = await store.get_batch(batch.batch_id, "s")
+                assert got is not None and got.submitted and got.status_name is None
+                assert got.submission_error is not None
+                assert got.submission_error.error_type == "ambiguous"
+                assert "left on this instance's claim" in got.submission_error.error_message
+                assert got.attempts == 1 and ledger.posts == 1
+            finally:
+                gateway.stop()
+                await asyncio.wait_for(task, 60)
+                await client.close()
+                await ledger.close()

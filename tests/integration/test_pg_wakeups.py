@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from ledgerq.gateway.notify import PgWakeups, chunk_payloads
+from ledgerq.gateway.wakeups import PgWakeups, chunk_payloads
 
 pytestmark = pytest.mark.pg
 

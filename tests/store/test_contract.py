@@ -110,11 +110,35 @@ async def test_duplicate_batch_id_is_refused_and_nothing_is_added(
     assert await store.status_counts() == {"none": 1}
 
 
-async def test_same_batch_id_in_two_services_is_fine(store: BatchTrackingStore) -> None:
+async def test_a_batch_id_belongs_to_one_service(store: BatchTrackingStore) -> None:
     a = make_batch(SVC)
+    await store.add_batches([a])
     b = make_batch("circuit-2::svc2", batch_id=a.batch_header)
-    await store.add_batches([a, b])
-    assert await store.get_batch(a.batch_header, "circuit-2::svc2") is not None
+    with pytest.raises(DuplicateBatchError) as info:
+        await store.add_batches([b])
+    # The refusal names the service that tracks it.
+    assert info.value.service_id == SVC
+    assert SVC in str(info.value) and "circuit-2::svc2" in str(info.value)
+    assert await store.get_batch(a.batch_header, "circuit-2::svc2") is None
+    with pytest.raises(DuplicateBatchError):
+        await store.add_batches([make_batch("circuit-3::svc3", batch_id="f" * 128), b])
+    assert await store.status_counts() == {"none": 1}
+
+
+async def test_get_batches_by_id_finds_them_whatever_their_service(
+    store: BatchTrackingStore,
+) -> None:
+    a, b = make_batch(SVC), make_batch("circuit-2::svc2")
+    await store.add_batches([a])
+    await store.add_batches([b])
+    found = await store.get_batches_by_id([b.batch_header, "0" * 128, a.batch_header])
+    assert [(x.batch_id, x.service_id) for x in found] == [
+        (a.batch_header, SVC),
+        (b.batch_header, "circuit-2::svc2"),
+    ]
+    assert found[0].serialized_batch == a.serialized_batch
+    assert found[0].transactions == a.transactions
+    assert await store.get_batches_by_id([]) == []
 
 
 async def test_duplicate_data_change_id_is_refused(store: BatchTrackingStore) -> None:

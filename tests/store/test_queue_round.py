@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from ledgerq.clock import ManualClock
-from ledgerq.errors import StoreInputError
+from ledgerq.errors import StoreError, StoreInputError
 from ledgerq.model import Committed, Delayed, Invalid, Pending, TrackingBatch, Unknown
 from ledgerq.store import BatchTrackingStore
 
@@ -143,6 +144,41 @@ async def test_services_restricts_the_round(store: BatchTrackingStore, clock: Ma
     assert await store.queue_round(now=clock(), delay_window_ms=WINDOW, services=[]) == []
     got = await store.queue_round(now=clock(), delay_window_ms=WINDOW, services={"svc-c"}, limit=1)
     assert ids(got) == [c.batch_header]
+
+
+async def test_a_claimant_restricts_the_round_to_its_claims(
+    store: BatchTrackingStore, store_url: str, clock: ManualClock
+) -> None:
+    (a,) = await add(store, "svc-a")
+    await add(store, "svc-b")
+    (c,) = await add(store, "svc-c")
+    (d,) = await add(store, "svc-d")
+    await store.update_batch_status(d.batch_header, "svc-d", Unknown())
+    if store.dialect != "postgresql":
+        with pytest.raises(StoreError, match="no claims"):
+            await store.queue_round(now=clock(), delay_window_ms=WINDOW, claimant="gw-1")
+        return
+    # The claims table says gw-1 holds a, c and d, gw-2 holds b.
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE service_id_claims SET claimant = CASE service_id WHEN 'svc-b' THEN 'gw-2'"
+            " ELSE 'gw-1' END, epoch = 1, expiry_1 = 1, expiry_2 = 1, claimed_at = 1,"
+            " unclaimed_since = NULL"
+        )
+    for lean in (False, True):
+        got = await store.queue_round(
+            now=clock(), delay_window_ms=WINDOW, claimant="gw-1", lean=lean
+        )
+        listed = await store.queue_round(
+            now=clock(), delay_window_ms=WINDOW, services=["svc-a", "svc-c", "svc-d"], lean=lean
+        )
+        assert ids(got) == ids(listed) == [d.batch_header, a.batch_header, c.batch_header]
+        assert got == listed
+    assert await store.queue_round(now=clock(), delay_window_ms=WINDOW, claimant="gw-9") == []
+    with pytest.raises(StoreInputError, match="not both"):
+        await store.queue_round(
+            now=clock(), delay_window_ms=WINDOW, claimant="gw-1", services=["svc-a"]
+        )
 
 
 async def test_batches_posted_within_one_second_come_out_in_acceptance_order(

@@ -28,7 +28,7 @@ from ledgerq.model import (
     Unknown,
     Valid,
 )
-from ledgerq.queuer import select_round
+from ledgerq.queue.serial import select_round
 from ledgerq.store import BatchTrackingStore, open_store
 
 from .conftest import make_batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ledgerq.clock import ManualClock
 from ledgerq.model import TrackingBatch, Unknown
-from ledgerq.queue_source import QueueSource
+from ledgerq.queue.source import QueueSource
 from ledgerq.store import BatchTrackingStore
 
 from .conftest import make_batch

@@ -20,6 +20,7 @@ def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
     assert text.count("<!-- bench:a -->") == 1
     assert "`ledgerq bench a --x`" in text
     assert "cores" in text
+    assert "load average (1, 5, 15 min) when written:" in text
 
 
 def test_percentile_by_nearest_rank() -> None:

@@ -72,12 +72,17 @@ def test_parse_queries_splits_on_name_headers() -> None:
 
 def test_every_claim_step_has_its_query() -> None:
     assert {
+        "void_candidates",
         "void_expired",
         "heartbeat",
-        "renew",
         "claim_share",
+        "hand_over_need",
+        "hand_over_candidates",
         "hand_over",
+        "held_digest",
         "held",
+        "idle_candidates",
+        "forget_idle",
         "release_all",
         "register_services",
     } <= set(claim_queries())
@@ -130,3 +135,12 @@ def test_claim_settings_come_from_the_gateway_settings(tmp_path: Path) -> None:
     assert generated and generated != "gw-1"
     with pytest.raises(ConfigError, match="slow_ttl_ms"):
         load_settings(environ={"LEDGERQ_CLAIMS_SLOW_TTL_MS": "1000"}, cwd=tmp_path)
+
+
+def test_the_idle_clean_up_skips_services_the_store_is_writing_to() -> None:
+    # forget_idle try-locks the store's per-service advisory lock, which
+    # add_batches holds while it inserts a service's batches and claim row.
+    from ledgerq.store.postgres import ADVISORY_CLASS_SERVICE
+
+    query = claim_queries()["forget_idle"]
+    assert f"pg_try_advisory_xact_lock({ADVISORY_CLASS_SERVICE}, hashtext(c.service_id))" in query

@@ -9,12 +9,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from ledgerq.codec import Signer, encode_batch_list
+from ledgerq.codec import Signer, encode_batch_list, make_batch
 from ledgerq.codec.intkey import make_intkey_batch
-from ledgerq.dlt.base import LedgerBatchStatus
-from ledgerq.gateway.api import GatewayApi
+from ledgerq.ingest.api import GatewayApi
+from ledgerq.ledgers.base import LedgerBatchStatus
 from ledgerq.model import Committed, TrackingBatch
-from ledgerq.recorder import Recorder
+from ledgerq.record.recorder import Recorder
 from ledgerq.store import open_store
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -81,8 +81,6 @@ async def test_post_errors_name_the_problem(
         assert (await r.json())["error"]["rule"] == "invalid_service_id"
     async with http.post(f"{url}/batches", data=body, headers=OCTET) as r:
         assert r.status == 202
-    async with http.post(f"{url}/batches", data=body, headers=OCTET) as r:
-        assert r.status == 409
     async with http.get(f"{url}/batch_statuses") as r:
         assert r.status == 400
 
@@ -113,6 +111,41 @@ async def test_wait_returns_when_final(
     assert data[0]["ledgerq_status"] == "Committed"
 
 
+async def test_a_batch_is_found_by_id_alone_across_services(
+    api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
+) -> None:
+    url, _, accepted = api
+    for service, body in (
+        ("a::1", encode_batch_list(batches(2, "a"))),
+        ("b::2", encode_batch_list(batches(2, "b"))),
+        (None, encode_batch_list(batches(1, "n"))),
+    ):
+        query = f"?service_id={service}" if service else ""
+        async with http.post(f"{url}/batches{query}", data=body, headers=OCTET) as r:
+            assert r.status == 202, await r.text()
+    a1, b1, nobody = accepted[0], accepted[2], accepted[-1]
+    ids = ",".join([a1.batch_id, b1.batch_id, nobody.batch_id, "ab" * 64])
+    async with http.get(f"{url}/batch_statuses?id={ids}") as r:
+        data = (await r.json())["data"]
+    assert [(d["id"], d["status"], d.get("service_id")) for d in data] == [
+        (a1.batch_id, "PENDING", "a::1"),
+        (b1.batch_id, "PENDING", "b::2"),
+        (nobody.batch_id, "PENDING", "#none"),
+        ("ab" * 64, "UNKNOWN", None),
+    ]
+    async with http.get(f"{url}/batches/{b1.batch_id}") as r:
+        assert (await r.json())["data"]["service_id"] == "b::2"
+    # A service named explicitly is the only place looked in.
+    async with http.get(f"{url}/batch_statuses?id={a1.batch_id}&service_id=b::2") as r:
+        assert (await r.json())["data"][0]["status"] == "UNKNOWN"
+    async with http.get(f"{url}/batches/{a1.batch_id}?service_id=b::2") as r:
+        assert r.status == 404
+        assert "in service b::2" in (await r.json())["error"]["message"]
+    async with http.get(f"{url}/batches/{'cd' * 64}") as r:
+        assert r.status == 404
+        assert "in any service" in (await r.json())["error"]["message"]
+
+
 async def test_listing_pagination_services_health(
     api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
 ) -> None:
@@ -136,7 +169,7 @@ async def test_listing_pagination_services_health(
     one = accepted[0]
     async with http.get(f"{url}/batches/{one.batch_id}?service_id=a::1") as r:
         assert (await r.json())["data"]["service_id"] == "a::1"
-    async with http.get(f"{url}/batches/{one.batch_id}") as r:
+    async with http.get(f"{url}/batches/{one.batch_id}?service_id=b::2") as r:
         assert r.status == 404
     async with http.get(f"{url}/services") as r:
         services = {s["service_id"]: s for s in (await r.json())["data"]}
@@ -146,3 +179,43 @@ async def test_listing_pagination_services_health(
         assert r.status == 200
     async with http.get(f"{url}/ready") as r:
         assert r.status == 200
+
+
+async def test_a_repost_of_held_batches_is_a_retry_a_changed_one_a_conflict(
+    api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
+) -> None:
+    url, gateway_api, accepted = api
+    signer = Signer.generate()
+    sent = [make_intkey_batch(signer, [("set", f"r{i}", i)]) for i in range(2)]
+    body = encode_batch_list(sent)
+    async with http.post(f"{url}/batches?service_id=a::b", data=body, headers=OCTET) as r:
+        assert r.status == 202
+        link = (await r.json())["link"]
+    # The same bytes again (a client retrying after a lost answer): 202, same link.
+    async with http.post(f"{url}/batches?service_id=a::b", data=body, headers=OCTET) as r:
+        assert r.status == 202
+        assert (await r.json())["link"] == link
+    assert len(accepted) == 2  # nothing stored twice, nobody woken twice
+    # The same batch id under another service.
+    async with http.post(f"{url}/batches?service_id=c::d", data=body, headers=OCTET) as r:
+        assert r.status == 409
+        error = (await r.json())["error"]
+        assert "'a::b'" in error["message"] and "'c::d'" in error["message"]
+        assert error["rule"] == "duplicate_batch"
+    # A held batch beside a new one: not a retry.
+    mixed = encode_batch_list([*sent, make_intkey_batch(signer, [("set", "new", 1)])])
+    async with http.post(f"{url}/batches?service_id=a::b", data=mixed, headers=OCTET) as r:
+        assert r.status == 409
+        assert sent[0].header_signature in (await r.json())["error"]["message"]
+    # The same batch id with another body: the trace flag is not signed.
+    changed = make_batch(signer, sent[0].transactions, trace=True)
+    assert changed.header_signature == sent[0].header_signature
+    assert changed.serialized != sent[0].serialized
+    async with http.post(
+        f"{url}/batches?service_id=a::b", data=encode_batch_list([changed]), headers=OCTET
+    ) as r:
+        assert r.status == 409
+        assert "different body" in (await r.json())["error"]["message"]
+    stored = await gateway_api.store.get_batches_by_id([sent[0].header_signature])
+    assert [(b.service_id, b.serialized_batch) for b in stored] == [("a::b", sent[0].serialized)]
+    assert len(accepted) == 2

@@ -4,6 +4,7 @@ shows instances and claimants."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,8 +12,10 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from ledgerq.claims import ClaimInfo, InstanceInfo
-from ledgerq.gateway.api import GatewayApi
-from ledgerq.gateway.sources import StoreMonitorSource
+from ledgerq.follow.in_flight import StoreMonitorSource
+from ledgerq.gateway.ha import ClaimBoundLedger
+from ledgerq.ingest.api import GatewayApi
+from ledgerq.ledgers.base import Ambiguous
 from ledgerq.model import BatchStatusName, Delayed, Pending, TrackingBatch
 
 T0 = 1_700_000_000_000
@@ -46,7 +49,7 @@ class FakeInFlight:
         ]
 
 
-async def test_monitor_follows_only_claimed_services_and_checks_adopted_ones_at_once() -> None:
+async def test_monitor_follows_only_claimed_services() -> None:
     store = FakeInFlight(
         [
             _batch("mine", 1, submitted=True, status=Pending()),
@@ -60,21 +63,12 @@ async def test_monitor_follows_only_claimed_services_and_checks_adopted_ones_at_
     )
     claimed = {"mine"}
     source = StoreMonitorSource(store, services=lambda: claimed)
-    first = await source.monitored_batches(now=T0 + 1, stale_before=T0 - 60_000, limit=100)
+    first = await source.monitored_batches(limit=100)
     assert [b.batch_id for b in first] == ["mine-1"]
-    claimed.add("taken")
-    source.adopt({"taken"})
-    # Not stale: the adopted service is checked all the same, once.
-    adopted = await source.monitored_batches(now=T0 + 2, stale_before=T0 - 60_000, limit=100)
-    assert [b.batch_id for b in adopted] == ["mine-1", "taken-3"]
-    again = await source.monitored_batches(now=T0 + 3, stale_before=T0 - 60_000, limit=100)
-    assert [b.batch_id for b in again] == ["mine-1"]
-    # Stale batches are recovered, never in services held elsewhere.
-    stale = await source.monitored_batches(now=T0 + 20_000, stale_before=T0 + 1, limit=100)
-    assert [b.batch_id for b in stale] == ["mine-1", "taken-3"]
-    claimed.add("resent")
-    stale = await source.monitored_batches(now=T0 + 20_000, stale_before=T0 + 1, limit=100)
-    assert [b.batch_id for b in stale] == ["mine-1", "taken-3", "resent-6"]
+    # A service taken over: its batch left in flight is followed (asked) at once.
+    claimed.update({"taken", "resent"})
+    adopted = await source.monitored_batches(limit=100)
+    assert [b.batch_id for b in adopted] == ["mine-1", "taken-3", "resent-6"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +78,11 @@ class Service:
     head_batch_id: str | None = None
     in_flight_batch_id: str | None = None
     total: int = 1
+    in_flight: int = 0
+    next_batch_id: str | None = None
+    held_by_batch_id: str | None = None
+    held_kind: str | None = None
+    held_on: str | None = None
 
 
 class FakeApiStore:
@@ -166,3 +165,50 @@ async def test_cli_shows_instances_and_claimants() -> None:
     )
     assert down.exit_code != 0
     assert "cannot reach the gateway" in down.output
+
+
+class _SlowLedger:
+    description = "slow"
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = False
+        self.closed = False
+
+    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> Any:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+    async def batch_statuses(
+        self, service_id: str, batch_ids: Sequence[str], *, wait_s: float = 0.0
+    ) -> Any:
+        return ("statuses", service_id, tuple(batch_ids), wait_s)
+
+    def events(self) -> Any:
+        return None
+
+    def triggers(self) -> Any:
+        return None
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_claim_bound_post_is_abandoned_when_the_claim_lapses() -> None:
+    inner = _SlowLedger()
+    budgets = {("s", "b1"): 20, ("s", "b2"): 0}
+    ledger = ClaimBoundLedger(inner, lambda s, b: budgets[(s, b)])  # type: ignore[arg-type]
+    # No time left: no POST at all.
+    result = await ledger.submit("s", "b2", b"x")
+    assert isinstance(result, Ambiguous) and not inner.started.is_set()
+    # Time left: the POST runs, and is cut when the claim lapses.
+    result = await ledger.submit("s", "b1", b"x")
+    assert isinstance(result, Ambiguous) and "20 ms left" in result.message
+    assert inner.cancelled and ledger.abandoned == 1
+    assert await ledger.batch_statuses("s", ["b1"], wait_s=1.0) == ("statuses", "s", ("b1",), 1.0)
+    await ledger.close()
+    assert inner.closed and ledger.description == "slow"

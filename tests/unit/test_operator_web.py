@@ -8,9 +8,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from ledgerq.dlt.base import Accepted, Ambiguous, Busy, Rejected, Unreachable
+from ledgerq.ledgers.base import Accepted, Ambiguous, Busy, Rejected, Unreachable
 from ledgerq.logs import add_secret, configure_logging
-from ledgerq.web.metrics import GatewayMetrics, response_label
+from ledgerq.operator.metrics import GatewayMetrics, response_label
 from tests.operator_fakes import batch_list, running_gateway
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -251,7 +251,7 @@ async def test_instrumented_ledger_keeps_the_pipeline_working_under_busy_answers
 async def test_node_metrics_and_spec() -> None:
     from ledgerq.node import Node
     from ledgerq.node.rest import make_app
-    from ledgerq.web import extend_node_app
+    from ledgerq.operator import extend_node_app
 
     node = await Node.open(None)
     runner = web.AppRunner(extend_node_app(make_app(node), node))

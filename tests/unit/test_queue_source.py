@@ -11,8 +11,8 @@ import pytest
 from ledgerq.clock import ManualClock
 from ledgerq.errors import StoreError
 from ledgerq.model import Committed, Delayed, TrackingBatch, Unknown
-from ledgerq.queue_source import QueueSource
-from ledgerq.queuer import select_round
+from ledgerq.queue.serial import select_round
+from ledgerq.queue.source import QueueSource
 
 
 class MemoryRounds:
@@ -254,6 +254,56 @@ async def test_services_restricts_what_is_served(store: MemoryRounds, clock: Man
     src.wake("theirs")
     assert await src.next() is None
     assert all(q[0] == frozenset({"mine"}) for q in store.queries)
+
+
+class ClaimRounds(MemoryRounds):
+    """Rounds restricted by a claims table the store keeps (PostgreSQL's role)."""
+
+    def __init__(self, claims: dict[str, str]) -> None:
+        super().__init__()
+        self.claims = claims
+        self.claimants: list[str | None] = []
+
+    async def queue_round(  # type: ignore[override]
+        self,
+        *,
+        now: int,
+        delay_window_ms: int,
+        services: Collection[str] | None = None,
+        limit: int | None = None,
+        claimant: str | None = None,
+    ) -> list[TrackingBatch]:
+        self.claimants.append(claimant)
+        if claimant is not None:
+            assert services is None
+            services = {s for s, holder in self.claims.items() if holder == claimant}
+        return await super().queue_round(
+            now=now, delay_window_ms=delay_window_ms, services=services, limit=limit
+        )
+
+
+async def test_full_rounds_of_a_claimant_come_from_the_store_s_claims(
+    clock: ManualClock,
+) -> None:
+    # The store says gw-1 holds a, b and c; this instance's memory says a and
+    # d (c not read back yet, b lost, d voided in the store meanwhile).
+    store = ClaimRounds({"a": "gw-1", "b": "gw-1", "c": "gw-1", "d": "gw-2"})
+    (a,) = store.add("a")
+    store.add("b")
+    store.add("c")
+    store.add("d")
+    held = {"a", "d"}
+    src = QueueSource(store, clock=clock, services=lambda: held, claimant="gw-1")  # type: ignore[arg-type]
+    # Only what both say this instance holds is handed out.
+    assert await ids(src, 2) == [a, None]
+    assert store.claimants[0] == "gw-1"
+    assert store.queries[0][0] == frozenset({"a", "b", "c"})
+    # A round of woken services still lists them.
+    (a2,) = store.add("a")
+    store.update(a, batch_status=Committed())
+    src.wake("a")
+    assert await ids(src, 1) == [a2]
+    assert store.claimants[-1] is None and store.queries[-1][0] == frozenset({"a"})
 
 
 async def test_round_limit_keeps_the_first_picks_and_the_holds(

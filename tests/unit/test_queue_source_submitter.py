@@ -8,12 +8,12 @@ from collections.abc import Collection
 from pipeline_fakes import MemoryPipelineStore, ScriptedLedger, batch
 
 from ledgerq.clock import ManualClock
-from ledgerq.dlt.base import Busy, LedgerBatchStatus
+from ledgerq.ledgers.base import Busy, LedgerBatchStatus
 from ledgerq.model import BatchStatusName, Committed, TrackingBatch
-from ledgerq.queue_source import QueueSource
-from ledgerq.queuer import select_round
-from ledgerq.recorder import Recorder
-from ledgerq.submitter import Submitter, SubmitterSettings
+from ledgerq.queue.serial import select_round
+from ledgerq.queue.source import QueueSource
+from ledgerq.record.recorder import Recorder
+from ledgerq.submit.submitter import Submitter, SubmitterSettings
 
 
 class RoundsStore(MemoryPipelineStore):

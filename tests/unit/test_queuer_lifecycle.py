@@ -1,23 +1,27 @@
 """A model of the whole batch lifecycle driven by random steps (Hypothesis).
 
-The store is a dict of ``TrackingBatch``; the submitter takes what
-``select_round`` queues (``submitted = true``) and later posts it with a
-random outcome; the ledger accepts, is busy (503/429 → ``Delayed``),
-rejects (``Invalid``), answers ambiguously (the submitter cannot tell whether
-the ledger got it), decides pending batches, or restarts and forgets them;
-the monitor records what the ledger says, setting ``Unknown`` and clearing
-``submitted`` for a batch the ledger does not know. Time moves by steps.
+The pipeline's real parts do the bookkeeping: an in-memory store
+(:class:`~ledgerq.store.memory.MemoryStore`, the contract suite's third
+backend) computes the rounds, and every state change goes through the real
+:class:`~ledgerq.record.recorder.Recorder`, exactly as the submitter and the
+follower call it. The model plays the rest: the submitter takes what a round
+queues and later posts it with a random outcome; the ledger accepts, is busy
+(503/429), rejects, answers ambiguously (it got the batch, or not, and the
+submitter cannot tell), decides pending batches, or restarts and forgets
+them; the follower asks the ledger about every batch it may hold that no
+submission is working on. Time moves by steps.
 
-Checked after every step: never two batches of one service in flight, every
+Checked after every step: never two batches of one service in flight; every
 batch reaches the ledger only after all earlier batches of its service were
-decided, nothing final is ever queued or posted again. Checked at the end:
-once the ledger answers everything, every service drains (nothing is locked
-for ever).
+decided; **no POST of a batch the ledger holds** (pending or decided) — the
+ask-before-resend rule, which fails if an ambiguous batch is handed out
+again before the ledger said UNKNOWN; nothing final is queued. Checked at
+the end: once the ledger answers everything, every service drains.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 from collections import defaultdict
 
 from hypothesis import settings
@@ -30,16 +34,19 @@ from hypothesis.stateful import (
     rule,
 )
 
+from ledgerq.ledgers.base import LedgerBatchStatus
 from ledgerq.model import (
     BatchStatus,
+    BatchStatusName,
     Committed,
-    Delayed,
     Invalid,
     Pending,
     TrackingBatch,
+    TrackingTransaction,
     Unknown,
 )
-from ledgerq.queuer import select_round
+from ledgerq.record.recorder import Recorder
+from ledgerq.store.memory import MemoryStore
 
 SERVICES = ["s0", "s1", "s2", "s3"]
 
@@ -48,14 +55,19 @@ class Ledger:
     """What the ledger knows: undecided batches and the decisions it made."""
 
     def __init__(self) -> None:
-        self.pending: dict[str, TrackingBatch] = {}
+        self.pending: set[str] = set()
         self.decided: dict[str, str] = {}  # batch id -> "committed" | "invalid"
         self.received: list[str] = []
 
-    def status(self, batch_id: str) -> str | None:
+    def status(self, batch_id: str) -> BatchStatus:
         if batch_id in self.pending:
-            return "pending"
-        return self.decided.get(batch_id)
+            return Pending()
+        match self.decided.get(batch_id):
+            case "committed":
+                return Committed()
+            case "invalid":
+                return Invalid()
+        return Unknown()
 
 
 class Lifecycle(RuleBasedStateMachine):
@@ -63,88 +75,76 @@ class Lifecycle(RuleBasedStateMachine):
         super().__init__()
         self.now = 1_700_000_000_000
         self.window = 15_000
-        self.seq = 0
-        self.store: dict[str, TrackingBatch] = {}
+        self.n = 0
+        self.loop = asyncio.new_event_loop()
+        self.store = MemoryStore(clock=lambda: self.now)
+        self.recorder = Recorder(self.store, clock=lambda: self.now)
         self.taken: dict[str, TrackingBatch] = {}  # held by the submitter, not yet posted
         self.ledger = Ledger()
 
     # -- helpers -------------------------------------------------------------
 
-    def _set(self, batch_id: str, **changes: object) -> None:
-        self.store[batch_id] = dataclasses.replace(self.store[batch_id], **changes)  # type: ignore[arg-type]
+    def _run(self, coro):  # type: ignore[no-untyped-def]
+        return self.loop.run_until_complete(coro)
+
+    def _all(self) -> list[TrackingBatch]:
+        return list(self._run(self.store.list_batches(limit=10_000)).batches)
 
     def _of_service(self, service: str) -> list[TrackingBatch]:
-        return sorted(
-            (b for b in self.store.values() if b.service_id == service),
-            key=lambda b: b.seq or 0,
-        )
+        return [b for b in self._all() if b.service_id == service]
 
     def _round(self) -> list[TrackingBatch]:
-        chosen = select_round(self.store.values(), now=self.now, delay_window_ms=self.window)
+        chosen = self._run(self.store.queue_round(now=self.now, delay_window_ms=self.window))
         for batch in chosen:
             assert not batch.is_final, f"final batch queued: {batch}"
             assert batch.batch_id not in self.taken
         return chosen
 
     def _take(self, batch: TrackingBatch) -> None:
-        # The submitter's in-progress notification: submitted = true.
-        self._set(batch.batch_id, submitted=True)
-        self.taken[batch.batch_id] = self.store[batch.batch_id]
+        self._run(self.recorder.submitting(batch))
+        self.taken[batch.batch_id] = batch
 
     def _post(self, batch_id: str, outcome: str) -> None:
         batch = self.taken.pop(batch_id)
-        earlier = [b for b in self._of_service(batch.service_id) if (b.seq or 0) < (batch.seq or 0)]
+        # The judge: a POST of a batch the ledger holds was sent without asking.
+        assert batch_id not in self.ledger.pending, f"{batch_id} re-posted while pending"
+        assert batch_id not in self.ledger.decided, f"{batch_id} re-posted once decided"
         if outcome in ("accepted", "rejected", "ambiguous-received"):
-            assert batch_id not in self.ledger.decided, "a decided batch reached the ledger again"
+            earlier = [b for b in self._of_service(batch.service_id) if b.seq < batch.seq]  # type: ignore[operator]
             for prior in earlier:
                 assert prior.batch_id in self.ledger.decided, (
                     f"{batch_id} reached the ledger before {prior.batch_id} was decided"
                 )
             self.ledger.received.append(batch_id)
-        attempt = self.store[batch_id].attempts + 1
         match outcome:
             case "accepted":
-                self.ledger.pending[batch_id] = batch
-                self._set(batch_id, batch_status=Pending(), attempts=attempt)
+                self.ledger.pending.add(batch_id)
+                self._run(self.recorder.accepted(batch))
             case "rejected":
                 self.ledger.decided[batch_id] = "invalid"
-                self._set(batch_id, batch_status=Invalid(), attempts=attempt)
+                self._run(self.recorder.rejected(batch, 400, "bad batch"))
             case "busy":
-                self._set(
-                    batch_id,
-                    batch_status=Delayed(),
-                    submitted=False,
-                    last_attempt_at=self.now,
-                    attempts=attempt,
-                )
+                self._run(self.recorder.delayed(batch, "busy"))
             case "ambiguous-received":
                 # Timeout after sending: the ledger has it, the submitter cannot tell.
-                self.ledger.pending[batch_id] = batch
-                self._set(batch_id, attempts=attempt)
+                self.ledger.pending.add(batch_id)
+                self._run(self.recorder.ambiguous(batch, "timeout"))
             case "ambiguous-lost":
-                self._set(batch_id, attempts=attempt)
+                self._run(self.recorder.ambiguous(batch, "reset"))
 
-    def _monitor(self) -> None:
-        """Record what the ledger says about every submitted, non-final batch."""
-        for batch in list(self.store.values()):
+    def _follow(self) -> None:
+        """Ask the ledger about every batch it may hold that no submission works on."""
+        for batch in self._all():
             if batch.is_final or batch.batch_id in self.taken:
                 continue
-            if not (batch.submitted or batch.status_name is not None):
-                continue
-            if batch.status_name in ("Delayed", "Unknown") and not batch.submitted:
-                continue  # waits for the queuer, not the ledger
-            status: BatchStatus
-            match self.ledger.status(batch.batch_id):
-                case "pending":
-                    status = Pending()
-                    self._set(batch.batch_id, batch_status=status)
-                case "committed":
-                    self._set(batch.batch_id, batch_status=Committed())
-                case "invalid":
-                    self._set(batch.batch_id, batch_status=Invalid())
-                case None:
-                    # The ledger does not know it: Unknown, and submitted cleared.
-                    self._set(batch.batch_id, batch_status=Unknown(), submitted=False)
+            if not (batch.submitted or batch.status_name is BatchStatusName.PENDING):
+                continue  # not submitted, Unknown or Delayed: waits for the queue
+            status = self.ledger.status(batch.batch_id)
+            self._run(
+                self.recorder.ledger_status(
+                    batch.service_id, LedgerBatchStatus(batch.batch_id, status)
+                )
+            )
 
     # -- steps ---------------------------------------------------------------
 
@@ -155,20 +155,26 @@ class Lifecycle(RuleBasedStateMachine):
 
     @rule(service=st.sampled_from(SERVICES), count=st.integers(1, 3))
     def accept(self, service: str, count: int) -> None:
+        batches = []
         for _ in range(count):
-            self.seq += 1
-            batch_id = f"{service}-{self.seq:04d}"
-            self.store[batch_id] = TrackingBatch(
-                service_id=service,
-                batch_header=batch_id,
-                data_change_id=None,
-                signer_public_key="02",
-                trace=False,
-                serialized_batch=b"",
-                # Whole seconds, as the seed stored them: ties are common.
-                created_at=self.now // 1000 * 1000,
-                seq=self.seq,
+            self.n += 1
+            batch_id = f"{service}-{self.n:04d}"
+            batches.append(
+                TrackingBatch(
+                    service_id=service,
+                    batch_header=batch_id,
+                    data_change_id=None,
+                    signer_public_key="02",
+                    trace=False,
+                    serialized_batch=b"",
+                    # Whole seconds, as the seed stored them: ties are common.
+                    created_at=self.now // 1000 * 1000,
+                    transactions=(
+                        TrackingTransaction("intkey", "1.0", f"t-{batch_id}", b"", "02", service),
+                    ),
+                )
             )
+        self._run(self.store.add_batches(batches))
 
     @rule(data=st.data())
     def queue_and_take(self, data: st.DataObject) -> None:
@@ -193,7 +199,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(data=st.data(), commit=st.booleans())
     def ledger_decides(self, data: st.DataObject, commit: bool) -> None:
         batch_id = data.draw(st.sampled_from(sorted(self.ledger.pending)))
-        del self.ledger.pending[batch_id]
+        self.ledger.pending.discard(batch_id)
         self.ledger.decided[batch_id] = "committed" if commit else "invalid"
 
     @rule()
@@ -201,8 +207,8 @@ class Lifecycle(RuleBasedStateMachine):
         self.ledger.pending.clear()
 
     @rule()
-    def monitor_polls(self) -> None:
-        self._monitor()
+    def follower_asks(self) -> None:
+        self._follow()
 
     @rule(ms=st.sampled_from([1, 999, 1_000, 14_999, 15_000, 60_000]))
     def time_passes(self, ms: int) -> None:
@@ -213,7 +219,7 @@ class Lifecycle(RuleBasedStateMachine):
     @invariant()
     def never_two_in_flight(self) -> None:
         holders: dict[str, set[str]] = defaultdict(set)
-        for batch in self.store.values():
+        for batch in self._all():
             maybe_at_ledger = batch.batch_id in self.ledger.pending
             held = batch.batch_id in self.taken or (batch.submitted and not batch.is_final)
             if maybe_at_ledger or held or batch.status_name == "Pending":
@@ -232,22 +238,24 @@ class Lifecycle(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         """Once the ledger answers everything, every service drains."""
-        for _ in range(3 * len(self.store) + 5):
-            if all(b.is_final for b in self.store.values()):
+        for _ in range(3 * len(self._all()) + 5):
+            if all(b.is_final for b in self._all()):
                 break
             for batch_id in sorted(self.taken):
                 self._post(batch_id, "accepted")
             for batch_id in sorted(self.ledger.pending):
-                del self.ledger.pending[batch_id]
+                self.ledger.pending.discard(batch_id)
                 self.ledger.decided[batch_id] = "committed"
-            self._monitor()
+            self._follow()
             self.now += self.window
             for batch in self._round():
                 self._take(batch)
             self.never_two_in_flight()
-        stuck = sorted(b.batch_id for b in self.store.values() if not b.is_final)
+        every = self._all()
+        self.loop.close()
+        stuck = sorted(b.batch_id for b in every if not b.is_final)
         assert not stuck, f"locked for ever: {stuck}"
-        for batch in self.store.values():
+        for batch in every:
             expected = "committed" if batch.status_name == "Committed" else "invalid"
             assert self.ledger.decided.get(batch.batch_id) == expected
 

@@ -14,7 +14,7 @@ from ledgerq.model import (
     Unknown,
     Valid,
 )
-from ledgerq.queuer import (
+from ledgerq.queue.serial import (
     DEFAULT_DELAY_WINDOW_MS,
     ServiceState,
     decide_service,

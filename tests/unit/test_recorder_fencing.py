@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from ledgerq.dlt.base import LedgerBatchStatus
 from ledgerq.errors import FencedOffError
+from ledgerq.ledgers.base import LedgerBatchStatus
 from ledgerq.model import BatchStatusName, Committed, Fence
-from ledgerq.recorder import Recorder
+from ledgerq.record.recorder import Recorder
 from tests.pipeline_fakes import MemoryPipelineStore, batch
 
 

@@ -18,12 +18,12 @@ from pipeline_fakes import MemoryPipelineStore, batch
 
 from ledgerq.codec import Signer
 from ledgerq.codec.intkey import make_intkey_batch
-from ledgerq.dlt import SawtoothClient
+from ledgerq.follow.follower import Follower, FollowSettings
+from ledgerq.ledgers import SawtoothClient
 from ledgerq.model import BatchStatusName
-from ledgerq.monitor import Monitor, MonitorSettings
 from ledgerq.node import Node
 from ledgerq.node.rest import make_app
-from ledgerq.recorder import Recorder
+from ledgerq.record.recorder import Recorder
 
 SIGNER = Signer.generate()
 
@@ -106,33 +106,31 @@ async def test_each_block_is_a_trigger(server: NodeServer) -> None:
         await client.close()
 
 
-async def test_triggers_wake_the_monitor(server: NodeServer) -> None:
-    """With a poll interval of an hour, only the websocket can make the monitor poll."""
+async def test_block_announcements_reach_the_follower(server: NodeServer) -> None:
+    """Every block the websocket announces is a trigger of the follower (which then
+    asks about the batches not parked right now; see ``test_follower``)."""
     client = SawtoothClient(server.url, use_events=False)
     store = MemoryPipelineStore()
     recorder = Recorder(store)
-    settings = MonitorSettings(poll_interval_s=3600, min_poll_interval_s=0.01, wait_s=0)
-    monitor = Monitor(store, client, recorder, settings)
-    task = asyncio.create_task(monitor.run())
+    settings = FollowSettings(poll_interval_s=3600, min_poll_interval_s=0.01)
+    follower = Follower(store, client, recorder, settings)
+    task = asyncio.create_task(follower.run())
     try:
-        # The first poll at start, then one for the trigger of connecting.
-        await until(lambda: monitor.triggers_received >= 1 and monitor.polls >= 2)
-        polls = monitor.polls
+        await until(lambda: follower.triggers_received >= 1)  # connected
         real = make_intkey_batch(SIGNER, [("set", "watched", 1)])
         tracked = dataclasses.replace(
             batch("svc", 1), batch_header=real.header_signature, serialized_batch=real.serialized
         )
         store.add(tracked)
         await recorder.submitting(tracked)
-        await recorder.accepted(tracked)
         await client.submit("svc", real.header_signature, real.serialized)
+        await recorder.accepted(tracked)
         await until(
             lambda: store.batches[real.header_signature].status_name is BatchStatusName.COMMITTED
         )
-        assert monitor.polls > polls
-        assert monitor.triggers_received >= 2
+        await until(lambda: follower.triggers_received >= 2)  # the block that committed it
     finally:
-        monitor.stop()
+        follower.stop()
         await asyncio.wait_for(task, 15)
         await client.close()
 
@@ -169,7 +167,7 @@ async def test_falls_back_to_polling_without_the_endpoint(
     try:
         events, triggers = client.events(), client.triggers()
         assert events is not None and triggers is not None
-        with caplog.at_level(logging.INFO, logger="ledgerq.dlt.sawtooth"):
+        with caplog.at_level(logging.INFO, logger="ledgerq.ledgers.sawtooth"):
             # No /events (404), then no /subscriptions (404): both streams end.
             with pytest.raises(StopAsyncIteration):
                 await asyncio.wait_for(anext(events), 15)
@@ -178,7 +176,7 @@ async def test_falls_back_to_polling_without_the_endpoint(
         notes = [
             r.getMessage() for r in caplog.records if "subscription websocket" in r.getMessage()
         ]
-        assert len(notes) == 1 and "polling only" in notes[0]
+        assert len(notes) == 1 and "parked reads only" in notes[0]
     finally:
         await client.close()
         await runner.cleanup()

@@ -7,12 +7,13 @@ import asyncio
 import pytest
 from pipeline_fakes import MemoryPipelineStore, ScriptedLedger, batch
 
+from ledgerq.backoff import no_jitter
 from ledgerq.clock import ManualClock
-from ledgerq.dlt.base import Accepted, Ambiguous, Busy, Rejected, Unreachable
 from ledgerq.errors import ConfigError
+from ledgerq.ledgers.base import Accepted, Ambiguous, Busy, Rejected, Unjudged, Unreachable
 from ledgerq.model import BatchStatusName, Committed, Invalid
-from ledgerq.recorder import Recorder
-from ledgerq.submitter import Submitter, SubmitterSettings
+from ledgerq.record.recorder import Recorder
+from ledgerq.submit.submitter import Submitter, SubmitterSettings
 
 
 class Sleeps:
@@ -29,7 +30,8 @@ def make(
     recorder = Recorder(store, clock=ManualClock())
     sleeps = Sleeps()
     s = SubmitterSettings(**{"poll_timeout_s": 0.05, **settings})  # type: ignore[arg-type]
-    return Submitter(store, ledger, recorder, s, sleep=sleeps), recorder, sleeps
+    submitter = Submitter(store, ledger, recorder, s, sleep=sleeps, jitter=no_jitter)
+    return submitter, recorder, sleeps
 
 
 async def run_until(submitter: Submitter, cond: object) -> None:
@@ -66,8 +68,13 @@ async def test_outcomes_are_recorded() -> None:
     assert isinstance(invalid, Invalid)
     assert invalid.transactions[0].external_error_message == "bad signature"
     assert invalid.transactions[0].external_error_status == "400"
-    assert status[lost.batch_id] is BatchStatusName.UNKNOWN
-    assert not store.batches[lost.batch_id].submitted
+    # Ambiguous: the ledger may have it. It stays submitted (its service locked,
+    # nothing queued) with the ambiguity recorded, until the ledger is asked.
+    assert status[lost.batch_id] is None
+    assert store.batches[lost.batch_id].submitted
+    lost_error = store.batches[lost.batch_id].submission_error
+    assert lost_error is not None and lost_error.error_type == "ambiguous"
+    assert lost.batch_id not in {b.batch_id for b in store.round(frozenset())}
     # Ambiguous is never resent by the submitter; busy ones 1 + 2 retries.
     assert ledger.sent.count(lost.batch_id) == 1
     assert ledger.sent.count(busy.batch_id) == 3
@@ -121,7 +128,7 @@ async def test_one_batch_per_service_in_flight_and_in_order() -> None:
 
 
 def _committed(bid: str):  # type: ignore[no-untyped-def]
-    from ledgerq.dlt.base import LedgerBatchStatus
+    from ledgerq.ledgers.base import LedgerBatchStatus
 
     return LedgerBatchStatus(bid, Committed())
 
@@ -197,13 +204,16 @@ async def test_the_claim_is_checked_before_every_attempt_not_only_the_first() ->
         SubmitterSettings(poll_timeout_s=0.05, max_retries=5),
         sleep=Sleeps(),
         may_post=may_post,
+        jitter=no_jitter,
     )
     await run_until(submitter, lambda: len(store.writes) >= 2)
     assert asked == [b.batch_id] * 3
     assert ledger.sent.count(b.batch_id) == 2  # not the 6 the retry budget allows
-    # An earlier attempt may have reached the ledger: ask it before resending.
-    assert store.batches[b.batch_id].status_name is BatchStatusName.UNKNOWN
-    assert not store.batches[b.batch_id].submitted
+    # An earlier attempt may have reached the ledger: it stays submitted, to be
+    # asked before anything is resent.
+    assert store.batches[b.batch_id].batch_status is None
+    assert store.batches[b.batch_id].submitted
+    assert store.round(frozenset()) == []
 
 
 async def test_no_post_at_all_when_the_claim_lapses_before_the_first_attempt() -> None:
@@ -222,4 +232,61 @@ async def test_no_post_at_all_when_the_claim_lapses_before_the_first_attempt() -
     )
     await run_until(submitter, lambda: len(store.writes) >= 2)
     assert ledger.sent == []
-    assert store.batches[b.batch_id].status_name is BatchStatusName.UNKNOWN
+    assert store.batches[b.batch_id].submitted
+    assert store.round(frozenset()) == []
+
+
+async def test_an_ambiguous_batch_is_asked_about_not_handed_out_again() -> None:
+    store = MemoryPipelineStore()
+    first, second = batch("s", 1), batch("s", 2)
+    store.add(first, second)
+    ledger = ScriptedLedger()
+    ledger.script = {first.batch_id: [Ambiguous("connection reset after sending")]}
+    submitter, recorder, _ = make(store, ledger)
+    asked: list[tuple[str, str]] = []
+    recorder.add_ask_listener(lambda b, s: asked.append((b, s)))
+    task = asyncio.create_task(submitter.run())
+    for _ in range(200):
+        await asyncio.sleep(0)
+    # Nothing else of the service went out, and the first was not resent.
+    assert ledger.sent == [first.batch_id]
+    assert asked == [(first.batch_id, "s")]
+    submitter.stop()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_an_unjudged_refusal_is_retried_and_never_made_final() -> None:
+    """A 404 (a mistyped URL), a 401 or a proxy's 413 says nothing of the batch."""
+    store = MemoryPipelineStore()
+    b = batch("a", 1)
+    store.add(b)
+    ledger = ScriptedLedger()
+    ledger.script = {b.batch_id: [Unjudged(404, "http://h/batches answered 404: Not Found")] * 9}
+    submitter, _, sleeps = make(store, ledger, max_retries=3, backoff_initial_ms=10)
+    await run_until(submitter, lambda: len(store.writes) >= 2)
+    after = store.batches[b.batch_id]
+    assert after.status_name is BatchStatusName.DELAYED and not after.submitted
+    assert after.submission_error is not None
+    assert after.submission_error.error_type == "http_404"
+    assert ledger.sent.count(b.batch_id) == 4  # 1 + 3 retries, then the delay window
+    assert sleeps.calls == [0.01, 0.02, 0.04]
+    problem = submitter.health.for_service("a")
+    assert problem is not None and problem.cause == "HTTP 404" and problem.count == 4
+
+
+async def test_backoff_is_jittered_between_half_and_all_of_its_nominal_delay() -> None:
+    store = MemoryPipelineStore()
+    store.add(*(batch(s, 1) for s in "abcdefgh"))
+    ledger = ScriptedLedger()
+    ledger.script = {batch(s, 1).batch_id: [Busy(503)] * 3 for s in "abcdefgh"}
+    sleeps = Sleeps()
+    submitter = Submitter(
+        store,
+        ledger,
+        Recorder(store, clock=ManualClock()),
+        SubmitterSettings(poll_timeout_s=0.05, max_retries=2, backoff_initial_ms=100),
+        sleep=sleeps,
+    )
+    await run_until(submitter, lambda: len(store.writes) >= 16)
+    firsts = [d for d in sleeps.calls if d <= 0.1]
+    assert all(0.05 <= d <= 0.1 for d in firsts) and len(set(firsts)) > 1

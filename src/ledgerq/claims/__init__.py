@@ -4,6 +4,8 @@
   on a shared PostgreSQL database (see :mod:`ledgerq.claims.manager`);
 * :class:`ClaimSettings` — their timing, with the trade-offs of each default;
 * :class:`SingleInstanceLock` — refuses a second gateway on one SQLite file.
+
+May import: the foundation only; the claims speak SQL to PostgreSQL themselves.
 """
 
 from ledgerq.claims.lock import SingleInstanceLock

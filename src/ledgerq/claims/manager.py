@@ -1,15 +1,18 @@
 """Service claims: which gateway instance works on which service (PostgreSQL).
 
 Each instance runs one :class:`ClaimManager`. Every renewal period it runs a
-*claim cycle* of four steps, each its own transaction at SERIALIZABLE
-isolation, retried on serialization failure, deadlock or a lost connection:
+*claim cycle* of four steps, each its own short transaction:
 
 1. **maintenance** — void other instances' expired claims with the two-phase
-   rule: once ``expiry_1`` passed if the service has nothing mid-submission
-   (a batch marked submitted and not yet acknowledged by the ledger: status
-   None, Unknown or Delayed), once ``expiry_2`` passed whatever it was doing;
-2. **renew** — the heartbeat row and every claim the *database* says this
-   instance holds (never what it remembers);
+   rule: once the first expiry passed if the service has nothing
+   mid-submission (a batch marked submitted and not yet acknowledged by the
+   ledger: status None, Unknown or Delayed), once the second expiry passed
+   whatever it was doing; forget long-silent instances; now and then delete
+   the claim rows of services with nothing left to do;
+2. **renew** — the instance's own row: its heartbeat and its *lease*. A claim
+   expires at the later of its own expiry (set when it was taken) and its
+   holder's lease, so this one row renews every claim the *database* says
+   the instance holds (never what it remembers);
 3. **claim** — unclaimed services up to the fair share ``ceil(S/K)`` of S
    services among K live instances (heartbeat within ``liveness_ms``), plus
    every service left unclaimed past ``grace_ms`` whatever the share;
@@ -19,11 +22,15 @@ isolation, retried on serialization failure, deadlock or a lost connection:
    younger than ``liveness_ms`` stay, so nothing bounces between instances;
    then read back what this instance holds.
 
-Claiming a service increments its **epoch**. Writes made for a service carry
-the :class:`~ledgerq.model.Fence` (instance id, epoch) returned by
-:meth:`ClaimManager.fence_for`; the store applies them only while the claim is
-still held at that epoch, so an instance that was paused past its expiry
-changes nothing once its claim moved on.
+Claiming a service gives it a new **epoch** (from one sequence: epochs never
+repeat). Writes made for a service carry the :class:`~ledgerq.model.Fence`
+(instance id, epoch) returned by :meth:`ClaimManager.fence_for`; the store
+applies them only while the claim is still held at that epoch, so an instance
+that was paused past its expiry changes nothing once its claim moved on.
+
+Lock order: the claim cycle never waits for a claim row another session
+holds (``claims.sql`` says how), so it cannot deadlock with the store's
+fenced writes, nor with other instances.
 
 Time is injected: every step takes ``now`` (ms) from the manager's clock and
 passes it to the SQL; the database's own clock is never used.
@@ -37,38 +44,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import psycopg
-import psycopg.errors
-from psycopg.rows import dict_row
-
-from ledgerq.claims.queries import claim_queries
+from ledgerq.claims.session import ClaimSession, Conn, Row
 from ledgerq.claims.settings import ClaimSettings
 from ledgerq.clock import Clock, now_ms
-from ledgerq.errors import ConfigError, StoreError, StoreUnavailableError
+from ledgerq.errors import ConfigError, StoreError
 from ledgerq.failpoints import failpoint
 from ledgerq.model import Fence
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Row = dict[str, Any]
-Conn = psycopg.AsyncConnection[Row]
 #: Called after a cycle with the services gained and the services lost.
 ChangeListener = Callable[[frozenset[str], frozenset[str]], None]
 
-_RETRYABLE = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+#: Claim rows of idle services deleted per clean-up, at most.
+CLEANUP_LIMIT = 1_000
 
 
 @dataclass(frozen=True, slots=True)
 class HeldClaim:
     service_id: str
     epoch: int
-    #: First expiry as last renewed; past it, the claim is not to be acted on.
+    #: First expiry as last renewed (the lease); past it, not to be acted on.
     expiry_1: int
 
 
@@ -101,6 +102,25 @@ class CycleReport:
     claimed: tuple[str, ...]
     released: tuple[str, ...]
     held: int
+    #: Claim rows of idle services deleted (clean-up runs now and then).
+    forgotten: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """What this instance holds as of its last read: epochs and lease."""
+
+    epochs: Mapping[str, int]
+    lease: int | None
+    services: frozenset[str]
+    epoch_sum: int
+
+    @classmethod
+    def of(cls, epochs: Mapping[str, int], lease: int | None) -> _Held:
+        return cls(epochs, lease, frozenset(epochs), sum(epochs.values()))
+
+
+_NOTHING = _Held.of({}, None)
 
 
 class ClaimManager:
@@ -130,21 +150,28 @@ class ClaimManager:
         self._clock = clock
         self._address = address
         self._listeners: list[ChangeListener] = [on_change] if on_change else []
-        self._queries = claim_queries("postgresql")
-        self._conn: Conn | None = None
-        self._held: dict[str, HeldClaim] = {}
+        self._session = ClaimSession(url, self.settings)
+        self._held = _NOTHING
         self._wake = asyncio.Event()
         #: When the next foreign claim may expire (ms); run() wakes up for it.
         self.next_expiry: int | None = None
-        # One connection, used by one transaction (or read) at a time.
-        self._lock = asyncio.Lock()
+        #: When the next clean-up of idle services' claim rows is due (ms).
+        self._next_cleanup: int | None = None
         self._stopping = False
-        #: Transactions retried after a serialization failure or deadlock.
-        self.retries = 0
 
     @property
     def instance_id(self) -> str:
         return self.settings.instance_id
+
+    @property
+    def retries(self) -> int:
+        """Transactions retried after a serialization failure or deadlock."""
+        return self._session.retries
+
+    @property
+    def deadlocks(self) -> int:
+        """Deadlocks PostgreSQL reported to this manager's transactions."""
+        return self._session.deadlocks
 
     # -- lifecycle --------------------------------------------------------
 
@@ -161,7 +188,7 @@ class ClaimManager:
             await self.release()
         except StoreError as exc:
             log.warning("could not release claims on shutdown: %s", exc)
-        await self._drop_connection()
+        await self._session.drop()
 
     def stop(self) -> None:
         """Make :meth:`run` return after the current cycle."""
@@ -205,34 +232,49 @@ class ClaimManager:
 
     # -- what this instance holds ----------------------------------------
 
-    def held(self, now: int | None = None) -> Mapping[str, HeldClaim]:
-        """Claims believed valid at ``now``: held at the last cycle, not yet past expiry_1."""
+    def _valid(self, now: int | None) -> bool:
         now = self._clock() if now is None else now
-        return {s: c for s, c in self._held.items() if now < c.expiry_1}
+        return self._held.lease is not None and now < self._held.lease
+
+    def held(self, now: int | None = None) -> Mapping[str, HeldClaim]:
+        """Claims believed valid at ``now``: held at the last cycle, lease not yet past."""
+        if not self._valid(now):
+            return {}
+        lease = self._held.lease
+        assert lease is not None
+        return {s: HeldClaim(s, e, lease) for s, e in self._held.epochs.items()}
 
     def claimed_services(self, now: int | None = None) -> frozenset[str]:
-        return frozenset(self.held(now))
+        return self._held.services if self._valid(now) else frozenset()
 
     def fence_for(self, service_id: str, now: int | None = None) -> Fence | None:
         """The fence to write under for ``service_id``, or None when not (validly) held."""
-        claim = self.held(now).get(service_id)
-        return None if claim is None else Fence(self.instance_id, claim.epoch)
+        epoch = self._held.epochs.get(service_id)
+        if epoch is None or not self._valid(now):
+            return None
+        return Fence(self.instance_id, epoch)
+
+    def claim_left_ms(self, service_id: str, fence: Fence, now: int | None = None) -> int:
+        """How long the claim ``fence`` was taken under stays valid, as last renewed.
+
+        0 once it lapsed, or when this instance no longer holds the service at
+        that epoch.
+        """
+        now = self._clock() if now is None else now
+        held = self._held
+        if held.lease is None or fence != Fence(self.instance_id, held.epochs.get(service_id, -1)):
+            return 0
+        return max(held.lease - now, 0)
 
     def may_post(self, service_id: str, fence: Fence, now: int | None = None) -> bool:
         """Whether a submission taken under ``fence`` may start another POST attempt.
 
         Only while the claim is still held at that epoch and, as last renewed,
-        valid for at least ``post_margin_ms`` more: no attempt starts after
+        valid for more than ``post_margin_ms``: no attempt starts after
         ``expiry_1 - post_margin_ms``, so none starts once another instance
         may take the service (``docs/ha.md``, "Safety").
         """
-        now = self._clock() if now is None else now
-        claim = self._held.get(service_id)
-        return (
-            claim is not None
-            and fence == Fence(self.instance_id, claim.epoch)
-            and now + self.settings.post_margin_ms < claim.expiry_1
-        )
+        return self.claim_left_ms(service_id, fence, now) > self.settings.post_margin_ms
 
     # -- the claim cycle --------------------------------------------------
 
@@ -248,13 +290,17 @@ class ClaimManager:
 
         async def step(name: str, fn: Callable[[Conn], Awaitable[T]], default: T) -> T:
             try:
-                return await self._transact(name, fn)
+                return await self._session.transact(name, fn)
             except StoreError as exc:
                 errors.append(exc)
                 return default
 
         none: tuple[str, ...] = ()
         voided = await step("maintenance", lambda c: self._maintain(c, now), none)
+        forgotten = none
+        if self._next_cleanup is None or now >= self._next_cleanup:
+            forgotten = await step("clean-up", lambda c: self._clean_up(c, now), none)
+            self._next_cleanup = now + self.settings.cleanup_interval_ms
         await step("renew", lambda c: self._renew(c, now), None)
         claimed = await step("claim", lambda c: self._claim(c, now), none)
         handed = await step("hand over", lambda c: self._hand_over(c, now), None)
@@ -264,19 +310,21 @@ class ClaimManager:
             self._set_held(held)
         if errors:
             raise errors[0]
-        return CycleReport(now, voided, claimed, released, len(self._held))
+        return CycleReport(now, voided, claimed, released, len(self._held.epochs), forgotten)
 
     async def release(self, now: int | None = None) -> tuple[str, ...]:
         """Give back every claim and leave the live set (clean shutdown)."""
         now = self._clock() if now is None else now
 
         async def go(conn: Conn) -> tuple[str, ...]:
-            rows = await self._fetch(conn, "release_all", now=now, grace_ms=self.settings.grace_ms)
-            await self._exec(conn, "deregister")
+            rows = await self._session.fetch(
+                conn, "release_all", now=now, grace_ms=self.settings.grace_ms
+            )
+            await self._session.execute(conn, "deregister")
             return tuple(sorted(r["service_id"] for r in rows))
 
-        released = await self._transact("release", go)
-        self._set_held({})
+        released = await self._session.transact("release", go)
+        self._set_held(_NOTHING)
         return released
 
     async def register_services(self, service_ids: Iterable[str], now: int | None = None) -> None:
@@ -285,9 +333,9 @@ class ClaimManager:
         ids = sorted(set(service_ids))
 
         async def go(conn: Conn) -> None:
-            await self._exec(conn, "register_services", now=now, service_ids=ids)
+            await self._session.execute(conn, "register_services", now=now, service_ids=ids)
 
-        await self._transact("register services", go)
+        await self._session.transact("register services", go)
         self.wake()
 
     # -- visibility --------------------------------------------------------
@@ -298,9 +346,9 @@ class ClaimManager:
         live_after = now - self.settings.effective_liveness_ms
 
         async def go(conn: Conn) -> list[Row]:
-            return await self._fetch(conn, "list_instances")
+            return await self._session.fetch(conn, "list_instances")
 
-        rows = await self._transact("list instances", go)
+        rows = await self._session.transact("list instances", go)
         return [
             InstanceInfo(
                 r["instance_id"],
@@ -318,16 +366,24 @@ class ClaimManager:
         ids = sorted(set(service_ids))
 
         async def go(conn: Conn) -> list[Row]:
-            return await self._fetch(conn, "claims_for", service_ids=ids)
+            return await self._session.fetch(conn, "claims_for", service_ids=ids)
 
-        rows = await self._transact("read claims", go)
+        rows = await self._session.transact("read claims", go)
         return {r["service_id"]: ClaimInfo(**r) for r in rows}
 
+    # -- the steps ---------------------------------------------------------
+
     async def _maintain(self, conn: Conn, now: int) -> tuple[str, ...]:
-        rows = await self._fetch(conn, "void_expired", now=now)
-        (nxt,) = await self._fetch(conn, "next_foreign_expiry", now=now)
+        fetch = self._session.fetch
+        rows: list[Row] = []
+        # The first statement locks what may be void; the second decides on
+        # a snapshot taken once those rows are locked (see claims.sql).
+        candidates = [r["service_id"] for r in await fetch(conn, "void_candidates", now=now)]
+        if candidates:
+            rows = await fetch(conn, "void_expired", now=now, service_ids=candidates)
+        (nxt,) = await fetch(conn, "next_foreign_expiry", now=now)
         self.next_expiry = nxt["at"]
-        await self._exec(
+        await self._session.execute(
             conn, "forget_instances", now=now, forget_ms=self.settings.forget_instance_ms
         )
         for r in rows:
@@ -339,12 +395,27 @@ class ClaimManager:
             )
         return tuple(sorted(r["service_id"] for r in rows))
 
+    async def _clean_up(self, conn: Conn, now: int) -> tuple[str, ...]:
+        params = {"now": now, "forget_ms": self.settings.forget_service_ms}
+        fetch = self._session.fetch
+        idle = [
+            r["service_id"]
+            for r in await fetch(conn, "idle_candidates", limit=CLEANUP_LIMIT, **params)
+        ]
+        if not idle:
+            return ()
+        rows = await fetch(conn, "forget_idle", service_ids=idle, **params)
+        if rows:
+            log.info("forgot the claim rows of %d idle services", len(rows))
+        return tuple(sorted(r["service_id"] for r in rows))
+
     async def _renew(self, conn: Conn, now: int) -> None:
-        await self._exec(conn, "heartbeat", now=now, address=self._address)
-        await self._exec(conn, "renew", now=now, **self._ttls())
+        await self._session.execute(
+            conn, "heartbeat", now=now, address=self._address, **self._ttls()
+        )
 
     async def _claim(self, conn: Conn, now: int) -> tuple[str, ...]:
-        rows = await self._fetch(
+        rows = await self._session.fetch(
             conn,
             "claim_share",
             now=now,
@@ -354,105 +425,51 @@ class ClaimManager:
         )
         return tuple(sorted(r["service_id"] for r in rows))
 
-    async def _hand_over(
-        self, conn: Conn, now: int
-    ) -> tuple[tuple[str, ...], dict[str, HeldClaim]]:
-        rows = await self._fetch(
-            conn,
-            "hand_over",
-            now=now,
-            liveness_ms=self.settings.effective_liveness_ms,
-            # Keep what was just taken at least as long as a dead instance
-            # still counts as live, or it would be handed back and forth.
-            min_hold_ms=self.settings.effective_liveness_ms,
-        )
-        held = await self._fetch(conn, "held")
-        claims = {
-            r["service_id"]: HeldClaim(r["service_id"], r["epoch"], r["expiry_1"]) for r in held
-        }
-        return tuple(sorted(r["service_id"] for r in rows)), claims
+    async def _hand_over(self, conn: Conn, now: int) -> tuple[tuple[str, ...], _Held]:
+        fetch = self._session.fetch
+        liveness = self.settings.effective_liveness_ms
+        (need,) = await fetch(conn, "hand_over_need", now=now, liveness_ms=liveness)
+        released: list[Row] = []
+        if need["n"] > 0:
+            candidates = await fetch(
+                conn,
+                "hand_over_candidates",
+                now=now,
+                limit=need["n"],
+                # Keep what was just taken at least as long as a dead instance
+                # still counts as live, or it would be handed back and forth.
+                min_hold_ms=liveness,
+            )
+            if candidates:
+                released = await fetch(
+                    conn,
+                    "hand_over",
+                    now=now,
+                    service_ids=[r["service_id"] for r in candidates],
+                )
+        return tuple(sorted(r["service_id"] for r in released)), await self._read_held(conn)
+
+    async def _read_held(self, conn: Conn) -> _Held:
+        """What the database says this instance holds; read in full only when it changed."""
+        (digest,) = await self._session.fetch(conn, "held_digest")
+        lease = digest["lease"]
+        known = self._held
+        if digest["n"] == len(known.epochs) and digest["epochs"] == known.epoch_sum:
+            return _Held(known.epochs, lease, known.services, known.epoch_sum)
+        rows = await self._session.fetch(conn, "held")
+        return _Held.of({r["service_id"]: r["epoch"] for r in rows}, lease)
 
     def _ttls(self) -> dict[str, int]:
         return {"ttl_ms": self.settings.claim_ttl_ms, "slow_ttl_ms": self.settings.slow_ttl_ms}
 
-    def _set_held(self, held: dict[str, HeldClaim]) -> None:
-        before, after = frozenset(self._held), frozenset(held)
+    def _set_held(self, held: _Held) -> None:
+        before, after = self._held.services, held.services
         self._held = held
         gained, lost = after - before, before - after
         if gained or lost:
             for listener in self._listeners:
                 listener(gained, lost)
 
-    # -- database plumbing -------------------------------------------------
-
-    async def _fetch(self, conn: Conn, name: str, **params: object) -> list[Row]:
-        cur = await conn.execute(self._queries[name].encode(), {"me": self.instance_id, **params})
-        return await cur.fetchall()
-
-    async def _exec(self, conn: Conn, name: str, **params: object) -> None:
-        await conn.execute(self._queries[name].encode(), {"me": self.instance_id, **params})
-
-    async def _transact(self, name: str, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        """Run ``fn`` in a SERIALIZABLE transaction, retrying what a retry can fix."""
-        timeout = self.settings.db_timeout_ms / 1000
-        last: Exception | None = None
-        for attempt in range(self.settings.max_attempts):
-            async with self._lock:
-                try:
-                    conn = await self._connection()
-                    async with asyncio.timeout(timeout), conn.transaction():
-                        return await fn(conn)
-                except _RETRYABLE as exc:
-                    last = exc
-                    self.retries += 1
-                except TimeoutError:
-                    last = TimeoutError(
-                        f"no answer within db_timeout_ms ({self.settings.db_timeout_ms} ms): "
-                        "a claim row locked by another session, or a slow database"
-                    )
-                    await self._drop_connection()
-                    continue
-                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                    last = exc
-                    await self._drop_connection()
-                    continue
-            # Jittered backoff so competing instances stop colliding.
-            await asyncio.sleep(random.uniform(0, 0.005 * 2**attempt))
-        raise StoreError(
-            f"claim step {name!r} of instance {self.instance_id} failed after "
-            f"{self.settings.max_attempts} attempts: {last}; the next cycle retries, "
-            "check the database if this repeats"
-        ) from last
-
     async def _connection(self) -> Conn:
-        if self._conn is not None and not self._conn.closed:
-            return self._conn
-        timeout = self.settings.db_timeout_ms / 1000
-        try:
-            conn = await asyncio.wait_for(
-                psycopg.AsyncConnection.connect(
-                    self.url,
-                    autocommit=True,
-                    row_factory=dict_row,
-                    connect_timeout=max(1, int(timeout)),
-                ),
-                timeout=timeout,
-            )
-        except (psycopg.OperationalError, TimeoutError) as exc:
-            raise StoreUnavailableError(
-                f"cannot connect to PostgreSQL for claims: {exc}; check the database URL"
-            ) from exc
-        await conn.set_isolation_level(psycopg.IsolationLevel.SERIALIZABLE)
-        # A paused instance must not keep locks on claim rows past its TTL.
-        await conn.execute(
-            f"SET idle_in_transaction_session_timeout = {int(self.settings.claim_ttl_ms)}".encode()
-        )
-        await conn.execute(f"SET statement_timeout = {int(self.settings.db_timeout_ms)}".encode())
-        self._conn = conn
-        return conn
-
-    async def _drop_connection(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.closed:
-            with contextlib.suppress(psycopg.Error, TimeoutError):
-                await asyncio.wait_for(conn.close(), timeout=self.settings.db_timeout_ms / 1000)
+        """The claim session's connection (tests drop it to see it replaced)."""
+        return await self._session.connection()

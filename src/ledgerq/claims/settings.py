@@ -27,7 +27,9 @@ seconds on a LAN next to PostgreSQL:
   claim, as last renewed, is valid for at least this long: no attempt starts
   later than ``expiry_1 - post_margin_ms`` on the holder's clock, which is
   ``post_margin_ms + slow_ttl_ms - claim_ttl_ms`` before any other instance
-  may take a service mid-submission. It must stay below ``claim_ttl_ms -
+  may take a service mid-submission. Each attempt also ends when the claim,
+  as last renewed, lapses (the gateway bounds the POST by the time left):
+  no request is under way past ``expiry_1``. It must stay below ``claim_ttl_ms -
   renew_interval_ms`` so a healthy instance, renewing every interval, always
   passes the check.
 
@@ -38,8 +40,14 @@ seconds on a LAN next to PostgreSQL:
   waits for a claimant longer than ``grace_ms + renew_interval_ms``.
 * ``liveness_ms`` (defaults to ``claim_ttl_ms``): an instance whose heartbeat
   is older than this no longer counts toward the fair share.
-* ``forget_instance_ms`` (10 min): rows of instances silent this long are
-  deleted from ``gateway_instances``.
+* ``forget_instance_ms`` (10 min): rows of instances silent this long, and
+  holding no claim, are deleted from ``gateway_instances``.
+* ``forget_service_ms`` (10 min): the claim row of a service with no open
+  batch and no batch accepted for this long is deleted (if it is unclaimed
+  or held by the instance cleaning up), so idle services stop counting
+  toward the fair share and the table does not grow with every service
+  ever seen. Its next batch creates the row again. Clean-up runs every
+  ``forget_service_ms / 10``.
 
 Clocks: expiries are computed from each instance's clock (injected ``now``),
 so the instances' clocks must agree to well within ``claim_ttl_ms`` (NTP).
@@ -77,6 +85,7 @@ class ClaimSettings:
     grace_ms: int = 2_000
     liveness_ms: int | None = None
     forget_instance_ms: int = 600_000
+    forget_service_ms: int = 600_000
     #: Attempts per step on serialization failure, deadlock or lost connection.
     max_attempts: int = 8
     #: Upper bound for one database round trip of the claim cycle.
@@ -93,7 +102,14 @@ class ClaimSettings:
         if self.post_margin_ms == 0:
             spare = max(self.claim_ttl_ms - self.renew_interval_ms, 0)
             object.__setattr__(self, "post_margin_ms", min(self.claim_ttl_ms // 5, spare // 2))
-        for key in ("renew_interval_ms", "claim_ttl_ms", "slow_ttl_ms", "db_timeout_ms"):
+        for key in (
+            "renew_interval_ms",
+            "claim_ttl_ms",
+            "slow_ttl_ms",
+            "db_timeout_ms",
+            "forget_instance_ms",
+            "forget_service_ms",
+        ):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
         if self.grace_ms < 0:
@@ -124,6 +140,11 @@ class ClaimSettings:
             )
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be at least 1, got {self.max_attempts}")
+
+    @property
+    def cleanup_interval_ms(self) -> int:
+        """How often the claim rows of idle services are looked for."""
+        return max(self.forget_service_ms // 10, self.renew_interval_ms)
 
     @property
     def effective_liveness_ms(self) -> int:

@@ -9,6 +9,8 @@ Decoding verifies every rule listed in :mod:`ledgerq.codec.decode` and raises
 :class:`~ledgerq.errors.InvalidBatchError` (with ``rule``, ``batch_id`` and
 ``transaction_id``) on the first one broken; any other exception is a bug.
 Decoded batches keep their bytes exactly as sent. See ``docs/codec.md``.
+
+May import: ``model`` and ``errors`` only.
 """
 
 from ledgerq.codec.build import encode_batch_list, make_batch, make_transaction

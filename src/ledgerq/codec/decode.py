@@ -309,6 +309,9 @@ def to_tracking_batch(batch: ParsedBatch, service_id: str, created_at: int = 0) 
                 payload=tx.payload,
                 signer_public_key=tx.header.signer_public_key,
                 service_id=service_id,
+                inputs=tx.header.inputs,
+                outputs=tx.header.outputs,
+                dependencies=tx.header.dependencies,
             )
             for tx in batch.transactions
         ),

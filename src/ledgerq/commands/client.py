@@ -42,9 +42,14 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from ledgerq.client import DEFAULT_URL, GatewayClient, GatewayRefusedError, GatewayUnreachableError
 from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.commands.gateway_client import (
+    DEFAULT_URL,
+    GatewayClient,
+    GatewayRefusedError,
+    GatewayUnreachableError,
+)
 
 EXIT_UNREACHABLE = 3
 EXIT_REFUSED = 4
@@ -104,10 +109,12 @@ def run(make: Callable[[GatewayClient], Awaitable[T]], url: str, token: str | No
         raise ExitError(f"{exc}{hint}", EXIT_REFUSED) from exc
 
 
-def console(*, stderr: bool = False) -> Console:
-    """A console that does not cut columns at 80 characters when piped."""
+def console(*, stderr: bool = False, min_width: int = 0) -> Console:
+    """A console that does not cut columns at 80 characters when piped, nor
+    below ``min_width`` (a terminal narrower than that wraps the lines instead)."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+    width = Console(stderr=stderr).width if stream.isatty() else 160
+    return Console(stderr=stderr, width=max(width, min_width))
 
 
 def _print_json(doc: Any) -> None:
@@ -136,7 +143,12 @@ def _status_exit(entries: list[dict[str, Any]], *, waited: bool) -> int:
 
 @click.command()
 @click.argument("batch_ids", nargs=-1, required=True)
-@click.option("--service-id", "-s", default=None, help="The batches' service.")
+@click.option(
+    "--service-id",
+    "-s",
+    default=None,
+    help="The batches' service (default: found by each batch id, across services).",
+)
 @click.option("--wait", is_flag=True, help="Wait for every batch to be final (see --timeout).")
 @click.option(
     "--timeout",
@@ -156,7 +168,11 @@ def status(
     url: str,
     token: str | None,
 ) -> None:
-    """Show the status of batches (exit 0 when all are committed)."""
+    """Show the status of batches by id (exit 0 when all are committed).
+
+    BATCH_IDS: one or more batch ids (header signatures), separated by spaces
+    or commas. Without --service-id each is found in whichever service tracks it.
+    """
     ids = [i for raw in batch_ids for i in raw.split(",") if i]
 
     async def fetch(client: GatewayClient) -> list[dict[str, Any]]:
@@ -167,14 +183,18 @@ def status(
         _print_json({"data": entries})
     else:
         table = Table(box=None)
-        for col in ("batch", "status", "tracking", "invalid transactions"):
+        for col in ("batch", "service", "status", "tracking", "invalid transactions"):
             table.add_column(col)
         for e in entries:
             problems = "; ".join(
                 f"{_short(t.get('id'))}: {t.get('message', '')}" for t in e["invalid_transactions"]
             )
             table.add_row(
-                _short(e["id"]), e["status"], e.get("ledgerq_status") or "-", problems or "-"
+                _short(e["id"]),
+                e.get("service_id") or "-",
+                e["status"],
+                e.get("ledgerq_status") or "-",
+                problems or "-",
             )
         console().print(table)
     code = _status_exit(entries, waited=wait)
@@ -199,6 +219,9 @@ def status(
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--after", type=click.IntRange(0), default=None, help="Continue after this seq.")
+@click.option(
+    "--full-ids", is_flag=True, help="Print whole batch ids (128 characters) instead of 16."
+)
 @json_option
 @url_option
 def batches(
@@ -206,6 +229,7 @@ def batches(
     status_filter: str | None,
     limit: int,
     after: int | None,
+    full_ids: bool,
     as_json: bool,
     url: str,
     token: str | None,
@@ -228,14 +252,14 @@ def batches(
         err = b.get("error")
         table.add_row(
             str(b.get("seq")),
-            _short(b["id"]),
+            b["id"] if full_ids else _short(b["id"]),
             b["service_id"],
             b.get("status") or "-",
             "yes" if b.get("submitted") else "no",
             str(b.get("attempts", 0)),
             f"{err['type']}: {err['message']}" if err else "-",
         )
-    out = console()
+    out = console(min_width=240 if full_ids else 0)
     out.print(table)
     if doc.get("paging", {}).get("next") and doc["data"]:
         out.print(f"more: --after {doc['data'][-1]['seq']}", style="dim")

@@ -58,6 +58,15 @@ def instances(url: str, token: str | None, as_json: bool) -> None:
     Console().print(table)
 
 
+def _in_flight(s: dict[str, Any]) -> str:
+    """How many batches are in flight, and the first one's id."""
+    first = (s.get("in_flight_batch_id") or "")[:16]
+    count = s.get("in_flight")
+    if count is None:
+        return first or "-"
+    return f"{count} ({first})" if first else str(count)
+
+
 @click.command()
 @url_option
 @json_option
@@ -70,7 +79,7 @@ def services(url: str, token: str | None, as_json: bool, limit: int) -> None:
         return
     ha = any("claimant" in s for s in body["data"])
     table = Table(title="services")
-    columns = ["service", "queued", "total", "in flight", "lock reason"]
+    columns = ["service", "strategy", "queued", "total", "in flight", "lock reason"]
     if ha:
         columns += ["claimant", "epoch", "claim expires (UTC)"]
     for col in columns:
@@ -78,9 +87,10 @@ def services(url: str, token: str | None, as_json: bool, limit: int) -> None:
     for s in body["data"]:
         row = [
             s["service_id"],
+            s.get("strategy") or "serial",
             str(s["queue_depth"]),
             str(s["total"]),
-            (s.get("in_flight_batch_id") or "-")[:16],
+            _in_flight(s),
             s.get("lock_reason") or "-",
         ]
         if ha:

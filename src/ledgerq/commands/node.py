@@ -1,4 +1,10 @@
-"""``ledgerq node``: run the ledger node with its Sawtooth REST API."""
+"""``ledgerq node``: run the ledger node with its Sawtooth REST API.
+
+Security settings (``node.*`` keys: flags over ``LEDGERQ_NODE_*`` over the
+settings file, see docs/configuration.md): a bearer token on every route,
+the Host names and web origins let in, and a refusal to listen beyond
+loopback without a token unless ``--insecure-allow-remote`` is given.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +14,19 @@ import gc
 import logging
 import signal
 from pathlib import Path
+from typing import Any
 
 import click
 from aiohttp import web
 
+from ledgerq.config import Settings, load_settings
+from ledgerq.errors import ConfigError
+from ledgerq.logs import add_secret
 from ledgerq.node import Node
-from ledgerq.node.rest import make_app
+from ledgerq.node.access import AccessPolicy, is_loopback
+from ledgerq.node.rest import RestLimits, make_app
 from ledgerq.node.scabbard import ScabbardServices
-from ledgerq.web import extend_node_app
+from ledgerq.operator import extend_node_app
 
 
 def tune_gc() -> None:
@@ -38,7 +49,7 @@ def _parse_bind(value: str) -> tuple[str, int]:
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Journal and snapshots; without it the node keeps nothing across restarts.",
+    help="Journal and store (LMDB); without it the node keeps nothing across restarts.",
 )
 @click.option("--shards", type=click.IntRange(1, 256), default=4, show_default=True)
 @click.option(
@@ -65,7 +76,42 @@ def _parse_bind(value: str) -> tuple[str, int]:
     type=click.IntRange(1),
     default=50_000,
     show_default=True,
-    help="Write a snapshot after this many commits.",
+    help="Start a new journal segment after this many records (old ones are deleted "
+    "once the store holds them).",
+)
+@click.option(
+    "--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file."
+)
+@click.option("--token", help="Bearer token required on every route [node.token].")
+@click.option(
+    "--allowed-hosts",
+    help="Comma-separated Host names answered besides loopback [node.allowed_hosts].",
+)
+@click.option(
+    "--allowed-origins",
+    help="Comma-separated web origins let in; none by default [node.allowed_origins].",
+)
+@click.option(
+    "--insecure-allow-remote",
+    is_flag=True,
+    default=None,
+    help="Listen beyond loopback without a token: anyone reaching the port may submit.",
+)
+@click.option("--max-held", type=int, help="Batches held on dependencies, at most [node.max_held].")
+@click.option(
+    "--held-expiry-s",
+    type=float,
+    help="A held batch turns INVALID after this long [node.held_expiry_s].",
+)
+@click.option(
+    "--max-scabbard-services",
+    type=int,
+    help="Scabbard ledgers open at once [node.max_scabbard_services].",
+)
+@click.option(
+    "--scabbard-idle-s",
+    type=float,
+    help="Close a scabbard ledger idle this long [node.scabbard_idle_s].",
 )
 def node(
     bind: str,
@@ -75,42 +121,93 @@ def node(
     max_pending: int,
     commit_delay_ms: int,
     snapshot_every: int,
+    config_file: str | None,
+    token: str | None,
+    allowed_hosts: str | None,
+    allowed_origins: str | None,
+    insecure_allow_remote: bool | None,
+    max_held: int | None,
+    held_expiry_s: float | None,
+    max_scabbard_services: int | None,
+    scabbard_idle_s: float | None,
 ) -> None:
     """Run a Sawtooth-compatible ledger node (intkey 1.0) with a REST API.
 
     Also serves Splinter scabbard routes (/scabbard/CIRCUIT/SERVICE/...), a
     separate ledger per service.
     """
+    from ledgerq import failpoints
+
     host, port = _parse_bind(bind)
+    flags = {
+        "node.token": token,
+        "node.allowed_hosts": allowed_hosts,
+        "node.allowed_origins": allowed_origins,
+        "node.insecure_allow_remote": insecure_allow_remote,
+        "node.max_held": max_held,
+        "node.held_expiry_s": held_expiry_s,
+        "node.max_scabbard_services": max_scabbard_services,
+        "node.scabbard_idle_s": scabbard_idle_s,
+    }
+    try:
+        settings = load_settings(flags, config_file=config_file)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    check_bind(host, settings)
+    if settings["node.token"]:
+        add_secret(settings["node.token"])
+    failpoints.configure()  # fault tests only; nothing armed when unset
     tune_gc()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(
-        _serve(
-            host, port, data_dir, shards, ephemeral, max_pending, commit_delay_ms, snapshot_every
-        )
-    )
-
-
-async def _serve(
-    host: str,
-    port: int,
-    data_dir: Path | None,
-    shards: int,
-    ephemeral: bool,
-    max_pending: int,
-    commit_delay_ms: int,
-    snapshot_every: int,
-) -> None:
-    options = {
+    options: dict[str, Any] = {
         "shards": shards,
         "ephemeral": ephemeral,
         "max_pending": max_pending,
         "commit_delay_ms": commit_delay_ms,
         "snapshot_every": snapshot_every,
+        "max_held": settings["node.max_held"],
+        "held_expiry_s": settings["node.held_expiry_s"],
+        "max_waiters": settings["node.max_waiters"],
     }
-    node = await Node.open(data_dir, **options)  # type: ignore[arg-type]
-    scabbard = ScabbardServices(data_dir, **options)
-    app = extend_node_app(make_app(node, scabbard=scabbard), node)
+    asyncio.run(_serve(host, port, data_dir, options, settings))
+
+
+def check_bind(host: str, settings: Settings) -> None:
+    """Refuse, loudly, to listen beyond loopback without a token (unless told to)."""
+    if is_loopback(host) or settings["node.token"]:
+        return
+    if not settings["node.insecure_allow_remote"]:
+        raise click.ClickException(
+            f"refusing to listen on {host} without a token: anyone who reaches that address "
+            "could submit batches and read the ledger. Set a token (--token or "
+            "LEDGERQ_NODE_TOKEN), listen on 127.0.0.1, or pass --insecure-allow-remote"
+        )
+    click.echo(
+        f"WARNING: ledgerq node listens on {host} without a token (--insecure-allow-remote): "
+        "anyone who reaches it may submit batches and read the ledger",
+        err=True,
+    )
+
+
+async def _serve(
+    host: str, port: int, data_dir: Path | None, options: dict[str, Any], settings: Settings
+) -> None:
+    node = await Node.open(data_dir, **options)
+    scabbard = ScabbardServices(
+        data_dir,
+        max_services=settings["node.max_scabbard_services"],
+        idle_s=settings["node.scabbard_idle_s"],
+        **options,
+    )
+    access = AccessPolicy(
+        token=settings["node.token"],
+        allowed_hosts=_split(settings["node.allowed_hosts"]),
+        allowed_origins=_split(settings["node.allowed_origins"]),
+    )
+    limits = RestLimits(max_status_ids=settings["node.max_status_ids"])
+    app = extend_node_app(
+        make_app(node, scabbard=scabbard, access=access, bound_host=host, limits=limits), node
+    )
     # No per-request access log: a busy gateway posts thousands of batches a second.
     runner = web.AppRunner(app, shutdown_timeout=2.0, access_log=None)
     await runner.setup()
@@ -130,3 +227,7 @@ async def _serve(
         await runner.cleanup()
         await scabbard.close()
         await node.close()
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(v for v in value.split(",") if v)

@@ -5,6 +5,10 @@ command, naming the key), the store is opened and migrated, the ledger is
 reached (``node``: an in-process node with its data next to the SQLite
 file), then the gateway serves until SIGINT or SIGTERM, on which it drains
 in-flight submissions before exiting.
+
+With ``--workers N`` (N > 1; by default one per core) this process becomes
+the supervisor of N gateway processes behind the same port
+(:mod:`ledgerq.gateway.workers`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ledgerq.config import load_settings
+from ledgerq.config import Settings, load_settings
 from ledgerq.errors import ConfigError, LedgerqError
 from ledgerq.logs import configure_logging
 
@@ -36,14 +40,37 @@ def _announce(gateway: Gateway) -> None:
 )
 @click.option("--bind", help="HOST:PORT to listen on (default 127.0.0.1:8080).")
 @click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    help="Gateway processes behind the port (default 0: one per core).",
+)
+@click.option(
     "--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file."
 )
 @click.option("--node-data-dir", help="Data directory of the in-process node.")
-@click.option("--node-ephemeral/--no-node-ephemeral", default=None, help="Keep no node data.")
+@click.option(
+    "--node-ephemeral/--no-node-ephemeral",
+    default=None,
+    help="The in-process node forgets pending batches on restart (they report UNKNOWN).",
+)
 @click.option(
     "--delay-window-ms",
     type=int,
     help="How long a Delayed batch waits before it is resubmitted (default 15000).",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(["serial", "parallel"], case_sensitive=False),
+    help="Queuer strategy: serial (one batch of a service in flight, default) or "
+    "parallel (batches touching different state in flight together).",
+)
+@click.option(
+    "--strategy-for",
+    "strategy_for",
+    multiple=True,
+    metavar="PATTERN=STRATEGY",
+    help="The strategy of the service ids matching PATTERN (shell-style; repeatable, "
+    "first match wins), overriding --strategy.",
 )
 @click.option("--log-level", help="debug, info, warning or error.")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines.")
@@ -51,10 +78,13 @@ def serve(
     db: str | None,
     ledger: str | None,
     bind: str | None,
+    workers: int | None,
     config_file: str | None,
     node_data_dir: str | None,
     node_ephemeral: bool | None,
     delay_window_ms: int | None,
+    strategy: str | None,
+    strategy_for: tuple[str, ...],
     log_level: str | None,
     log_json: bool | None,
 ) -> None:
@@ -63,9 +93,12 @@ def serve(
         "db": db,
         "ledger": ledger,
         "bind": bind,
+        "workers": workers,
         "node.data_dir": node_data_dir,
         "node.ephemeral": node_ephemeral,
         "delay_window_ms": delay_window_ms,
+        "queuer.strategy": strategy,
+        "queuer.strategy_by_service": ",".join(strategy_for) if strategy_for else None,
         "log.level": log_level,
         "log.json": log_json,
     }
@@ -82,12 +115,48 @@ def serve(
         raise click.ClickException(str(exc)) from exc
     from ledgerq.commands.node import tune_gc
     from ledgerq.gateway.run import run_gateway
-
-    tune_gc()
+    from ledgerq.gateway.workers import resolve_workers
 
     try:
+        count = resolve_workers(settings)
+        if count > 1:
+            asyncio.run(_supervise(settings, count))
+            return
+        tune_gc()
         asyncio.run(run_gateway(settings, install_signals=True, on_started=_announce))
     except LedgerqError as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         pass
+
+
+async def _supervise(settings: Settings, count: int) -> None:
+    import signal
+
+    from ledgerq.claims import SingleInstanceLock
+    from ledgerq.gateway.workers import Supervisor
+    from ledgerq.store import open_store
+    from ledgerq.store.sqlite import path_from_url
+
+    lock = None
+    if settings.db.startswith("sqlite:///"):
+        # One gateway per SQLite file; this supervisor's workers share it.
+        lock = SingleInstanceLock(path_from_url(settings.db))
+        lock.acquire()
+    try:
+        # Migrate once, before the workers open the store.
+        store = await open_store(settings.db, migrate=True)
+        await store.close()
+        supervisor = Supervisor(settings, count, worker_module="ledgerq.commands.worker")
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, supervisor.stop)
+
+        def announce(sup: Supervisor) -> None:
+            # Tests read this line to learn the port when binding port 0.
+            click.echo(f"ledgerq gateway listening on {sup.url} ({count} workers)", err=True)
+
+        await supervisor.run(on_ready=announce)
+    finally:
+        if lock is not None:
+            lock.release()

@@ -1,24 +1,58 @@
-"""Open everything the gateway needs from its settings, run it, close it all."""
+"""Open everything the gateway needs from its settings, run it, close it all.
+
+:func:`run_gateway` runs one gateway in this process; given a
+:class:`~ledgerq.gateway.workers.WorkerSpec` it runs it as one worker of
+``ledgerq serve --workers N`` (its own socket on the shared port, the worker
+bus, and on SQLite either the whole gateway or the API alone).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
+from ledgerq.clock import now_ms
 from ledgerq.config import Settings
-from ledgerq.dlt import HttpTimeouts, LedgerClient, http_ledger_client
-from ledgerq.dlt.splinter import scabbard_path
 from ledgerq.errors import InvalidBatchError, LedgerError
+from ledgerq.gateway.bus import MetricsSockets, WorkerBus, WorkerInfo
 from ledgerq.gateway.ha import open_high_availability
-from ledgerq.gateway.notify import PgWakeups
 from ledgerq.gateway.service import Gateway
+from ledgerq.gateway.wakeups import PgWakeups
+from ledgerq.gateway.workers import WorkerSpec, listening_socket
+from ledgerq.ledgers import HttpTimeouts, LedgerClient, http_ledger_client
+from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, SubmitResult
+from ledgerq.ledgers.splinter import scabbard_path
 from ledgerq.store import open_store
 
 log = logging.getLogger(__name__)
+
+
+class IngestOnlyLedger:
+    """The ledger client of an ingest worker, which never submits nor follows."""
+
+    description = "none in this worker (worker 0 submits)"
+
+    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
+        raise LedgerError("an ingest worker submits nothing; worker 0 runs the pipeline")
+
+    async def batch_statuses(
+        self, service_id: str, batch_ids: Sequence[str], *, wait_s: float = 0.0
+    ) -> tuple[LedgerBatchStatus, ...]:
+        raise LedgerError("an ingest worker follows nothing; worker 0 runs the pipeline")
+
+    def events(self) -> AsyncIterator[CommitEvent] | None:
+        return None
+
+    def triggers(self) -> AsyncIterator[None] | None:
+        return None
+
+    async def close(self) -> None:
+        pass
 
 
 def _splinter_service_id(service_id: str) -> None:
@@ -34,9 +68,17 @@ def _any_service_id(service_id: str) -> None:
 
 async def open_ledger(settings: Settings, stack: AsyncExitStack) -> LedgerClient:
     if settings.ledger == "node":
-        from ledgerq.dlt.node import open_node_client
+        # The in-process node lives as long as the gateway: the stack closes it.
+        from ledgerq.ledgers.inprocess import NodeClient
+        from ledgerq.node import Node
 
-        return await open_node_client(settings, stack)
+        node = await Node.open(
+            settings.node_data_dir,
+            shards=settings["node.shards"],
+            ephemeral=bool(settings["node.ephemeral"]),
+        )
+        stack.push_async_callback(node.close)
+        return NodeClient(node)
     client = http_ledger_client(
         settings.ledger,
         HttpTimeouts(
@@ -53,6 +95,7 @@ async def run_gateway(
     *,
     install_signals: bool = False,
     on_started: Callable[[Gateway], Any] | None = None,
+    worker: WorkerSpec | None = None,
 ) -> None:
     async with AsyncExitStack() as stack:
         # A frozen instance's open transaction (a fenced write share-locks its
@@ -61,9 +104,16 @@ async def run_gateway(
             settings.db, migrate=True, pg_idle_in_transaction_ms=settings.claims.claim_ttl_ms
         )
         stack.push_async_callback(store.close)
-        # SQLite: refuse a second gateway on the file; PostgreSQL: take claims.
-        claims = await open_high_availability(settings, stack)
-        ledger = await open_ledger(settings, stack)
+        pipeline = worker is None or worker.role == "gateway"
+        claims = None
+        ledger: LedgerClient = IngestOnlyLedger()
+        if pipeline:
+            # SQLite: refuse a second gateway on the file (unless this worker's
+            # supervisor holds the lock for it); PostgreSQL: take claims.
+            claims = await open_high_availability(
+                settings, stack, sqlite_lock_held=worker is not None and worker.sqlite_lock_held
+            )
+            ledger = await open_ledger(settings, stack)
         splinter = settings.ledger.startswith("splinter+")
         gateway = Gateway(
             settings,
@@ -73,6 +123,34 @@ async def run_gateway(
             claims=claims,
         )
         extra = []
+        sock = None
+        if worker is not None:
+            host, _ = settings.bind
+            sock = listening_socket(host, worker.port, listen=True)
+            bus = WorkerBus.from_fds(
+                WorkerInfo(
+                    index=worker.index,
+                    count=worker.count,
+                    pid=os.getpid(),
+                    role=worker.role,
+                    instance_id=None if claims is None else claims.instance_id,
+                    started_at=now_ms(),
+                    restarts=worker.restarts,
+                ),
+                worker.inbox_fd,
+                worker.outbox_fds,
+                # On PostgreSQL every worker is an instance: NOTIFY relays.
+                relay_wakeups=not settings.db.startswith(("postgresql://", "postgres://")),
+            )
+            bus.on_wake(lambda s: gateway.wake(s, relay=False))
+            bus.count_accepted(lambda: gateway.metrics.accepted_total)
+            gateway.add_wakeups(bus)
+            gateway.api.workers = bus.workers
+            extra.append(bus.run())
+            # /metrics of any worker adds up every worker's counters.
+            sockets = MetricsSockets(worker.sockets_dir, worker.index, worker.count)
+            stack.push_async_callback(await sockets.serve(gateway.metrics.exposition))
+            gateway.metrics.peers = sockets.peers
         if claims is not None:
             extra.append(claims.run())
 
@@ -96,4 +174,4 @@ async def run_gateway(
                 on_started(gateway)
 
             extra.append(announce())
-        await gateway.run(extra=extra)
+        await gateway.run(extra=extra, sock=sock, pipeline=pipeline)

@@ -1,4 +1,4 @@
-"""The gateway: API, queue source, submitter and monitor wired around one store.
+"""The gateway: API, queue source, submitter and follower wired around one store.
 
 :class:`Gateway` owns nothing it did not build: the caller opens the store
 and the ledger client (and closes them after :meth:`Gateway.run` returns).
@@ -7,13 +7,15 @@ Wake-ups are event driven inside the process: an accepted ``POST /batches``
 wakes the queue source for its services, and every recorder write that
 frees a service (a final status, ``Unknown``, ``Delayed``) wakes the queue
 source for that service and the long-polling ``/batch_statuses`` readers.
-Between processes (several gateways on one PostgreSQL) a
-:class:`~ledgerq.gateway.notify.PgWakeups` relays the same wake-ups over
+Every batch recorded accepted or ambiguous is followed on its own by the
+:class:`~ledgerq.follow.follower.Follower` from that moment. Between
+processes (several gateways on one PostgreSQL) a
+:class:`~ledgerq.gateway.wakeups.PgWakeups` relays the wake-ups over
 ``LISTEN``/``NOTIFY``. Polling (``submitter.poll_timeout_s``,
-``monitor.poll_interval_s``) is the fallback only.
+``monitor.poll_interval_s``) is the safety net only.
 
 :meth:`Gateway.stop` stops accepting work: the submitter drains its
-in-flight submissions (each is recorded), the monitor stops, the HTTP server
+in-flight submissions (each is recorded), the follower stops, the HTTP server
 closes; then :meth:`Gateway.run` returns.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -28,23 +31,30 @@ from aiohttp import web
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.config import Settings
-from ledgerq.dlt.base import LedgerClient
-from ledgerq.gateway.api import ApiStore, Changes, ClaimsView, GatewayApi
-from ledgerq.gateway.sources import InFlightStore, StoreMonitorSource
+from ledgerq.follow.follower import Follower
+from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
+from ledgerq.gateway.ha import ClaimBoundLedger
+from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
+from ledgerq.ledgers.base import LedgerClient
+from ledgerq.ledgers.health import LedgerHealth
 from ledgerq.model import Fence, TrackingBatch
-from ledgerq.monitor import Monitor
-from ledgerq.queue_source import QueueSource
-from ledgerq.queuer import RoundStore
-from ledgerq.recorder import Recorder
+from ledgerq.operator import GatewayMetrics, gateway_app
+from ledgerq.queue.parallel import ParallelRoundStore
+from ledgerq.queue.serial import RoundStore
+from ledgerq.queue.source import QueueSource
+from ledgerq.queue.strategy import Strategy
+from ledgerq.record.recorder import Recorder
 from ledgerq.store.base import GroupWriter
 from ledgerq.store.group import GroupCommitWriter, GroupInserter
-from ledgerq.submitter import Submitter
-from ledgerq.web import GatewayMetrics, gateway_app
+from ledgerq.submit.submitter import Submitter
 
 log = logging.getLogger(__name__)
 
+#: The shortest time a batch handed out to the submitter stays held (ms).
+HOLD_BACKSTOP_MS = 60_000
 
-class GatewayStore(ApiStore, InFlightStore, RoundStore, GroupWriter, Protocol):
+
+class GatewayStore(ApiStore, InFlightStore, RoundStore, ParallelRoundStore, GroupWriter, Protocol):
     """Every store role the gateway uses."""
 
     dialect: str
@@ -53,11 +63,16 @@ class GatewayStore(ApiStore, InFlightStore, RoundStore, GroupWriter, Protocol):
 class Claims(ClaimsView, Protocol):
     """What the gateway needs of the claim manager (``ledgerq.claims``)."""
 
+    @property
+    def instance_id(self) -> str: ...
+
     def claimed_services(self, now: int | None = None) -> frozenset[str]: ...
 
     def fence_for(self, service_id: str, now: int | None = None) -> Fence | None: ...
 
     def may_post(self, service_id: str, fence: Fence, now: int | None = None) -> bool: ...
+
+    def claim_left_ms(self, service_id: str, fence: Fence, now: int | None = None) -> int: ...
 
     def wake(self) -> None: ...
 
@@ -88,8 +103,10 @@ class Gateway:
         # Counted and timed for /metrics; the pipeline sees the same client.
         self.metrics = GatewayMetrics(top_services=settings["metrics.top_services"], clock=clock)
         ledger = self.ledger = self.metrics.instrument(ledger)
+        #: What the ledger has been answering, per service (logged once per burst).
+        self.health = LedgerHealth(ledger.description, clock=clock)
         self.claims = claims
-        # Under HA only claimed services are queued and monitored.
+        # Under HA only claimed services are queued and followed.
         services = None if claims is None else claims.claimed_services
         self.changes = Changes()
         # The pipeline's writes are group-committed: one transaction for all
@@ -98,31 +115,46 @@ class Gateway:
         self.recorder = Recorder(
             self.writer, clock=clock, fences=None if claims is None else claims.fence_for
         )
+        strategies = settings.strategies
         self.queue = QueueSource(
             store,
             clock=clock,
             delay_window_ms=settings["delay_window_ms"],
             poll_interval=settings.submitter.poll_timeout_s,
             services=services,
+            # Full rounds join the claims table rather than list thousands of ids.
+            claimant=claims.instance_id
+            if claims is not None and store.dialect == "postgresql"
+            else None,
             # Rounds without blobs; the batches handed out are loaded in full.
             lean=True,
+            strategies=strategies,
+            # The submitter ends each hold (taken or released); the time limit
+            # is a backstop, long enough for a slow store to record a hand-out.
+            hold_ms=max(settings["delay_window_ms"], HOLD_BACKSTOP_MS),
         )
         self.submitter = Submitter(
             self.queue,
-            ledger,
+            # Under HA a POST lasts no longer than the claim it was made under.
+            ledger if claims is None else ClaimBoundLedger(ledger, self._post_budget_ms),
             self.recorder,
             settings.submitter,
             may_post=None if claims is None else self._may_post,
+            parallel=lambda service_id: strategies.of(service_id) is Strategy.PARALLEL,
+            taken=self.queue.taken,
+            released=self.queue.released,
+            health=self.health,
         )
-        self.monitor_source = StoreMonitorSource(store, services=services)
-        self.monitor = Monitor(
-            self.monitor_source,
+        self.follow_source = StoreMonitorSource(store, services=services)
+        self.follower = Follower(
+            self.follow_source,
             ledger,
             self.recorder,
             settings.monitor,
-            clock=clock,
             held=self.submitter.held_batches,
+            health=self.health,
         )
+        self.metrics.watch_follower(self.follower)
         self.api = GatewayApi(
             store,
             on_accepted=self._accepted,
@@ -134,6 +166,8 @@ class Gateway:
             claims=claims,
             # Requests arriving while one insert commits go in together.
             acceptor=GroupInserter(store),
+            strategy_of=lambda service_id: strategies.of(service_id).value,
+            ledger_problem=self._ledger_problem,
         )
         self.recorder.add_unlock_listener(self.wake)
         if claims is not None:
@@ -157,12 +191,17 @@ class Gateway:
 
     def _claims_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None:
         # A service taken over may carry a batch its previous holder left in
-        # flight: the monitor asks the ledger about it before anything moves.
-        self.monitor_source.adopt(gained)
+        # flight: the follower asks the ledger about it before anything moves.
         if gained:
-            self.monitor.trigger()
+            self.follower.scan_now()
+        if lost:
+            self.follower.drop_services(lost)
         for service_id in gained:
             self.wake(service_id, relay=False)
+
+    def _ledger_problem(self, service_id: str) -> dict[str, object] | None:
+        problem = self.health.for_service(service_id)
+        return None if problem is None else problem.to_json()
 
     def _may_post(self, batch: TrackingBatch) -> bool:
         # Checked before every POST attempt: the claim the submission was
@@ -173,6 +212,12 @@ class Gateway:
             and self.claims is not None
             and self.claims.may_post(batch.service_id, fence)
         )
+
+    def _post_budget_ms(self, service_id: str, batch_id: str) -> int:
+        fence = self.recorder.fence_of(service_id, batch_id)
+        if fence is None or self.claims is None:
+            return 0
+        return self.claims.claim_left_ms(service_id, fence)
 
     def _accepted(self, batches: Sequence[TrackingBatch]) -> None:
         self.metrics.batches_accepted(batches)
@@ -186,13 +231,26 @@ class Gateway:
     def stop(self) -> None:
         self._stop.set()
 
-    async def run(self, *, extra: Sequence[Any] = ()) -> None:
-        """Serve until :meth:`stop`; ``extra``: more coroutines to run alongside."""
+    async def run(
+        self,
+        *,
+        extra: Sequence[Any] = (),
+        sock: socket.socket | None = None,
+        pipeline: bool = True,
+    ) -> None:
+        """Serve until :meth:`stop`; ``extra``: more coroutines to run alongside.
+
+        ``sock``: a listening socket to serve on instead of binding
+        ``settings.bind`` (a worker of ``serve --workers``); ``pipeline=False``:
+        the API only, no submitter nor monitor (an ingest worker on SQLite).
+        """
         host, port = self.settings.bind
         runner = web.AppRunner(gateway_app(self), access_log=None)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port)
+            site: web.BaseSite = (
+                web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
+            )
             await site.start()
             self.port = runner.addresses[0][1]
             log.info(
@@ -202,18 +260,20 @@ class Gateway:
                 self.ledger.description,
             )
             async with asyncio.TaskGroup() as tasks:
-                submitter = tasks.create_task(self.submitter.run())
-                monitor = tasks.create_task(self.monitor.run())
+                submitter = tasks.create_task(self.submitter.run()) if pipeline else None
+                follower = tasks.create_task(self.follower.run()) if pipeline else None
                 others = [tasks.create_task(c) for c in extra]
                 self._running = True
                 self.started.set()
                 await self._stop.wait()
                 self._running = False
                 log.info("gateway stopping: draining in-flight submissions")
-                self.submitter.stop()
-                await submitter
-                self.monitor.stop()
-                await monitor
+                if submitter is not None:
+                    self.submitter.stop()
+                    await submitter
+                if follower is not None:
+                    self.follower.stop()
+                    await follower
                 for w in self._wakeups:
                     w.stop()
                 # Extras get a moment to end by themselves, then are cancelled.

@@ -20,24 +20,42 @@ Semantics a caller relies on:
   ``commit_delay_ms`` after it executed (0 by default; fault tests raise it to
   catch batches while PENDING).
 * Statuses: ``COMMITTED``, ``INVALID`` (with ``invalid_transactions``),
-  ``PENDING``, ``UNKNOWN``. ``batch_statuses(wait=s)`` returns when every
-  requested batch is final or after ``s`` seconds; waiting costs a future per
-  batch and nothing else.
+  ``PENDING``, ``UNKNOWN``. ``batch_statuses(wait=s)`` returns, as
+  Sawtooth's ``wait``, once no requested batch is ``PENDING`` or after ``s``
+  seconds; waiting costs a future per pending batch (``max_waiters``
+  node-wide) and nothing else.
 * ``subscribe`` yields one :class:`StatusEvent` per batch reaching a final
   status, numbered 1, 2, 3, ... across restarts; ``after`` resumes.
 * Durability: after ``kill -9`` and restart the state and the final statuses
-  are the same and nothing is applied twice (the journal after the last
-  snapshot is re-executed deterministically). ``ephemeral=True`` journals
-  batches only when they commit: pending batches are forgotten on restart and
-  report ``UNKNOWN``, as a Sawtooth validator does. ``data_dir=None`` keeps
-  nothing at all.
+  are the same and nothing is applied twice: the on-disk store
+  (:mod:`~ledgerq.node.disk`, LMDB) holds what committed up to a journal
+  record, and the journal after it is re-executed deterministically.
+  ``ephemeral=True`` journals batches only when they commit: pending batches
+  are forgotten on restart and report ``UNKNOWN``, as a Sawtooth validator
+  does. ``data_dir=None`` keeps nothing at all.
+* Memory holds what is pending and bounded windows (the worker's orderings,
+  recent events and blocks, commits not yet written); history is on disk.
 
 ``make_app(node)`` (``ledgerq.node.rest``) serves the REST API; see
 ``docs/node.md``.
+
+Layout: :mod:`ledgerq.node.ordering` (the V1 engines), ``families/``
+(transaction families), :mod:`~ledgerq.node.candidates` (a Sawtooth batch
+as a transaction candidate), :mod:`~ledgerq.node.commit` (the commit
+stage), :mod:`~ledgerq.node.journal`, :mod:`~ledgerq.node.disk` (the
+on-disk store), :mod:`~ledgerq.node.committed` (store plus unwritten
+commits), :mod:`~ledgerq.node.datadir` (the directory lock),
+:mod:`~ledgerq.node.node` (the running :class:`Node`), :mod:`~ledgerq.node.rest` with
+:mod:`~ledgerq.node.chain_rest`, :mod:`~ledgerq.node.subscriptions`,
+:mod:`~ledgerq.node.scabbard`, :mod:`~ledgerq.node.access` and
+:mod:`~ledgerq.node.decoding` (HTTP).
+
+May import: the foundation (errors, clock, failpoints), ``codec`` and ``lmdb``. The node stands
+alone: nothing of the gateway (store, stages, claims, ledgers, operator).
 """
 
-from ledgerq.node.ledger import BatchStatusInfo, StatusEvent
-from ledgerq.node.messages import TxFingerprint
-from ledgerq.node.runtime import Node
+from ledgerq.node.commit import BatchStatusInfo, StatusEvent
+from ledgerq.node.node import Node
+from ledgerq.node.ordering.messages import TxFingerprint
 
 __all__ = ["BatchStatusInfo", "Node", "StatusEvent", "TxFingerprint"]

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ledgerq.node.ledger import StatusEvent
-from ledgerq.node.messages import KVSDatum, KVSKey
+from ledgerq.node.commit import StatusEvent
+from ledgerq.node.ordering.messages import KVSDatum, KVSKey
 
 NULL_BLOCK_ID = "0" * 16
 
@@ -85,6 +85,11 @@ class BlockLog:
             entries.append((event.seq, event.info.id, previous, event.writes))
             previous = event.info.id
         self.last_batch_id = previous
+
+    @property
+    def oldest(self) -> int | None:
+        """The number of the oldest block kept (None: none yet)."""
+        return self._entries[0][0] if self._entries else None
 
     def after(self, num: int) -> list[Block]:
         """The kept blocks numbered above ``num``, oldest first."""

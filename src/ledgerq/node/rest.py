@@ -25,24 +25,41 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from ledgerq.codec import DEFAULT_MAX_BYTES, decode_batch_list
+from ledgerq.codec import DEFAULT_MAX_BYTES
 from ledgerq.errors import InvalidBatchError, NodeBusyError, NodeError
-from ledgerq.node.messages import TxFingerprint
-from ledgerq.node.runtime import Node
+from ledgerq.node.access import AccessPolicy, access_middleware
+from ledgerq.node.chain_rest import Chain, RequestError, add_chain_routes
+from ledgerq.node.decoding import BatchDecoder
+from ledgerq.node.node import Node
+from ledgerq.node.ordering.messages import TxFingerprint
 from ledgerq.node.scabbard import ScabbardServices, scabbard_json
 from ledgerq.node.subscriptions import add_subscriptions
 
+log = logging.getLogger(__name__)
+
 NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
+
+
+@dataclass(frozen=True, slots=True)
+class RestLimits:
+    """Caps on what one request may ask of the node."""
+
+    max_status_ids: int = 1_000  # batch ids per status request
+    max_state_limit: int = 1_000  # entries per /state page
+
+
 _BATCH_ID = re.compile(r"[0-9a-f]{128}")
 _ADDRESS = re.compile(r"[0-9a-f]{70}")
 _PREFIX = re.compile(r"[0-9a-f]{0,70}")
 _HEARTBEAT_S = 15.0
-_INLINE_DECODE_BYTES = 16 * 1024
 
 
 def _error(status: int, code: int, title: str, message: str) -> web.Response:
@@ -75,11 +92,68 @@ def _bad_id(ids: list[str]) -> web.Response | None:
     return None
 
 
+@web.middleware
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every error as Sawtooth's JSON body: unknown routes and methods, and crashes."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
+        return web.json_response(
+            {
+                "error": {
+                    "code": exc.status,
+                    "title": exc.reason,
+                    "message": f"{request.method} {request.path}: {exc.reason.lower()}",
+                }
+            },
+            status=exc.status,
+            headers=headers,
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(
+            500,
+            10,
+            "Unknown Validator Error",
+            "the node failed to answer this request; its log has the details",
+        )
+
+
 def make_app(
-    node: Node, *, max_bytes: int = DEFAULT_MAX_BYTES, scabbard: ScabbardServices | None = None
+    node: Node,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    scabbard: ScabbardServices | None = None,
+    access: AccessPolicy | None = None,
+    bound_host: str = "",
+    limits: RestLimits | None = None,
+    decoder: BatchDecoder | None = None,
 ) -> web.Application:
-    app = web.Application(client_max_size=max_bytes + 1024)
+    """The node's aiohttp app; ``access`` (default: loopback, no token) guards every route."""
+    limits = limits or RestLimits()
+    app = web.Application(
+        client_max_size=max_bytes + 1024,
+        middlewares=[
+            json_errors,
+            access_middleware(access or AccessPolicy(), bound_host=bound_host),
+        ],
+    )
     app[NODE_KEY] = node
+    if decoder is None:
+        decoder = BatchDecoder(max_bytes=max_bytes)
+    verifier = decoder
+
+    async def stop_decoder(_app: web.Application) -> None:
+        await asyncio.to_thread(verifier.close)
+
+    app.on_cleanup.append(stop_decoder)
 
     async def post_batches(request: web.Request) -> web.Response:
         return await submit(request, node, "batch_statuses?id=")
@@ -95,10 +169,8 @@ def make_app(
             )
         body = await request.read()
         try:
-            if len(body) < _INLINE_DECODE_BYTES:
-                batches = decode_batch_list(body, max_bytes=max_bytes)
-            else:  # signature checks release the GIL: run them beside the node's driver
-                batches = await asyncio.to_thread(decode_batch_list, body, max_bytes=max_bytes)
+            # Large bodies are verified in other processes (see ledgerq.node.decoding).
+            batches = await verifier.decode(body)
         except InvalidBatchError as exc:
             if exc.rule == "empty_batch_list":
                 return _error(400, 34, "No Batches Submitted", str(exc))
@@ -116,6 +188,14 @@ def make_app(
         return web.json_response({"link": f"{base}/{link_tail}{ids}"}, status=202)
 
     async def statuses_response(request: web.Request, ids: list[str]) -> web.Response:
+        if len(ids) > limits.max_status_ids:
+            return _error(
+                400,
+                46,
+                "Bad Status Request",
+                f"{len(ids)} batch ids in one request; ask for at most "
+                f"{limits.max_status_ids} at a time",
+            )
         bad = _bad_id(ids)
         if bad is not None:
             return bad
@@ -157,6 +237,24 @@ def make_app(
             )
         return await statuses_response(request, ids)
 
+    chain = Chain(node)
+
+    def state_head(request: web.Request) -> web.Response | None:
+        """State is served at the latest block only: an older head is refused."""
+        try:
+            head = chain.head(request)
+        except RequestError as exc:
+            return exc.response
+        if head != node.ledger.event_seq:
+            return _error(
+                404,
+                50,
+                "Head Not Found",
+                f"state is served at the latest block ({node.head}) only: this node keeps "
+                "no state of older blocks",
+            )
+        return None
+
     async def get_state_entry(request: web.Request) -> web.Response:
         address = request.match_info["address"]
         if not _ADDRESS.fullmatch(address):
@@ -167,6 +265,9 @@ def make_app(
                 f"{address!r} is not a state address: fetch a leaf with its full "
                 "70-character lowercase hex address",
             )
+        refused = state_head(request)
+        if refused is not None:
+            return refused
         value = await node.get_state(address)
         if value is None:
             return _error(404, 75, "State Not Found", f"There is no state data at {address}")
@@ -185,16 +286,34 @@ def make_app(
             )
         try:
             limit = int(request.query.get("limit", "1000"))
-            start = request.query.get("start", "")
         except ValueError:
-            return _error(400, 53, "Invalid Count Query", "'limit' must be a positive integer")
-        if limit <= 0:
-            return _error(400, 53, "Invalid Count Query", "'limit' must be a positive integer")
-        entries = [(a, v) for a, v in await node.list_state(prefix) if a >= start]
+            limit = 0
+        if not 0 < limit <= limits.max_state_limit:
+            return _error(
+                400,
+                53,
+                "Invalid Count Query",
+                f"'limit' must be an integer from 1 to {limits.max_state_limit}",
+            )
+        refused = state_head(request)
+        if refused is not None:
+            return refused
+        start = request.query.get("start", "")
+        if request.query.get("reverse", "false").lower() not in ("false", "0", "no"):
+            return _error(
+                400,
+                57,
+                "Invalid Sort Query",
+                "this node pages state in address order only (reverse is not supported)",
+            )
+        entries = await node.list_state(prefix, start=start, limit=limit + 1)
         page, rest = entries[:limit], entries[limit:]
-        paging: dict[str, Any] = {"limit": limit, "start": start or None}
+        paging: dict[str, Any] = {"limit": limit}
+        if start:
+            paging["start"] = start
         if rest:
             paging["next_position"] = rest[0][0]
+            paging["next"] = str(request.url.update_query(start=rest[0][0]))
         return web.json_response(
             {
                 "data": [{"address": a, "data": base64.b64encode(v).decode()} for a, v in page],
@@ -268,24 +387,42 @@ def make_app(
                 await stream.aclose()  # type: ignore[attr-defined]
         return response
 
-    async def scabbard_node(request: web.Request) -> Node | web.Response:
+    async def scabbard_node(request: web.Request, *, create: bool) -> Node | web.Response:
         assert scabbard is not None
         circuit, service = request.match_info["circuit"], request.match_info["service"]
         if not ScabbardServices.valid(circuit, service):
-            return _error(404, 71, "Service Not Found", f"no scabbard service {circuit}::{service}")
-        return await scabbard.get(circuit, service)
+            return _error(
+                404,
+                71,
+                "Service Not Found",
+                f"no scabbard service {circuit[:80]}::{service[:80]}: names are letters, digits, "
+                "'_' and '-', at most 64 characters",
+            )
+        try:
+            found = await scabbard.get(circuit, service, create=create)
+        except NodeBusyError as exc:
+            return _error(429, 31, "Unable to Accept Batches", str(exc))
+        if found is None:
+            return _error(
+                404, 71, "Service Not Found", f"no batches were ever posted to {circuit}::{service}"
+            )
+        return found
 
     async def scabbard_batches(request: web.Request) -> web.Response:
-        target = await scabbard_node(request)
+        target = await scabbard_node(request, create=True)
         if isinstance(target, web.Response):
             return target
         return await submit(request, target, "batch_statuses?ids=")
 
     async def scabbard_statuses(request: web.Request) -> web.Response:
-        target = await scabbard_node(request)
+        target = await scabbard_node(request, create=False)
         if isinstance(target, web.Response):
             return target
         ids = [i for i in request.query.get("ids", "").split(",") if i]
+        if len(ids) > limits.max_status_ids:
+            return _error(
+                400, 46, "Bad Status Request", f"ask for at most {limits.max_status_ids} ids"
+            )
         if not ids:
             return _error(400, 66, "Id Query Invalid or Missing", "give ?ids=a,b (batch ids)")
         bad = _bad_id(ids)
@@ -305,5 +442,6 @@ def make_app(
     app.router.add_get("/logs/{fingerprint}", get_logs)
     app.router.add_get("/fingerprints/{batch_id}", get_fingerprint)
     app.router.add_get("/events", events)
+    add_chain_routes(app, node)
     add_subscriptions(app, node)
     return app

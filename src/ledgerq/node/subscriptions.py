@@ -13,13 +13,13 @@ objects with an ``action``:
   gives block messages with no changes.
 * ``{"action": "unsubscribe"}`` stops the messages; the socket stays open.
 * ``{"action": "get_block_deltas", "block_id": ..., "address_prefixes": [...]}``
-  answers with that block's message while the node still keeps it (the last
-  ``block_buffer`` blocks), otherwise with ``{"error": ...}``.
+  answers with that block's message (recent ones from memory, older ones
+  from the store), or ``{"error": ...}`` for a block the node does not have.
 * Anything else gets ``{"error": "Unknown action \\"...\\""}``; text that is not
   a JSON object gets ``{"error": "Invalid input: ..."}``.
 
-Messages are sent in block order; a subscriber that falls more than
-``block_buffer`` blocks behind skips to the oldest kept. When the node's
+Messages are sent in block order; a subscriber that falls behind the
+in-memory blocks catches up from the store. When the node's
 server stops, open sockets are closed with code 1001 (going away).
 """
 
@@ -35,12 +35,13 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from ledgerq.node.runtime import Node
+from ledgerq.node.node import Node
 
 log = logging.getLogger(__name__)
 
 _HEARTBEAT_S = 20.0
 _SEND_TIMEOUT_S = 30.0
+_PREFIX_RULE = f"address_prefixes must be a list of at most {100} strings of at most 70 characters"
 _SOCKETS: web.AppKey[weakref.WeakSet[web.WebSocketResponse]] = web.AppKey(
     "subscription_sockets", weakref.WeakSet
 )
@@ -52,7 +53,7 @@ def add_subscriptions(app: web.Application, node: Node) -> None:
     app[_SOCKETS] = sockets
 
     async def subscriptions(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(heartbeat=_HEARTBEAT_S)
+        ws = web.WebSocketResponse(heartbeat=_HEARTBEAT_S, max_msg_size=_MAX_MESSAGE)
         await ws.prepare(request)
         sockets.add(ws)
         session = _Session(node, ws)
@@ -78,9 +79,18 @@ def add_subscriptions(app: web.Application, node: Node) -> None:
     app.on_shutdown.append(close_sockets)
 
 
+#: Most address prefixes one subscription may name, and the longest message taken.
+MAX_PREFIXES = 100
+_MAX_MESSAGE = 64 * 1024
+
+
 def _prefixes(message: dict[str, Any]) -> list[str] | None:
     prefixes = message.get("address_prefixes", [])
-    if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
+    if (
+        not isinstance(prefixes, list)
+        or len(prefixes) > MAX_PREFIXES
+        or not all(isinstance(p, str) and len(p) <= 70 for p in prefixes)
+    ):
         return None
     return prefixes
 
@@ -110,7 +120,7 @@ class _Session:
         if action == "subscribe":
             prefixes = _prefixes(message)
             if prefixes is None:
-                await self.send({"error": "address_prefixes must be a list of strings"})
+                await self.send({"error": _PREFIX_RULE})
                 return
             await self.unsubscribe()
             after = self._node.ledger.event_seq  # as of now, before any await
@@ -129,9 +139,9 @@ class _Session:
             return
         prefixes = _prefixes(message)
         if prefixes is None:
-            await self.send({"error": "address_prefixes must be a list of strings"})
+            await self.send({"error": _PREFIX_RULE})
             return
-        block = self._node.blocks.get(wanted)
+        block = self._node.find_block(wanted)
         if block is None:
             await self.send(
                 {"error": f"Block {wanted[:32]!r} is unknown: the node keeps only recent blocks"}

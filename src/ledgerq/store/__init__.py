@@ -16,6 +16,10 @@ with ``migrate=False`` an outdated schema is refused. A schema newer than, or
 unknown to, this ledgerq is always refused (``SchemaVersionError``). The
 store's semantics are documented in :mod:`ledgerq.store.base` and
 ``docs/store.md``.
+
+May import: the foundation and :mod:`ledgerq.queue.serial` (the round
+rules the memory store applies). Never the pipeline stages, the gateway or
+the ledgers.
 """
 
 from __future__ import annotations

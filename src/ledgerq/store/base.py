@@ -23,7 +23,7 @@ Semantics a caller relies on (details in ``docs/store.md``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, Self
@@ -44,7 +44,8 @@ from ledgerq.model import (
     TrackingBatchList,
     TransactionReceipt,
 )
-from ledgerq.queuer import RoundStore
+from ledgerq.queue.parallel import ParallelRoundStore
+from ledgerq.queue.serial import RoundStore
 
 #: Prefix that marks an ``id`` argument as a data change id.
 DATA_CHANGE_PREFIX = "dc:"
@@ -62,6 +63,14 @@ class ServiceSummary:
     ``queue_depth`` counts non-final batches; ``head_batch_id`` is the
     non-final batch with the lowest ``seq``; ``in_flight_batch_id`` is a
     non-final batch marked ``submitted`` (the submitter holds it), if any.
+    ``in_flight`` counts the non-final batches with the submitter or the
+    ledger (``submitted`` or ``Pending``). ``next_batch_id`` is the first
+    non-final batch that is not: the one to submit next. If an earlier
+    non-final batch of the service conflicts with it (the parallel queuer's
+    rule), ``held_by_batch_id`` is the latest such batch, ``held_kind`` how
+    (``writes``, ``reads``, ``depends``: see
+    :class:`ledgerq.queue.parallel.HoldKind`) and ``held_on`` the entry (or
+    transaction id) they conflict on.
     """
 
     service_id: str
@@ -69,6 +78,11 @@ class ServiceSummary:
     head_batch_id: str | None
     in_flight_batch_id: str | None
     total: int
+    in_flight: int = 0
+    next_batch_id: str | None = None
+    held_by_batch_id: str | None = None
+    held_kind: str | None = None
+    held_on: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +127,10 @@ class BatchAcceptor(Protocol):
     ) -> list[TrackingBatch]:
         """Store new batches atomically; return them with ``seq`` and ``created_at`` set.
 
-        Raises ``DuplicateBatchError`` (naming the offender) when a batch id,
-        data change id or transaction id is already tracked in its service or
-        repeated within the call, and ``StoreInputError`` for values the schema
+        Raises ``DuplicateBatchError`` (naming the offender) when a batch id
+        is already tracked (in any service: a batch belongs to one), or a data
+        change id or transaction id is already tracked in its service, or any
+        of them is repeated within the call, and ``StoreInputError`` for values the schema
         cannot hold; the store is then unchanged.
         """
         ...
@@ -127,6 +142,12 @@ class BatchReader(Protocol):
     async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None: ...
 
     async def get_batch_status(self, id: str, service_id: str) -> BatchStatus | None: ...
+
+    async def get_batches_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
+        """The batches with these ids, whatever service tracks them (a batch id
+        belongs to one service), fully loaded, in ``seq`` order; unknown ids
+        are left out."""
+        ...
 
     async def list_batches_by_status(
         self, status: BatchStatus | BatchStatusName
@@ -241,7 +262,14 @@ class SubmitterStore(Protocol):
 
 
 class BatchTrackingStore(
-    BatchAcceptor, BatchReader, MonitorStore, SubmitterStore, GroupWriter, RoundStore, Protocol
+    BatchAcceptor,
+    BatchReader,
+    MonitorStore,
+    SubmitterStore,
+    GroupWriter,
+    RoundStore,
+    ParallelRoundStore,
+    Protocol,
 ):
     """Every operation of the seed, plus the listings the API needs."""
 

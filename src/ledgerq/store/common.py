@@ -6,6 +6,7 @@ raises the same ``StoreInputError`` on every backend and nothing is written.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -26,6 +27,7 @@ from ledgerq.model import (
     ValidTransaction,
     status_from_name,
 )
+from ledgerq.queue.parallel import BatchAccess
 from ledgerq.store.base import DATA_CHANGE_PREFIX, NO_STATUS, StatusFilter, StatusUpdate
 
 MAX_BATCH_ID_LENGTH = 128
@@ -57,7 +59,7 @@ def check_service_id(service_id: str) -> None:
 
 def check_new_batches(batches: Sequence[TrackingBatch]) -> None:
     """Refuse values the schema cannot hold and duplicates within the call."""
-    batch_keys: set[tuple[str, str]] = set()
+    batch_keys: set[str] = set()
     dc_keys: set[tuple[str, str]] = set()
     txn_keys: set[tuple[str, str]] = set()
     for batch in batches:
@@ -81,15 +83,13 @@ def check_new_batches(batches: Sequence[TrackingBatch]) -> None:
             )
         if not batch.transactions:
             raise StoreInputError(f"a batch needs at least one transaction{where}")
-        key = (batch.service_id, batch.batch_header)
-        if key in batch_keys:
+        if batch.batch_header in batch_keys:
             raise DuplicateBatchError(
-                f"batch {batch.batch_header} appears twice in service {batch.service_id!r} "
-                "in this request; send it once",
+                f"batch {batch.batch_header} appears twice in this request; send it once",
                 batch_id=batch.batch_header,
                 service_id=batch.service_id,
             )
-        batch_keys.add(key)
+        batch_keys.add(batch.batch_header)
         if batch.data_change_id is not None:
             dc = (batch.service_id, batch.data_change_id)
             if dc in dc_keys:
@@ -132,6 +132,25 @@ def check_new_batches(batches: Sequence[TrackingBatch]) -> None:
             txn_keys.add(tkey)
 
 
+def duplicate_batch(batch: TrackingBatch, owner_service: str) -> DuplicateBatchError:
+    """The refusal of ``batch``, whose id is already tracked in ``owner_service``.
+
+    A batch id (the header signature) names one batch in one service.
+    """
+    if owner_service == batch.service_id:
+        message = (
+            f"batch {batch.batch_header} is already tracked in service "
+            f"{batch.service_id!r}; nothing was added"
+        )
+    else:
+        message = (
+            f"batch {batch.batch_header} is already tracked in service {owner_service!r}, "
+            f"so it cannot be added to service {batch.service_id!r}; a batch belongs to one "
+            "service: nothing was added"
+        )
+    return DuplicateBatchError(message, batch_id=batch.batch_header, service_id=owner_service)
+
+
 def check_receipts(receipts: Iterable[TransactionReceipt]) -> None:
     for receipt in receipts:
         _check_text("receipt transaction_id", receipt.transaction_id, MAX_BATCH_ID_LENGTH)
@@ -165,8 +184,24 @@ def check_limit(limit: int) -> None:
         raise StoreInputError(f"limit must be between 1 and {MAX_LIST_LIMIT}; got {limit}")
 
 
-def check_round(delay_window_ms: int, limit: int | None) -> None:
+def check_round(
+    delay_window_ms: int,
+    limit: int | None,
+    *,
+    services: object = None,
+    claimant: str | None = None,
+    dialect: str = "",
+) -> None:
     """Arguments of ``queue_round``."""
+    if claimant is not None:
+        if services is not None:
+            raise StoreInputError("a round takes services or a claimant, not both")
+        if dialect != "postgresql":
+            raise StoreError(
+                f"a round over a claimant's services reached the {dialect or 'memory'} store, "
+                "which has no claims; that needs the PostgreSQL store shared by several gateway "
+                "instances"
+            )
     if delay_window_ms < 0:
         raise StoreInputError(f"delay_window_ms must be >= 0; got {delay_window_ms}")
     if limit is not None and limit < 1:
@@ -266,7 +301,8 @@ def is_resubmission_status(status: BatchStatus | None) -> bool:
 #            serialized_batch, submitted, created_at, last_attempt_at, attempts,
 #            status, error_type, error_message
 #   txn:     seq, transaction_id, family_name, family_version, payload,
-#            signer_public_key, service_id
+#            signer_public_key, service_id, inputs, outputs, dependencies
+#            (the last three: arrays on PostgreSQL, JSON text on SQLite, or NULL)
 #   invalid: seq, transaction_id, error_message, error_data, external_status,
 #            external_error_message
 def assemble(
@@ -278,7 +314,7 @@ def assemble(
     from ledgerq.model import TrackingTransaction
 
     txns: dict[int, list[TrackingTransaction]] = {}
-    for seq, tid, fam, ver, payload, key, sid in txn_rows:
+    for seq, tid, fam, ver, payload, key, sid, inputs, outputs, deps in txn_rows:
         txns.setdefault(seq, []).append(
             TrackingTransaction(
                 family_name=fam,
@@ -287,6 +323,9 @@ def assemble(
                 payload=bytes(payload),
                 signer_public_key=key,
                 service_id=sid,
+                inputs=_texts(inputs),
+                outputs=_texts(outputs),
+                dependencies=_texts(deps) or (),
             )
         )
     invalid: dict[int, list[InvalidTransaction]] = {}
@@ -328,6 +367,53 @@ def assemble(
             )
         )
     return out
+
+
+def _texts(value: Any) -> tuple[str, ...] | None:
+    """A stored list of strings: an array, JSON text, or NULL."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = json.loads(value)
+    return tuple(value)
+
+
+def json_texts(values: Sequence[str] | None) -> str | None:
+    """A list of strings as SQLite stores it (JSON text), or NULL."""
+    return None if values is None else json.dumps(list(values))
+
+
+#: Dependencies longer than a transaction id can name no tracked transaction.
+_MAX_DEPENDENCY_LENGTH = MAX_BATCH_ID_LENGTH
+
+
+def lock_rows(batch: TrackingBatch) -> list[tuple[str, str]]:
+    """The ``(mode, entry)`` lock rows of a new batch (``batch_locks``).
+
+    ``r``/``w``: the batch's normalized reads and writes
+    (:class:`ledgerq.queue.parallel.BatchAccess`); ``d``: the transaction ids
+    it depends on outside itself.
+    """
+    access = BatchAccess.of(batch)
+    rows = [("w", e) for e in access.writes] + [("r", e) for e in access.reads]
+    rows += [("d", d) for d in access.after if len(d) <= _MAX_DEPENDENCY_LENGTH]
+    return rows
+
+
+def dependencies_within(batches: Sequence[TrackingBatch], seqs: Sequence[int]) -> dict[int, int]:
+    """For the batches of one ``add_batches`` call (``seqs`` in list order):
+    seq → the latest earlier batch of the call, in the same service, holding a
+    transaction it depends on."""
+    owner: dict[tuple[str, str], int] = {}
+    found: dict[int, int] = {}
+    for seq, batch in zip(seqs, batches, strict=True):
+        for dep in BatchAccess.of(batch).after:
+            earlier = owner.get((batch.service_id, dep))
+            if earlier is not None:
+                found[seq] = max(found.get(seq, 0), earlier)
+        for t in batch.transactions:
+            owner[(batch.service_id, t.transaction_header)] = seq
+    return found
 
 
 def with_defaults(batch: TrackingBatch, now: int) -> TrackingBatch:

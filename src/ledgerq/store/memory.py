@@ -31,7 +31,8 @@ from ledgerq.model import (
     TrackingBatchList,
     TransactionReceipt,
 )
-from ledgerq.queuer import select_round
+from ledgerq.queue.parallel import BatchAccess, conflict, select_parallel_round
+from ledgerq.queue.serial import select_round
 from ledgerq.store import common
 from ledgerq.store.base import (
     NO_STATUS,
@@ -68,6 +69,8 @@ class _State:
     records: dict[tuple[str, str], _Record] = field(default_factory=dict)
     by_dc: dict[tuple[str, str], str] = field(default_factory=dict)
     txn_owner: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: batch id -> the one service tracking it.
+    batch_service: dict[str, str] = field(default_factory=dict)
     receipts: dict[tuple[str, str], _Receipt] = field(default_factory=dict)
     next_seq: int = 1
 
@@ -108,13 +111,9 @@ class MemoryStore:
         at = self._now(now)
         s = self._s
         for b in batches:  # check everything first: all or nothing
-            if (b.service_id, b.batch_header) in s.records:
-                raise DuplicateBatchError(
-                    f"batch {b.batch_header} is already tracked in service "
-                    f"{b.service_id!r}; nothing was added",
-                    batch_id=b.batch_header,
-                    service_id=b.service_id,
-                )
+            owner_service = s.batch_service.get(b.batch_header)
+            if owner_service is not None:
+                raise common.duplicate_batch(b, owner_service)
             if b.data_change_id is not None and (b.service_id, b.data_change_id) in s.by_dc:
                 dc_owner = s.by_dc[(b.service_id, b.data_change_id)]
                 raise DuplicateBatchError(
@@ -140,6 +139,7 @@ class MemoryStore:
             stored = replace(common.with_defaults(b, at), seq=s.next_seq)
             s.next_seq += 1
             s.records[(b.service_id, b.batch_header)] = _Record(stored)
+            s.batch_service[b.batch_header] = b.service_id
             if b.data_change_id is not None:
                 s.by_dc[(b.service_id, b.data_change_id)] = b.batch_header
             for t in b.transactions:
@@ -338,6 +338,7 @@ class MemoryStore:
         for key in stale:
             rec = s.records.pop(key)
             b = rec.batch
+            s.batch_service.pop(b.batch_header, None)
             if b.data_change_id is not None:
                 s.by_dc.pop((b.service_id, b.data_change_id), None)
             for t in b.transactions:
@@ -392,9 +393,10 @@ class MemoryStore:
         services: Collection[str] | None = None,
         limit: int | None = None,
         lean: bool = False,
+        claimant: str | None = None,
     ) -> list[TrackingBatch]:
         # Lean or not, the memory store's batches are loaded already.
-        common.check_round(delay_window_ms, limit)
+        common.check_round(delay_window_ms, limit, services=services, claimant=claimant)
         wanted = None if services is None else frozenset(services)
         open_ = [
             self._view(r)
@@ -405,9 +407,37 @@ class MemoryStore:
         picks = select_round(open_, now=now, delay_window_ms=delay_window_ms)
         return picks if limit is None else picks[:limit]
 
+    async def parallel_round(
+        self,
+        *,
+        now: int,
+        delay_window_ms: int,
+        services: Collection[str] | None = None,
+        limit: int | None = None,
+        lean: bool = False,
+        exclude: Collection[int] = (),
+    ) -> list[TrackingBatch]:
+        common.check_round(delay_window_ms, limit)
+        wanted = None if services is None else frozenset(services)
+        open_ = [
+            self._view(r)
+            for r in self._ordered()
+            if not (r.status is not None and r.status.is_final)
+            and (wanted is None or r.batch.service_id in wanted)
+        ]
+        picks = select_parallel_round(
+            open_, now=now, delay_window_ms=delay_window_ms, exclude=exclude
+        )
+        return picks if limit is None else picks[:limit]
+
     async def get_batches_by_seq(self, seqs: Collection[int]) -> list[TrackingBatch]:
         wanted = set(seqs)
         return [self._view(r) for r in self._ordered() if r.batch.seq in wanted]
+
+    async def get_batches_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
+        s = self._s
+        found = [s.records[(s.batch_service[i], i)] for i in set(batch_ids) if i in s.batch_service]
+        return [self._view(r) for r in sorted(found, key=lambda r: r.batch.seq or 0)]
 
     async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None:
         rec = self._find(id, service_id)
@@ -492,6 +522,16 @@ class MemoryStore:
             recs = by_service[sid]
             open_ = [r for r in recs if not (r.status is not None and r.status.is_final)]
             flight = [r for r in open_ if r.submitted]
+            moving = [r for r in open_ if r.submitted or r.status is BatchStatusName.PENDING]
+            waiting = [i for i, r in enumerate(open_) if r not in moving]
+            hold = None
+            if waiting:
+                views = [self._view(r) for r in open_[: waiting[0] + 1]]
+                later = BatchAccess.of(views[-1])
+                for earlier in reversed(views[:-1]):
+                    hold = conflict(earlier, BatchAccess.of(earlier), later)
+                    if hold is not None:
+                        break
             out.append(
                 ServiceSummary(
                     service_id=sid,
@@ -499,6 +539,11 @@ class MemoryStore:
                     head_batch_id=open_[0].batch.batch_header if open_ else None,
                     in_flight_batch_id=flight[0].batch.batch_header if flight else None,
                     total=len(recs),
+                    in_flight=len(moving),
+                    next_batch_id=open_[waiting[0]].batch.batch_header if waiting else None,
+                    held_by_batch_id=None if hold is None else hold.blocker.batch_header,
+                    held_kind=None if hold is None else hold.kind.value,
+                    held_on=None if hold is None else hold.what,
                 )
             )
             if len(out) == limit:

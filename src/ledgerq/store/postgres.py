@@ -25,6 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 from ledgerq.clock import now_ms
 from ledgerq.errors import StoreError, StoreUnavailableError
 from ledgerq.model import TrackingBatch
+from ledgerq.store import common
 from ledgerq.store.migrate import MigrationResult, plan_migration, redact, refuse_outdated
 from ledgerq.store.sqlfiles import canonical_schema, load_queries
 from ledgerq.store.sqlstore import ConflictError, Params, Row
@@ -34,8 +35,11 @@ ADVISORY_CLASS_SERVICE = 0x6C71_0001
 ADVISORY_CLASS_MIGRATE = 0x6C71_0002
 
 # Column types of the binary COPY rows (see copy_batches / copy_transactions).
-_BATCH_TYPES = ["int8", "text", "text", "text", "text", "bool", "bytea", "int8"]
-_TRANSACTION_TYPES = ["text", "text", "text", "int4", "bytea", "text", "text", "text"]
+_BATCH_TYPES = ["int8", "text", "text", "text", "text", "bool", "bytea", "int8", "int8"]
+_TRANSACTION_TYPES = [
+    "text", "text", "text", "int4", "bytea", "text", "text", "text", "text[]", "text[]", "text[]",
+]  # fmt: skip
+_LOCK_TYPES = ["int8", "text", "text", "text"]
 
 T = TypeVar("T")
 
@@ -180,8 +184,11 @@ class PostgresBackend:
             q["lock_services"],
             {"lock_class": ADVISORY_CLASS_SERVICE, "service_ids": [b.service_id for b in batches]},
         )
+        service_ids = [b.service_id for b in batches]
+        await conn.execute(q["lock_queue_heads"], {"service_ids": service_ids})
         cur = await conn.execute(q["allocate_seqs"], {"count": len(batches)})
         seqs = sorted(int(row[0]) for row in await cur.fetchall())
+        blocked_by = await self._blockers(conn, batches, seqs)
         async with conn.cursor() as cur, cur.copy(q["copy_batches"]) as copy:
             copy.set_types(_BATCH_TYPES)
             for seq, b in zip(seqs, batches, strict=True):
@@ -195,6 +202,7 @@ class PostgresBackend:
                         b.trace,
                         b.serialized_batch,
                         b.created_at,
+                        blocked_by.get(seq),
                     )
                 )
         await conn.execute(
@@ -218,9 +226,43 @@ class PostgresBackend:
                             t.family_name,
                             t.family_version,
                             t.signer_public_key,
+                            None if t.inputs is None else list(t.inputs),
+                            None if t.outputs is None else list(t.outputs),
+                            list(t.dependencies),
                         )
                     )
         return seqs
+
+    async def _blockers(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        batches: Sequence[TrackingBatch],
+        seqs: Sequence[int],
+    ) -> dict[int, int]:
+        """Write the new batches' lock entries and find each one's blocker.
+
+        Runs after ``lock_queue_heads``: a batch becoming final in the same
+        services meanwhile has committed, or waits for this transaction.
+        """
+        locks = [(seq, b, common.lock_rows(b)) for seq, b in zip(seqs, batches, strict=True)]
+        locked = [(seq, b) for seq, b, rows in locks if rows]
+        if not locked:
+            return {}
+        async with conn.cursor() as cur, cur.copy(self.queries["copy_batch_locks"]) as copy:
+            copy.set_types(_LOCK_TYPES)
+            for seq, b, rows in locks:
+                for mode, entry in rows:
+                    await copy.write_row((seq, b.service_id, mode, entry))
+        cur = await conn.execute(
+            self.queries["blockers_of"],
+            {"seqs": [seq for seq, _ in locked], "service_ids": [b.service_id for _, b in locked]},
+        )
+        found = {int(seq): int(blocker) for seq, blocker in await cur.fetchall() if blocker}
+        # Dependencies on transactions of this call's own earlier batches:
+        # their rows are not written yet.
+        for seq, blocker in common.dependencies_within(batches, seqs).items():
+            found[seq] = max(found.get(seq, 0), blocker)
+        return found
 
     def seqs_param(self, seqs: Sequence[int]) -> list[int]:
         return list(seqs)

@@ -44,6 +44,7 @@ from urllib.parse import parse_qs, urlsplit
 from ledgerq.clock import now_ms
 from ledgerq.errors import StoreError, StoreUnavailableError
 from ledgerq.model import TrackingBatch
+from ledgerq.store import common
 from ledgerq.store.migrate import (
     MigrationPlan,
     MigrationResult,
@@ -448,12 +449,25 @@ class SqliteBackend:
                         "family_name": t.family_name,
                         "family_version": t.family_version,
                         "signer_public_key": t.signer_public_key,
+                        "inputs": common.json_texts(t.inputs),
+                        "outputs": common.json_texts(t.outputs),
+                        "dependencies": common.json_texts(t.dependencies),
                     }
                     for b in batches
                     for position, t in enumerate(b.transactions)
                 ],
             )
-            return list(range(last - len(batches) + 1, last + 1))
+            seqs = list(range(last - len(batches) + 1, last + 1))
+            locks = [
+                {"seq": seq, "service_id": b.service_id, "mode": mode, "entry": entry}
+                for seq, b in zip(seqs, batches, strict=True)
+                for mode, entry in common.lock_rows(b)
+            ]
+            if locks:
+                # One writer at a time: nothing can become final meanwhile.
+                conn.executemany(q["insert_lock"], locks)
+                conn.execute(q["block_new_batches"], {"first": seqs[0], "last": seqs[-1]})
+            return seqs
 
         result: list[int] = await session.call(insert)
         return result

@@ -34,6 +34,7 @@ from ledgerq.model import (
     TrackingBatchList,
     TransactionReceipt,
 )
+from ledgerq.queue.parallel import BatchAccess, hold_between
 from ledgerq.store import common
 from ledgerq.store.base import (
     DATA_CHANGE_PREFIX,
@@ -200,8 +201,8 @@ class _DeferredSession:
                 await self._session.executemany(name, rows)
 
 
-def _batch_params(batch: TrackingBatch) -> dict[str, Any]:
-    return {"service_id": batch.service_id, "batch_id": batch.batch_header}
+def _makes_final(write: BatchWrite) -> bool:
+    return write.status is not None and write.status.is_final
 
 
 class SqlStore:
@@ -269,14 +270,9 @@ class SqlStore:
         self, session: Session, batches: Sequence[TrackingBatch]
     ) -> DuplicateBatchError:
         for b in batches:
-            found = await session.fetchone("batch_exists", _batch_params(b))
-            if found and found[0]:
-                return DuplicateBatchError(
-                    f"batch {b.batch_header} is already tracked in service "
-                    f"{b.service_id!r}; nothing was added",
-                    batch_id=b.batch_header,
-                    service_id=b.service_id,
-                )
+            found = await session.fetchone("batch_owner", {"batch_id": b.batch_header})
+            if found:
+                return common.duplicate_batch(b, found[0])
             if b.data_change_id is not None:
                 owner = await session.fetchone(
                     "data_change_id_owner",
@@ -608,6 +604,11 @@ class SqlStore:
                 },
             )
             deferred.claims = {(r[0], r[1], int(r[2])) for r in rows}
+        finishing = sorted({w.service_id for w in writes if _makes_final(w)})
+        if finishing and self.dialect == "postgresql":
+            await session.fetchall(
+                "lock_finishing_heads", {"service_ids": self._backend.texts_param(finishing)}
+            )
 
     async def clean_stale_records(self, submitted_by: int) -> int:
         params = {"cutoff": submitted_by}
@@ -629,13 +630,16 @@ class SqlStore:
         services: Collection[str] | None = None,
         limit: int | None = None,
         lean: bool = False,
+        claimant: str | None = None,
     ) -> list[TrackingBatch]:
         """The one-round serial queuer's round in one statement (plus hydration).
 
-        Equal to :func:`ledgerq.queuer.select_round` over every tracked batch;
-        ``lean`` rounds leave the blobs out (see :class:`ledgerq.queuer.RoundStore`).
+        Equal to :func:`ledgerq.queue.serial.select_round` over every tracked batch;
+        ``lean`` rounds leave the blobs out (see :class:`ledgerq.queue.serial.RoundStore`).
         """
-        common.check_round(delay_window_ms, limit)
+        common.check_round(
+            delay_window_ms, limit, services=services, claimant=claimant, dialect=self.dialect
+        )
         params: dict[str, Any] = {
             "now": now,
             "delay_window_ms": delay_window_ms,
@@ -643,6 +647,9 @@ class SqlStore:
             "lean": lean,
         }
         name = "queue_round"
+        if claimant is not None:
+            params["claimant"] = claimant
+            name = "queue_round_claimed"
         if services is not None:
             wanted = sorted(set(services))
             if not wanted:
@@ -650,6 +657,45 @@ class SqlStore:
             params["services"] = self._backend.texts_param(wanted)
             name = "queue_round_services"
         # A round of a few woken services is a short read.
+        short = services is not None and len(params["services"]) <= SHORT_ROUND_SERVICES
+        if not lean:
+            return await self._list(name, params, short=short)
+
+        async def body(session: Session) -> list[TrackingBatch]:
+            return common.assemble(await session.fetchall(name, params), (), ())
+
+        return await self._backend.run(body, write=False, short=short)
+
+    async def parallel_round(
+        self,
+        *,
+        now: int,
+        delay_window_ms: int,
+        services: Collection[str] | None = None,
+        limit: int | None = None,
+        lean: bool = False,
+        exclude: Collection[int] = (),
+    ) -> list[TrackingBatch]:
+        """The parallel queuer's round in one statement (plus hydration).
+
+        Equal to :func:`ledgerq.queue.parallel.select_parallel_round` over
+        every tracked batch.
+        """
+        common.check_round(delay_window_ms, limit)
+        params: dict[str, Any] = {
+            "now": now,
+            "delay_window_ms": delay_window_ms,
+            "limit": limit,
+            "lean": lean,
+            "exclude": self._backend.seqs_param(sorted(set(exclude))),
+        }
+        name = "parallel_round"
+        if services is not None:
+            wanted = sorted(set(services))
+            if not wanted:
+                return []
+            params["services"] = self._backend.texts_param(wanted)
+            name = "parallel_round_services"
         short = services is not None and len(params["services"]) <= SHORT_ROUND_SERVICES
         if not lean:
             return await self._list(name, params, short=short)
@@ -668,6 +714,15 @@ class SqlStore:
             "get_batches_by_seq",
             {"seqs": self._backend.seqs_param(wanted)},
             short=len(wanted) <= SHORT_ROUND_SERVICES,
+        )
+
+    async def get_batches_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
+        """The batches with these ids, whatever their service, fully loaded, in ``seq`` order."""
+        wanted = sorted(set(batch_ids))
+        if not wanted:
+            return []
+        return await self._list(
+            "get_batches_by_id", {"ids": self._backend.texts_param(wanted)}, short=True
         )
 
     # -- reads ----------------------------------------------------------------
@@ -763,17 +818,56 @@ class SqlStore:
         self, *, limit: int = 1000, after: str | None = None
     ) -> list[ServiceSummary]:
         common.check_limit(limit)
-        rows = await self._fetchall("list_services", {"after": after, "limit": limit})
-        return [
-            ServiceSummary(
-                service_id=sid,
-                queue_depth=int(depth),
-                head_batch_id=head,
-                in_flight_batch_id=flight,
-                total=int(total),
-            )
-            for sid, depth, head, flight, total in rows
-        ]
+
+        async def body(session: Session) -> list[ServiceSummary]:
+            rows = await session.fetchall("list_services", {"after": after, "limit": limit})
+            held = {r[6]: r[8] for r in rows if r[8] is not None}  # next seq -> blocker seq
+            holds = await self._holds(session, held) if held else {}
+            out = []
+            for sid, depth, head, flight, total, count, next_seq, next_id, _, held_id in rows:
+                kind, on = holds.get(next_seq, (None, None))
+                out.append(
+                    ServiceSummary(
+                        service_id=sid,
+                        queue_depth=int(depth),
+                        head_batch_id=head,
+                        in_flight_batch_id=flight,
+                        total=int(total),
+                        in_flight=int(count),
+                        next_batch_id=next_id,
+                        held_by_batch_id=held_id,
+                        held_kind=kind,
+                        held_on=on,
+                    )
+                )
+            return out
+
+        return await self._backend.run(body, write=False)
+
+    async def _holds(self, session: Session, held: Mapping[int, int]) -> dict[int, tuple[str, str]]:
+        """For next batch seq → blocker seq: how the blocker holds it (kind, entry)."""
+        seqs = sorted({*held, *held.values()})
+        rows = await session.fetchall("locks_of", {"seqs": self._backend.seqs_param(seqs)})
+        entries: dict[int, dict[str, list[str]]] = {}
+        for seq, mode, entry in rows:
+            entries.setdefault(seq, {}).setdefault(mode, []).append(entry)
+        blockers = sorted(set(held.values()))
+        txns: dict[int, list[str]] = {}
+        for seq, tid in await session.fetchall(
+            "transaction_ids_of", {"seqs": self._backend.seqs_param(blockers)}
+        ):
+            txns.setdefault(seq, []).append(tid)
+
+        def access(seq: int) -> BatchAccess:
+            e = entries.get(seq, {})
+            return BatchAccess(tuple(e.get("r", ())), tuple(e.get("w", ())), tuple(e.get("d", ())))
+
+        out: dict[int, tuple[str, str]] = {}
+        for later, earlier in held.items():
+            found = hold_between(access(earlier), txns.get(earlier, ()), access(later))
+            if found is not None:
+                out[later] = (found[0].value, found[1])
+        return out
 
     async def status_counts(self) -> dict[str, int]:
         rows = await self._fetchall("status_counts", {})

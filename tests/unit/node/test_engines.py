@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from ledgerq.node.executor import Executor
-from ledgerq.node.messages import (
+from ledgerq.node.ordering.executor import Executor
+from ledgerq.node.ordering.messages import (
     ExecuteTransaction,
     ExecutionSummary,
     ExecutorFinished,
@@ -30,9 +30,9 @@ from ledgerq.node.messages import (
     UnknownMessageError,
     UpdateSeenAll,
 )
-from ledgerq.node.shard import Shard
-from ledgerq.node.supervisor import ExecutionSupervisor
-from ledgerq.node.worker import Worker
+from ledgerq.node.ordering.shard import Shard
+from ledgerq.node.ordering.supervisor import ExecutionSupervisor
+from ledgerq.node.ordering.worker import Worker
 
 E: frozenset[str] = frozenset()
 

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from ledgerq.codec import ParsedBatch, Signer
 from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.node.candidates import apply_batch, batch_candidate
 from ledgerq.node.families import default_registry
-from ledgerq.node.machine import OrderingMachine
-from ledgerq.node.sawtooth import apply_batch, batch_candidate
+from ledgerq.node.ordering.machine import OrderingMachine
 from tests.unit.node.workload import Issuer, fingerprint_order, run_random
 
 SIGNER = Signer.generate()

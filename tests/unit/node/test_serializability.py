@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledgerq.node.machine import OrderingMachine
+from ledgerq.node.ordering.machine import OrderingMachine
 from tests.unit.node.workload import (
     Issuer,
     candidate,

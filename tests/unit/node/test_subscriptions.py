@@ -176,9 +176,13 @@ async def test_get_block_deltas(server: Server) -> None:
     )
     assert (await receive(ws))["state_changes"] == []
 
-    # The node keeps the last 3 blocks (block_buffer=3): block 1 is gone.
-    evicted = block_id(1, batches[0].header_signature)
-    for unknown in (evicted, "f" * 128, block_id(4, batches[0].header_signature), "nothex"):
+    # The node keeps the last 3 blocks in memory (block_buffer=3); older ones are read
+    # from the store.
+    older = block_id(1, batches[0].header_signature)
+    await ws.send_json({"action": "get_block_deltas", "block_id": older})
+    doc = await receive(ws)
+    assert doc["block_num"] == 1 and doc["previous_block_id"] == "0" * 16
+    for unknown in ("f" * 128, block_id(4, batches[0].header_signature), "nothex"):
         await ws.send_json({"action": "get_block_deltas", "block_id": unknown})
         assert set(await receive(ws)) == {"error"}
     await ws.send_json({"action": "get_block_deltas"})

@@ -7,8 +7,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledgerq.node.machine import OrderingMachine
-from ledgerq.node.messages import (
+from ledgerq.node.ordering.machine import OrderingMachine
+from ledgerq.node.ordering.messages import (
     ExecutionSummary,
     Program,
     ProgramResult,

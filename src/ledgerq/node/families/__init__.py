@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from ledgerq.node.messages import KVSDatum, KVSKey
+from ledgerq.node.ordering.messages import KVSDatum, KVSKey
 
 
 class InvalidTransaction(Exception):

@@ -1,12 +1,41 @@
--- Claim cycle queries (PostgreSQL). Every step runs in its own SERIALIZABLE
--- transaction; parameters: %(me)s the instance id, %(now)s its clock (ms).
+-- Claim cycle queries (PostgreSQL). Parameters: %(me)s the instance id,
+-- %(now)s its clock (ms). Every step runs at READ COMMITTED.
+--
+-- Lock order (docs/ha.md, "Lock order"): the store's fenced writes lock batch
+-- rows, then share-lock claim rows, both in key order, and wait for them. The
+-- claim cycle never waits for a claim row: every statement below that locks
+-- claim rows takes them in service order with SKIP LOCKED (a row held by a
+-- write or by another instance is left for the next cycle), and the renewal
+-- writes the instance's own row only. So no wait of a claim cycle can close a
+-- cycle of waits: no deadlock, whatever runs at the same time.
+--
+-- Expiry: a claim expires at the later of its own expiry (set when it was
+-- taken) and its holder's lease (gateway_instances.expiry_1/2, renewed by
+-- every heartbeat): greatest() ignores a NULL lease.
+
+-- name: void_candidates
+-- Maintenance, first statement: lock the claims of other instances whose
+-- lease and own first expiry passed, and the holder's row (share: its
+-- renewal waits until this transaction ends; an instance renewing right now
+-- is skipped).
+SELECT c.service_id
+FROM gateway_instances AS i
+JOIN service_id_claims AS c ON c.claimant = i.instance_id
+WHERE i.instance_id <> %(me)s
+  AND coalesce(i.expiry_1, 0) <= %(now)s
+  AND c.expiry_1 <= %(now)s
+ORDER BY c.service_id
+FOR UPDATE OF c SKIP LOCKED
+FOR SHARE OF i SKIP LOCKED;
 
 -- name: void_expired
--- Maintenance. Void other instances' claims past the second expiry, or past
--- the first expiry when the service has nothing mid-submission (a batch
--- marked submitted that the ledger has not acknowledged: status None, or
--- Unknown/Delayed being resubmitted). Pending batches do not hold a claim:
--- the ledger has them and the next holder's monitor follows them.
+-- Maintenance, second statement (a new snapshot, taken once the rows are
+-- locked, so it sees every write that committed before): void those claims
+-- once past the second expiry, or past the first when the service has nothing
+-- mid-submission (a batch marked submitted that the ledger has not
+-- acknowledged: status None, or Unknown/Delayed being resubmitted). Pending
+-- batches do not hold a claim: the ledger has them and the next holder's
+-- monitor follows them.
 UPDATE service_id_claims AS c
 SET claimant = NULL,
     expiry_1 = NULL,
@@ -15,51 +44,97 @@ SET claimant = NULL,
     unclaimed_since = %(now)s,
     updated_at = %(now)s
 FROM service_id_claims AS old
+JOIN gateway_instances AS i ON i.instance_id = old.claimant
 WHERE old.service_id = c.service_id
+  AND c.service_id = ANY(%(service_ids)s::TEXT[])
   AND c.claimant IS NOT NULL
   AND c.claimant <> %(me)s
+  AND greatest(c.expiry_1, i.expiry_1) <= %(now)s
   AND (
-        c.expiry_2 <= %(now)s
-     OR (c.expiry_1 <= %(now)s
-         AND NOT EXISTS (
+        greatest(c.expiry_2, i.expiry_2) <= %(now)s
+     OR NOT EXISTS (
              SELECT 1 FROM batches AS b
              WHERE b.service_id = c.service_id
                AND b.submitted
                AND NOT b.final
-               AND (b.status IS NULL OR b.status IN ('Unknown', 'Delayed'))))
+               AND (b.status IS NULL OR b.status IN ('Unknown', 'Delayed')))
   )
-RETURNING c.service_id, old.claimant AS previous_claimant, old.expiry_2 <= %(now)s AS slow_path;
+RETURNING c.service_id, old.claimant AS previous_claimant,
+          greatest(old.expiry_2, i.expiry_2) <= %(now)s AS slow_path;
 
 -- name: next_foreign_expiry
--- When the next claim of another instance can be voided, if it is not renewed:
--- its first expiry, or its second once the first has passed.
-SELECT min(CASE WHEN expiry_1 > %(now)s THEN expiry_1 ELSE expiry_2 END) AS at
-FROM service_id_claims
-WHERE claimant IS NOT NULL AND claimant <> %(me)s AND expiry_2 > %(now)s;
+-- When the next claim of another instance can be voided, if its holder does
+-- not renew: the holder's lease, its second expiry once the first passed.
+SELECT min(CASE WHEN i.expiry_1 > %(now)s THEN i.expiry_1 ELSE i.expiry_2 END) AS at
+FROM gateway_instances AS i
+WHERE i.instance_id <> %(me)s
+  AND i.expiry_2 > %(now)s
+  AND EXISTS (SELECT 1 FROM service_id_claims AS c WHERE c.claimant = i.instance_id);
 
 -- name: forget_instances
-DELETE FROM gateway_instances
-WHERE heartbeat_at <= %(now)s - %(forget_ms)s AND instance_id <> %(me)s;
+-- Instances silent for forget_ms that hold nothing (their claims were voided
+-- first: a claim always has its holder's row).
+DELETE FROM gateway_instances AS i
+WHERE i.heartbeat_at <= %(now)s - %(forget_ms)s
+  AND i.instance_id <> %(me)s
+  AND NOT EXISTS (SELECT 1 FROM service_id_claims AS c WHERE c.claimant = i.instance_id);
+
+-- name: idle_candidates
+-- Clean-up, first statement: claim rows, unclaimed or this instance's, older
+-- than forget_ms, of services with no open batch and no batch accepted within
+-- forget_ms; locked in service order, skipping rows in use.
+SELECT c.service_id
+FROM service_id_claims AS c
+WHERE (c.claimant IS NULL OR c.claimant = %(me)s)
+  AND c.created_at <= %(now)s - %(forget_ms)s
+  AND NOT EXISTS (
+      SELECT 1 FROM queue_heads AS h
+      WHERE h.service_id = c.service_id AND h.head_seq IS NOT NULL)
+  AND coalesce((SELECT b.created_at FROM batches AS b
+                WHERE b.service_id = c.service_id
+                ORDER BY b.seq DESC LIMIT 1), 0) <= %(now)s - %(forget_ms)s
+ORDER BY c.service_id
+LIMIT %(limit)s
+FOR UPDATE OF c SKIP LOCKED;
+
+-- name: forget_idle
+-- Clean-up, second statement (new snapshot): delete those still idle. The
+-- store's add_batches holds the service's advisory lock (class 0x6C710001,
+-- ledgerq.store.postgres.ADVISORY_CLASS_SERVICE) until it commits, and
+-- inserts the claim row after taking it: a service being written to right
+-- now is skipped, and one written to after this commits gets its row back.
+DELETE FROM service_id_claims AS c
+WHERE c.service_id = ANY(%(service_ids)s::TEXT[])
+  AND (c.claimant IS NULL OR c.claimant = %(me)s)
+  AND c.created_at <= %(now)s - %(forget_ms)s
+  AND pg_try_advisory_xact_lock(1819344897, hashtext(c.service_id))
+  AND NOT EXISTS (
+      SELECT 1 FROM batches AS b
+      WHERE b.service_id = c.service_id
+        AND (NOT b.final OR b.created_at > %(now)s - %(forget_ms)s))
+RETURNING c.service_id;
 
 -- name: heartbeat
-INSERT INTO gateway_instances (instance_id, started_at, heartbeat_at, address)
-VALUES (%(me)s, %(now)s, %(now)s, %(address)s)
+-- The renewal: this instance's row, with the lease every claim it holds
+-- follows. One row, however many claims.
+INSERT INTO gateway_instances (instance_id, started_at, heartbeat_at, address, expiry_1, expiry_2)
+VALUES (%(me)s, %(now)s, %(now)s, %(address)s, %(now)s + %(ttl_ms)s, %(now)s + %(slow_ttl_ms)s)
 ON CONFLICT (instance_id) DO UPDATE
-SET heartbeat_at = EXCLUDED.heartbeat_at, address = EXCLUDED.address;
-
--- name: renew
--- Renews what the database says this instance holds, never what it remembers.
-UPDATE service_id_claims
-SET expiry_1 = %(now)s + %(ttl_ms)s,
-    expiry_2 = %(now)s + %(slow_ttl_ms)s,
-    updated_at = %(now)s
-WHERE claimant = %(me)s;
+SET heartbeat_at = EXCLUDED.heartbeat_at,
+    address = EXCLUDED.address,
+    expiry_1 = EXCLUDED.expiry_1,
+    expiry_2 = EXCLUDED.expiry_2;
 
 -- name: claim_share
 -- Take unclaimed services up to the fair share ceil(S / K) (S services, K live
--- instances), oldest unclaimed first, plus every service unclaimed for longer
--- than the grace period whatever the share.
-WITH live AS (
+-- instances), oldest unclaimed first, and at least every service unclaimed for
+-- longer than the grace period whatever the share; only while this instance's
+-- lease is valid. SKIP LOCKED: instances claiming at once take disjoint
+-- services; a row claimed by another meanwhile fails the re-check.
+WITH holder AS (
+    SELECT 1 FROM gateway_instances
+    WHERE instance_id = %(me)s AND expiry_1 > %(now)s
+), live AS (
     SELECT greatest(count(*), 1) AS k
     FROM gateway_instances
     WHERE heartbeat_at > %(now)s - %(liveness_ms)s OR instance_id = %(me)s
@@ -67,34 +142,34 @@ WITH live AS (
     SELECT count(*) AS s FROM service_id_claims
 ), mine AS (
     SELECT count(*) AS m FROM service_id_claims WHERE claimant = %(me)s
+), overdue AS (
+    SELECT count(*) AS o FROM service_id_claims
+    WHERE claimant IS NULL AND unclaimed_since <= %(now)s - %(grace_ms)s
 ), free AS (
-    SELECT service_id,
-           row_number() OVER (ORDER BY unclaimed_since, service_id) AS rn,
-           unclaimed_since <= %(now)s - %(grace_ms)s AS overdue
-    FROM service_id_claims
-    WHERE claimant IS NULL
+    SELECT c.service_id
+    FROM service_id_claims AS c
+    WHERE c.claimant IS NULL AND EXISTS (SELECT 1 FROM holder)
+    ORDER BY c.unclaimed_since, c.service_id
+    LIMIT (SELECT greatest(ceil(total.s::numeric / live.k) - mine.m, overdue.o, 0)
+           FROM total, live, mine, overdue)
+    FOR UPDATE SKIP LOCKED
 )
 UPDATE service_id_claims AS c
 SET claimant = %(me)s,
-    epoch = c.epoch + 1,
+    epoch = nextval('service_id_claims_epoch_seq'),
     expiry_1 = %(now)s + %(ttl_ms)s,
     expiry_2 = %(now)s + %(slow_ttl_ms)s,
     claimed_at = %(now)s,
     unclaimed_since = NULL,
     updated_at = %(now)s
-FROM free, live, total, mine
+FROM free
 WHERE c.service_id = free.service_id
-  AND c.claimant IS NULL
-  AND (free.overdue OR free.rn <= ceil(total.s::numeric / live.k) - mine.m)
 RETURNING c.service_id, c.epoch;
 
--- name: hand_over
--- Give up claims so that instances below the floor share floor(S / K) reach
--- it: at most this instance's excess over the floor share, at most what the
--- others lack beyond the services already free. Only services with nothing
--- in flight (no submitted, non-final batch), held for at least %(min_hold_ms)s
--- (so a service taken past its grace period is not handed straight back),
--- idle services first.
+-- name: hand_over_need
+-- How many claims to give up so that instances below the floor share
+-- floor(S / K) reach it: at most this instance's excess over the floor share,
+-- at most what the others lack beyond the services already free.
 WITH live AS (
     SELECT instance_id
     FROM gateway_instances
@@ -118,20 +193,29 @@ WITH live AS (
     LEFT JOIN held_by AS h ON h.claimant = live.instance_id
     WHERE live.instance_id <> %(me)s
     GROUP BY counts.q, counts.free
-), spare AS (
-    SELECT c.service_id,
-           row_number() OVER (
-               ORDER BY EXISTS (
-                   SELECT 1 FROM batches AS b WHERE b.service_id = c.service_id AND NOT b.final),
-               c.claimed_at DESC,
-               c.service_id) AS rn
-    FROM service_id_claims AS c
-    WHERE c.claimant = %(me)s
-      AND c.claimed_at <= %(now)s - %(min_hold_ms)s
-      AND NOT EXISTS (
-          SELECT 1 FROM batches AS b
-          WHERE b.service_id = c.service_id AND b.submitted AND NOT b.final)
 )
+SELECT greatest(least(counts.m - counts.q, coalesce((SELECT n FROM need), 0)), 0) AS n
+FROM counts;
+
+-- name: hand_over_candidates
+-- Claims to give up, locked: only services with nothing in flight (no
+-- submitted, non-final batch), held for at least %(min_hold_ms)s (so a
+-- service taken past its grace period is not handed straight back), idle
+-- services (no open batch) first.
+SELECT c.service_id
+FROM service_id_claims AS c
+LEFT JOIN queue_heads AS h ON h.service_id = c.service_id
+WHERE c.claimant = %(me)s
+  AND c.claimed_at <= %(now)s - %(min_hold_ms)s
+  AND NOT EXISTS (
+      SELECT 1 FROM batches AS b
+      WHERE b.service_id = c.service_id AND b.submitted AND NOT b.final)
+ORDER BY h.head_seq IS NOT NULL, c.claimed_at DESC, c.service_id
+LIMIT %(limit)s
+FOR UPDATE OF c SKIP LOCKED;
+
+-- name: hand_over
+-- Give them up, checking again (new snapshot) that nothing is in flight.
 UPDATE service_id_claims AS c
 SET claimant = NULL,
     expiry_1 = NULL,
@@ -139,30 +223,49 @@ SET claimant = NULL,
     claimed_at = NULL,
     unclaimed_since = %(now)s,
     updated_at = %(now)s
-FROM spare, counts, need
-WHERE c.service_id = spare.service_id
+WHERE c.service_id = ANY(%(service_ids)s::TEXT[])
   AND c.claimant = %(me)s
-  AND spare.rn <= least(counts.m - counts.q, need.n)
+  AND NOT EXISTS (
+      SELECT 1 FROM batches AS b
+      WHERE b.service_id = c.service_id AND b.submitted AND NOT b.final)
 RETURNING c.service_id;
 
+-- name: held_digest
+-- What this instance holds, summed up: how many claims, the sum of their
+-- epochs (epochs only grow, and only this instance claims for itself, so the
+-- pair changes whenever the set does), and its lease.
+SELECT count(c.service_id) AS n,
+       coalesce(sum(c.epoch), 0) AS epochs,
+       (SELECT i.expiry_1 FROM gateway_instances AS i WHERE i.instance_id = %(me)s) AS lease
+FROM service_id_claims AS c
+WHERE c.claimant = %(me)s;
+
 -- name: held
-SELECT service_id, epoch, expiry_1
+SELECT service_id, epoch
 FROM service_id_claims
 WHERE claimant = %(me)s
 ORDER BY service_id;
 
 -- name: release_all
 -- Clean shutdown: give everything back, marked as past the grace period so
--- that any instance takes it at once, and leave the live set.
-UPDATE service_id_claims
+-- that any instance takes it at once. Locked in service order (it waits: the
+-- submitter has drained by now).
+WITH mine AS (
+    SELECT service_id FROM service_id_claims
+    WHERE claimant = %(me)s
+    ORDER BY service_id
+    FOR UPDATE
+)
+UPDATE service_id_claims AS c
 SET claimant = NULL,
     expiry_1 = NULL,
     expiry_2 = NULL,
     claimed_at = NULL,
     unclaimed_since = %(now)s - %(grace_ms)s,
     updated_at = %(now)s
-WHERE claimant = %(me)s
-RETURNING service_id;
+FROM mine
+WHERE c.service_id = mine.service_id AND c.claimant = %(me)s
+RETURNING c.service_id;
 
 -- name: deregister
 DELETE FROM gateway_instances WHERE instance_id = %(me)s;
@@ -173,6 +276,7 @@ DELETE FROM gateway_instances WHERE instance_id = %(me)s;
 INSERT INTO service_id_claims (service_id, unclaimed_since, created_at, updated_at)
 SELECT DISTINCT s, %(now)s::BIGINT, %(now)s::BIGINT, %(now)s::BIGINT
 FROM unnest(%(service_ids)s::TEXT[]) AS s
+ORDER BY 1
 ON CONFLICT (service_id) DO NOTHING;
 
 -- name: list_instances
@@ -182,7 +286,12 @@ FROM gateway_instances AS i
 ORDER BY i.started_at, i.instance_id;
 
 -- name: claims_for
-SELECT service_id, claimant, epoch, expiry_1, expiry_2, claimed_at, unclaimed_since
-FROM service_id_claims
-WHERE service_id = ANY(%(service_ids)s::TEXT[])
-ORDER BY service_id;
+-- The claims of some services, with the expiries that apply (lease included).
+SELECT c.service_id, c.claimant, c.epoch,
+       greatest(c.expiry_1, i.expiry_1) AS expiry_1,
+       greatest(c.expiry_2, i.expiry_2) AS expiry_2,
+       c.claimed_at, c.unclaimed_since
+FROM service_id_claims AS c
+LEFT JOIN gateway_instances AS i ON i.instance_id = c.claimant
+WHERE c.service_id = ANY(%(service_ids)s::TEXT[])
+ORDER BY c.service_id;

@@ -41,21 +41,40 @@ GROUP BY i.service_id
 ORDER BY i.service_id
 ON CONFLICT (service_id) DO NOTHING;
 
+-- The queue_heads rows of the services an add_batches call adds to, locked in
+-- key order before it looks for the new batches' blockers: a batch becoming
+-- final locks the same row (ledgerq_release_locks), so the two take turns per
+-- service and each sees what the other committed. A new service's row starts
+-- without a head; the insert trigger on batches sets it.
+-- name: lock_queue_heads
+INSERT INTO queue_heads AS q (service_id, head_seq)
+SELECT DISTINCT s, NULL::bigint FROM unnest(%(service_ids)s::text[]) AS s ORDER BY 1
+ON CONFLICT (service_id) DO UPDATE SET head_seq = q.head_seq;
+
 -- Binary COPY; column order and types must match the rows ledgerq.store.postgres writes.
+-- name: copy_batch_locks
+COPY batch_locks (seq, service_id, mode, entry) FROM STDIN (FORMAT BINARY);
+
+-- The blockers of new batches whose lock entries are written (ledgerq_blocker).
+-- name: blockers_of
+SELECT k.seq, ledgerq_blocker(k.service_id, k.seq)
+FROM unnest(%(seqs)s::bigint[], %(service_ids)s::text[]) AS k(seq, service_id);
+
 -- name: copy_batches
 COPY batches
     (seq, service_id, batch_id, data_change_id, signer_public_key, trace, serialized_batch,
-     created_at)
+     created_at, blocked_by)
 FROM STDIN (FORMAT BINARY);
 
 -- name: copy_transactions
 COPY transactions
     (service_id, transaction_id, batch_id, position, payload, family_name, family_version,
-     signer_public_key)
+     signer_public_key, inputs, outputs, dependencies)
 FROM STDIN (FORMAT BINARY);
 
--- name: batch_exists
-SELECT count(*) FROM batches WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s;
+-- A batch id names one batch in one service (batches_batch_id_key).
+-- name: batch_owner
+SELECT service_id FROM batches WHERE batch_id = %(batch_id)s;
 
 -- name: data_change_id_owner
 SELECT batch_id FROM batches
@@ -179,7 +198,7 @@ LIMIT %(limit)s::int;
 
 -- name: hydrate_transactions
 SELECT b.seq, t.transaction_id, t.family_name, t.family_version, t.payload,
-       t.signer_public_key, t.service_id
+       t.signer_public_key, t.service_id, t.inputs, t.outputs, t.dependencies
 FROM batches b
 JOIN transactions t ON t.service_id = b.service_id AND t.batch_id = b.batch_id
 WHERE b.seq = ANY(%(seqs)s::bigint[])
@@ -309,12 +328,43 @@ SELECT p.service_id,
        (SELECT f.batch_id FROM batches f
         WHERE f.service_id = p.service_id AND NOT f.final AND f.submitted
         ORDER BY f.seq LIMIT 1) AS in_flight_batch_id,
-       p.total
+       p.total,
+       (SELECT count(*) FROM batches f
+        WHERE f.service_id = p.service_id AND NOT f.final AND (f.submitted OR f.status IS NOT NULL)
+          AND (f.submitted OR f.status = 'Pending')) AS in_flight,
+       nx.seq, nx.batch_id, nx.blocked_by,
+       (SELECT h.batch_id FROM batches h WHERE h.seq = nx.blocked_by) AS held_by_batch_id
 FROM page p
+LEFT JOIN LATERAL (
+    SELECT n.seq, n.batch_id, n.blocked_by FROM batches n
+    WHERE n.service_id = p.service_id AND NOT n.final AND NOT n.submitted
+      AND n.status IS DISTINCT FROM 'Pending'
+    ORDER BY n.seq
+    LIMIT 1
+) nx ON true
 ORDER BY p.service_id;
+
+-- The lock entries of some open batches (what holds the next batch of a service).
+-- name: locks_of
+SELECT seq, mode, entry FROM batch_locks WHERE seq = ANY(%(seqs)s::bigint[]);
+
+-- name: transaction_ids_of
+SELECT b.seq, t.transaction_id
+FROM batches b
+JOIN transactions t ON t.service_id = b.service_id AND t.batch_id = b.batch_id
+WHERE b.seq = ANY(%(seqs)s::bigint[]);
 
 -- name: status_counts
 SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1;
+
+-- name: get_batches_by_id
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.batch_id = ANY(%(ids)s::text[])
+ORDER BY b.seq;
 
 -- name: get_batches_by_seq
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
@@ -330,7 +380,7 @@ ORDER BY b.seq;
 -- (no join) and, in the store, the transactions.
 -- name: queue_round
 -- The one-round serial queuer's round over every service; the same round as
--- ledgerq.queuer.select_round (docs/queuer.md). queue_heads holds each
+-- ledgerq.queue.serial.select_round (docs/queuer.md). queue_heads holds each
 -- service's first non-final batch (kept by triggers on batches). busy: per
 -- service, its batches that are not {submitted = false, None}, read from
 -- batches_busy_idx alone (index-only); a service with one submitted or
@@ -364,25 +414,25 @@ ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b
 LIMIT %(limit)s::bigint;
 
 -- name: queue_round_services
--- queue_round restricted to the service ids in %(services)s (an instance's
--- claimed services): one queue_heads row per listed service.
-WITH wanted AS (
-    SELECT DISTINCT service_id FROM unnest(%(services)s::text[]) AS w(service_id)
-),
-busy AS (
-    SELECT service_id, min(seq) AS first_seq,
-           bool_or(submitted OR status IS NOT DISTINCT FROM 'Pending') AS in_flight
-    FROM batches
-    WHERE NOT final AND (submitted OR status IS NOT NULL)
-      AND service_id IN (SELECT service_id FROM wanted)
-    GROUP BY service_id
+-- queue_round restricted to the service ids in %(services)s, distinct (the
+-- store de-duplicates them). Joined, not filtered with IN (SELECT DISTINCT
+-- ...): the planner then knows how many services are listed and reads
+-- batches_busy_idx and queue_heads whole, hashing the list, when that is
+-- cheaper than probing them once per service (docs/BENCHMARKS.md, queuer).
+WITH busy AS (
+    SELECT b.service_id, min(b.seq) AS first_seq,
+           bool_or(b.submitted OR b.status IS NOT DISTINCT FROM 'Pending') AS in_flight
+    FROM batches b
+    JOIN unnest(%(services)s::text[]) AS w(service_id) ON w.service_id = b.service_id
+    WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
+    GROUP BY b.service_id
 ),
 picks AS (
     SELECT first_seq AS seq FROM busy WHERE NOT in_flight
     UNION ALL
     SELECT h.head_seq FROM queue_heads h
+    JOIN unnest(%(services)s::text[]) AS w(service_id) ON w.service_id = h.service_id
     WHERE h.head_seq IS NOT NULL
-      AND h.service_id IN (SELECT service_id FROM wanted)
       AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
@@ -395,6 +445,132 @@ LEFT JOIN submissions s
     ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT %(limit)s::bigint;
+
+-- name: queue_round_claimed
+-- queue_round restricted to the services service_id_claims gives to the
+-- instance %(claimant)s: the round of a high-availability instance, without
+-- shipping its (possibly thousands of) service ids. The claims are joined
+-- like the list above.
+WITH busy AS (
+    SELECT b.service_id, min(b.seq) AS first_seq,
+           bool_or(b.submitted OR b.status IS NOT DISTINCT FROM 'Pending') AS in_flight
+    FROM batches b
+    JOIN service_id_claims c ON c.service_id = b.service_id AND c.claimant = %(claimant)s::text
+    WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
+    GROUP BY b.service_id
+),
+picks AS (
+    SELECT first_seq AS seq FROM busy WHERE NOT in_flight
+    UNION ALL
+    SELECT h.head_seq FROM queue_heads h
+    JOIN service_id_claims c ON c.service_id = h.service_id AND c.claimant = %(claimant)s::text
+    WHERE h.head_seq IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+-- Picks in seq order: the heap is read in about its physical order.
+FROM (SELECT seq FROM picks ORDER BY seq) AS picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s
+    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
+   OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT %(limit)s::bigint;
+
+-- name: parallel_round
+-- The parallel queuer's round over every service; the same round as
+-- ledgerq.queue.parallel.select_parallel_round (docs/queuer.md). A batch is
+-- free when no earlier non-final batch of its service conflicts with it
+-- (blocked_by IS NULL, kept by add_batches and ledgerq_release_locks).
+-- stalled: per service, its free Unknown or window-expired Delayed batch
+-- first in (class, seq), from the busy batches. fresh: per service without
+-- one, its first free new batch (batches_ready_idx, one probe per
+-- queue_heads row). %(exclude)s: seqs never picked.
+WITH stalled AS (
+    SELECT DISTINCT ON (service_id) service_id, seq
+    FROM batches
+    WHERE NOT final AND (submitted OR status IS NOT NULL)
+      AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
+      AND (status = 'Unknown' OR last_attempt_at IS NULL
+           OR last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint)
+      AND seq <> ALL(%(exclude)s::bigint[])
+    ORDER BY service_id, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
+),
+fresh AS (
+    SELECT f.seq
+    FROM queue_heads h
+    CROSS JOIN LATERAL (
+        SELECT r.seq FROM batches r
+        WHERE r.service_id = h.service_id
+          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+          AND r.seq <> ALL(%(exclude)s::bigint[])
+        ORDER BY r.seq
+        LIMIT 1
+    ) f
+    WHERE h.head_seq IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = h.service_id)
+),
+picks AS (
+    SELECT seq FROM stalled
+    UNION ALL
+    SELECT seq FROM fresh
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM (SELECT seq FROM picks ORDER BY seq) AS picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s
+    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT %(limit)s::bigint;
+
+-- name: parallel_round_services
+-- parallel_round restricted to the service ids in %(services)s.
+WITH wanted AS (
+    SELECT DISTINCT service_id FROM unnest(%(services)s::text[]) AS w(service_id)
+),
+stalled AS (
+    SELECT DISTINCT ON (service_id) service_id, seq
+    FROM batches
+    WHERE NOT final AND (submitted OR status IS NOT NULL)
+      AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
+      AND (status = 'Unknown' OR last_attempt_at IS NULL
+           OR last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint)
+      AND seq <> ALL(%(exclude)s::bigint[])
+      AND service_id IN (SELECT service_id FROM wanted)
+    ORDER BY service_id, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
+),
+fresh AS (
+    SELECT f.seq
+    FROM wanted h
+    CROSS JOIN LATERAL (
+        SELECT r.seq FROM batches r
+        WHERE r.service_id = h.service_id
+          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+          AND r.seq <> ALL(%(exclude)s::bigint[])
+        ORDER BY r.seq
+        LIMIT 1
+    ) f
+    WHERE NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = h.service_id)
+),
+picks AS (
+    SELECT seq FROM stalled
+    UNION ALL
+    SELECT seq FROM fresh
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM (SELECT seq FROM picks ORDER BY seq) AS picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s
+    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT %(limit)s::bigint;
 
@@ -430,6 +606,17 @@ JOIN unnest(%(service_ids)s::text[], %(instance_ids)s::text[], %(epochs)s::bigin
     ON c.service_id = k.service_id AND c.claimant = k.instance_id AND c.epoch = k.epoch
 ORDER BY c.service_id
 FOR SHARE OF c;
+
+-- The queue_heads rows of the services whose batches a group makes final,
+-- locked in key order before the writes: the heads trigger then finds them
+-- locked by this transaction, whatever order the UPDATE visits the batches
+-- in, and add_batches locks them in the same order (no deadlock).
+-- name: lock_finishing_heads
+SELECT service_id
+FROM queue_heads
+WHERE service_id = ANY(%(service_ids)s::text[])
+ORDER BY service_id
+FOR UPDATE;
 
 -- Set-based forms of the group writes (apply_writes): one statement for a
 -- whole wave, each parameter an array with one element per row. A wave

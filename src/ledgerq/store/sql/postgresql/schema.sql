@@ -39,8 +39,13 @@ CREATE TABLE batches (
     final             BOOLEAN NOT NULL DEFAULT FALSE,
     last_attempt_at   BIGINT,
     attempts          INTEGER NOT NULL DEFAULT 0,
+    -- The parallel queuer: the latest earlier non-final batch of the service
+    -- this one conflicts with; NULL if none (docs/queuer.md).
+    blocked_by        BIGINT,
     PRIMARY KEY (service_id, batch_id),
     CONSTRAINT batches_seq_key UNIQUE (seq),
+    -- A batch id names one batch in one service; also the lookup by id alone.
+    CONSTRAINT batches_batch_id_key UNIQUE (batch_id),
     CONSTRAINT batches_data_change_id_key UNIQUE (service_id, data_change_id),
     CONSTRAINT batches_final_check CHECK (
         final = (status IS NOT NULL AND status IN ('Invalid', 'Valid', 'Committed'))
@@ -57,6 +62,12 @@ CREATE INDEX batches_busy_idx ON batches (service_id, seq) INCLUDE (submitted, s
     WHERE NOT final AND (submitted OR status IS NOT NULL);
 -- Joint statistics, so the planner sees how few batches are busy.
 CREATE STATISTICS batches_queue_state (mcv) ON final, submitted, status FROM batches;
+-- The parallel round's new picks: per service, its free new batches in order.
+CREATE INDEX batches_ready_idx ON batches (service_id, seq)
+    WHERE NOT final AND blocked_by IS NULL AND NOT submitted AND status IS NULL;
+-- The batches a batch holds, looked up when it becomes final.
+CREATE INDEX batches_blocked_by_idx ON batches (blocked_by)
+    WHERE blocked_by IS NOT NULL AND NOT final;
 
 -- Per service, the seq of its first non-final batch, kept by the triggers
 -- below in the transaction of every write that can change it: queue_round
@@ -121,6 +132,11 @@ CREATE TABLE transactions (
     family_name       VARCHAR(128) NOT NULL,
     family_version    VARCHAR(16) NOT NULL,
     signer_public_key VARCHAR(70) NOT NULL,
+    -- As the transaction header declares them. NULL: not known (tracked
+    -- before they were recorded), which the queuer reads as every address.
+    inputs            TEXT[],
+    outputs           TEXT[],
+    dependencies      TEXT[],
     PRIMARY KEY (service_id, transaction_id),
     FOREIGN KEY (service_id, batch_id)
         REFERENCES batches (service_id, batch_id) ON DELETE CASCADE
@@ -128,10 +144,101 @@ CREATE TABLE transactions (
 
 CREATE INDEX transactions_batch_idx ON transactions (service_id, batch_id, position);
 
+-- The lock entries of non-final batches (ledgerq.queue.parallel.BatchAccess):
+-- 'r' may read and 'w' may write an address or prefix (lower-case hex, at most
+-- 70 characters), 'd' depends on the transaction whose id is the entry.
+-- Written with the batch, deleted when it becomes final.
+CREATE TABLE batch_locks (
+    seq        BIGINT NOT NULL,
+    service_id VARCHAR(64) NOT NULL,
+    mode       TEXT NOT NULL CHECK (mode IN ('r', 'w', 'd')),
+    entry      TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (seq, mode, entry)
+);
+
+-- Earlier entries equal to one, or under it (a range of the "C" order).
+CREATE INDEX batch_locks_entry_idx ON batch_locks (service_id, entry, mode, seq);
+-- Entries shorter than an address: the prefixes that may begin an entry.
+CREATE INDEX batch_locks_prefix_idx ON batch_locks (service_id, seq) INCLUDE (mode, entry)
+    WHERE length(entry) < 70 AND mode <> 'd';
+
 -- Signed batches and payloads barely compress; trying costs CPU on every
 -- insert. Store them out of line, uncompressed.
 ALTER TABLE batches ALTER COLUMN serialized_batch SET STORAGE EXTERNAL;
 ALTER TABLE transactions ALTER COLUMN payload SET STORAGE EXTERNAL;
+
+-- The latest earlier non-final batch of p_service that conflicts with batch
+-- p_seq, from their lock entries; NULL if none. The same rule as
+-- ledgerq.queue.parallel.conflict: an earlier write overlapping one of its
+-- entries, an earlier read overlapping one of its writes, or a transaction it
+-- depends on. Two entries overlap when one begins the other.
+CREATE FUNCTION ledgerq_blocker(p_service VARCHAR, p_seq BIGINT) RETURNS BIGINT
+    LANGUAGE sql STABLE
+    AS $$
+SELECT max(found) FROM (
+    -- The same entry, written before (each a backward index probe).
+    SELECT (SELECT max(l.seq) FROM batch_locks l
+            WHERE l.service_id = p_service AND l.entry = n.entry AND l.mode = 'w'
+              AND l.seq < p_seq) AS found
+    FROM batch_locks n WHERE n.seq = p_seq AND n.mode IN ('r', 'w')
+    UNION ALL
+    -- The same entry, read before, when this batch writes it.
+    SELECT (SELECT max(l.seq) FROM batch_locks l
+            WHERE l.service_id = p_service AND l.entry = n.entry AND l.mode = 'r'
+              AND l.seq < p_seq)
+    FROM batch_locks n WHERE n.seq = p_seq AND n.mode = 'w'
+    UNION ALL
+    -- Longer entries that begin with one of ours: entries are hex, so they
+    -- sort between it and it followed by 'g'.
+    SELECT (SELECT max(l.seq) FROM batch_locks l
+            WHERE l.service_id = p_service AND l.entry > n.entry AND l.entry < n.entry || 'g'
+              AND (l.mode = 'w' OR (l.mode = 'r' AND n.mode = 'w')) AND l.seq < p_seq)
+    FROM batch_locks n WHERE n.seq = p_seq AND n.mode IN ('r', 'w')
+    UNION ALL
+    -- Shorter entries that begin one of ours (prefixes: batch_locks_prefix_idx).
+    SELECT (SELECT max(l.seq) FROM batch_locks l
+            WHERE l.service_id = p_service AND length(l.entry) < 70 AND l.mode <> 'd'
+              AND l.seq < p_seq AND length(l.entry) < length(n.entry)
+              AND starts_with(n.entry, l.entry)
+              AND (l.mode = 'w' OR n.mode = 'w'))
+    FROM batch_locks n WHERE n.seq = p_seq AND n.mode IN ('r', 'w')
+    UNION ALL
+    -- Transactions it depends on, in earlier non-final batches of the service.
+    SELECT (SELECT max(b.seq) FROM transactions t
+            JOIN batches b ON b.service_id = t.service_id AND b.batch_id = t.batch_id
+            WHERE t.service_id = p_service AND t.transaction_id = n.entry
+              AND b.seq < p_seq AND NOT b.final)
+    FROM batch_locks n WHERE n.seq = p_seq AND n.mode = 'd'
+) AS candidates
+$$;
+
+-- A batch that became final (or a non-final one deleted) holds nothing: its
+-- entries go, and the batches it held look for another blocker. The service's
+-- queue_heads row is locked first, as ledgerq_queue_heads_refresh does and as
+-- add_batches does before it looks for the blockers of new batches: the two
+-- take turns per service, and each sees what the other committed.
+CREATE FUNCTION ledgerq_release_locks() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND NOT NEW.final THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO queue_heads AS q (service_id, head_seq) VALUES (OLD.service_id, NULL)
+    ON CONFLICT (service_id) DO UPDATE SET head_seq = q.head_seq;
+    DELETE FROM batch_locks WHERE seq = OLD.seq;
+    UPDATE batches SET blocked_by = ledgerq_blocker(service_id, seq)
+    WHERE blocked_by = OLD.seq AND NOT final;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER batches_release_locks_update AFTER UPDATE OF final ON batches
+    FOR EACH ROW WHEN (OLD.final IS DISTINCT FROM NEW.final)
+    EXECUTE FUNCTION ledgerq_release_locks();
+CREATE TRIGGER batches_release_locks_delete AFTER DELETE ON batches
+    FOR EACH ROW WHEN (NOT OLD.final)
+    EXECUTE FUNCTION ledgerq_release_locks();
 
 -- No foreign key to transactions: receipts arrive for every transaction
 -- committed on the circuit, including ones this store never tracked.
@@ -191,19 +298,26 @@ CREATE TABLE gateway_instances (
     -- Written on every renewal; instances with a recent heartbeat count toward
     -- the fair share.
     heartbeat_at BIGINT NOT NULL,
-    address      TEXT
+    address      TEXT,
+    -- The instance's lease, renewed with the heartbeat: every claim it holds
+    -- expires at the later of this and the claim's own expiry (first and
+    -- second expiry, as on the claim rows).
+    expiry_1     BIGINT,
+    expiry_2     BIGINT
 );
 
 CREATE TABLE service_id_claims (
     service_id      VARCHAR(64) PRIMARY KEY CHECK (service_id <> ''),
     -- NULL: unclaimed (never claimed, voided, handed over or released).
     claimant        VARCHAR(128),
-    -- Grows by one every time the service is claimed; fenced writes carry the
-    -- epoch they acted under.
+    -- A new value of service_id_claims_epoch_seq every time the service is
+    -- claimed; fenced writes carry the epoch they acted under.
     epoch           BIGINT NOT NULL DEFAULT 0,
-    -- First expiry: void once passed unless the holder is mid-submission.
+    -- First expiry (or the holder's lease, if later): void once passed unless
+    -- the holder is mid-submission.
     expiry_1        BIGINT,
-    -- Second expiry: void once passed, whatever the holder is doing.
+    -- Second expiry (or the holder's, if later): void once passed, whatever
+    -- the holder is doing.
     expiry_2        BIGINT,
     claimed_at      BIGINT,
     -- When the service last became unclaimed; drives the grace period.
@@ -218,4 +332,12 @@ CREATE TABLE service_id_claims (
     )
 );
 
-CREATE INDEX service_id_claims_claimant_idx ON service_id_claims (claimant);
+-- What an instance holds, with the epochs, read from the index alone; the
+-- free services in the order they are taken.
+CREATE INDEX service_id_claims_claimant_idx ON service_id_claims (claimant, service_id)
+    INCLUDE (epoch);
+CREATE INDEX service_id_claims_free_idx ON service_id_claims (unclaimed_since, service_id)
+    WHERE claimant IS NULL;
+
+-- Epochs never repeat, even for a claim row deleted and created again.
+CREATE SEQUENCE service_id_claims_epoch_seq AS BIGINT;

@@ -27,16 +27,62 @@ VALUES
 -- name: insert_transaction
 INSERT INTO transactions
     (service_id, transaction_id, batch_id, position, payload, family_name, family_version,
-     signer_public_key)
+     signer_public_key, inputs, outputs, dependencies)
 VALUES
     (:service_id, :transaction_id, :batch_id, :position, :payload, :family_name, :family_version,
-     :signer_public_key);
+     :signer_public_key, :inputs, :outputs, :dependencies);
+
+-- name: insert_lock
+INSERT INTO batch_locks (seq, service_id, mode, entry) VALUES (:seq, :service_id, :mode, :entry);
+
+-- The blockers of the batches just added (seqs :first to :last, their lock
+-- entries written): the latest earlier non-final batch of the service each
+-- conflicts with, by the rule of ledgerq.queue.parallel.conflict — the same
+-- expression as the batches_release_locks_* triggers.
+-- name: block_new_batches
+UPDATE batches SET blocked_by = nullif(max(
+    -- The same entry, written before (each a backward index probe).
+    coalesce((SELECT max((SELECT max(l.seq) FROM batch_locks l
+                          WHERE l.service_id = n.service_id AND l.entry = n.entry
+                            AND l.mode = 'w' AND l.seq < n.seq))
+              FROM batch_locks n WHERE n.seq = batches.seq AND n.mode IN ('r', 'w')), 0),
+    -- The same entry, read before, when this batch writes it.
+    coalesce((SELECT max((SELECT max(l.seq) FROM batch_locks l
+                          WHERE l.service_id = n.service_id AND l.entry = n.entry
+                            AND l.mode = 'r' AND l.seq < n.seq))
+              FROM batch_locks n WHERE n.seq = batches.seq AND n.mode = 'w'), 0),
+    -- Longer entries that begin with one of ours: entries are hex, so they
+    -- sort between it and it followed by 'g'.
+    coalesce((SELECT max((SELECT max(l.seq) FROM batch_locks l
+                          WHERE l.service_id = n.service_id AND l.entry > n.entry
+                            AND l.entry < n.entry || 'g'
+                            AND (l.mode = 'w' OR (l.mode = 'r' AND n.mode = 'w'))
+                            AND l.seq < n.seq))
+              FROM batch_locks n WHERE n.seq = batches.seq AND n.mode IN ('r', 'w')), 0),
+    -- Shorter entries that begin one of ours (prefixes: batch_locks_prefix_idx).
+    coalesce((SELECT max((SELECT max(l.seq) FROM batch_locks l
+                          WHERE l.service_id = n.service_id AND length(l.entry) < 70
+                            AND l.mode <> 'd' AND l.seq < n.seq
+                            AND length(l.entry) < length(n.entry)
+                            AND substr(n.entry, 1, length(l.entry)) = l.entry
+                            AND (l.mode = 'w' OR n.mode = 'w')))
+              FROM batch_locks n WHERE n.seq = batches.seq AND n.mode IN ('r', 'w')), 0),
+    -- Transactions it depends on, in earlier non-final batches of the service.
+    coalesce((SELECT max((SELECT max(d.seq) FROM transactions t
+                          JOIN batches d ON d.service_id = t.service_id AND d.batch_id = t.batch_id
+                          WHERE t.service_id = n.service_id AND t.transaction_id = n.entry
+                            AND d.seq < n.seq AND NOT d.final))
+              FROM batch_locks n WHERE n.seq = batches.seq AND n.mode = 'd'), 0)
+), 0)
+WHERE seq BETWEEN :first AND :last
+  AND EXISTS (SELECT 1 FROM batch_locks k WHERE k.seq = batches.seq);
 
 -- name: last_seq
 SELECT last_insert_rowid();
 
--- name: batch_exists
-SELECT count(*) FROM batches WHERE service_id = :service_id AND batch_id = :batch_id;
+-- A batch id names one batch in one service (batches_batch_id_key).
+-- name: batch_owner
+SELECT service_id FROM batches WHERE batch_id = :batch_id;
 
 -- name: data_change_id_owner
 SELECT batch_id FROM batches WHERE service_id = :service_id AND data_change_id = :data_change_id;
@@ -148,7 +194,7 @@ LIMIT :limit;
 
 -- name: hydrate_transactions
 SELECT b.seq, t.transaction_id, t.family_name, t.family_version, t.payload,
-       t.signer_public_key, t.service_id
+       t.signer_public_key, t.service_id, t.inputs, t.outputs, t.dependencies
 FROM batches b
 JOIN transactions t ON t.service_id = b.service_id AND t.batch_id = b.batch_id
 WHERE b.seq IN (SELECT value FROM json_each(:seqs))
@@ -269,6 +315,14 @@ WITH page AS (
     GROUP BY service_id
     ORDER BY service_id
     LIMIT :limit
+),
+nexts AS (
+    SELECT p.service_id, p.total,
+           (SELECT n.seq FROM batches n
+            WHERE n.service_id = p.service_id AND NOT n.final AND NOT n.submitted
+              AND n.status IS NOT 'Pending'
+            ORDER BY n.seq LIMIT 1) AS next_seq
+    FROM page p
 )
 SELECT p.service_id,
        (SELECT count(*) FROM batches o
@@ -279,12 +333,37 @@ SELECT p.service_id,
        (SELECT f.batch_id FROM batches f
         WHERE f.service_id = p.service_id AND NOT f.final AND f.submitted
         ORDER BY f.seq LIMIT 1) AS in_flight_batch_id,
-       p.total
-FROM page p
+       p.total,
+       (SELECT count(*) FROM batches f
+        WHERE f.service_id = p.service_id AND NOT f.final AND (f.submitted OR f.status IS NOT NULL)
+          AND (f.submitted OR f.status = 'Pending')) AS in_flight,
+       n.seq, n.batch_id, n.blocked_by,
+       (SELECT h.batch_id FROM batches h WHERE h.seq = n.blocked_by) AS held_by_batch_id
+FROM nexts p
+LEFT JOIN batches n ON n.seq = p.next_seq
 ORDER BY p.service_id;
+
+-- The lock entries of some open batches (what holds the next batch of a service).
+-- name: locks_of
+SELECT seq, mode, entry FROM batch_locks WHERE seq IN (SELECT value FROM json_each(:seqs));
+
+-- name: transaction_ids_of
+SELECT b.seq, t.transaction_id
+FROM batches b
+JOIN transactions t ON t.service_id = b.service_id AND t.batch_id = b.batch_id
+WHERE b.seq IN (SELECT value FROM json_each(:seqs));
 
 -- name: status_counts
 SELECT coalesce(status, 'none'), count(*) FROM batches GROUP BY 1;
+
+-- name: get_batches_by_id
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.batch_id IN (SELECT value FROM json_each(:ids))
+ORDER BY b.seq;
 
 -- name: get_batches_by_seq
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
@@ -300,7 +379,7 @@ ORDER BY b.seq;
 -- (no join) and, in the store, the transactions.
 -- name: queue_round
 -- The one-round serial queuer's round over every service; the same round as
--- ledgerq.queuer.select_round (docs/queuer.md). open_services: a skip scan of
+-- ledgerq.queue.serial.select_round (docs/queuer.md). open_services: a skip scan of
 -- batches_open_idx (one index probe per service); each service's head is one
 -- more probe. busy: per service, its batches that are not {submitted = false,
 -- None} (batches_busy_idx); a service with one submitted or Pending is in
@@ -379,6 +458,122 @@ LEFT JOIN submissions s
     ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= :now - :delay_window_ms
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT coalesce(:limit, -1);
+
+-- name: parallel_round
+-- The parallel queuer's round over every service; the same round as
+-- ledgerq.queue.parallel.select_parallel_round (docs/queuer.md). A batch is
+-- free when no earlier non-final batch of its service conflicts with it
+-- (blocked_by IS NULL, kept by add_batches and the batches_release_locks_*
+-- triggers). stalled: per service, its free Unknown or window-expired Delayed
+-- batch first in (class, seq), from the busy batches. fresh: per service
+-- without one, its first free new batch: a skip scan of batches_ready_idx
+-- visits only services that have one. :exclude: seqs never picked (JSON).
+WITH RECURSIVE excluded(seq) AS (
+    SELECT value FROM json_each(:exclude)
+),
+stalled AS (
+    SELECT service_id, seq FROM (
+        SELECT service_id, seq,
+               row_number() OVER (
+                   PARTITION BY service_id
+                   ORDER BY CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
+               ) AS place
+        FROM batches
+        WHERE NOT final AND (submitted OR status IS NOT NULL)
+          AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
+          AND (status = 'Unknown' OR last_attempt_at IS NULL
+               OR last_attempt_at <= :now - :delay_window_ms)
+          AND seq NOT IN (SELECT seq FROM excluded)
+    )
+    WHERE place = 1
+),
+ready_services(service_id) AS (
+    SELECT min(service_id) FROM batches
+    WHERE NOT final AND blocked_by IS NULL AND NOT submitted AND status IS NULL
+    UNION ALL
+    SELECT (
+        SELECT min(r.service_id) FROM batches AS r
+        WHERE NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+          AND r.service_id > ready_services.service_id
+    )
+    FROM ready_services
+    WHERE ready_services.service_id IS NOT NULL
+),
+fresh(seq) AS (
+    SELECT (
+        SELECT min(r.seq) FROM batches AS r
+        WHERE r.service_id = ready_services.service_id
+          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+          AND r.seq NOT IN (SELECT seq FROM excluded)
+    )
+    FROM ready_services
+    WHERE ready_services.service_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = ready_services.service_id)
+),
+picks(seq) AS (
+    SELECT seq FROM stalled
+    UNION ALL
+    SELECT seq FROM fresh WHERE seq IS NOT NULL
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s
+    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT coalesce(:limit, -1);
+
+-- name: parallel_round_services
+-- parallel_round restricted to the service ids in :services (a JSON array).
+WITH excluded(seq) AS (
+    SELECT value FROM json_each(:exclude)
+),
+wanted(service_id) AS (
+    SELECT DISTINCT value FROM json_each(:services)
+),
+stalled AS (
+    SELECT service_id, seq FROM (
+        SELECT service_id, seq,
+               row_number() OVER (
+                   PARTITION BY service_id
+                   ORDER BY CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
+               ) AS place
+        FROM batches
+        WHERE NOT final AND (submitted OR status IS NOT NULL)
+          AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
+          AND (status = 'Unknown' OR last_attempt_at IS NULL
+               OR last_attempt_at <= :now - :delay_window_ms)
+          AND seq NOT IN (SELECT seq FROM excluded)
+          AND service_id IN (SELECT service_id FROM wanted)
+    )
+    WHERE place = 1
+),
+fresh(seq) AS (
+    SELECT (
+        SELECT min(r.seq) FROM batches AS r
+        WHERE r.service_id = wanted.service_id
+          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+          AND r.seq NOT IN (SELECT seq FROM excluded)
+    )
+    FROM wanted
+    WHERE NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = wanted.service_id)
+),
+picks(seq) AS (
+    SELECT seq FROM stalled
+    UNION ALL
+    SELECT seq FROM fresh WHERE seq IS NOT NULL
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s
+    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT coalesce(:limit, -1);
 

@@ -1,0 +1,197 @@
+"""``ledgerq bench node_history``: the node process over a long history, fed over REST.
+
+A real ``ledgerq node`` process with a data directory is fed ``--batches``
+intkey batches (each ``set``s a name of its own, so the state grows with
+history) over ``POST /batches`` by one client process per core (each
+pre-signs its share, then posts ``--chunk`` batches per request with
+``--concurrency`` requests in flight). Measured:
+
+* throughput: committed transactions per second over REST, first POST to
+  last commit, and per tenth of the run;
+* memory: the node's RSS (and its anonymous part, the heap: RSS also counts
+  the store's file pages the kernel maps in, which it can drop at will) at
+  10 % of the batches and at the end;
+* restart: after ``kill -9`` at the end, the time until the node listens
+  again (store opened, journal tail replayed), and after a clean stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import click
+
+from bench.report import console, table, write_section
+from ledgerq.codec import Signer, encode_batch_list
+from ledgerq.codec.intkey import make_intkey_batch
+
+LEDGERQ = str(Path(sys.executable).parent / "ledgerq")
+
+
+def _sign(args: tuple[int, int, int, int]) -> tuple[list[bytes], list[str]]:
+    client, first, count, chunk = args
+    signer = Signer.generate()
+    bodies, last_ids = [], []
+    for start in range(first, first + count, chunk):
+        batches = [
+            make_intkey_batch(signer, [("set", f"h{client}-{i}", i % 1000)])
+            for i in range(start, min(start + chunk, first + count))
+        ]
+        bodies.append(encode_batch_list(batches))
+        last_ids.append(batches[-1].header_signature)
+    return bodies, last_ids
+
+
+def _post_all(url: str, bodies: list[bytes], last_ids: list[str], concurrency: int) -> None:
+    asyncio.run(_post(url, bodies, last_ids, concurrency))
+
+
+async def _post(url: str, bodies: list[bytes], last_ids: list[str], concurrency: int) -> None:
+    queue = list(range(len(bodies)))[::-1]
+    headers = {"Content-Type": "application/octet-stream"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                while True:
+                    async with session.post(f"{url}/batches", data=bodies[i], headers=headers) as r:
+                        if r.status == 202:
+                            break
+                        if r.status != 429:
+                            raise RuntimeError(f"POST /batches answered {r.status}")
+                    await asyncio.sleep(0.05)
+                # The window: wait for this chunk's last batch before sending another.
+                async with session.get(f"{url}/batch_statuses?id={last_ids[i]}&wait=60") as r:
+                    await r.read()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+class NodeProcess:
+    def __init__(self, data_dir: Path) -> None:
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [LEDGERQ, "node", "--bind", "127.0.0.1:0", "--data-dir", str(data_dir)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            found = re.search(r"listening on (http://\S+)", line)
+            if found:
+                self.url = found.group(1)
+                break
+        else:
+            raise RuntimeError(f"the node exited with {self.proc.wait()}")
+        self.ready_s = time.perf_counter() - self.started
+
+    def memory(self) -> tuple[float, float]:
+        """RSS and its anonymous part, MiB."""
+        fields = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            fields[name] = value.strip()
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["RssAnon"].split()[0]) / 1024
+
+    def stop(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(120)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+
+async def _height(url: str) -> int:
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/blocks?limit=1") as r:
+        doc = await r.json()
+        return int(doc["data"][0]["header"]["block_num"]) if doc["data"] else 0
+
+
+@click.command("node_history")
+@click.option("--batches", default=1_000_000, show_default=True)
+@click.option("--chunk", default=500, show_default=True, help="Batches per POST.")
+@click.option("--concurrency", default=4, show_default=True, help="POSTs in flight per client.")
+@click.option("--clients", default=os.cpu_count() or 1, show_default=True)
+@click.option("--write/--no-write", default=True, show_default=True)
+def command(batches: int, chunk: int, concurrency: int, clients: int, write: bool) -> None:
+    """RSS over a long history, restart time, REST throughput with one client per core."""
+    load_before = os.getloadavg()[0]
+    share = batches // clients
+    ctx = multiprocessing.get_context("spawn")
+    t0 = time.perf_counter()
+    with ctx.Pool(clients) as pool:
+        signed = pool.map(_sign, [(c, c * share, share, chunk) for c in range(clients)])
+    console.print(f"signed {share * clients:,} batches in {time.perf_counter() - t0:.0f} s")
+    total = share * clients
+    with tempfile.TemporaryDirectory(prefix="ledgerq-history-") as tmp:
+        node = NodeProcess(Path(tmp))
+        posters = [
+            ctx.Process(target=_post_all, args=(node.url, b, ids, concurrency)) for b, ids in signed
+        ]
+        del signed
+        start = time.perf_counter()
+        for p in posters:
+            p.start()
+        marks: list[tuple[int, float, float, float]] = []  # height, seconds, rss, anon
+        tenth = max(1, total // 10)
+        next_mark = tenth
+        while True:
+            height = asyncio.run(_height(node.url))
+            if height >= next_mark or height >= total:
+                rss, anon = node.memory()
+                marks.append((height, time.perf_counter() - start, rss, anon))
+                console.print(f"{height:,} committed, {rss:.0f} MiB RSS ({anon:.0f} anon)")
+                next_mark += tenth
+            if height >= total:
+                break
+            if not any(p.is_alive() for p in posters) and height < total:
+                time.sleep(1)
+                if asyncio.run(_height(node.url)) < total:
+                    raise RuntimeError("the clients stopped before every batch committed")
+            time.sleep(0.5)
+        elapsed = time.perf_counter() - start
+        for p in posters:
+            p.join(60)
+        node.stop(signal.SIGKILL)
+        killed = NodeProcess(Path(tmp))
+        after_kill = killed.ready_s
+        rss_restart, anon_restart = killed.memory()
+        killed.stop(signal.SIGTERM)
+        clean = NodeProcess(Path(tmp))
+        after_clean = clean.ready_s
+        clean.stop(signal.SIGTERM)
+        disk = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file()) / 2**20
+    first, last = marks[0], marks[-1]
+    steady = (last[0] - first[0]) / max(1e-9, last[1] - first[1])
+    rows = [[f"{h:,}", f"{s:.0f}", f"{h / s:,.0f}", f"{r:.0f}", f"{a:.0f}"] for h, s, r, a in marks]
+    markdown = (
+        f"`ledgerq node` with a data directory, fed {total:,} single-transaction intkey batches "
+        f"(each sets a new name: the state grows with the history) over REST by {clients} "
+        f"client processes (one per core, batches pre-signed), {chunk} batches per POST, "
+        f"{concurrency} POSTs in flight per client. Node, clients and everything else on the "
+        f"machine share its cores. Load average (1 min) before/after: {load_before:.1f}/"
+        f"{os.getloadavg()[0]:.1f}.\n\n"
+        + table(["committed", "s", "tx/s so far", "RSS MiB", "anon MiB"], rows)
+        + f"\n\n* REST throughput from the first tenth to the end: **{steady:,.0f} tx/s** "
+        f"(first POST to last commit, client start-up included: {total / elapsed:,.0f} tx/s).\n"
+        f"* RSS growth from {first[0]:,} to {last[0]:,} batches: "
+        f"**{last[2] - first[2]:+.0f} MiB** (anonymous memory {last[3] - first[3]:+.0f} MiB; "
+        "the rest is the store's file pages the kernel maps in and may drop).\n"
+        f"* Restart after `kill -9` at the end: listening again in **{after_kill:.2f} s** "
+        f"(RSS then {rss_restart:.0f} MiB, {anon_restart:.0f} anon); after a clean stop: "
+        f"{after_clean:.2f} s.\n"
+        f"* Data directory at the end: {disk:,.0f} MiB.\n"
+    )
+    console.print(markdown)
+    if write:
+        write_section("node-history", markdown)

@@ -1,0 +1,264 @@
+"""Parallel queuer: batches/s of ``--strategy parallel`` against ``serial``, side by side.
+
+Each run starts the fault ledger (``ledgerq.testing.fault_ledger``: Sawtooth's
+REST API only, every batch committed ``--commit-delay-ms`` after it was
+accepted, judging overlaps), a fresh store, and ``ledgerq serve
+--strategy S`` as its own process; then POSTs ``--services`` × ``--batches``
+intkey batches (one BatchList per service, all at once) and waits until the
+gateway reports every batch final. *Batches/s* is batches over the time from
+the first POST to the last final status. Two cases, each run for both
+strategies in turn, ``--rounds`` times:
+
+* *independent*: each service's batches spread round-robin over ``--names``
+  names of its own (``set`` first, then ``inc``\\ s): batches on different
+  names do not conflict;
+* *one name*: every batch of a service on one name: everything conflicts, the
+  parallel strategy can gain nothing and must lose (almost) nothing.
+
+With ``--faults`` (the default) the ledger answers some POSTs 503, drops the
+connection after accepting some, and forgets some accepted batches before
+committing them. Every run is judged as the end-to-end tests judge: each
+batch's verdict, each name's final value and commit order equal a serial run
+(the serial oracle), no POST of a batch the ledger held, and no two
+conflicting batches pending together. The gateway's delay window is 300 ms
+in both strategies (a ``Delayed`` batch would otherwise wait 15 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import click
+
+from bench import _harness as harness
+from bench import report
+from ledgerq.testing.fault_ledger import FaultLedger, FaultPlan
+from ledgerq.testing.workload import KeyedWorkload
+
+_FAULTS = (
+    "with faults (503: 5 %, connection dropped after accepting: 3 %, accepted batch forgotten: 3 %)"
+)
+GATEWAY_ENV = {
+    "LEDGERQ_DELAY_WINDOW_MS": "300",
+    "LEDGERQ_LOG_LEVEL": "WARNING",
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    case: str
+    strategy: str
+    batches: int
+    seconds: float
+    posts: int
+    faults: dict[str, int]
+    peak_pending: int
+    problems: list[str]
+
+    @property
+    def rate(self) -> float:
+        return self.batches / self.seconds
+
+
+def _plan(commit_delay_ms: int, faults: bool) -> FaultPlan:
+    if not faults:
+        return FaultPlan(commit_delay_ms=commit_delay_ms)
+    return FaultPlan(
+        commit_delay_ms=commit_delay_ms,
+        busy_503=0.05,
+        drop_after_accept=0.03,
+        forget=0.03,
+    )
+
+
+async def _wait_final(
+    session: aiohttp.ClientSession, gateway: str, workload: KeyedWorkload, timeout_s: float
+) -> dict[str, str]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    final: dict[str, str] = {}
+    total = len(workload.all_ids())
+
+    async def one(service: str, ids: list[str]) -> None:
+        async with session.get(
+            f"{gateway}/batch_statuses",
+            params={"id": ",".join(ids), "service_id": service, "wait": "1"},
+        ) as resp:
+            for entry in (await resp.json())["data"]:
+                if entry["status"] in ("COMMITTED", "INVALID"):
+                    final[entry["id"]] = entry["status"]
+
+    while len(final) < total and loop.time() < deadline:
+        waits = []
+        for service, bs in workload.batches.items():
+            ids = [b.header_signature for b in bs if b.header_signature not in final]
+            if ids:
+                waits.append(one(service, ids))
+        await asyncio.gather(*waits)
+    return final
+
+
+async def _one(
+    case: str,
+    strategy: str,
+    workload: KeyedWorkload,
+    plan: FaultPlan,
+    db: str,
+    pg_admin: str,
+    seed: int,
+) -> Run:
+    with tempfile.TemporaryDirectory(prefix="ledgerq-bench-parallel-") as tmp:
+        url = (
+            harness.create_database(pg_admin, "ledgerq_bench_parallel")
+            if db == "postgresql"
+            else f"sqlite:///{tmp}/gateway.sqlite3"
+        )
+        try:
+            async with FaultLedger(plan, seed=seed, judge_overlaps=True, verify=False) as ledger:
+                gateway = harness.gateway_proc(
+                    Path(tmp), url, f"sawtooth+{ledger.url}", env=GATEWAY_ENV
+                )
+                gateway.args += ["--strategy", strategy]
+                await gateway.start()
+                try:
+                    async with aiohttp.ClientSession(
+                        timeout=aiohttp.ClientTimeout(total=60)
+                    ) as session:
+                        started = time.monotonic()
+                        await workload.post(session, gateway.url, waves=1)
+                        final = await _wait_final(session, gateway.url, workload, 600)
+                        seconds = time.monotonic() - started
+                finally:
+                    await gateway.stop()
+                expected = workload.serial()
+                problems = []
+                if final != expected.statuses:
+                    missing = len(expected.statuses) - len(final)
+                    problems.append(f"{missing} not final or verdicts differ from a serial run")
+                if ledger.violations:
+                    problems.append(f"{len(ledger.violations)} POSTs of batches the ledger held")
+                if ledger.overlaps:
+                    problems.append(f"{len(ledger.overlaps)} conflicting batches pending together")
+                if ledger.state.order != expected.order:
+                    problems.append("a name's batches committed out of acceptance order")
+                if ledger.state.values != expected.values:
+                    problems.append("final values differ from a serial run")
+                return Run(
+                    case,
+                    strategy,
+                    len(expected.statuses),
+                    seconds,
+                    sum(r.posts for r in ledger.batches.values()),
+                    dict(ledger.counts),
+                    ledger.peak_pending,
+                    problems,
+                )
+        finally:
+            if db == "postgresql":
+                harness.drop_database(pg_admin, url)
+
+
+def _median(runs: list[Run], case: str, strategy: str) -> float:
+    return statistics.median(r.rate for r in runs if r.case == case and r.strategy == strategy)
+
+
+@click.command(name="parallel")
+@click.option("--services", default=10, show_default=True)
+@click.option("--batches", default=40, show_default=True, help="Batches per service.")
+@click.option("--names", default=8, show_default=True, help="Independent names per service.")
+@click.option("--commit-delay-ms", default=100, show_default=True)
+@click.option("--rounds", default=3, show_default=True, help="Runs per case and strategy.")
+@click.option("--faults/--no-faults", default=True, show_default=True)
+@click.option(
+    "--db", type=click.Choice(["sqlite", "postgresql"]), default="sqlite", show_default=True
+)
+@click.option("--pg", "pg_admin", default=harness.DEFAULT_PG, show_default=True)
+@click.option("--write/--no-write", default=True, help="Write docs/BENCHMARKS.md.")
+def command(
+    services: int,
+    batches: int,
+    names: int,
+    commit_delay_ms: int,
+    rounds: int,
+    faults: bool,
+    db: str,
+    pg_admin: str,
+    write: bool,
+) -> None:
+    """Parallel vs serial strategy against a ledger that commits in --commit-delay-ms."""
+    load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    plan = _plan(commit_delay_ms, faults)
+    cases = {
+        "independent": KeyedWorkload(services, batches, names=names, spread="round-robin"),
+        "one name": KeyedWorkload(services, batches, names=1),
+    }
+    runs: list[Run] = []
+    for r in range(rounds):
+        for case, workload in cases.items():
+            for strategy in ("serial", "parallel") if r % 2 == 0 else ("parallel", "serial"):
+                run = asyncio.run(_one(case, strategy, workload, plan, db, pg_admin, seed=r))
+                runs.append(run)
+                report.console.print(
+                    f"{case:>11} {strategy:>8}: {run.rate:7.1f} batches/s "
+                    f"({run.seconds:.2f} s, {run.posts} POSTs, peak {run.peak_pending} pending)"
+                    + (f" PROBLEMS: {run.problems}" if run.problems else "")
+                )
+    load_after = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    rows = []
+    for r in runs:
+        faults_seen = ", ".join(
+            f"{k} {v}"
+            for k, v in sorted(r.faults.items())
+            if k in ("busy_503", "dropped_after_accept", "forgotten")
+        )
+        rows.append(
+            [
+                r.case,
+                r.strategy,
+                f"{r.rate:.1f}",
+                f"{r.seconds:.2f}",
+                str(r.posts),
+                faults_seen or "–",
+                str(r.peak_pending),
+                "; ".join(r.problems) or "none",
+            ]
+        )
+    table = report.table(
+        [
+            "case",
+            "strategy",
+            "batches/s",
+            "seconds",
+            "POSTs",
+            "faults",
+            "peak pending",
+            "problems",
+        ],
+        rows,
+    )
+    ratios = {
+        case: _median(runs, case, "parallel") / _median(runs, case, "serial") for case in cases
+    }
+    problems = sum(1 for r in runs if r.problems)
+    summary = (
+        f"{services} services × {batches} batches, the ledger committing each batch "
+        f"{commit_delay_ms} ms after accepting it, store {db}, "
+        f"{_FAULTS if faults else 'no faults'}; "
+        f"{rounds} rounds, the strategies taking turns. Load average (1, 5, 15 min) "
+        f"before: {load_before}; after: {load_after} — the machine is shared.\n\n"
+        f"**Median parallel ÷ serial batches/s: {ratios['independent']:.2f} × with "
+        f"{names} independent names per service (target ≥ 5), {ratios['one name']:.2f} × "
+        f"with every batch on one name (target ≥ 0.9).** Runs with a problem: {problems}."
+    )
+    report.console.print(summary)
+    if write:
+        report.write_section(
+            "parallel", f"## Parallel queuer: throughput\n\n{summary}\n\n{table}\n"
+        )

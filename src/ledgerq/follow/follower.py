@@ -1,0 +1,484 @@
+"""The follower: every batch the ledger has, or may have, followed on its own until final.
+
+There are no rounds. Each batch is followed from the moment it may be at the
+ledger, and its answer is applied (through the
+:class:`~ledgerq.record.recorder.Recorder`) the moment it comes, whatever
+happens to any other batch:
+
+* **Parked long-polls.** A batch recorded accepted (the recorder's accept
+  listener) gets a status read with ``wait`` in flight at once:
+  ``batch_statuses(service, [id], wait_s)``, one id per request, because a
+  Sawtooth ``wait`` answers only when *every* id of the request is final —
+  grouping would make one batch's commit wait for another's. ``COMMITTED`` /
+  ``INVALID`` are recorded (the service's next batch goes out at once);
+  ``UNKNOWN`` is recorded (the ledger lost it: the queue resends it);
+  ``PENDING`` parks the read again. At most ``max_parked`` reads are parked
+  at once; beyond it batches queue for a slot in order, and a read that comes
+  back ``PENDING`` queues again behind them, so every batch is read in turn.
+* **Asks.** A batch that is ``submitted`` but not known pending — recorded
+  ambiguous (the recorder's ask listener), left by a submitter that died,
+  adopted with a service from another instance — is asked without ``wait``:
+  asks are grouped per service (``max_ids`` per request; no batch waits for
+  another there). ``PENDING`` records it pending and parks a read for it;
+  final and ``UNKNOWN`` are recorded. Only that ``UNKNOWN`` ever frees a
+  batch for resending.
+* **Splinter's ``Valid``** (validated, not committed) is not final: recorded
+  ``Pending`` and followed until ``Committed`` or ``Invalid``. A non-final
+  answer that comes back long before its ``wait`` ran out (a ledger that
+  ignores ``wait``) is read again after a delay doubling from
+  ``min_poll_interval_s``, never in a tight loop.
+* **Failures.** A read that fails (transport, an HTTP error, a malformed
+  body: :class:`~ledgerq.errors.LedgerError`) or a write the store refuses
+  changes nothing; that batch is read again after a jittered exponential
+  backoff (``backoff_initial_ms`` … ``backoff_max_ms``). Problems are
+  reported to the :class:`~ledgerq.ledgers.health.LedgerHealth` (logged once
+  per burst, shown per service).
+* **Scans.** At start-up, on :meth:`Follower.scan_now` (services adopted from
+  another instance) and every ``poll_interval_s`` as a safety net, the store's
+  in-flight batches are read: a ``Pending`` batch not followed gets a parked
+  read, any other ``submitted`` one an ask — unless a submission of this
+  process holds it (``held``): its outcome follows it.
+* **Accelerators.** Where the ledger has an event stream (the ledgerq node),
+  a final-status event of a followed batch is applied at once (its parked
+  read then comes back and is ignored); an event that arrives before its
+  batch is recorded accepted is kept for ``early_grace_s`` and applied when
+  it is. Where it announces blocks (a validator's ``/subscriptions``), each
+  announcement asks, grouped, about the followed batches not parked right
+  now (waiting for a slot or backing off), at most once per
+  ``min_poll_interval_s``. Neither is needed for correctness or speed.
+
+An answer for a batch that a submission of this process holds again (it was
+resent meanwhile) is dropped: that submission's outcome follows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections import OrderedDict, defaultdict
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ledgerq.backoff import Backoff, Jitter, equal_jitter
+from ledgerq.errors import ConfigError, LedgerError, LedgerqError
+from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, LedgerClient
+from ledgerq.ledgers.health import LedgerHealth
+from ledgerq.model import BatchStatus, BatchStatusName, Pending, TrackingBatch
+from ledgerq.record.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+
+class InFlightSource(Protocol):
+    """The store role the follower needs (see :mod:`ledgerq.follow.in_flight`)."""
+
+    async def monitored_batches(self, *, limit: int) -> Sequence[TrackingBatch]:
+        """``Pending`` and ``submitted`` non-final batches of this instance's services."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FollowSettings:
+    #: Safety-net scan of the store's in-flight batches (s).
+    poll_interval_s: float = 1.0
+    #: Fewest seconds between two trigger-driven asks.
+    min_poll_interval_s: float = 0.05
+    #: ``wait`` of a parked status read (s).
+    wait_s: float = 5.0
+    #: Status reads parked at once (each one connection).
+    max_parked: int = 1024
+    #: Ids per grouped ask.
+    max_ids: int = 100
+    #: Grouped asks in flight at once.
+    connections: int = 8
+    #: Batches read from the store per scan.
+    batch_limit: int = 10_000
+    backoff_initial_ms: int = 50
+    backoff_max_ms: int = 5_000
+    #: Events that arrived before their batch was recorded accepted, kept at most.
+    early_events: int = 10_000
+    #: How long such an event is kept (s).
+    early_grace_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for key in ("poll_interval_s", "min_poll_interval_s", "wait_s", "early_grace_s"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"monitor.{key} must not be negative")
+        for key in ("max_parked", "max_ids", "connections", "batch_limit", "early_events"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"monitor.{key} must be at least 1")
+        if self.backoff_initial_ms < 1 or self.backoff_max_ms < self.backoff_initial_ms:
+            raise ConfigError("monitor.backoff_* must satisfy 1 <= initial <= max")
+
+
+#: Answers that keep a batch followed: Splinter's Valid is not final either.
+_NOT_FINAL = frozenset({BatchStatusName.PENDING, BatchStatusName.VALID})
+
+
+class Mode(enum.Enum):
+    #: The ledger may have it: ask for an answer now.
+    ASK = "ask"
+    #: The ledger has it pending: a parked read until it is final.
+    PARK = "park"
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    batch_id: str
+    service_id: str
+    mode: Mode
+    failures: int = 0
+    #: Loop time before which it is not read again (backoff).
+    due: float = 0.0
+    parked: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+class Follower:
+    def __init__(
+        self,
+        source: InFlightSource,
+        ledger: LedgerClient,
+        recorder: Recorder,
+        settings: FollowSettings | None = None,
+        *,
+        held: Collection[str] = (),
+        health: LedgerHealth | None = None,
+        jitter: Jitter = equal_jitter,
+    ) -> None:
+        """``held``: batch ids a submission of this process is working on (a live view)."""
+        self._source = source
+        self._ledger = ledger
+        self._recorder = recorder
+        self.settings = s = settings or FollowSettings()
+        self._held = held
+        self.health = health or LedgerHealth(ledger.description)
+        self._backoff = Backoff(s.backoff_initial_ms / 1000, s.backoff_max_ms / 1000, jitter)
+        self.followed: dict[str, _Entry] = {}
+        self._asks: dict[str, _Entry] = {}
+        self._ask_event = asyncio.Event()
+        self._scan_event = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._slots = asyncio.Semaphore(s.max_parked)
+        self._ask_limit = asyncio.Semaphore(s.connections)
+        self._early: OrderedDict[str, CommitEvent] = OrderedDict()
+        self._tasks: asyncio.TaskGroup | None = None
+        # Every parked-read task, followed or not (a dropped batch's read may
+        # still be out): all are cancelled at stop.
+        self._park_tasks: set[asyncio.Task[None]] = set()
+        self._last_trigger = 0.0
+        self.parked = 0
+        self.scans = 0
+        self.asked = 0
+        self.applied_from_events = 0
+        self.triggers_received = 0
+        recorder.add_accept_listener(self._on_accepted)
+        recorder.add_ask_listener(self._on_ask)
+
+    # -- what is followed ----------------------------------------------------
+
+    @property
+    def waiting_for_slot(self) -> int:
+        return sum(1 for e in self.followed.values() if e.mode is Mode.PARK and not e.parked)
+
+    def follow(self, batch_id: str, service_id: str, mode: Mode) -> None:
+        """Follow a batch (idempotent: an ask already under way is kept)."""
+        entry = self.followed.get(batch_id)
+        if entry is not None:
+            if mode is Mode.PARK and entry.mode is Mode.ASK:
+                self._to_park(entry)  # recorded accepted meanwhile: it is pending
+            return
+        entry = _Entry(batch_id, service_id, mode)
+        self.followed[batch_id] = entry
+        self._start(entry)
+
+    def drop_services(self, service_ids: Iterable[str]) -> None:
+        """Stop following these services' batches (their claims moved on)."""
+        gone = frozenset(service_ids)
+        for entry in [e for e in self.followed.values() if e.service_id in gone]:
+            self._drop(entry)
+            if entry.task is not None:
+                entry.task.cancel()
+
+    def scan_now(self) -> None:
+        """Read the store's in-flight batches now (services adopted, say)."""
+        self._scan_event.set()
+
+    def trigger(self) -> None:
+        """The ledger may have news (a block committed): ask what is not parked."""
+        self.triggers_received += 1
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_trigger < self.settings.min_poll_interval_s:
+            return
+        self._last_trigger = loop.time()
+        for entry in self.followed.values():
+            if entry.mode is Mode.PARK and not entry.parked and entry.batch_id not in self._asks:
+                self._asks[entry.batch_id] = entry
+        self._ask_event.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._scan_event.set()
+
+    def _on_accepted(self, batch_id: str, service_id: str) -> None:
+        early = self._early.pop(batch_id, None)
+        if early is not None and self._tasks is not None:
+            self._tasks.create_task(self._apply_event(batch_id, service_id, early))
+            return
+        self.follow(batch_id, service_id, Mode.PARK)
+
+    def _on_ask(self, batch_id: str, service_id: str) -> None:
+        self.follow(batch_id, service_id, Mode.ASK)
+
+    def _start(self, entry: _Entry) -> None:
+        if entry.mode is Mode.ASK:
+            self._asks[entry.batch_id] = entry
+            self._ask_event.set()
+        elif self._tasks is not None and entry.task is None:
+            task = entry.task = self._tasks.create_task(self._park(entry))
+            self._park_tasks.add(task)
+            task.add_done_callback(self._park_tasks.discard)
+
+    def _to_park(self, entry: _Entry) -> None:
+        entry.mode = Mode.PARK
+        entry.failures = 0
+        entry.due = 0.0
+        self._asks.pop(entry.batch_id, None)
+        self._start(entry)
+
+    def _drop(self, entry: _Entry) -> None:
+        if self.followed.get(entry.batch_id) is entry:
+            del self.followed[entry.batch_id]
+        if self._asks.get(entry.batch_id) is entry:
+            del self._asks[entry.batch_id]
+
+    def _is_followed(self, entry: _Entry) -> bool:
+        return self.followed.get(entry.batch_id) is entry
+
+    # -- running -------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            self._tasks = tasks
+            for entry in list(self.followed.values()):
+                self._start(entry)
+            helpers = [tasks.create_task(self._ask_loop())]
+            events = self._ledger.events()
+            if events is not None:
+                helpers.append(tasks.create_task(self._follow_events(events)))
+            triggers = self._ledger.triggers()
+            if triggers is not None:
+                helpers.append(tasks.create_task(self._follow_triggers(triggers)))
+            try:
+                await self._scan_loop()
+            finally:
+                self._tasks = None
+                for task in [*helpers, *self._park_tasks]:
+                    task.cancel()
+
+    async def _scan_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._scan_event.clear()
+            try:
+                await self.scan()
+            except LedgerqError as exc:
+                log.warning("cannot read the batches in flight: %s; retrying", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._scan_event.wait(), self.settings.poll_interval_s)
+
+    async def scan(self) -> int:
+        """Follow every in-flight batch of the store nobody here follows; returns how many."""
+        self.scans += 1
+        batches = await self._source.monitored_batches(limit=self.settings.batch_limit)
+        found = 0
+        for b in batches:
+            if b.is_final or b.batch_id in self.followed or b.batch_id in self._held:
+                continue
+            pending = b.status_name is BatchStatusName.PENDING
+            if not (pending or b.submitted):
+                continue
+            self.follow(b.batch_id, b.service_id, Mode.PARK if pending else Mode.ASK)
+            found += 1
+        return found
+
+    # -- parked reads ----------------------------------------------------------
+
+    async def _park(self, entry: _Entry) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._is_followed(entry) and entry.mode is Mode.PARK:
+                wait = entry.due - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue
+                async with self._slots:
+                    if not self._is_followed(entry):
+                        return
+                    entry.parked = True
+                    self.parked += 1
+                    started = loop.time()
+                    try:
+                        answers = await self._read_many([entry], self.settings.wait_s)
+                    finally:
+                        entry.parked = False
+                        self.parked -= 1
+                answer = answers.get(entry.batch_id)
+                if answer is None:
+                    continue  # failed: backed off in _read_many
+                if answer.name not in _NOT_FINAL:
+                    entry.failures = 0
+                elif loop.time() - started < self.settings.wait_s / 2:
+                    # Not final, and back long before its wait ran out: a ledger
+                    # that ignores wait (or answers Valid at once). Do not spin.
+                    self._early_answer(entry)
+                else:
+                    entry.failures = 0
+                await self._apply(entry, answer)
+        finally:
+            entry.task = None
+
+    async def _read_many(self, entries: Sequence[_Entry], wait_s: float) -> dict[str, BatchStatus]:
+        """The ledger's answers by batch id; entries it failed for are backed off."""
+        service_id = entries[0].service_id
+        ids = [e.batch_id for e in entries]
+        try:
+            statuses = await self._ledger.batch_statuses(service_id, ids, wait_s=wait_s)
+        except LedgerError as exc:
+            for e in entries:
+                self._failed(e, _cause(exc), str(exc))
+            return {}
+        self.health.ok("status", service_id)
+        answers = {s.batch_id: s.status for s in statuses}
+        for e in entries:
+            if e.batch_id not in answers:
+                self._failed(e, "no answer", f"the ledger left batch {e.batch_id[:16]} out")
+        return answers
+
+    def _failed(self, entry: _Entry, cause: str, message: str) -> None:
+        self._back_off(entry)
+        self.health.problem("status", entry.service_id, cause, message)
+
+    def _early_answer(self, entry: _Entry) -> None:
+        entry.failures += 1
+        delay = self.settings.min_poll_interval_s * 2 ** min(entry.failures - 1, 20)
+        wait = min(self.settings.backoff_max_ms / 1000, delay)
+        entry.due = asyncio.get_running_loop().time() + self._backoff.jitter(wait)
+
+    def _back_off(self, entry: _Entry) -> None:
+        entry.failures += 1
+        entry.due = asyncio.get_running_loop().time() + self._backoff.delay(entry.failures)
+
+    # -- asks -------------------------------------------------------------------
+
+    async def _ask_loop(self) -> None:
+        assert self._tasks is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            self._ask_event.clear()
+            now = loop.time()
+            due = [e for e in self._asks.values() if e.due <= now]
+            if not due:
+                later = [e.due for e in self._asks.values()]
+                timeout = None if not later else max(0.0, min(later) - now)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ask_event.wait(), timeout)
+                continue
+            groups: dict[str, list[_Entry]] = defaultdict(list)
+            for entry in due:
+                del self._asks[entry.batch_id]
+                groups[entry.service_id].append(entry)
+            step = self.settings.max_ids
+            for entries in groups.values():
+                for i in range(0, len(entries), step):
+                    self._tasks.create_task(self._ask(entries[i : i + step]))
+
+    async def _ask(self, entries: list[_Entry]) -> None:
+        async with self._ask_limit:
+            live = [e for e in entries if self._is_followed(e)]
+            if not live:
+                return
+            self.asked += len(live)
+            answers = await self._read_many(live, 0.0)
+        for entry in live:
+            answer = answers.get(entry.batch_id)
+            if answer is not None:
+                await self._apply(entry, answer)
+            elif entry.mode is Mode.ASK and self._is_followed(entry):
+                self._asks[entry.batch_id] = entry  # failed: asked again after its backoff
+                self._ask_event.set()
+
+    # -- answers ------------------------------------------------------------------
+
+    async def _apply(self, entry: _Entry, status: BatchStatus) -> None:
+        if not self._is_followed(entry):
+            return
+        if entry.batch_id in self._held:
+            # Resent meanwhile: that submission's outcome follows it.
+            self._drop(entry)
+            return
+        if status.name in _NOT_FINAL:
+            if entry.mode is Mode.ASK:
+                if await self._record(entry, Pending()):
+                    self._to_park(entry)
+                else:
+                    self._start(entry)  # asked again after its backoff
+            return
+        # Dropped before the write, so a listener it wakes may follow the batch afresh.
+        self._drop(entry)
+        if not await self._record(entry, status) and entry.batch_id not in self.followed:
+            # Not written: read it again after its backoff.
+            self.followed[entry.batch_id] = entry
+            self._start(entry)
+
+    async def _record(self, entry: _Entry, status: BatchStatus) -> bool:
+        try:
+            await self._recorder.ledger_status(
+                entry.service_id, LedgerBatchStatus(entry.batch_id, status)
+            )
+        except LedgerqError as exc:
+            log.warning("status of batch %s not recorded: %s", entry.batch_id[:16], exc)
+            self._back_off(entry)
+            return False
+        return True
+
+    # -- accelerators -------------------------------------------------------------
+
+    async def _follow_events(self, events: AsyncIterator[CommitEvent]) -> None:
+        assert self._tasks is not None
+        async for event in events:
+            if not event.status.is_final:
+                continue
+            entry = self.followed.get(event.batch_id)
+            if entry is None:
+                self._keep_early(event)
+                continue
+            self._tasks.create_task(self._apply_event(event.batch_id, entry.service_id, event))
+
+    def _keep_early(self, event: CommitEvent) -> None:
+        # Usually its submitter has not recorded it accepted yet: applied when it has.
+        self._early[event.batch_id] = event
+        while len(self._early) > self.settings.early_events:
+            self._early.popitem(last=False)
+        asyncio.get_running_loop().call_later(
+            self.settings.early_grace_s, self._early.pop, event.batch_id, None
+        )
+
+    async def _apply_event(self, batch_id: str, service_id: str, event: CommitEvent) -> None:
+        entry = self.followed.get(batch_id)
+        if entry is None:
+            entry = _Entry(batch_id, service_id, Mode.PARK)
+            self.followed[batch_id] = entry
+        self.applied_from_events += 1
+        await self._apply(entry, event.status)
+
+    async def _follow_triggers(self, triggers: AsyncIterator[None]) -> None:
+        async for _ in triggers:
+            self.trigger()
+
+
+def _cause(exc: LedgerError) -> str:
+    """A short, stable cause for a failed read (for bursts of problems)."""
+    return exc.cause

@@ -1,0 +1,506 @@
+"""The gateway's REST API (aiohttp), compatible with Grid's batch endpoints.
+
+* ``POST /batches?service_id=S`` — body: an ``application/octet-stream``
+  protobuf ``BatchList``. Every batch is decoded and verified, then all are
+  stored in one transaction (all or none) in list order, which is their
+  submission order within the service. ``202 {"link": "/batch_statuses?..."}``.
+  A retry of batches already held — every batch of the list tracked with the
+  same bytes in the same service — answers ``202`` with the same link (as
+  Grid and Sawtooth do), storing nothing.
+  Errors are JSON ``{"error": {"code", "title", "message", "rule"?}}``:
+  400 for a malformed or unverifiable list or a bad service id, 409 when a
+  batch id is tracked with another body or in another service (or a list
+  mixes new and tracked batches; a data change id or transaction id is
+  taken), 413 for a body over ``max_body_bytes``, 415 for any other content
+  type.
+* ``GET /batch_statuses?id=a,b&service_id=S&wait=N`` — Sawtooth's shape
+  (``{"data": [{"id", "status", "invalid_transactions"}], "link"}``): a batch
+  ledgerq still holds is ``PENDING``, one it never saw ``UNKNOWN``; with
+  ``wait`` the answer waits up to N seconds (at most 300) for every batch to
+  be final. ``ledgerq_status`` gives the tracking status itself, ``service_id``
+  the batch's service.
+* ``GET /batches?service_id=&status=&limit=&after=`` — tracked batches in
+  acceptance order, paginated by ``seq`` (``paging.next`` links the next page).
+* ``GET /batches/{id}?service_id=S`` — one batch.
+* ``GET /services`` — queue depth, head batch, in-flight batch, lock reason,
+  the ledger's open problem for the service (what it last answered instead of
+  a usable answer, since when, how often); under high availability also the
+  claimant, claim epoch and expiries.
+* ``GET /instances`` — the gateway instances sharing the database: id,
+  start, last renewal, claims held, live or not (empty on a single instance);
+  with ``serve --workers N``, also ``workers``: the processes behind this
+  port (index, pid, role, instance id, start, restarts).
+* ``GET /health`` — the process answers; ``GET /ready`` — the store answers
+  and the pipeline runs (503 otherwise).
+
+Without ``service_id`` a batch is posted to :data:`~ledgerq.model.NO_SERVICE`;
+read without ``service_id``, a batch is found by its id in whichever service
+tracks it (a batch id names one batch in one service).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Protocol
+from urllib.parse import urlencode
+
+from aiohttp import web
+
+from ledgerq.claims import ClaimInfo, InstanceInfo
+from ledgerq.clock import Clock, now_ms
+from ledgerq.codec import parse_batch_list
+from ledgerq.errors import (
+    BatchNotFoundError,
+    DuplicateBatchError,
+    InvalidBatchError,
+    LedgerqError,
+    StoreError,
+)
+from ledgerq.model import (
+    NO_SERVICE,
+    BatchStatus,
+    BatchStatusName,
+    Invalid,
+    TrackingBatch,
+    TrackingBatchList,
+)
+from ledgerq.store.base import BatchAcceptor
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT_S = 300
+
+
+class ServiceInfo(Protocol):
+    @property
+    def service_id(self) -> str: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def head_batch_id(self) -> str | None: ...
+    @property
+    def in_flight_batch_id(self) -> str | None: ...
+    @property
+    def total(self) -> int: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def next_batch_id(self) -> str | None: ...
+    @property
+    def held_by_batch_id(self) -> str | None: ...
+    @property
+    def held_kind(self) -> str | None: ...
+    @property
+    def held_on(self) -> str | None: ...
+
+
+class ApiStore(Protocol):
+    """The store roles the API needs (accept and read)."""
+
+    async def add_batches(
+        self, batches: list[TrackingBatch], *, now: int | None = None
+    ) -> list[TrackingBatch]: ...
+
+    async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None: ...
+
+    async def get_batches_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]: ...
+
+    async def list_batches(
+        self,
+        *,
+        service_id: str | None = None,
+        status: Any = None,
+        limit: int = 100,
+        after_seq: int | None = None,
+    ) -> TrackingBatchList: ...
+
+    async def list_services(
+        self, *, limit: int = 1000, after: str | None = None
+    ) -> Sequence[ServiceInfo]: ...
+
+    async def status_counts(self) -> dict[str, int]: ...
+
+
+class ClaimsView(Protocol):
+    """The claim manager's read side, for ``/instances`` and ``/services``."""
+
+    async def list_instances(self, now: int | None = None) -> list[InstanceInfo]: ...
+
+    async def claims_for(self, service_ids: Sequence[str]) -> dict[str, ClaimInfo]: ...
+
+
+class Changes:
+    """Wakes long-polling status readers when any batch changes state."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self, _service_id: str | None = None) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout_s)
+
+
+def _lock_reason(s: ServiceInfo, strategy: str) -> str | None:
+    """Why the service's next batch is not going to the ledger, if it is not."""
+    if strategy != "parallel":
+        if s.in_flight_batch_id:
+            return f"batch {s.in_flight_batch_id} is with the submitter or the ledger"
+        return None
+    if s.held_by_batch_id is None:
+        return None
+    what = {
+        "writes": f"writes {s.held_on!r}, which it touches",
+        "reads": f"reads {s.held_on!r}, which it writes",
+        "depends": f"holds transaction {s.held_on}, which it depends on",
+    }.get(s.held_kind or "", "conflicts with it")
+    return f"batch {s.next_batch_id} waits for batch {s.held_by_batch_id}, which {what}"
+
+
+def _error(status: int, title: str, message: str, rule: str | None = None) -> web.Response:
+    body: dict[str, Any] = {"code": status, "title": title, "message": message}
+    if rule is not None:
+        body["rule"] = rule
+    return web.json_response({"error": body}, status=status)
+
+
+def sawtooth_status(status: BatchStatus | None) -> str:
+    if status is None:
+        return "PENDING"
+    if status.name in (BatchStatusName.COMMITTED, BatchStatusName.VALID):
+        return "COMMITTED"
+    if status.name is BatchStatusName.INVALID:
+        return "INVALID"
+    return "PENDING"
+
+
+def status_entry(batch_id: str, batch: TrackingBatch | None) -> dict[str, Any]:
+    if batch is None:
+        return {"id": batch_id, "status": "UNKNOWN", "invalid_transactions": []}
+    invalid = []
+    if isinstance(batch.batch_status, Invalid):
+        for t in batch.batch_status.transactions:
+            message = t.error_message or t.external_error_message or ""
+            invalid.append(
+                {
+                    "id": t.transaction_id,
+                    "message": message,
+                    "extended_data": base64.b64encode(t.error_data or b"").decode(),
+                }
+            )
+    return {
+        "id": batch_id,
+        "status": sawtooth_status(batch.batch_status),
+        "invalid_transactions": invalid,
+        "ledgerq_status": batch.status_name.value if batch.status_name else None,
+        "submitted": batch.submitted,
+        "service_id": batch.service_id,
+    }
+
+
+def batch_json(b: TrackingBatch) -> dict[str, Any]:
+    err = b.submission_error
+    return {
+        "id": b.batch_id,
+        "service_id": b.service_id,
+        "seq": b.seq,
+        "created_at": b.created_at,
+        "status": b.status_name.value if b.status_name else None,
+        "submitted": b.submitted,
+        "attempts": b.attempts,
+        "last_attempt_at": b.last_attempt_at,
+        "data_change_id": b.data_change_id,
+        "transaction_ids": [t.transaction_header for t in b.transactions],
+        "error": None if err is None else {"type": err.error_type, "message": err.error_message},
+    }
+
+
+class GatewayApi:
+    def __init__(
+        self,
+        store: ApiStore,
+        *,
+        on_accepted: Callable[[Sequence[TrackingBatch]], None] = lambda _b: None,
+        check_service_id: Callable[[str], None] = lambda _s: None,
+        is_ready: Callable[[], bool] = lambda: True,
+        max_body_bytes: int = 10 * 1024 * 1024,
+        changes: Changes | None = None,
+        clock: Clock = now_ms,
+        claims: ClaimsView | None = None,
+        acceptor: BatchAcceptor | None = None,
+        ledger_problem: Callable[[str], dict[str, Any] | None] = lambda _s: None,
+        strategy_of: Callable[[str], str] = lambda _s: "serial",
+    ) -> None:
+        """``acceptor``: what stores accepted batches (default: ``store``);
+        ``ledger_problem``: the ledger's open problem for a service, if any;
+        ``strategy_of``: the queuer strategy of a service id (for ``/services``)."""
+        self.ledger_problem = ledger_problem
+        self.store = store
+        self.strategy_of = strategy_of
+        self.acceptor: BatchAcceptor = store if acceptor is None else acceptor
+        self.claims = claims
+        #: The workers of ``serve --workers N`` (set by the wiring), for /instances.
+        self.workers: Callable[[], Sequence[Any]] | None = None
+        self.on_accepted = on_accepted
+        self.check_service_id = check_service_id
+        self.is_ready = is_ready
+        self.max_body_bytes = max_body_bytes
+        self.changes = changes or Changes()
+        self.clock = clock
+
+    def app(self) -> web.Application:
+        # One byte over the limit lets us tell "too large" from "exactly full".
+        app = web.Application(client_max_size=self.max_body_bytes + 1)
+        app.router.add_post("/batches", self.post_batches)
+        app.router.add_get("/batches", self.list_batches)
+        app.router.add_get("/batches/{batch_id}", self.get_batch)
+        app.router.add_get("/batch_statuses", self.batch_statuses)
+        app.router.add_get("/services", self.services)
+        app.router.add_get("/instances", self.instances)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/ready", self.ready)
+        return app
+
+    async def post_batches(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/octet-stream":
+            return _error(
+                415,
+                "Unsupported Media Type",
+                f"send the BatchList as application/octet-stream, not {request.content_type!r}",
+            )
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            return _too_large(self.max_body_bytes)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _too_large(self.max_body_bytes)
+        service_id = request.query.get("service_id") or None
+        try:
+            if service_id is not None:
+                self.check_service_id(service_id)
+            batches = parse_batch_list(body, service_id, max_bytes=self.max_body_bytes)
+        except InvalidBatchError as exc:
+            if exc.rule == "too_large":
+                return _too_large(self.max_body_bytes)
+            return _error(400, "Invalid BatchList", str(exc), exc.rule)
+        try:
+            stored = await self.acceptor.add_batches(list(batches), now=self.clock())
+        except DuplicateBatchError as exc:
+            try:
+                conflict = await self._conflict(batches, exc)
+            except StoreError as store_exc:
+                return _error(503, "Store Unavailable", f"{store_exc}; retry later")
+            if conflict is not None:
+                return _error(409, "Batch Already Tracked", conflict, "duplicate_batch")
+            return _status_link(request, batches, service_id)  # a retry: held already
+        except StoreError as exc:
+            log.error("cannot store batches: %s", exc)
+            return _error(503, "Store Unavailable", f"{exc}; retry later")
+        self.on_accepted(stored)
+        self.changes.notify()
+        return _status_link(request, stored, service_id)
+
+    async def _conflict(
+        self, batches: Sequence[TrackingBatch], refusal: DuplicateBatchError
+    ) -> str | None:
+        """Why a refused list is not a retry of batches already held (None if it is)."""
+        held = {
+            b.batch_id: b for b in await self.store.get_batches_by_id([b.batch_id for b in batches])
+        }
+        for b in batches:
+            h = held.get(b.batch_id)
+            if h is None:
+                # Not a pure retry: a new batch beside held ones, or a data
+                # change id or transaction id that another batch holds.
+                return str(refusal)
+            if h.service_id != b.service_id:
+                return (
+                    f"batch {b.batch_id} is already tracked in service {h.service_id!r}, not "
+                    f"{b.service_id!r}; a batch belongs to one service"
+                )
+            if h.serialized_batch != b.serialized_batch:
+                return (
+                    f"batch {b.batch_id} is already tracked in service {b.service_id!r} with a "
+                    "different body; a batch id names one batch"
+                )
+        return None
+
+    async def batch_statuses(self, request: web.Request) -> web.Response:
+        ids = [i for i in request.query.get("id", "").split(",") if i]
+        if not ids:
+            return _error(400, "Missing Id", "give the batch ids as ?id=a,b")
+        service_id = request.query.get("service_id")
+        wait_s = 0.0
+        if "wait" in request.query:
+            raw = request.query["wait"]
+            try:
+                wait_s = float(raw) if raw else float(MAX_WAIT_S)
+            except ValueError:
+                wait_s = float(MAX_WAIT_S) if raw.lower() != "false" else 0.0
+            wait_s = max(0.0, min(wait_s, MAX_WAIT_S))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            batches = await self._read(ids, service_id)
+            remaining = deadline - loop.time()
+            if remaining <= 0 or all(b is None or b.is_final for b in batches):
+                break
+            await self.changes.wait(remaining)
+        data = [status_entry(i, b) for i, b in zip(ids, batches, strict=True)]
+        return web.json_response({"data": data, "link": str(request.rel_url)})
+
+    async def _read(self, ids: Sequence[str], service_id: str | None) -> list[TrackingBatch | None]:
+        """The batches ``ids`` name, in order (None: not tracked): in ``service_id``
+        when given, else wherever each is tracked (a batch id names one batch in
+        one service); a ``dc:`` id without a service is looked up among the
+        batches posted without one."""
+        if service_id:
+            return [await self._get(i, service_id) for i in ids]
+        found = {b.batch_id: b for b in await self.store.get_batches_by_id(ids)}
+        return [found[i] if i in found else await self._get(i, NO_SERVICE) for i in ids]
+
+    async def _get(self, batch_id: str, service_id: str) -> TrackingBatch | None:
+        try:
+            return await self.store.get_batch(batch_id, service_id)
+        except BatchNotFoundError:
+            return None
+
+    async def get_batch(self, request: web.Request) -> web.Response:
+        batch_id = request.match_info["batch_id"]
+        given = request.query.get("service_id")
+        (batch,) = await self._read([batch_id], given)
+        if batch is None:
+            where = f"in service {given}" if given else "in any service"
+            return _error(404, "Not Found", f"no batch {batch_id} {where}; check the id")
+        return web.json_response({"data": batch_json(batch)})
+
+    async def list_batches(self, request: web.Request) -> web.Response:
+        q = request.query
+        try:
+            limit = int(q.get("limit", "100"))
+            after = int(q["after"]) if q.get("after") else None
+            if not 1 <= limit <= 1000:
+                raise ValueError("limit must be 1-1000")
+            status: Any = None
+            if q.get("status"):
+                status = (
+                    "none" if q["status"].lower() == "none" else BatchStatusName.parse(q["status"])
+                )
+        except ValueError as exc:
+            return _error(400, "Bad Query", str(exc))
+        listed = await self.store.list_batches(
+            service_id=q.get("service_id") or None, status=status, limit=limit, after_seq=after
+        )
+        data = [batch_json(b) for b in listed.batches]
+        next_link = None
+        if len(data) == limit and listed.batches[-1].seq is not None:
+            params = {k: v for k, v in q.items() if k != "after"}
+            params["after"] = str(listed.batches[-1].seq)
+            next_link = f"{_base(request)}/batches?{urlencode(params)}"
+        return web.json_response({"data": data, "paging": {"limit": limit, "next": next_link}})
+
+    async def services(self, request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "1000"))
+        except ValueError:
+            return _error(400, "Bad Query", "limit must be an integer")
+        if not 1 <= limit <= 10_000:
+            return _error(400, "Bad Query", "limit must be 1-10000")
+        listed = await self.store.list_services(limit=limit, after=request.query.get("after"))
+        claims: dict[str, ClaimInfo] = {}
+        if self.claims is not None:
+            claims = await self.claims.claims_for([s.service_id for s in listed])
+        data = []
+        for s in listed:
+            strategy = self.strategy_of(s.service_id)
+            held_by = None
+            if s.held_by_batch_id is not None:
+                held_by = {"batch_id": s.held_by_batch_id, "kind": s.held_kind, "on": s.held_on}
+            item: dict[str, Any] = {
+                "service_id": s.service_id,
+                "queue_depth": s.queue_depth,
+                "head_batch_id": s.head_batch_id,
+                "in_flight_batch_id": s.in_flight_batch_id,
+                "total": s.total,
+                "strategy": strategy,
+                "in_flight": s.in_flight,
+                "next_batch_id": s.next_batch_id,
+                "held_by": held_by,
+                "lock_reason": _lock_reason(s, strategy),
+                "ledger_problem": self.ledger_problem(s.service_id),
+            }
+            if self.claims is not None:
+                claim = claims.get(s.service_id)
+                item["claimant"] = claim.claimant if claim else None
+                item["claim_epoch"] = claim.epoch if claim else None
+                item["claim_expiry_1"] = claim.expiry_1 if claim else None
+                item["claim_expiry_2"] = claim.expiry_2 if claim else None
+                if (claim is None or claim.claimant is None) and item["lock_reason"] is None:
+                    item["lock_reason"] = "no gateway instance holds a claim on it yet"
+            data.append(item)
+        return web.json_response({"data": data})
+
+    async def instances(self, request: web.Request) -> web.Response:
+        workers = {} if self.workers is None else {"workers": _workers(self.workers())}
+        if self.claims is None:
+            return web.json_response({"data": [], "high_availability": False, **workers})
+        listed = await self.claims.list_instances(self.clock())
+        data = [
+            {
+                "instance_id": i.instance_id,
+                "started_at": i.started_at,
+                "last_renewal": i.heartbeat_at,
+                "address": i.address,
+                "claims": i.claims,
+                "live": i.live,
+            }
+            for i in listed
+        ]
+        return web.json_response({"data": data, "high_availability": True, **workers})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        try:
+            counts = await asyncio.wait_for(self.store.status_counts(), 5)
+        except (LedgerqError, TimeoutError) as exc:
+            return web.json_response({"status": "store unavailable", "error": str(exc)}, status=503)
+        if not self.is_ready():
+            return web.json_response({"status": "starting"}, status=503)
+        return web.json_response({"status": "ready", "batches": counts})
+
+
+def _workers(workers: Sequence[Any]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(w) for w in workers]
+
+
+def _status_link(
+    request: web.Request, batches: Sequence[TrackingBatch], service_id: str | None
+) -> web.Response:
+    ids = ",".join(b.batch_id for b in batches)
+    query = {"id": ids} if service_id is None else {"id": ids, "service_id": service_id}
+    return web.json_response(
+        {"link": f"{_base(request)}/batch_statuses?{urlencode(query)}"}, status=202
+    )
+
+
+def _too_large(limit: int) -> web.Response:
+    return _error(
+        413,
+        "Request Entity Too Large",
+        f"the BatchList exceeds {limit} bytes; split it into several requests",
+        "too_large",
+    )
+
+
+def _base(request: web.Request) -> str:
+    return f"{request.scheme}://{request.host}"

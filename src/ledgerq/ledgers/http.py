@@ -1,0 +1,186 @@
+"""The HTTP plumbing the ledger clients share: sessions, explicit timeouts,
+and the mapping of responses and transport failures onto :data:`SubmitResult`.
+
+Why aiohttp: see ``docs/ledger-clients.md``. A client keeps two
+sessions (:class:`aiohttp.ClientSession`), so connections stay alive across requests
+and parked status reads never take a connection a POST needs: one for
+submissions (``pool_size`` connections) and one for status reads, event
+streams and websockets (unbounded here: the follower bounds its parked reads
+with ``monitor.max_parked``). Every request carries its own ``ClientTimeout``
+so no await can hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from ledgerq.errors import LedgerError
+from ledgerq.ledgers.base import (
+    Accepted,
+    Ambiguous,
+    Busy,
+    Rejected,
+    SubmitResult,
+    Unjudged,
+    Unreachable,
+)
+
+#: Whether a 4xx answer to a POST is the ledger's judgement of the batch:
+#: ``judged(status, body)``.
+Judge = Callable[[int, bytes], bool]
+
+#: Sawtooth's batch-rejection error codes: 30 Submitted Batches Invalid,
+#: 34 No Batches Submitted, 35 Protobuf Not Decodable.
+SAWTOOTH_REJECTIONS = frozenset({30, 34, 35})
+
+
+@dataclass(frozen=True, slots=True)
+class HttpTimeouts:
+    """Seconds. ``submit`` bounds a whole POST; status reads get ``wait`` + ``status_margin``."""
+
+    connect: float = 3.0
+    submit: float = 10.0
+    status_margin: float = 5.0
+    pool_size: int = 256
+
+
+def new_session(timeouts: HttpTimeouts, *, limit: int | None = None) -> aiohttp.ClientSession:
+    """A session of ``limit`` connections (default ``pool_size``; 0: no limit)."""
+    connector = aiohttp.TCPConnector(
+        limit=timeouts.pool_size if limit is None else limit, enable_cleanup_closed=True
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=timeouts.submit, connect=timeouts.connect),
+        raise_for_status=False,
+    )
+
+
+def retry_after_ms(value: str | None, now_s: float) -> int | None:
+    """``Retry-After`` as milliseconds: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return int(value) * 1000
+    with contextlib.suppress(TypeError, ValueError):
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0, int((when.timestamp() - now_s) * 1000))
+    return None
+
+
+def error_message(body: bytes, status: int) -> str:
+    """The ledger's explanation from a Sawtooth/Grid JSON error body, else the text."""
+    text = body.decode("utf-8", "replace").strip()
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        doc = json.loads(text)
+        err = doc.get("error", doc) if isinstance(doc, dict) else doc
+        if isinstance(err, dict):
+            title = str(err.get("title") or "").strip()
+            message = str(err.get("message") or "").strip()
+            joined = ": ".join(p for p in (title, message) if p)
+            if joined:
+                return joined
+        if isinstance(doc, dict) and doc.get("message"):
+            return str(doc["message"])
+    return text[:500] or f"HTTP {status}"
+
+
+def error_code(body: bytes) -> int | None:
+    """The ``error.code`` of a Sawtooth/Grid JSON error body, if it has one."""
+    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+        doc = json.loads(body)
+        code = doc["error"]["code"]
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code
+    return None
+
+
+def sawtooth_judged(status: int, body: bytes) -> bool:
+    """A 400 whose JSON error code is one of Sawtooth's batch rejections."""
+    return status == 400 and error_code(body) in SAWTOOTH_REJECTIONS
+
+
+async def post_batch(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    timeouts: HttpTimeouts,
+    judged: Judge = sawtooth_judged,
+) -> SubmitResult:
+    """POST a BatchList and classify the outcome; never raises for transport errors.
+
+    A 4xx other than 429 is :class:`Rejected` only when ``judged`` says the
+    body is the ledger's judgement of the batch; otherwise it is
+    :class:`Unjudged` (a wrong URL, credentials, a proxy).
+    """
+    try:
+        async with session.post(
+            url,
+            data=body,
+            headers={"Content-Type": "application/octet-stream"},
+            timeout=aiohttp.ClientTimeout(total=timeouts.submit, connect=timeouts.connect),
+        ) as resp:
+            payload = await resp.read()
+            status = resp.status
+            retry_after = resp.headers.get("Retry-After")
+    except aiohttp.ClientConnectorError as exc:
+        # Connecting failed: the request was never sent.
+        return Unreachable(f"cannot connect to {url}: {exc}")
+    except TimeoutError:
+        return Ambiguous(f"no answer from {url} within {timeouts.submit:g}s")
+    except aiohttp.ClientError as exc:
+        # Reset or disconnected once the request may have been written.
+        return Ambiguous(f"connection to {url} failed mid-request: {exc!r}")
+    if 200 <= status < 300:
+        return Accepted(status)
+    if status in (429, 503):
+        return Busy(
+            status, error_message(payload, status), retry_after_ms(retry_after, time.time())
+        )
+    if 400 <= status < 500:
+        if judged(status, payload):
+            return Rejected(status, error_message(payload, status))
+        return Unjudged(status, f"{url} answered {status}: {error_message(payload, status)}")
+    return Ambiguous(f"{url} answered {status}: {error_message(payload, status)}", status)
+
+
+async def read_statuses(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    wait_s: float,
+    timeouts: HttpTimeouts,
+    **request: Any,
+) -> bytes:
+    """A status read's body; :class:`~ledgerq.errors.LedgerError` for anything but a 200.
+
+    The error's ``cause`` names the kind of failure (``HTTP 404``, ``timeout``,
+    ``connection failed``), so that a burst of the same failure is one problem.
+    """
+    timeout = aiohttp.ClientTimeout(total=wait_s + timeouts.status_margin, connect=timeouts.connect)
+    try:
+        async with session.request(method, url, timeout=timeout, **request) as resp:
+            body = await resp.read()
+            if resp.status != 200:
+                raise LedgerError(
+                    f"{url} answered {resp.status}: {error_message(body, resp.status)}",
+                    cause=f"HTTP {resp.status}",
+                )
+            return body
+    except TimeoutError as exc:
+        raise LedgerError(
+            f"no answer from {url} within {timeout.total:g} s", cause="timeout"
+        ) from exc
+    except aiohttp.ClientError as exc:
+        raise LedgerError(
+            f"cannot read batch statuses from {url}: {exc!r}", cause="connection failed"
+        ) from exc

@@ -1,0 +1,68 @@
+"""The in-process ledger node as a :class:`~ledgerq.ledgers.LedgerClient`.
+
+Direct calls, no HTTP: ``submit`` hands the batch to ``Node.submit`` (which
+returns once it is journaled), a full node is ``Busy`` (as its REST API's
+429), statuses come from ``Node.batch_statuses`` and final-status events from
+``Node.subscribe``, so a commit reaches the follower at once. The node
+has no services; ``service_id`` is not sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from ledgerq.codec import decode_batch
+from ledgerq.errors import InvalidBatchError, NodeBusyError, NodeError
+from ledgerq.ledgers.base import (
+    Accepted,
+    Busy,
+    CommitEvent,
+    LedgerBatchStatus,
+    Rejected,
+    SubmitResult,
+    Unreachable,
+)
+from ledgerq.ledgers.status import check_ids, sawtooth_status
+
+if TYPE_CHECKING:
+    from ledgerq.node import Node
+
+
+class NodeClient:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.description = "in-process node"
+
+    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
+        try:
+            # Verified when the gateway accepted it; decoding only.
+            batch = decode_batch(serialized_batch, verify=False)
+            await self.node.submit([batch])
+        except InvalidBatchError as exc:
+            return Rejected(400, str(exc))
+        except NodeBusyError as exc:
+            return Busy(429, str(exc))
+        except NodeError as exc:
+            return Unreachable(str(exc))
+        return Accepted(202)
+
+    async def batch_statuses(
+        self, service_id: str, batch_ids: Sequence[str], *, wait_s: float = 0.0
+    ) -> tuple[LedgerBatchStatus, ...]:
+        infos = await self.node.batch_statuses(batch_ids, wait=wait_s or None)
+        return check_ids([sawtooth_status(i.to_json()) for i in infos.values()], batch_ids)
+
+    def events(self) -> AsyncIterator[CommitEvent] | None:
+        return self._events()
+
+    def triggers(self) -> AsyncIterator[None] | None:
+        return None  # the events carry the statuses themselves
+
+    async def _events(self) -> AsyncIterator[CommitEvent]:
+        async for event in self.node.subscribe():
+            status = sawtooth_status(event.info.to_json())
+            yield CommitEvent(status.batch_id, status.status, str(event.seq))
+
+    async def close(self) -> None:
+        pass

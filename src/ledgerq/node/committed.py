@@ -1,0 +1,183 @@
+"""What the node has committed: the on-disk store plus the commits not yet in it.
+
+The commit stage hands every group of commits to :meth:`CommittedView.add`
+(on the event loop, in commit order); a writer task moves them to the store
+(:mod:`ledgerq.node.disk`) in the background, one store transaction per
+write, at most every ``write_interval_s`` (sooner when many are waiting).
+Every read — state, a final status, a committed transaction, a block — looks
+at the commits not yet written first, then at the store, so a read never
+sees less than what has committed. Memory holds only those unwritten
+commits: how many is bounded by the commit rate times the write time, and
+:attr:`unwritten` lets the node refuse new batches when the store falls
+behind.
+
+Durability: the journal holds every record the store does not. After each
+write the store's ``applied`` point moves; ``on_written`` is told the point
+a crash can no longer take back (the previous write's: the store does not
+fsync its meta page at each write), and the node deletes the journal
+segments below it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+
+from ledgerq.node.disk import CommitRecord, Store, StoredBatch
+from ledgerq.node.ordering.messages import KVSDatum, KVSKey
+
+log = logging.getLogger(__name__)
+
+
+class _Unwritten:
+    """Commits not yet written (or being written) to the store."""
+
+    __slots__ = ("applied", "batch_high", "finals", "records", "state", "txns")
+
+    def __init__(self, applied: int, batch_high: int) -> None:
+        self.records: list[CommitRecord] = []
+        self.state: dict[KVSKey, KVSDatum] = {}
+        self.finals: dict[str, StoredBatch] = {}
+        self.txns: dict[str, tuple[int, int]] = {}
+        self.applied = applied
+        self.batch_high = batch_high
+
+
+class CommittedView:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        write_interval_s: float = 0.2,
+        write_batch: int = 20_000,
+        on_written: Callable[[int], None] | None = None,
+    ) -> None:
+        self.store = store
+        meta = store.meta()
+        self._new = _Unwritten(meta.applied, meta.batch_high)
+        self._writing: _Unwritten | None = None
+        self._interval = write_interval_s
+        self._write_batch = write_batch
+        self._on_written = on_written
+        self._durable = meta.applied
+        self._last_written = meta.applied
+        self._signal = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.failure: BaseException | None = None
+
+    # --- adding (the commit stage) ----------------------------------------------
+
+    def add(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
+        new = self._new
+        new.applied = applied
+        new.batch_high = max(new.batch_high, batch_high)
+        for record in records:
+            new.records.append(record)
+            new.finals[record.batch_id] = StoredBatch(record.num, record.fingerprint, record.status)
+            if isinstance(record.status, str):  # COMMITTED
+                for index, tid in enumerate(record.tx_ids):
+                    new.txns[tid] = (record.num, index)
+                new.state.update(record.writes)
+        if len(new.records) >= self._write_batch:
+            self._signal.set()
+
+    @property
+    def unwritten(self) -> int:
+        writing = self._writing
+        return len(self._new.records) + (0 if writing is None else len(writing.records))
+
+    # --- reading ------------------------------------------------------------------
+
+    def get_state(self, address: KVSKey) -> KVSDatum | None:
+        value = self._new.state.get(address)
+        if value is not None:
+            return value
+        writing = self._writing
+        if writing is not None:
+            value = writing.state.get(address)
+            if value is not None:
+                return value
+        return self.store.get_state(address)
+
+    def state_page(self, prefix: str, start: str, limit: int) -> list[tuple[KVSKey, KVSDatum]]:
+        """Entries under ``prefix`` from ``start`` on, in address order (store order)."""
+        low = max(prefix, start)
+        page = dict(self.store.state_page(prefix, start, limit))
+        for layer in (self._writing, self._new):  # oldest first: newer values win
+            if layer is not None:
+                page.update(
+                    (a, v) for a, v in layer.state.items() if a >= low and a.startswith(prefix)
+                )
+        return sorted(page.items())[:limit]
+
+    def final(self, batch_id: str) -> StoredBatch | None:
+        found = self._new.finals.get(batch_id)
+        if found is None and self._writing is not None:
+            found = self._writing.finals.get(batch_id)
+        return found if found is not None else self.store.get_batch(batch_id)
+
+    def txn(self, tx_id: str) -> tuple[int, int] | None:
+        """The block and position of a committed transaction."""
+        found = self._new.txns.get(tx_id)
+        if found is None and self._writing is not None:
+            found = self._writing.txns.get(tx_id)
+        return found if found is not None else self.store.get_txn(tx_id)
+
+    def block(self, num: int) -> CommitRecord | None:
+        for layer in (self._new, self._writing):
+            if layer is not None and layer.records:
+                first = layer.records[0].num
+                if first <= num < first + len(layer.records):
+                    return layer.records[num - first]
+        return self.store.get_block(num)
+
+    # --- writing ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The writer: moves commits to the store until cancelled."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._signal.wait(), self._interval)
+            self._signal.clear()
+            await self._write()
+
+    async def _write(self) -> None:
+        new = self._new
+        if not new.records and new.applied == self._last_written:
+            return
+        self._idle.clear()
+        self._writing, self._new = new, _Unwritten(new.applied, new.batch_high)
+        try:
+            await asyncio.to_thread(self.store.write, new.records, new.applied, new.batch_high)
+        except BaseException as exc:
+            self.failure = exc
+            # Keep the commits readable; nothing more is written.
+            self._new, self._writing = _merge(new, self._new), None
+            self._idle.set()
+            raise
+        self.store.after_write()
+        self._writing = None
+        durable, self._durable = self._durable, self._last_written
+        self._last_written = new.applied
+        self._idle.set()
+        if self._on_written is not None:
+            self._on_written(max(durable, self._durable))
+
+    async def drain(self) -> None:
+        """Write everything committed so far, and wait for it."""
+        while self._writing is not None:
+            await self._idle.wait()
+        await self._write()
+
+
+def _merge(old: _Unwritten, new: _Unwritten) -> _Unwritten:
+    merged = _Unwritten(new.applied, max(old.batch_high, new.batch_high))
+    for layer in (old, new):
+        merged.records += layer.records
+        merged.state.update(layer.state)
+        merged.finals.update(layer.finals)
+        merged.txns.update(layer.txns)
+    return merged

@@ -1,0 +1,365 @@
+"""The node's on-disk store: committed state and history in LMDB.
+
+Everything that grows with the node's history lives here, not in memory:
+the committed state, every final status (with the batch's fingerprint and
+block), the committed transaction ids, and the blocks (one per final status:
+the batch, its writes, its outcome). One LMDB environment, ``store/`` in the
+data directory, with these databases:
+
+==========  ===========================  =========================================
+database    key                          value
+==========  ===========================  =========================================
+``meta``    ``applied``, ``events``,     journal records covered, last block
+            ``batch_high``               number, highest worker batch number
+``state``   address (35 bytes)           the value
+``batches`` batch id (64 bytes)          block number, fingerprint, outcome
+``txns``    transaction id (64 bytes)    block number, index in its batch
+``blocks``  block number (8 bytes, BE)   CBOR ``[batch id, outcome, batch, writes]``
+==========  ===========================  =========================================
+
+:meth:`LmdbStore.write` applies one group of commits, and moves ``applied``,
+in **one** LMDB transaction: a commit and its state changes reach the store
+together or not at all. The environment is opened with ``sync`` (data pages
+are fsynced at each write) and without ``metasync``: a crash keeps the store
+consistent but may take back the last write, which the journal still holds
+(see :mod:`ledgerq.node.committed`). Writes run in a thread; reads may run
+on the event loop at the same time (LMDB readers never wait for the writer).
+
+:class:`MemoryStore` is the same store in dictionaries, for a node without a
+data directory.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import cbor2
+import lmdb
+
+from ledgerq.errors import NodeDataError
+from ledgerq.failpoints import failpoint
+from ledgerq.node.commit import INVALID, FinalStatus
+from ledgerq.node.ordering.messages import InvalidTx, KVSDatum, KVSKey, TxFingerprint
+
+STORE_FORMAT = 1
+_BATCH = struct.Struct(">QqqB")  # block, fingerprint (batch, tx; -1: none), outcome kind
+_TXN = struct.Struct(">QH")
+_U64 = struct.Struct(">Q")
+_COMMITTED, _INVALID = 0, 1
+#: Virtual size of the memory map (LMDB's ceiling for the file, not memory used).
+DEFAULT_MAP_SIZE = 256 << 30
+
+
+class CommitRecord(NamedTuple):
+    """One final status as the store keeps it (a block)."""
+
+    num: int
+    batch_id: str
+    status: FinalStatus
+    fingerprint: TxFingerprint | None
+    tx_ids: tuple[str, ...]
+    batch: bytes  # the serialized Batch
+    writes: tuple[tuple[KVSKey, KVSDatum], ...]
+
+
+class StoredBatch(NamedTuple):
+    block: int
+    fingerprint: TxFingerprint | None
+    status: FinalStatus
+
+
+class Meta(NamedTuple):
+    applied: int = 0  # journal records whose outcome the store holds
+    events: int = 0  # blocks (final statuses) so far
+    batch_high: int = 0  # the highest worker batch number in the store
+
+
+class Store(Protocol):
+    def meta(self) -> Meta: ...
+    def get_state(self, address: KVSKey) -> KVSDatum | None: ...
+    def state_page(self, prefix: str, start: str, limit: int) -> list[tuple[KVSKey, KVSDatum]]: ...
+    def get_batch(self, batch_id: str) -> StoredBatch | None: ...
+    def get_txn(self, tx_id: str) -> tuple[int, int] | None: ...
+    def get_block(self, num: int) -> CommitRecord | None: ...
+    def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None: ...
+    def after_write(self) -> None: ...
+    def blocks_from(self, num: int, *, reverse: bool = False) -> Iterator[CommitRecord]: ...
+    def close(self) -> None: ...
+
+
+def _status_value(status: FinalStatus) -> tuple[int, list[list[Any]]]:
+    if isinstance(status, str):
+        return _COMMITTED, []
+    return _INVALID, [[t.id, t.message, t.extended_data] for t in status]
+
+
+def _status_of(kind: int, invalid: list[list[Any]]) -> FinalStatus:
+    if kind == _COMMITTED:
+        return "COMMITTED"
+    return tuple(InvalidTx(str(i), str(m), bytes(d)) for i, m, d in invalid)
+
+
+def _fp(batch: int, tx: int) -> TxFingerprint | None:
+    return None if batch < 0 else TxFingerprint(batch, tx)
+
+
+def encode_block(record: CommitRecord) -> bytes:
+    kind, invalid = _status_value(record.status)
+    fp = record.fingerprint
+    return cbor2.dumps(
+        [
+            record.batch_id,
+            kind,
+            invalid,
+            record.batch,
+            [[a, v] for a, v in record.writes],
+            list(record.tx_ids),
+            [-1, -1] if fp is None else [fp.batch, fp.tx],
+        ]
+    )
+
+
+def decode_block(num: int, data: bytes) -> CommitRecord:
+    batch_id, kind, invalid, batch, writes, tx_ids, (fb, ft) = cbor2.loads(data)
+    return CommitRecord(
+        num,
+        batch_id,
+        _status_of(kind, invalid),
+        _fp(fb, ft),
+        tuple(tx_ids),
+        batch,
+        tuple((a, v) for a, v in writes),
+    )
+
+
+class LmdbStore:
+    """The store in an LMDB environment at ``path`` (created if missing)."""
+
+    def __init__(self, path: Path, *, map_size: int = DEFAULT_MAP_SIZE) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._env = lmdb.open(
+                str(path),
+                map_size=map_size,
+                max_dbs=8,
+                sync=True,
+                metasync=False,
+                readahead=False,
+                meminit=False,
+            )
+        except lmdb.Error as exc:
+            raise NodeDataError(f"cannot open the node store in {path}: {exc}") from exc
+        env = self._env
+        self._meta = env.open_db(b"meta")
+        self._state = env.open_db(b"state")
+        self._batches = env.open_db(b"batches")
+        self._txns = env.open_db(b"txns")
+        self._blocks = env.open_db(b"blocks")
+        with env.begin(write=True) as txn:
+            found = txn.get(b"format", db=self._meta)
+            if found is None:
+                txn.put(b"format", _U64.pack(STORE_FORMAT), db=self._meta)
+            elif _U64.unpack(found)[0] != STORE_FORMAT:
+                raise NodeDataError(
+                    f"the node store in {path} has format {_U64.unpack(found)[0]}, this "
+                    f"ledgerq reads format {STORE_FORMAT}"
+                )
+        self._read = env.begin()
+
+    def _refresh(self) -> None:
+        """See the latest write (a read transaction is a snapshot)."""
+        self._read.abort()
+        self._read = self._env.begin()
+
+    # --- reading (event loop) ---------------------------------------------------
+
+    def meta(self) -> Meta:
+        txn, db = self._read, self._meta
+        values = [txn.get(k, db=db) for k in (b"applied", b"events", b"batch_high")]
+        return Meta(*(0 if v is None else _U64.unpack(v)[0] for v in values))
+
+    def get_state(self, address: KVSKey) -> KVSDatum | None:
+        value = self._read.get(bytes.fromhex(address), db=self._state)
+        return None if value is None else bytes(value)
+
+    def state_page(self, prefix: str, start: str, limit: int) -> list[tuple[KVSKey, KVSDatum]]:
+        """Up to ``limit`` entries under ``prefix`` from ``start`` on, in address order."""
+        low = max(prefix, start)
+        seek = bytes.fromhex(low[: len(low) // 2 * 2])
+        out: list[tuple[KVSKey, KVSDatum]] = []
+        with self._env.begin() as txn:
+            cursor = txn.cursor(db=self._state)
+            if not cursor.set_range(seek):
+                return out
+            for key, value in cursor:
+                address = bytes(key).hex()
+                if address < low:
+                    continue
+                if not address.startswith(prefix):
+                    break
+                out.append((address, bytes(value)))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def get_batch(self, batch_id: str) -> StoredBatch | None:
+        value = self._read.get(bytes.fromhex(batch_id), db=self._batches)
+        if value is None:
+            return None
+        value = bytes(value)
+        block, fb, ft, kind = _BATCH.unpack_from(value)
+        invalid = cbor2.loads(value[_BATCH.size :]) if kind == _INVALID else []
+        return StoredBatch(block, _fp(fb, ft), _status_of(kind, invalid))
+
+    def get_txn(self, tx_id: str) -> tuple[int, int] | None:
+        value = self._read.get(bytes.fromhex(tx_id), db=self._txns)
+        return None if value is None else _TXN.unpack(value)
+
+    def get_block(self, num: int) -> CommitRecord | None:
+        value = self._read.get(_U64.pack(num), db=self._blocks)
+        return None if value is None else decode_block(num, bytes(value))
+
+    # --- writing (a thread) -------------------------------------------------------
+
+    def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
+        with self._env.begin(write=True) as txn:
+            state, batches, txns, blocks = self._state, self._batches, self._txns, self._blocks
+            last = None
+            for record in records:
+                last = record.num
+                kind, invalid = _status_value(record.status)
+                fp = record.fingerprint
+                value = _BATCH.pack(
+                    record.num, -1 if fp is None else fp.batch, -1 if fp is None else fp.tx, kind
+                )
+                if invalid:
+                    value += cbor2.dumps(invalid)
+                txn.put(bytes.fromhex(record.batch_id), value, db=batches)
+                txn.put(_U64.pack(record.num), encode_block(record), db=blocks, append=True)
+                if kind == _COMMITTED:
+                    for index, tid in enumerate(record.tx_ids):
+                        txn.put(bytes.fromhex(tid), _TXN.pack(record.num, index), db=txns)
+                    for address, datum in record.writes:
+                        txn.put(bytes.fromhex(address), datum, db=state)
+            meta = self._meta
+            txn.put(b"applied", _U64.pack(applied), db=meta)
+            txn.put(b"batch_high", _U64.pack(batch_high), db=meta)
+            if last is not None:
+                txn.put(b"events", _U64.pack(last), db=meta)
+            failpoint("node_store_write")
+        failpoint("node_store_written")
+
+    def after_write(self) -> None:
+        """On the event loop, once :meth:`write` returned: let reads see it."""
+        self._refresh()
+
+    def import_legacy(
+        self,
+        *,
+        state: dict[KVSKey, KVSDatum],
+        statuses: dict[str, FinalStatus],
+        transactions: Iterable[str],
+        applied: int,
+        events: int,
+        batch_high: int,
+    ) -> None:
+        """Load what an earlier node's snapshot held (no blocks: number 0)."""
+        with self._env.begin(write=True) as txn:
+            for address, datum in state.items():
+                txn.put(bytes.fromhex(address), datum, db=self._state)
+            for batch_id, status in statuses.items():
+                kind, invalid = _status_value(status)
+                value = _BATCH.pack(0, -1, -1, kind) + (cbor2.dumps(invalid) if invalid else b"")
+                txn.put(bytes.fromhex(batch_id), value, db=self._batches)
+            for tid in transactions:
+                txn.put(bytes.fromhex(tid), _TXN.pack(0, 0), db=self._txns)
+            for key, number in ((b"applied", applied), (b"events", events)):
+                txn.put(key, _U64.pack(number), db=self._meta)
+            txn.put(b"batch_high", _U64.pack(batch_high), db=self._meta)
+        self._env.sync(True)
+        self._refresh()
+
+    def close(self) -> None:
+        self._read.abort()
+        self._env.sync(True)
+        self._env.close()
+
+    def blocks_from(self, num: int, *, reverse: bool = False) -> Iterator[CommitRecord]:
+        """Blocks from ``num`` on (or down, ``reverse``), in number order."""
+        with self._env.begin() as txn:
+            cursor = txn.cursor(db=self._blocks)
+            if reverse:
+                if not cursor.set_range(_U64.pack(num)):
+                    if not cursor.last():
+                        return
+                elif _U64.unpack(cursor.key())[0] > num and not cursor.prev():
+                    return
+                items = cursor.iterprev()
+            else:
+                if not cursor.set_range(_U64.pack(num)):
+                    return
+                items = cursor.iternext()
+            for key, value in items:
+                yield decode_block(_U64.unpack(key)[0], bytes(value))
+
+
+class MemoryStore:
+    """The same store in dictionaries: a node without a data directory."""
+
+    def __init__(self) -> None:
+        self._meta = Meta()
+        self._state: dict[KVSKey, KVSDatum] = {}
+        self._batches: dict[str, StoredBatch] = {}
+        self._txns: dict[str, tuple[int, int]] = {}
+        self._blocks: dict[int, CommitRecord] = {}
+
+    def meta(self) -> Meta:
+        return self._meta
+
+    def get_state(self, address: KVSKey) -> KVSDatum | None:
+        return self._state.get(address)
+
+    def state_page(self, prefix: str, start: str, limit: int) -> list[tuple[KVSKey, KVSDatum]]:
+        low = max(prefix, start)
+        found = sorted(a for a in self._state if a >= low and a.startswith(prefix))
+        return [(a, self._state[a]) for a in found[:limit]]
+
+    def get_batch(self, batch_id: str) -> StoredBatch | None:
+        return self._batches.get(batch_id)
+
+    def get_txn(self, tx_id: str) -> tuple[int, int] | None:
+        return self._txns.get(tx_id)
+
+    def get_block(self, num: int) -> CommitRecord | None:
+        return self._blocks.get(num)
+
+    def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
+        events = self._meta.events
+        for record in records:
+            events = record.num
+            self._batches[record.batch_id] = StoredBatch(
+                record.num, record.fingerprint, record.status
+            )
+            self._blocks[record.num] = record
+            if isinstance(record.status, str) and record.status != INVALID:
+                for index, tid in enumerate(record.tx_ids):
+                    self._txns[tid] = (record.num, index)
+                self._state.update(record.writes)
+        self._meta = Meta(applied, events, batch_high)
+
+    def after_write(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def blocks_from(self, num: int, *, reverse: bool = False) -> Iterator[CommitRecord]:
+        if reverse:
+            nums = range(min(num, self._meta.events), 0, -1)
+        else:
+            nums = range(max(num, 1), self._meta.events + 1)
+        for n in nums:
+            yield self._blocks[n]

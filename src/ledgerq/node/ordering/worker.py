@@ -1,0 +1,229 @@
+"""Worker: the single mempool worker of V1 — orders, dispatches and curates.
+
+Semantics a caller relies on:
+
+* ``TransactionRequest`` → ``TransactionAck`` to the issuer, always. The
+  orderings of an earlier run may be given as ``history``. The worker
+  remembers the orderings of the last ``dedupe_window`` requests (all when
+  ``None``): the duplicate check of V1's footnote ("it might be too expensive
+  to check from genesis") covers that window; its owner keeps older ones. A new
+  candidate gets the next :class:`TxFingerprint` (current batch number,
+  next transaction number) in arrival order. A candidate already ordered is
+  disregarded (ack with ``duplicate=True``) unless the request carries a
+  ``resubmission`` fingerprint at or after the candidate's latest ordering —
+  then it is ordered again (the spec: "unless the worker already has
+  received a request for the same transaction candidate after the
+  resubmission time stamp").
+* A batch closes after ``batch_size`` transactions or at :meth:`tick`.
+* For every ordered candidate: ``SpawnExecutor``; on ``ExecutorPIDAssigned``
+  (executors go to candidates in fingerprint order) ``ExecuteTransaction`` to
+  the executor and one ``KVSAcquireLock`` per shard holding part of the label.
+* ``KVSLockAcquired`` is counted per fingerprint. :meth:`tick` sends
+  ``UpdateSeenAll(T)`` to every shard for the greatest ``T`` such that every
+  fingerprint up to ``T`` has all its locks recorded, and frees the
+  bookkeeping below ``T``. Sending it from ``tick`` (the router calls it when
+  idle) coalesces one per round instead of one per transaction; any delay is
+  safe, only progress waits for it.
+* ``ExecutorFinished`` stores the execution summary (the log) under its
+  fingerprint; ``RequestLogs`` → ``SendLog`` with it (``None`` if unknown).
+  Logs live as long as the process, as in V1.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ledgerq.clock import Clock, now_ms
+from ledgerq.node.ordering.messages import (
+    SUPERVISOR,
+    Address,
+    ExecuteTransaction,
+    ExecutionSummary,
+    ExecutorFinished,
+    ExecutorPIDAssigned,
+    KVSAcquireLock,
+    KVSKey,
+    KVSLockAcquired,
+    RequestLogs,
+    SendLog,
+    SpawnExecutor,
+    TransactionAck,
+    TransactionCandidate,
+    TransactionRequest,
+    TxFingerprint,
+    UnknownMessageError,
+    UpdateSeenAll,
+)
+
+Send = Callable[[Address, Any], None]
+ShardIndex = Callable[[KVSKey], int]
+
+_EMPTY: frozenset[str] = frozenset()
+
+
+class Worker:
+    address = "worker"
+
+    def __init__(
+        self,
+        send: Send,
+        shards: int,
+        shard_index: ShardIndex,
+        *,
+        batch_size: int = 1024,
+        clock: Clock = now_ms,
+        first_batch: int = 0,
+        keep_logs: int = 100_000,
+        history: Mapping[str, tuple[int, int]] | None = None,
+        dedupe_window: int | None = None,
+    ) -> None:
+        self._send = send
+        self._shards = shards
+        self._shard_index = shard_index
+        self._batch_size = batch_size
+        self._clock = clock
+        self.batch_number = first_batch
+        self._batch_start = clock()
+        self._tx_number = 0
+        # Plain tuples, not TxFingerprint: the garbage collector untracks those.
+        self._ordered: dict[str, tuple[int, int]] = dict(history or {})
+        #: Orderings remembered: the most recent ``dedupe_window`` (None: all).
+        self._dedupe_window = dedupe_window
+        self._ordered_ids: deque[tuple[str, tuple[int, int]]] = deque(self._ordered.items())
+        self._awaiting_executor: deque[tuple[TxFingerprint, TransactionRequest]] = deque()
+        self._order: deque[TxFingerprint] = deque()  # assigned, not yet passed by seen_all
+        self._outstanding: dict[TxFingerprint, int] = {}  # locks not yet acknowledged
+        self._sent_seen_all: TxFingerprint | None = None
+        self._logs: dict[TxFingerprint, ExecutionSummary] = {}
+        self._log_order: deque[TxFingerprint] = deque()
+        self._keep_logs = keep_logs
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            TransactionRequest: self._on_request,
+            ExecutorPIDAssigned: self._on_pid,
+            KVSLockAcquired: self._on_lock_acquired,
+            ExecutorFinished: self._on_finished,
+            RequestLogs: self._on_request_logs,
+        }
+
+    def handle(self, msg: object) -> None:
+        try:
+            handler = self._handlers[type(msg)]
+        except KeyError:
+            raise UnknownMessageError(self, msg) from None
+        handler(msg)
+
+    @property
+    def seen_all(self) -> TxFingerprint | None:
+        return self._sent_seen_all
+
+    def ordered(self, tx_id: str) -> TxFingerprint | None:
+        fp = self._ordered.get(tx_id)
+        return None if fp is None else TxFingerprint(*fp)
+
+    def orderings(self) -> dict[str, tuple[int, int]]:
+        """The latest ordering of every candidate (what ``history`` restores)."""
+        return dict(self._ordered)
+
+    # --- handlers ----------------------------------------------------------
+
+    def _on_request(self, msg: TransactionRequest) -> None:
+        tx = msg.tx
+        previous = self._ordered.get(tx.id)
+        if previous is not None and (msg.resubmission is None or previous > msg.resubmission):
+            self._send(
+                msg.issuer,
+                TransactionAck(tx.id, self.batch_number, self._batch_start, None, duplicate=True),
+            )
+            return
+        fp = TxFingerprint(self.batch_number, self._tx_number)
+        self._ordered[tx.id] = (fp.batch, fp.tx)
+        window = self._dedupe_window
+        if window is not None:
+            ids = self._ordered_ids
+            ids.append((tx.id, (fp.batch, fp.tx)))
+            while len(ids) > window:
+                old, at = ids.popleft()
+                if self._ordered.get(old) == at:  # not ordered again since
+                    del self._ordered[old]
+        self._send(msg.issuer, TransactionAck(tx.id, fp.batch, self._batch_start, fp))
+        self._tx_number += 1
+        if self._tx_number >= self._batch_size:
+            self._close_batch()
+        self._order.append(fp)
+        self._outstanding[fp] = -1  # executor not assigned yet: locks not even sent
+        self._awaiting_executor.append((fp, msg))
+        self._send(SUPERVISOR, SpawnExecutor(self.address))
+
+    def _on_pid(self, msg: ExecutorPIDAssigned) -> None:
+        fp, request = self._awaiting_executor.popleft()
+        tx: TransactionCandidate = request.tx
+        label = tx.label
+        self._send(
+            msg.epid,
+            ExecuteTransaction(tx.executable, label, fp, tx.id, self.address, request.issuer),
+        )
+        per_shard: dict[int, list[set[KVSKey]]] = {}
+        index = self._shard_index
+        for slot, keys in enumerate(
+            (label.lazy_read, label.eager_read, label.will_write, label.may_write)
+        ):
+            for key in keys:
+                sets = per_shard.get(index(key))
+                if sets is None:
+                    sets = per_shard[index(key)] = [set(), set(), set(), set()]
+                sets[slot].add(key)
+        self._outstanding[fp] = len(per_shard)
+        for shard, (lazy, eager, will, may) in per_shard.items():
+            self._send(
+                ("shard", shard),
+                KVSAcquireLock(
+                    frozenset(lazy) if lazy else _EMPTY,
+                    frozenset(eager) if eager else _EMPTY,
+                    frozenset(will) if will else _EMPTY,
+                    frozenset(may) if may else _EMPTY,
+                    self.address,
+                    msg.epid,
+                    fp,
+                ),
+            )
+
+    def _on_lock_acquired(self, msg: KVSLockAcquired) -> None:
+        self._outstanding[msg.fingerprint] -= 1
+
+    def _on_finished(self, msg: ExecutorFinished) -> None:
+        self._logs[msg.fingerprint] = msg.summary
+        self._log_order.append(msg.fingerprint)
+        while len(self._log_order) > self._keep_logs:
+            self._logs.pop(self._log_order.popleft(), None)
+
+    def _on_request_logs(self, msg: RequestLogs) -> None:
+        self._send(msg.requester, SendLog(msg.fingerprint, self._logs.get(msg.fingerprint)))
+
+    # --- periodic ------------------------------------------------------------
+
+    def tick(self) -> bool:
+        """Close the open batch and send ``UpdateSeenAll`` if it can advance.
+
+        Returns whether anything was sent.
+        """
+        if self._tx_number:
+            self._close_batch()
+        order, outstanding = self._order, self._outstanding
+        frontier = None
+        while order and outstanding[order[0]] == 0:
+            frontier = order.popleft()
+            del outstanding[frontier]
+        if frontier is None:
+            return False
+        self._sent_seen_all = frontier
+        msg = UpdateSeenAll(frontier)
+        for shard in range(self._shards):
+            self._send(("shard", shard), msg)
+        return True
+
+    def _close_batch(self) -> None:
+        self.batch_number += 1
+        self._tx_number = 0
+        self._batch_start = self._clock()

@@ -1,0 +1,104 @@
+"""What an operator sees of a gateway or node over HTTP, besides the ledger API.
+
+:func:`gateway_app` builds the gateway's aiohttp application: the REST API of
+:mod:`ledgerq.ingest.api`, plus ``/metrics`` (:mod:`ledgerq.operator.metrics`),
+``/openapi.json``, the dashboard at ``/`` (:mod:`ledgerq.operator.dashboard`) and
+the security middlewares of :mod:`ledgerq.operator.security` as configured.
+:func:`extend_node_app` adds ``/metrics`` and ``/openapi.json`` to a node's
+application.
+
+May import: the foundation, ``config``, ``ingest`` (its JSON shapes),
+``ledgers.base`` (to count what the ledger answers) and ``node`` (its
+metrics). Never the store modules or the pipeline stages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from ledgerq.config import Settings
+from ledgerq.logs import add_secret
+from ledgerq.node import Node
+from ledgerq.operator import dashboard, openapi
+from ledgerq.operator.metrics import CONTENT_TYPE, GatewayMetrics, node_registry
+from ledgerq.operator.security import (
+    bearer_middleware,
+    cors_middleware,
+    parse_origins,
+    service_id_middleware,
+)
+
+__all__ = ["GatewayMetrics", "extend_node_app", "gateway_app"]
+
+METRICS_KEY: web.AppKey[GatewayMetrics] = web.AppKey("metrics", GatewayMetrics)
+
+
+class OperatedGateway(Protocol):
+    """What the operator endpoints read of a running gateway."""
+
+    settings: Settings
+    metrics: GatewayMetrics
+    store: Any
+    api: Any
+
+    @property
+    def claims(self) -> Any: ...
+
+
+def register_secrets(settings: Settings) -> None:
+    """Keep the token and the database password out of every log line."""
+    if settings["auth.token"]:
+        add_secret(settings["auth.token"])
+    password = urlsplit(settings.db).password
+    if password:
+        add_secret(password)
+
+
+def secure(app: web.Application, settings: Settings) -> None:
+    """Install the configured middlewares (outermost first: CORS, token, service id)."""
+    register_secrets(settings)
+    origins = parse_origins(settings["cors.origins"])
+    if origins:
+        app.middlewares.append(cors_middleware(origins))
+    token = settings["auth.token"]
+    if token:
+        app.middlewares.append(
+            bearer_middleware(token, protect_reads=settings["auth.protect_reads"])
+        )
+    app.middlewares.append(service_id_middleware)
+
+
+def gateway_app(gateway: OperatedGateway) -> web.Application:
+    app: web.Application = gateway.api.app()
+    secure(app, gateway.settings)
+    app[METRICS_KEY] = gateway.metrics
+
+    async def metrics(request: web.Request) -> web.Response:
+        await gateway.metrics.refresh(gateway.store, getattr(gateway, "claims", None))
+        return web.Response(
+            body=await gateway.metrics.scrape(), headers={"Content-Type": CONTENT_TYPE}
+        )
+
+    app.router.add_get("/metrics", metrics)
+    node = getattr(getattr(gateway, "ledger", None), "node", None)
+    if isinstance(node, Node):
+        # The in-process node's counters, on the gateway's own /metrics.
+        gateway.metrics.add_node(node)
+    openapi.add_route(app, "gateway.openapi.json")
+    dashboard.add_routes(app, gateway)
+    return app
+
+
+def extend_node_app(app: web.Application, node: Any) -> web.Application:
+    registry = node_registry(node)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
+
+    app.router.add_get("/metrics", metrics)
+    openapi.add_route(app, "node.openapi.json")
+    return app

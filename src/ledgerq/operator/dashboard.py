@@ -1,0 +1,97 @@
+"""The gateway's dashboard: a static page at ``/`` and the JSON it polls.
+
+The page (``static/index.html``, ``dashboard.js``, ``dashboard.css``; no
+build step, no CDN) refreshes itself every two seconds from
+``GET /dashboard/data`` (batch counts by status, per-second throughput of the
+last minutes, the most recently accepted batches with their status and
+error, the ledger's open problems), ``GET /services`` (with each service's
+open ledger problem) and ``GET /instances``. Recent batches and
+throughput are this instance's own: what it accepted and what it saw reach a
+final status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from ledgerq.errors import BatchNotFoundError
+from ledgerq.ingest.api import batch_json
+
+_ASSETS = {
+    "dashboard.js": "application/javascript",
+    "dashboard.css": "text/css",
+}
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("ledgerq.operator").joinpath("static", name).read_bytes()
+
+
+def add_routes(app: web.Application, gateway: Any) -> None:
+    async def index(request: web.Request) -> web.Response:
+        return web.Response(
+            body=_asset("index.html"),
+            content_type="text/html",
+            charset="utf-8",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    async def static(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in _ASSETS:
+            raise web.HTTPNotFound()
+        return web.Response(
+            body=_asset(name),
+            content_type=_ASSETS[name],
+            charset="utf-8",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    async def data(request: web.Request) -> web.Response:
+        try:
+            recent_n = int(request.query.get("recent", "30"))
+            seconds = int(request.query.get("seconds", "300"))
+            if not (1 <= recent_n <= 200 and 10 <= seconds <= 600):
+                raise ValueError
+        except ValueError:
+            return web.json_response(
+                {
+                    "error": {
+                        "code": 400,
+                        "title": "Bad Query",
+                        "message": "recent is 1-200, seconds 10-600",
+                    }
+                },
+                status=400,
+            )
+        metrics = gateway.metrics
+        wanted = list(metrics.recent)[-recent_n:][::-1]
+
+        async def one(batch_id: str, service_id: str) -> dict[str, Any] | None:
+            try:
+                b = await gateway.store.get_batch(batch_id, service_id)
+            except BatchNotFoundError:
+                return None
+            return None if b is None else batch_json(b)
+
+        found = await asyncio.wait_for(asyncio.gather(*(one(i, s) for i, s in wanted)), 10)
+        counts = await asyncio.wait_for(gateway.store.status_counts(), 10)
+        return web.json_response(
+            {
+                "counts": counts,
+                "throughput": metrics.throughput(seconds),
+                "recent": [b for b in found if b is not None],
+                "ledger": gateway.ledger.description,
+                "ledger_health": (
+                    gateway.health.snapshot() if getattr(gateway, "health", None) else None
+                ),
+            }
+        )
+
+    app.router.add_get("/", index)
+    app.router.add_get("/static/{name}", static)
+    app.router.add_get("/dashboard/data", data)

@@ -1,0 +1,442 @@
+"""The queue the submitter pulls from, one batch at a time.
+
+:class:`QueueSource` serves the one-round serial queuer's rounds
+(:class:`ledgerq.queue.serial.RoundStore.queue_round`) to the submitter:
+
+* **One round at a time.** When the current round is used up, the next pull
+  asks the store for a new one — if one is due: at start, after
+  ``wake(None)``, and once per ``poll_interval``; in between, the woken
+  services below are all there is to look at. Every service with work has one batch in a
+  round, so a service with 10,000 waiting batches delays a service with one
+  batch by at most the rest of the current round.
+* **Woken, not polled.** :meth:`QueueSource.wake` says a service's state
+  changed in the store (a batch accepted, committed, found ``Unknown``...).
+  The next pull then asks the store for that service's pick and appends it to
+  the *end* of the current round, unless the service already has a batch
+  waiting in it — so a busy service still gets at most one batch per round
+  position and nobody is overtaken. Waiters in :meth:`QueueSource.get` return
+  at once; without a wake-up they look again every ``poll_interval`` (for
+  ``Delayed`` batches whose window passes, which no event announces).
+* **Never twice.** A batch handed out is *held* until the submitter says the
+  store shows it taken (:meth:`QueueSource.taken`) or that it will not take
+  it (:meth:`QueueSource.released`), the store shows it changed (a new
+  status, attempt count or attempt time), a round that covers its service no
+  longer contains it, or ``hold_ms`` passes (the submitter died before
+  recording anything). Until then it is not handed out again, even if the
+  store — not yet told ``submitted = true`` — still queues it.
+* **Lean rounds** (``lean=True``): rounds come without the picks' blobs
+  (``serialized_batch``, transactions), so a round over many services ships
+  a few narrow columns per pick; the batches handed out are then loaded in
+  full with one set-based read per pull (at most ``limit`` of them). A pick
+  whose state changed in the store since its round (gone, final, or another
+  ``submitted``, status, attempt count or attempt time) is not handed out:
+  its service is looked at again on the next pull.
+* **Claimed services.** Under high availability ``services`` says which
+  services this instance holds; with ``claimant`` (its instance id) a full
+  round is asked for the services the store's claims give it, a join in the
+  database rather than a list of thousands of ids, and its picks are kept
+  only for services ``services`` also names.
+* A round is a snapshot: the submitter records ``submitted = true`` (fenced,
+  under HA) before posting, and must treat a refused write as "not mine".
+* **Strategies** (:class:`~ledgerq.queue.strategy.StrategyMap`): a service
+  under ``serial`` gets its picks from ``queue_round``, one under
+  ``parallel`` from ``parallel_round``. A parallel service is woken again as
+  soon as its pick is handed out, and its batches held out (handed out, not
+  yet shown as taken) are passed as ``exclude``: the next pull appends its
+  next eligible batch, so several of its batches are in flight together.
+  :meth:`QueueSource.taken` says the store now shows a batch as taken, which
+  ends its hold; :meth:`QueueSource.released`, that a batch handed out will
+  not be taken. ``exclude`` services in :meth:`QueueSource.next_batches`
+  apply to serial services only; ``exclude_batches`` to every service, and a
+  pick in it is dropped, never handed out later: the caller is still working
+  on that very batch, so the pick is stale.
+
+``wake`` must be called after the store write it announces has committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from ledgerq.clock import Clock, now_ms
+from ledgerq.errors import StoreError
+from ledgerq.model import BatchStatusName, TrackingBatch
+from ledgerq.queue.parallel import ParallelRoundStore
+from ledgerq.queue.serial import DEFAULT_DELAY_WINDOW_MS, RoundStore, round_order_key
+from ledgerq.queue.strategy import SERIAL_ONLY, Strategy, StrategyMap
+
+#: How soon to hand back to a caller whose ``exclude`` holds back work.
+_DEFERRED_RETRY_S = 0.002
+
+_T = TypeVar("_T")
+
+ServiceFilter = Callable[[], Collection[str] | None]
+
+_Key = tuple[str, str]
+_Version = tuple[BatchStatusName | None, int, int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    version: _Version
+    taken_at: int
+    seq: int | None
+    #: A parallel service's: excluded from its rounds, so a round's silence
+    #: about it says nothing.
+    excluded: bool
+
+
+def _key(batch: TrackingBatch) -> _Key:
+    return (batch.service_id, batch.batch_header)
+
+
+def _version(batch: TrackingBatch) -> _Version:
+    return (batch.status_name, batch.attempts, batch.last_attempt_at)
+
+
+class QueueSource:
+    """Serves rounds from a :class:`RoundStore` one batch at a time."""
+
+    def __init__(
+        self,
+        store: RoundStore,
+        *,
+        clock: Clock = now_ms,
+        delay_window_ms: int = DEFAULT_DELAY_WINDOW_MS,
+        services: ServiceFilter | None = None,
+        round_limit: int | None = None,
+        hold_ms: int | None = None,
+        poll_interval: float = 1.0,
+        query_timeout: float = 30.0,
+        lean: bool = False,
+        strategies: StrategyMap = SERIAL_ONLY,
+        claimant: str | None = None,
+    ) -> None:
+        if delay_window_ms < 0:
+            raise ValueError(f"delay_window_ms must be >= 0, got {delay_window_ms}")
+        if strategies.uniform is not Strategy.SERIAL and not hasattr(store, "parallel_round"):
+            raise TypeError("the parallel strategy needs a store with parallel_round")
+        self._store = store
+        self._strategies = strategies
+        self._clock = clock
+        self._delay_window_ms = delay_window_ms
+        self._services = services
+        self._round_limit = round_limit
+        self._hold_ms = delay_window_ms if hold_ms is None else hold_ms
+        self._poll_interval = poll_interval
+        self._query_timeout = query_timeout
+        self._lean = lean
+        self._claimant = claimant
+        self._round: deque[TrackingBatch] = deque()
+        self._in_round: set[str] = set()
+        self._held: dict[_Key, _Hold] = {}
+        self._woken: set[str] = set()
+        # Seqs of round picks that came without their blobs.
+        self._lean_picks: set[int] = set()
+        # A full round is asked for only when one is due: at start, after
+        # wake(None), and every poll interval (Delayed batches whose window
+        # passed, wake-ups missed); otherwise woken services are enough.
+        self._full_due = True
+        self._last_full: int | None = None
+        self._event = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self.rounds = 0
+
+    @property
+    def queued(self) -> int:
+        """Batches left in the current round."""
+        return len(self._round)
+
+    @property
+    def held(self) -> int:
+        """Batches handed out that the store has not yet shown as taken."""
+        return len(self._held)
+
+    def taken(self, batch: TrackingBatch) -> None:
+        """The store now shows ``batch`` as taken (``submitted``): its hold ends."""
+        self._held.pop(_key(batch), None)
+
+    def released(self, batch: TrackingBatch) -> None:
+        """``batch`` was handed out but will not be taken (the caller dropped
+        it, or could not record it): its hold ends and its service is looked
+        at again."""
+        self._held.pop(_key(batch), None)
+        self.wake(batch.service_id)
+
+    def wake(self, service_id: str | None = None) -> None:
+        """A service's state changed in the store (``None``: some service)."""
+        if service_id is not None:
+            self._woken.add(service_id)
+        else:
+            self._full_due = True
+        self._event.set()
+
+    async def get(self, max_wait: float | None = None) -> TrackingBatch | None:
+        """The next batch, waiting up to ``max_wait`` seconds (``None``: for ever)."""
+        batches = await self._wait_for(1, frozenset(), max_wait)
+        return batches[0] if batches else None
+
+    async def next(self) -> TrackingBatch | None:
+        """The next batch without waiting; ``None`` if the store has none."""
+        batches, _ = await self._take(1, frozenset())
+        return batches[0] if batches else None
+
+    async def next_batches(
+        self,
+        limit: int,
+        *,
+        exclude: frozenset[str],
+        timeout_s: float,
+        exclude_batches: frozenset[str] = frozenset(),
+    ) -> list[TrackingBatch]:
+        """Up to ``limit`` batches in round order, at most one per service; none
+        of a serial service in ``exclude`` and none whose id is in
+        ``exclude_batches`` (kept for a later call); waits up to ``timeout_s``
+        for work, else ``[]``.
+
+        This is the submitter's :class:`ledgerq.submit.submitter.BatchSource`.
+        """
+        return await self._wait_for(limit, exclude, timeout_s, exclude_batches)
+
+    async def _wait_for(
+        self,
+        limit: int,
+        exclude: frozenset[str],
+        max_wait: float | None,
+        exclude_batches: frozenset[str] = frozenset(),
+    ) -> list[TrackingBatch]:
+        loop = asyncio.get_running_loop()
+        deadline = None if max_wait is None else loop.time() + max_wait
+        while True:
+            # Cleared before looking, so a wake-up during the query is not lost.
+            self._event.clear()
+            batches, deferred = await self._take(limit, exclude, exclude_batches)
+            if batches:
+                return batches
+            wait = _DEFERRED_RETRY_S if deferred else self._poll_interval
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+                wait = min(wait, remaining)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), wait)
+            if deferred:
+                # Let the caller ask again with its up-to-date ``exclude``.
+                return []
+
+    async def _take(
+        self,
+        limit: int,
+        exclude: frozenset[str],
+        exclude_batches: frozenset[str] = frozenset(),
+    ) -> tuple[list[TrackingBatch], bool]:
+        """Pop up to ``limit`` batches, asking the store at most three times.
+
+        Also says whether work was *deferred*: picks or wake-ups of services
+        in ``exclude``, or picks in ``exclude_batches``, kept for when the
+        caller no longer excludes them.
+        """
+        async with self._lock:
+            now = self._clock()
+            self._expire_holds(now)
+            # Only a serial service waits for its previous batch's task to end.
+            blocked = frozenset(s for s in exclude if not self._parallel(s))
+            if self._woken:
+                woken = self._woken
+                self._woken = woken & blocked
+                targets = self._allowed(woken - self._in_round - blocked)
+                if targets:
+                    await self._refill(now, targets)
+            if not self._round and self._full_round_due(now):
+                await self._refill(now, None)
+            taken: list[TrackingBatch] = []
+            skipped: list[TrackingBatch] = []
+            while self._round and len(taken) < limit:
+                batch = self._round.popleft()
+                if batch.batch_id in exclude_batches:
+                    # The caller is still working on this very batch: the
+                    # pick is stale. Drop it; the store decides again once
+                    # the caller is done.
+                    self._in_round.discard(batch.service_id)
+                    self._woken.add(batch.service_id)
+                    continue
+                if batch.service_id in blocked:
+                    # The caller is still finishing this service's previous
+                    # batch (already final or Unknown in the store): keep the
+                    # pick in place for its next call.
+                    skipped.append(batch)
+                    continue
+                self._in_round.discard(batch.service_id)
+                taken.append(batch)
+            self._round.extendleft(reversed(skipped))
+            if any(b.seq in self._lean_picks for b in taken):
+                taken = await self._load(taken)
+            for batch in taken:
+                parallel = self._parallel(batch.service_id)
+                self._held[_key(batch)] = _Hold(_version(batch), now, batch.seq, parallel)
+                if parallel:
+                    # Its next eligible batch, the one just handed out excluded.
+                    self._woken.add(batch.service_id)
+            return taken, bool(skipped or self._woken)
+
+    def _parallel(self, service_id: str) -> bool:
+        return self._strategies.of(service_id) is Strategy.PARALLEL
+
+    async def _round_of(
+        self,
+        strategy: Strategy,
+        now: int,
+        services: set[str] | None,
+        limit: int | None,
+        extra: dict[str, Any],
+        *,
+        full: bool,
+    ) -> list[TrackingBatch]:
+        """One strategy's round for ``services`` (``None``: all); the caller
+        keeps the picks of ``services`` only."""
+        if services is not None and not services:
+            return []
+        if strategy is Strategy.SERIAL:
+            ask: set[str] | None = services
+            kwargs = dict(extra)
+            if full and services is not None and self._claimant is not None:
+                # The store's claims for this instance, a join in the database.
+                kwargs["claimant"] = self._claimant
+                ask = None
+            return await self._ask(
+                self._store.queue_round(
+                    now=now,
+                    delay_window_ms=self._delay_window_ms,
+                    services=ask,
+                    limit=limit,
+                    **kwargs,
+                ),
+                "a round",
+            )
+        store = cast(ParallelRoundStore, self._store)
+        return await self._ask(
+            store.parallel_round(
+                now=now,
+                delay_window_ms=self._delay_window_ms,
+                services=services,
+                limit=limit,
+                exclude=[h.seq for h in self._held.values() if h.excluded and h.seq is not None],
+                **extra,
+            ),
+            "a round",
+        )
+
+    async def _load(self, picks: list[TrackingBatch]) -> list[TrackingBatch]:
+        """The full batches of lean picks, minus those the store changed since."""
+        seqs = [b.seq for b in picks if b.seq is not None and b.seq in self._lean_picks]
+        loaded = await self._ask(self._store.get_batches_by_seq(seqs), "the batches to submit")
+        by_seq = {b.seq: b for b in loaded}
+        full: list[TrackingBatch] = []
+        for pick in picks:
+            if pick.seq is None or pick.seq not in self._lean_picks:
+                full.append(pick)  # from a round of woken services: loaded already
+                continue
+            self._lean_picks.discard(pick.seq)
+            batch = by_seq.get(pick.seq)
+            if (
+                batch is None
+                or batch.is_final
+                or batch.submitted != pick.submitted
+                or _version(batch) != _version(pick)
+            ):
+                self._woken.add(pick.service_id)  # decide again from the store
+                continue
+            full.append(batch)
+        return full
+
+    async def _ask(self, query: Awaitable[_T], what: str) -> _T:
+        try:
+            return await asyncio.wait_for(query, self._query_timeout)
+        except TimeoutError as exc:
+            raise StoreError(
+                f"the store did not return {what} within {self._query_timeout} s; "
+                "check the database's load and connectivity"
+            ) from exc
+
+    def _allowed(self, services: set[str]) -> set[str]:
+        if self._services is None:
+            return services
+        allowed = self._services()
+        return services if allowed is None else services & set(allowed)
+
+    def _expire_holds(self, now: int) -> None:
+        expired = [k for k, h in self._held.items() if now - h.taken_at >= self._hold_ms]
+        for key in expired:
+            del self._held[key]
+            self._woken.add(key[0])  # look at its service again
+
+    def _full_round_due(self, now: int) -> bool:
+        return (
+            self._full_due
+            or self._last_full is None
+            or now - self._last_full >= self._poll_interval * 1000
+        )
+
+    async def _refill(self, now: int, targets: set[str] | None) -> None:
+        services = targets
+        limit = None if targets is not None else self._round_limit
+        if services is None and self._services is not None:
+            allowed = self._services()
+            services = None if allowed is None else set(allowed)
+        # Stores without lean rounds (test doubles) never see the argument.
+        # Rounds of a few woken services come whole: one query, no reload.
+        extra: dict[str, Any] = {"lean": targets is None} if self._lean else {}
+        uniform = self._strategies.uniform
+        groups: list[tuple[Strategy, set[str] | None]]
+        if uniform is not None:
+            groups = [(uniform, services)]
+        elif services is not None:
+            parallel = {s for s in services if self._parallel(s)}
+            groups = [(Strategy.SERIAL, services - parallel), (Strategy.PARALLEL, parallel)]
+        else:
+            groups = [(Strategy.SERIAL, None), (Strategy.PARALLEL, None)]
+        picks: list[TrackingBatch] = []
+        complete = True
+        for strategy, group in groups:
+            got = await self._round_of(strategy, now, group, limit, extra, full=targets is None)
+            # A round cut short by the limit covers nothing for sure.
+            complete = complete and (limit is None or len(got) < limit)
+            if group is not None:
+                got = [b for b in got if b.service_id in group]
+            if uniform is None:
+                got = [b for b in got if self._strategies.of(b.service_id) is strategy]
+            picks += got
+        if len(groups) > 1:
+            picks.sort(key=round_order_key)
+            picks = picks if limit is None else picks[:limit]
+        if targets is None:
+            self.rounds += 1
+            self._full_due = False
+            self._last_full = now
+        returned = {_key(b) for b in picks}
+        # A held batch missing from a round that covers its service is no
+        # longer queueable in the store: the store has caught up. (Not a
+        # parallel service's: its rounds exclude what it holds.)
+        if complete:
+            for key, held in list(self._held.items()):
+                covered = services is None or key[0] in services
+                if covered and not held.excluded and key not in returned:
+                    del self._held[key]
+        for batch in picks:
+            hold = self._held.get(_key(batch))
+            if hold is not None:
+                if hold.version == _version(batch):
+                    continue  # the store has not recorded the hand-out yet
+                del self._held[_key(batch)]
+            if batch.service_id in self._in_round:
+                continue
+            if extra.get("lean") and batch.seq is not None:
+                self._lean_picks.add(batch.seq)
+            self._round.append(batch)
+            self._in_round.add(batch.service_id)

@@ -1,0 +1,305 @@
+"""The one place the pipeline writes batch state on behalf of a service.
+
+The submitter and the follower never call the store directly: every change
+they make to a batch (taken for submission, accepted, delayed, rejected,
+ambiguous, and every status the ledger reports) goes through
+:class:`Recorder`. That keeps the mapping from ledger outcomes to store
+states in one module, and gives high availability one place to add fencing
+(every write conditional on still holding the service's claim).
+
+Under high availability every write is fenced (see ``docs/ha.md``): the
+recorder is built with ``fences`` (service id → the claim's
+:class:`~ledgerq.model.Fence`, or None when this instance does not hold it).
+A submission's writes all carry the fence it was taken under, so nothing it
+records lands once the claim moved on, even if this instance took the
+service back since; a write for a service not held raises
+:class:`~ledgerq.errors.FencedOffError` without touching the store. A
+ledger status the follower read for a service no longer held is dropped (the
+new holder's follower reads it too).
+
+After a write that frees a service for its next batch (a final status,
+``Unknown``, ``Delayed``) the recorder calls every registered *unlock
+listener* with the service id, in the same task, so the queue source can
+hand out that service's next batch at once instead of at its next poll.
+
+Store states written (seed *one-round serial queuer*, with the ask-before-resend
+rule of ``docs/gateway.md``, "Ambiguous submissions"):
+
+========================  ==================================================
+event                     batch afterwards
+========================  ==================================================
+taken for submission      ``{submitted, None}`` (or its old status)
+ledger accepted           ``{submitted, Pending}``
+busy after every retry    ``{not submitted, Delayed}``, attempt time kept
+unjudged after retries    ``{not submitted, Delayed}``, error ``http_<status>``
+                          (a 404, 401/403, a proxy's 4xx: never final)
+ledger rejected           ``Invalid`` with the ledger's message (final): only
+                          a judgement of the batch (Sawtooth's rejection
+                          codes, Splinter's batch-level rejection)
+ambiguous failure         ``{submitted}``, status kept, submission error
+                          ``ambiguous``: the service stays locked, the batch
+                          is not queued; the ledger is asked at once
+ledger: COMMITTED         ``Committed`` (final)
+ledger: INVALID           ``Invalid`` with its transactions (final)
+ledger: PENDING           ``{submitted, Pending}``
+ledger: VALID (Splinter)  ``{submitted, Pending}``: not final, followed until
+                          Committed (clients see ``PENDING``)
+ledger: UNKNOWN           ``{not submitted, Unknown}``: queued again, first
+========================  ==================================================
+
+Under the parallel queuer (``docs/queuer.md``) the same events write the
+same states, per batch instead of per service: a service's batches that do
+not conflict are in flight together, each recorded as above. One state is
+not written here but kept by the store in the transaction of the write that
+changes it:
+
+========================  ==================================================
+event                     batch afterwards
+========================  ==================================================
+accepted while an earlier ``{not submitted, None}``, *held*: ``blocked_by``
+open batch conflicts      names the latest such batch; not queued
+the batch it is held by   ``blocked_by`` recomputed: the next earlier open
+becomes final             conflicting batch, or none (queued)
+========================  ==================================================
+
+A write that makes a batch final (or ``Unknown``, ``Delayed``) wakes its
+service as before; under the parallel queuer that is also what releases the
+batches it held.
+
+``Unknown`` is written only when the *ledger* says UNKNOWN; an ambiguous
+outcome (timeout, reset after sending, a 5xx other than 503, a POST
+abandoned because the claim is lapsing) never clears ``submitted``, so
+nothing is resent before the ledger was asked. After recording one, the
+recorder calls every *ask listener* with the batch and service ids: the
+follower asks the ledger about that batch at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from ledgerq.clock import Clock, now_ms
+from ledgerq.errors import FencedOffError
+from ledgerq.ledgers.base import LedgerBatchStatus
+from ledgerq.model import (
+    BatchStatus,
+    BatchStatusName,
+    Fence,
+    Invalid,
+    InvalidTransaction,
+    Pending,
+    SubmissionError,
+    TrackingBatch,
+    TransactionReceipt,
+    Valid,
+)
+
+log = logging.getLogger(__name__)
+
+UnlockListener = Callable[[str], None]
+FenceSource = Callable[[str], Fence | None]
+AcceptListener = Callable[[str, str], None]
+AskListener = Callable[[str, str], None]
+
+
+class StatusWriter(Protocol):
+    """The store role the recorder needs."""
+
+    async def change_batch_to_submitted(
+        self,
+        batch_id: str,
+        service_id: str,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        dlt_status: str | BatchStatusName | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None: ...
+
+    async def update_batch_status(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus | None,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None: ...
+
+
+def _receipts(status: BatchStatus) -> list[TransactionReceipt]:
+    if isinstance(status, Invalid):
+        return [
+            TransactionReceipt(
+                transaction_id=t.transaction_id,
+                result_valid=False,
+                error_message=t.error_message,
+                error_data=t.error_data,
+                external_status=t.external_error_status,
+                external_error_message=t.external_error_message,
+            )
+            for t in status.transactions
+        ]
+    if status.name in (BatchStatusName.COMMITTED, BatchStatusName.VALID):
+        txs = getattr(status, "transactions", ())
+        return [TransactionReceipt(t.transaction_id, result_valid=True) for t in txs]
+    return []
+
+
+class Recorder:
+    def __init__(
+        self, store: StatusWriter, *, clock: Clock = now_ms, fences: FenceSource | None = None
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._fences = fences
+        # The fence each submission in progress was taken under.
+        self._acting: dict[tuple[str, str], Fence] = {}
+        self._listeners: list[UnlockListener] = []
+        self._accept_listeners: list[AcceptListener] = []
+        self._ask_listeners: list[AskListener] = []
+
+    def add_unlock_listener(self, listener: UnlockListener) -> None:
+        """``listener(service_id)`` after a write that lets the service move on."""
+        self._listeners.append(listener)
+
+    def add_accept_listener(self, listener: AcceptListener) -> None:
+        """``listener(batch_id, service_id)`` once a batch is recorded ``Pending``."""
+        self._accept_listeners.append(listener)
+
+    def add_ask_listener(self, listener: AskListener) -> None:
+        """``listener(batch_id, service_id)`` once a batch is recorded ambiguous:
+        the ledger must be asked about it before anything else of its service moves."""
+        self._ask_listeners.append(listener)
+
+    def _fence(self, service_id: str) -> Fence | None:
+        """The fence to write under now (None without HA)."""
+        if self._fences is None:
+            return None
+        fence = self._fences(service_id)
+        if fence is None:
+            raise FencedOffError(
+                f"this instance holds no valid claim on service {service_id!r}; nothing was "
+                "written: the service's current holder takes care of it"
+            )
+        return fence
+
+    def submission_fence(self, batch: TrackingBatch) -> Fence | None:
+        """The fence ``batch``'s submission in progress was taken under (None without HA)."""
+        return self.fence_of(batch.service_id, batch.batch_id)
+
+    def fence_of(self, service_id: str, batch_id: str) -> Fence | None:
+        """The fence the submission in progress of that batch was taken under."""
+        return self._acting.get((service_id, batch_id))
+
+    def _submission_fence(self, batch: TrackingBatch) -> Fence | None:
+        fence = self._acting.pop((batch.service_id, batch.batch_id), None)
+        return fence if fence is not None else self._fence(batch.service_id)
+
+    def _unlocked(self, service_id: str) -> None:
+        for listener in self._listeners:
+            listener(service_id)
+
+    # -- submitter -----------------------------------------------------------
+
+    async def submitting(self, batch: TrackingBatch) -> None:
+        """The submitter took ``batch``: ``submitted`` guards it from the queuer.
+
+        Raises :class:`~ledgerq.errors.FencedOffError` (do not POST) when this
+        instance does not hold the service's claim.
+        """
+        fence = self._fence(batch.service_id)
+        await self._store.change_batch_to_submitted(
+            batch.batch_id, batch.service_id, None, None, None, now=self._clock(), fence=fence
+        )
+        if fence is not None:
+            self._acting[(batch.service_id, batch.batch_id)] = fence
+
+    async def accepted(self, batch: TrackingBatch) -> None:
+        fence = self._submission_fence(batch)
+        await self._write(batch.batch_id, batch.service_id, Pending(), None, fence)
+        for listener in self._accept_listeners:
+            listener(batch.batch_id, batch.service_id)
+
+    async def delayed(self, batch: TrackingBatch, message: str, error_type: str = "busy") -> None:
+        """Nothing was queued at the ledger (busy, unreachable, or refused unjudged):
+        the service rests for the delay window, then the batch is sent again."""
+        # Recorded as an attempt, so its time (which starts the delay window)
+        # is the end of the retries, not the start.
+        await self._store.change_batch_to_submitted(
+            batch.batch_id,
+            batch.service_id,
+            None,
+            BatchStatusName.DELAYED,
+            SubmissionError(error_type, message),
+            now=self._clock(),
+            fence=self._submission_fence(batch),
+        )
+        self._unlocked(batch.service_id)
+
+    async def rejected(self, batch: TrackingBatch, status: int, message: str) -> None:
+        # The rejection concerns the whole batch: record it against every
+        # transaction, as Grid records external errors.
+        txs = tuple(
+            InvalidTransaction(
+                transaction_id=t.transaction_header,
+                external_error_status=str(status),
+                external_error_message=message,
+            )
+            for t in batch.transactions
+        )
+        await self._write(
+            batch.batch_id,
+            batch.service_id,
+            Invalid(txs),
+            SubmissionError(f"http_{status}", message),
+            self._submission_fence(batch),
+        )
+
+    async def ambiguous(self, batch: TrackingBatch, message: str) -> None:
+        """The ledger may or may not have ``batch``: keep it ``submitted`` (its
+        service locked, the batch not queued) and have the ledger asked."""
+        await self._store.update_batch_status(
+            batch.batch_id,
+            batch.service_id,
+            None,
+            [],
+            SubmissionError("ambiguous", message),
+            now=self._clock(),
+            fence=self._submission_fence(batch),
+        )
+        for listener in self._ask_listeners:
+            listener(batch.batch_id, batch.service_id)
+
+    # -- follower -------------------------------------------------------------
+
+    async def ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
+        """Apply what the ledger said about one batch of ``service_id``.
+
+        Splinter's ``Valid`` (validated, not committed) is written ``Pending``:
+        it is not final, and the batch is followed until ``Committed``.
+        """
+        written = Pending() if isinstance(status.status, Valid) else status.status
+        try:
+            await self._write(status.batch_id, service_id, written, None, self._fence(service_id))
+        except FencedOffError as exc:
+            log.info("status of batch %s not recorded: %s", status.batch_id[:16], exc)
+
+    async def _write(
+        self,
+        batch_id: str,
+        service_id: str,
+        status: BatchStatus,
+        error: SubmissionError | None,
+        fence: Fence | None,
+    ) -> None:
+        await self._store.update_batch_status(
+            batch_id, service_id, status, _receipts(status), error, now=self._clock(), fence=fence
+        )
+        if status.is_final or status.name in (BatchStatusName.UNKNOWN, BatchStatusName.DELAYED):
+            self._unlocked(service_id)

@@ -1,0 +1,331 @@
+"""The batch submitter (Grid's ``batch_submitter.md``), on asyncio.
+
+A *poller* pulls ready batches from a :class:`BatchSource` (the queuer) and
+starts one task per batch, at most ``slots`` at a time, never the same batch
+twice, and never two of one service unless ``parallel(service_id)`` says the
+service is under the parallel strategy (its queue then hands out only
+batches that do not conflict with those in flight). Each task POSTs through
+the :class:`~ledgerq.ledgers.LedgerClient` (the client resolves the URL per
+attempt) and reports its outcome to the
+:class:`~ledgerq.record.recorder.Recorder`, which writes the store:
+
+* before the first attempt the batch is marked ``submitted`` (so no queuer
+  round hands it out again);
+* ``Accepted`` → ``Pending``;
+* ``Busy`` (503/429), ``Unreachable`` and ``Unjudged`` (a 4xx that says
+  nothing of the batch: a wrong URL, credentials, a proxy) are retried with
+  jittered exponential backoff (honouring ``Retry-After``, capped) up to
+  ``max_retries`` times, then ``Delayed`` — the recorded attempt time starts
+  the delay window, after which the batch is sent again; nothing becomes
+  final because a URL is wrong;
+* ``Rejected`` (the ledger judged the batch) → ``Invalid`` with the ledger's
+  message;
+* ``Ambiguous`` (timeout, reset after sending, 5xx other than 503) → the
+  batch stays ``submitted`` with the ambiguity recorded; never resent here:
+  the follower asks the ledger at once, and only the ledger's ``UNKNOWN``
+  lets the queue hand it out again.
+* Under high availability ``may_post(batch)`` is asked before **every**
+  attempt, the first included: once it says no (the claim the batch was taken
+  under is about to lapse), no further POST is made and the outcome is
+  ``Ambiguous`` (recorded only if the claim still holds in the database);
+  whoever holds the service then asks the ledger before anything is resent.
+  See ``docs/ha.md``, "Safety".
+
+Every submission logs at info level when taken and when finished, with the
+batch and service ids, attempts and duration, so stuck batches show up.
+Every answer is also reported to the
+:class:`~ledgerq.ledgers.health.LedgerHealth`, which logs problems once per
+burst and shows them per service.
+
+:meth:`Submitter.stop` stops taking new batches and waits for the in-flight
+ones to finish and be recorded (drain); :meth:`Submitter.run` then returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ledgerq.backoff import Backoff, Jitter, equal_jitter
+from ledgerq.errors import ConfigError, LedgerqError
+from ledgerq.failpoints import failpoint
+from ledgerq.ledgers.base import (
+    Accepted,
+    Ambiguous,
+    Busy,
+    LedgerClient,
+    Rejected,
+    SubmitResult,
+    Unjudged,
+    Unreachable,
+)
+from ledgerq.ledgers.health import LedgerHealth
+from ledgerq.model import TrackingBatch
+from ledgerq.record.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+#: Whether a submission may start another POST attempt (HA: claim still valid).
+MayPost = Callable[[TrackingBatch], bool]
+
+
+class BatchSource(Protocol):
+    """The queue the submitter polls (the queuer's role)."""
+
+    async def next_batches(
+        self,
+        limit: int,
+        *,
+        exclude: frozenset[str],
+        timeout_s: float,
+        exclude_batches: frozenset[str] = frozenset(),
+    ) -> Sequence[TrackingBatch]:
+        """Up to ``limit`` batches ready to submit, at most one per service,
+        none of a serial service in ``exclude`` and none whose id is in
+        ``exclude_batches``; waits up to ``timeout_s`` for work and returns an
+        empty sequence if none came."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitterSettings:
+    #: Concurrent submissions (each its own task and HTTP request).
+    slots: int = 256
+    #: Retries of a Busy/Unreachable/Unjudged answer before recording Delayed.
+    max_retries: int = 5
+    backoff_initial_ms: int = 20
+    backoff_max_ms: int = 2_000
+    #: How long the poller waits for work before asking again (fallback only:
+    #: the source wakes it as soon as a service is unlocked).
+    poll_timeout_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ConfigError(f"submitter.slots must be at least 1, not {self.slots}")
+        if self.max_retries < 0:
+            raise ConfigError(f"submitter.max_retries must be >= 0, not {self.max_retries}")
+        if self.backoff_initial_ms < 0 or self.backoff_max_ms < self.backoff_initial_ms:
+            raise ConfigError("submitter.backoff_* must satisfy 0 <= initial <= max")
+
+
+#: Answers after which nothing was queued at the ledger: sent again after a backoff.
+_RETRIED = (Busy, Unreachable, Unjudged)
+
+#: The outcome of a submission whose claim lapsed before its next attempt: an
+#: earlier attempt may have reached the ledger, so it is asked first.
+_CLAIM_LAPSING = Ambiguous(
+    "this instance's claim on the service is about to lapse; no further attempt was made"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a submission ended in, after retries."""
+
+    result: SubmitResult
+    attempts: int
+
+
+class Submitter:
+    def __init__(
+        self,
+        source: BatchSource,
+        ledger: LedgerClient,
+        recorder: Recorder,
+        settings: SubmitterSettings | None = None,
+        *,
+        sleep: Sleep = asyncio.sleep,
+        may_post: MayPost | None = None,
+        health: LedgerHealth | None = None,
+        jitter: Jitter = equal_jitter,
+        parallel: Callable[[str], bool] = lambda _service_id: False,
+        taken: Callable[[TrackingBatch], None] | None = None,
+        released: Callable[[TrackingBatch], None] | None = None,
+    ) -> None:
+        self._source = source
+        self.health = health or LedgerHealth(ledger.description)
+        self._jitter = jitter
+        self._may_post = may_post
+        self._parallel = parallel
+        # The queue is told once the store shows a batch as taken, or that a
+        # batch it handed out will not be: either ends the queue's hold on it.
+        self._taken = taken
+        self._released = released
+        self._ledger = ledger
+        self._recorder = recorder
+        self.settings = settings or SubmitterSettings()
+        self._sleep = sleep
+        self._in_flight: dict[str, str] = {}  # batch id -> service id
+        #: Batch ids being submitted right now (live; the follower leaves them alone).
+        self.held_batches: set[str] = set()
+        self._slot_free = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self.submitted_total = 0
+
+    @property
+    def in_flight(self) -> dict[str, str]:
+        """Batches with a submission in progress: batch id → service id (a copy)."""
+        return dict(self._in_flight)
+
+    def stop(self) -> None:
+        """Take no new batches; :meth:`run` returns once in-flight ones are recorded."""
+        self._stopping.set()
+        self._slot_free.set()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            while not self._stopping.is_set():
+                free = self.settings.slots - len(self._in_flight)
+                if free <= 0:
+                    self._slot_free.clear()
+                    await self._slot_free.wait()
+                    continue
+                batches = await self._next(free)
+                for batch in batches:
+                    if self._stopping.is_set():
+                        break
+                    busy = batch.service_id in self._in_flight.values()
+                    if batch.batch_id in self._in_flight or (
+                        busy and not self._parallel(batch.service_id)
+                    ):
+                        # Never one batch twice, never two of a serial service.
+                        if self._released is not None:
+                            self._released(batch)
+                        continue
+                    self._in_flight[batch.batch_id] = batch.service_id
+                    self.held_batches.add(batch.batch_id)
+                    tasks.create_task(self._submit(batch))
+
+    async def _next(self, limit: int) -> Sequence[TrackingBatch]:
+        # Stop must not wait for the source's timeout: race the two.
+        fetch = asyncio.ensure_future(
+            self._source.next_batches(
+                limit,
+                exclude=frozenset(self._in_flight.values()),
+                timeout_s=self.settings.poll_timeout_s,
+                exclude_batches=frozenset(self._in_flight),
+            )
+        )
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not fetch.done():
+            fetch.cancel()
+            return ()
+        try:
+            return fetch.result()
+        except LedgerqError as exc:
+            log.warning("cannot read the queue: %s; retrying", exc)
+            await self._sleep(self.settings.poll_timeout_s)
+            return ()
+
+    async def _submit(self, batch: TrackingBatch) -> None:
+        started = time.monotonic()
+        log.info("submission started batch=%s service=%s", batch.batch_id[:16], batch.service_id)
+        outcome: Outcome | None = None
+        recorded = False
+        try:
+            failpoint("submitting")
+            await self._recorder.submitting(batch)
+            recorded = True
+            if self._taken is not None:
+                self._taken(batch)
+            outcome = await self.attempt(batch)
+            failpoint("before_record")
+            await self._record(batch, outcome)
+            failpoint("after_record")
+            self.submitted_total += 1
+        except LedgerqError as exc:
+            # The store failed: the batch stays {submitted, ...} and the
+            # follower's next scan asks the ledger about it.
+            log.error(
+                "submission of batch=%s service=%s not recorded: %s",
+                batch.batch_id[:16],
+                batch.service_id,
+                exc,
+            )
+        finally:
+            if not recorded and self._released is not None:
+                self._released(batch)
+            del self._in_flight[batch.batch_id]
+            self.held_batches.discard(batch.batch_id)
+            self._slot_free.set()
+            log.info(
+                "submission finished batch=%s service=%s result=%s attempts=%s in %.1f ms",
+                batch.batch_id[:16],
+                batch.service_id,
+                type(outcome.result).__name__ if outcome else "error",
+                outcome.attempts if outcome else "?",
+                (time.monotonic() - started) * 1000,
+            )
+
+    async def attempt(self, batch: TrackingBatch) -> Outcome:
+        """POST ``batch`` until it is accepted, rejected, ambiguous or out of retries."""
+        s = self.settings
+        backoff = Backoff(s.backoff_initial_ms / 1000, s.backoff_max_ms / 1000, self._jitter)
+        attempts = 0
+        while True:
+            if self._may_post is not None and not self._may_post(batch):
+                return Outcome(_CLAIM_LAPSING, attempts)
+            attempts += 1
+            failpoint("before_post")
+            result = await self._ledger.submit(
+                batch.service_id, batch.batch_id, batch.serialized_batch
+            )
+            failpoint("after_response")
+            self._report(batch.service_id, result)
+            if not isinstance(result, _RETRIED) or attempts > s.max_retries:
+                return Outcome(result, attempts)
+            if self._stopping.is_set():
+                # Draining: record Delayed now rather than keep retrying.
+                return Outcome(result, attempts)
+            wait_s = backoff.delay(attempts)
+            if isinstance(result, Busy) and result.retry_after_ms is not None:
+                wait_s = max(wait_s, result.retry_after_ms / 1000)
+            await self._sleep(min(wait_s, backoff.max_s))
+
+    def _report(self, service_id: str, result: SubmitResult) -> None:
+        match result:
+            case Accepted() | Rejected():
+                self.health.ok("submit", service_id)
+            case Busy(status=status, message=message):
+                self.health.problem("submit", service_id, f"HTTP {status}", message)
+            case Unjudged(status=status, message=message):
+                self.health.problem("submit", service_id, f"HTTP {status}", message)
+            case Unreachable(message=message):
+                self.health.problem("submit", service_id, "unreachable", message)
+            case Ambiguous(message=message, status=status):
+                cause = "ambiguous" if status is None else f"HTTP {status}"
+                self.health.problem("submit", service_id, cause, message)
+
+    async def _record(self, batch: TrackingBatch, outcome: Outcome) -> None:
+        result = outcome.result
+        match result:
+            case Accepted():
+                await self._recorder.accepted(batch)
+            case Busy(status=status, message=message):
+                await self._recorder.delayed(
+                    batch, f"ledger busy ({status}) after {outcome.attempts} attempts: {message}"
+                )
+            case Unreachable(message=message):
+                await self._recorder.delayed(
+                    batch, f"ledger unreachable after {outcome.attempts} attempts: {message}"
+                )
+            case Unjudged(status=status, message=message):
+                await self._recorder.delayed(
+                    batch,
+                    f"refused without judging the batch after {outcome.attempts} attempts: "
+                    f"{message}",
+                    f"http_{status}",
+                )
+            case Rejected(status=status, message=message):
+                await self._recorder.rejected(batch, status, message)
+            case Ambiguous(message=message):
+                await self._recorder.ambiguous(batch, message)

@@ -1,0 +1,145 @@
+"""End to end against a ledger that is not ours: `ledgerq serve` (its own process) →
+the fault ledger (Sawtooth's REST API only: no /events, no /subscriptions), which
+judges every POST. After each scenario: no POST of a batch the ledger held
+(zero violations), every batch committed, each key's batches committed in the
+order they were accepted, each key's final value exact (nothing twice), the
+gateway process alive throughout."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from harness import Proc, Workload, check_no_service_locked, gateway_proc, wait_all_final
+
+from ledgerq.testing.fault_ledger import FaultLedger, FaultPlan
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+        yield s
+
+
+async def judge(
+    session: aiohttp.ClientSession,
+    gateway: Proc,
+    ledger: FaultLedger,
+    workload: Workload,
+) -> None:
+    final = await wait_all_final(session, gateway.url, workload, timeout_s=150)
+    assert gateway.process is not None and gateway.process.returncode is None, "gateway died"
+    missing = [b for b in workload.all_ids() if b not in final]
+    assert not missing, f"{len(missing)} batches not final; ledger counts {ledger.counts}"
+    assert ledger.violations == [], f"POSTs of batches the ledger held: {ledger.violations[:5]}"
+    assert {s for s in final.values()} == {"COMMITTED"}
+    for s, (_service, batches) in enumerate(workload.batches.items()):
+        name = workload.name(s)
+        assert ledger.state.order[name] == [bid for bid, _ in batches], f"{name} out of order"
+        assert ledger.state.values[name] == workload.per_service - 1
+    await check_no_service_locked(session, gateway.url)
+
+
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("pg", marks=pytest.mark.pg)])
+async def test_ambiguous_posts_are_asked_about_never_resent_blindly(
+    tmp_path: Path, session: aiohttp.ClientSession, db: str, request: pytest.FixtureRequest
+) -> None:
+    plan = FaultPlan(
+        commit_delay_ms=20,
+        drop_after_accept=0.12,
+        error_500_after_accept=0.05,
+        busy_503=0.08,
+        busy_429=0.04,
+        forget=0.05,
+        status_503=0.03,
+    )
+    async with FaultLedger(plan, seed=11) as ledger:
+        url = request.getfixturevalue("pg_url") if db == "pg" else f"sqlite:///{tmp_path}/gw.db"
+        gateway = gateway_proc(tmp_path, url, f"sawtooth+{ledger.url}")
+        try:
+            await gateway.start()
+            workload = Workload(services=12, per_service=6)
+            await workload.post(session, gateway.url, waves=2)
+            await judge(session, gateway, ledger, workload)
+            for fault in ("dropped_after_accept", "error_500_after_accept", "forgotten"):
+                assert ledger.counts[fault] > 0, ledger.counts
+            # Some batches were sent again, each only after the ledger forgot it.
+            assert any(r.posts > 1 for r in ledger.batches.values())
+        finally:
+            await gateway.stop()
+
+
+async def _toggle(ledger: FaultLedger, field: str, on_s: float, off_s: float) -> None:
+    """Switch a fault on for ``on_s``, off for ``off_s``, for ever (cancelled by the test)."""
+    while True:
+        ledger.plan = ledger.plan.updated({field: True})
+        await asyncio.sleep(on_s)
+        ledger.plan = ledger.plan.updated({field: False})
+        await asyncio.sleep(off_s)
+
+
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("pg", marks=pytest.mark.pg)])
+async def test_404s_and_malformed_bodies_for_a_while_change_nothing(
+    tmp_path: Path, session: aiohttp.ClientSession, db: str, request: pytest.FixtureRequest
+) -> None:
+    plan = FaultPlan(commit_delay_ms=20, drop_after_accept=0.05, busy_503=0.05, forget=0.03)
+    async with FaultLedger(plan, seed=5) as ledger:
+        url = request.getfixturevalue("pg_url") if db == "pg" else f"sqlite:///{tmp_path}/gw.db"
+        gateway = gateway_proc(tmp_path, url, f"sawtooth+{ledger.url}")
+        faults = []
+        try:
+            await gateway.start()
+            faults = [
+                asyncio.create_task(_toggle(ledger, "not_found", 0.3, 0.5)),
+                asyncio.create_task(_toggle(ledger, "malformed_statuses", 0.4, 0.6)),
+            ]
+            workload = Workload(services=12, per_service=6)
+            await workload.post(session, gateway.url, waves=2)
+            await wait_all_final(session, gateway.url, workload, timeout_s=20)
+            for task in faults:
+                task.cancel()
+            ledger.plan = plan
+            await judge(session, gateway, ledger, workload)
+            assert ledger.counts["not_found"] > 0
+            assert any(k.startswith("malformed_") for k in ledger.counts), ledger.counts
+        finally:
+            for task in faults:
+                task.cancel()
+            await gateway.stop()
+
+
+async def test_a_wrong_url_leaves_every_batch_waiting_and_says_why(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    async with FaultLedger(FaultPlan(commit_delay_ms=5, not_found=True)) as ledger:
+        gateway = gateway_proc(tmp_path, f"sqlite:///{tmp_path}/gw.db", f"sawtooth+{ledger.url}")
+        try:
+            await gateway.start()
+            workload = Workload(services=3, per_service=3)
+            await workload.post(session, gateway.url, waves=1)
+            # Wait until every service shows the ledger's answer as its problem.
+            problems: list[dict[str, object]] = []
+            for _ in range(400):
+                async with session.get(f"{gateway.url}/services") as r:
+                    rows = (await r.json())["data"]
+                problems = [r["ledger_problem"] for r in rows if r["ledger_problem"]]
+                if len(problems) == 3:
+                    break
+                await asyncio.sleep(0.02)
+            assert len(problems) == 3, rows
+            assert {p["cause"] for p in problems} == {"HTTP 404"}
+            async with session.get(f"{gateway.url}/batches?limit=100") as r:
+                batches = (await r.json())["data"]
+            assert not [b for b in batches if b["status"] in ("Invalid", "Committed")]
+            # The operator fixes it: everything commits, in order, and nothing twice.
+            ledger.plan = ledger.plan.updated({"not_found": False})
+            await judge(session, gateway, ledger, workload)
+            async with session.get(f"{gateway.url}/services") as r:
+                assert not [r for r in (await r.json())["data"] if r["ledger_problem"]]
+        finally:
+            await gateway.stop()

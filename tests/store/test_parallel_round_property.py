@@ -1,0 +1,252 @@
+"""``parallel_round`` in SQL equals the reference rules (``select_parallel_round``)
+on random populations.
+
+Batches get random transactions reading and writing random entries — full
+addresses, namespace and shorter prefixes, the empty prefix, upper case,
+addresses with a non-hex tail, unknown (``None``) sets — and random
+dependencies on earlier batches' transactions (of their own service or not,
+added by the same call or an earlier one). They are added in several calls
+with random ledger outcomes applied in random order in between, so the
+store's blockers are computed at insert against partly final services and
+recomputed as batches become final in any order. The reference round is
+computed from the same rows read back with ``list_batches``; both are asked
+with random ``exclude``, ``services`` and ``limit``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ledgerq.clock import ManualClock
+from ledgerq.model import TrackingBatch, TrackingTransaction
+from ledgerq.queue.parallel import select_parallel_round
+from ledgerq.store import BatchTrackingStore, open_store
+
+from .test_queue_round_property import ATTEMPTS, NOW, STATES, WINDOW, apply, everything
+
+SQL_BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.pg),
+]
+
+NAMESPACE = "1cf126"
+KEYS = [NAMESPACE + c * 64 for c in "0123"]
+ENTRIES = [
+    *KEYS,
+    KEYS[1].upper(),  # the same address as KEYS[1]
+    KEYS[2] + "ff",  # longer than an address: compared by its first 70
+    NAMESPACE + "0" * 20 + "-x",  # a non-hex character ends the entry
+    NAMESPACE,  # every key
+    "1cf1",
+    "ab" * 35,  # another namespace
+    "",  # everything
+]
+entry_sets = st.none() | st.lists(st.sampled_from(ENTRIES), max_size=3)
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class TxnSpec:
+    reads: list[str] | None
+    writes: list[str] | None
+    #: Depend on a transaction of the batch this many places before (0: none).
+    back: int
+
+
+@dataclass(frozen=True)
+class Spec:
+    service: int
+    txns: list[TxnSpec]
+    state: str
+    attempt: int
+
+
+specs = st.builds(
+    Spec,
+    service=st.integers(0, 5),
+    txns=st.lists(
+        st.builds(
+            TxnSpec,
+            reads=entry_sets,
+            writes=entry_sets,
+            back=st.sampled_from([0, 0, 0, 1, 2, 5]),
+        ),
+        min_size=1,
+        max_size=2,
+    ),
+    state=st.sampled_from(["new"] * 6 + STATES),
+    attempt=st.sampled_from(ATTEMPTS),
+)
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+async def sql_store(
+    request: pytest.FixtureRequest, store_url_factory: Callable[[str], str]
+) -> AsyncIterator[BatchTrackingStore]:
+    async with await open_store(store_url_factory(request.param), clock=ManualClock(NOW)) as s:
+        yield s
+
+
+def build(specs_: list[Spec], earlier: list[TrackingBatch]) -> list[TrackingBatch]:
+    """Batches for ``specs_``; dependencies point into ``earlier`` + these."""
+    out: list[TrackingBatch] = []
+    for spec in specs_:
+        service = f"svc-{spec.service}"
+        bid = f"{next(_ids):08x}".ljust(128, "b")
+        txns = []
+        for t in spec.txns:
+            pool = earlier + out
+            deps = ()
+            if t.back and len(pool) >= t.back:
+                deps = (pool[-t.back].transactions[0].transaction_header,)
+            txns.append(
+                TrackingTransaction(
+                    family_name="intkey",
+                    family_version="1.0",
+                    transaction_header=f"{next(_ids):08x}".ljust(128, "7"),
+                    payload=b"p",
+                    signer_public_key="03" + "cd" * 32,
+                    service_id=service,
+                    inputs=None if t.reads is None else tuple(t.reads),
+                    outputs=None if t.writes is None else tuple(t.writes),
+                    dependencies=deps,
+                )
+            )
+        out.append(
+            TrackingBatch(
+                service_id=service,
+                batch_header=bid,
+                data_change_id=None,
+                signer_public_key="02" + "ab" * 32,
+                trace=False,
+                serialized_batch=b"batch:" + bid.encode(),
+                created_at=NOW - 1_000,
+                transactions=tuple(txns),
+            )
+        )
+    return out
+
+
+async def check(
+    store: BatchTrackingStore,
+    rng: random.Random,
+    *,
+    now: int,
+    services: list[str] | None = None,
+    limit: int | None = None,
+) -> None:
+    population = await everything(store)
+    live = [b.seq for b in population if not b.is_final and b.seq is not None]
+    exclude = sorted(rng.sample(live, k=rng.randint(0, min(4, len(live)))))
+    for skip in ([], exclude):
+        expected = select_parallel_round(
+            population, now=now, delay_window_ms=WINDOW, services=services, exclude=skip
+        )
+        if limit is not None:
+            expected = expected[:limit]
+        got = await store.parallel_round(
+            now=now, delay_window_ms=WINDOW, services=services, limit=limit, exclude=skip
+        )
+        assert [(b.service_id, b.seq) for b in got] == [(b.service_id, b.seq) for b in expected]
+        assert got == expected  # every field, transactions and their access sets included
+        lean = await store.parallel_round(
+            now=now,
+            delay_window_ms=WINDOW,
+            services=services,
+            limit=limit,
+            lean=True,
+            exclude=skip,
+        )
+        assert [b.seq for b in lean] == [b.seq for b in expected]
+
+
+async def grow(
+    store: BatchTrackingStore, population: list[Spec], chunks: int, rng: random.Random
+) -> None:
+    """Add in ``chunks`` calls; between them, apply a random part of the
+    outcomes of what is added so far, in random order."""
+    added: list[tuple[TrackingBatch, Spec]] = []
+    step = max(1, len(population) // chunks)
+    for i in range(0, len(population), step):
+        part = population[i : i + step]
+        batches = build(part, [b for b, _ in added])
+        stored = await store.add_batches(batches)
+        added += list(zip(stored, part, strict=True))
+        waiting = [item for item in added if item[1].state != "new"]
+        rng.shuffle(waiting)
+        for b, spec in waiting[: rng.randint(0, len(waiting))]:
+            await apply(store, b, spec)  # type: ignore[arg-type]
+            added.remove((b, spec))
+    rest = [item for item in added if item[1].state != "new"]
+    rng.shuffle(rest)
+    for b, spec in rest:
+        await apply(store, b, spec)  # type: ignore[arg-type]
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    population=st.lists(specs, min_size=1, max_size=40),
+    chunks=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+    now=st.sampled_from([NOW, NOW + WINDOW]),
+    subset=st.none() | st.lists(st.integers(0, 7), max_size=4),
+    limit=st.none() | st.integers(1, 4),
+)
+async def test_store_parallel_round_equals_the_reference(
+    sql_store: BatchTrackingStore,
+    population: list[Spec],
+    chunks: int,
+    seed: int,
+    now: int,
+    subset: list[int] | None,
+    limit: int | None,
+) -> None:
+    rng = random.Random(seed)
+    # The store is shared by the examples: populations pile up, as in production.
+    await grow(sql_store, population, chunks, rng)
+    services = None if subset is None else [f"svc-{i}" for i in subset]
+    await check(sql_store, rng, now=now, services=services, limit=limit)
+    await check(sql_store, rng, now=now)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_many_services_and_keys_equal_the_reference(
+    sql_store: BatchTrackingStore, seed: int
+) -> None:
+    rng = random.Random(seed)
+
+    def entries() -> list[str] | None:
+        return (
+            None
+            if rng.random() < 0.02
+            else rng.sample(ENTRIES[:4] + ENTRIES[7:], rng.randint(0, 2))
+        )
+
+    population = [
+        Spec(
+            service=rng.randrange(40),
+            txns=[
+                TxnSpec(entries(), entries(), rng.choice([0, 0, 0, 0, 1, 3]))
+                for _ in range(rng.randint(1, 2))
+            ],
+            state=rng.choice(["new"] * 8 + STATES),
+            attempt=rng.choice(ATTEMPTS),
+        )
+        for _ in range(400)
+    ]
+    await grow(sql_store, population, chunks=8, rng=rng)
+    for now in (NOW - 1, NOW, NOW + WINDOW):
+        await check(sql_store, rng, now=now)
+    await check(sql_store, rng, now=NOW, services=[f"svc-{i}" for i in range(0, 40, 3)])
+    await check(sql_store, rng, now=NOW, limit=7)

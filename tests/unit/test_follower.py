@@ -1,0 +1,348 @@
+"""Follower: every batch followed on its own — parked reads, asks, backoff, scans, events.
+
+Time is never waited out: tests wait on what the follower does (the ledger's
+requests, the store's writes), with intervals set to an hour so that nothing
+a test sees can come from a poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from pipeline_fakes import MemoryPipelineStore, ScriptedLedger, batch
+
+from ledgerq.backoff import no_jitter
+from ledgerq.clock import ManualClock
+from ledgerq.errors import ConfigError, LedgerError
+from ledgerq.follow.follower import Follower, FollowSettings
+from ledgerq.ledgers.base import CommitEvent
+from ledgerq.model import (
+    BatchStatusName,
+    Committed,
+    Invalid,
+    InvalidTransaction,
+    Pending,
+    Unknown,
+    Valid,
+)
+from ledgerq.record.recorder import Recorder
+from ledgerq.submit.submitter import Submitter, SubmitterSettings
+
+HOUR = 3600.0
+
+
+class Rig:
+    def __init__(self, held: set[str] | None = None, **settings: float) -> None:
+        self.store = MemoryPipelineStore()
+        self.ledger = ScriptedLedger()
+        self.recorder = Recorder(self.store, clock=ManualClock())
+        self.held: set[str] = held if held is not None else set()
+        opts = {"poll_interval_s": HOUR, "wait_s": HOUR, "min_poll_interval_s": 0, **settings}
+        self.follower = Follower(
+            self.store,
+            self.ledger,
+            self.recorder,
+            FollowSettings(**opts),  # type: ignore[arg-type]
+            held=self.held,
+            jitter=no_jitter,
+        )
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Rig:
+        self.task = asyncio.create_task(self.follower.run())
+        await until(lambda: self.follower.scans >= 1)
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.follower.stop()
+        assert self.task is not None
+        await asyncio.wait_for(self.task, 5)
+
+    async def accepted(self, *bs: object) -> None:
+        for b in bs:
+            self.store.add(b)  # type: ignore[arg-type]
+            await self.recorder.submitting(b)  # type: ignore[arg-type]
+            await self.ledger.decide(b.batch_id, Pending())  # type: ignore[attr-defined]
+            await self.recorder.accepted(b)  # type: ignore[arg-type]
+
+    def status(self, b: object) -> BatchStatusName | None:
+        return self.store.batches[b.batch_id].status_name  # type: ignore[attr-defined]
+
+
+async def until(cond: Callable[[], bool], steps: int = 2000) -> None:
+    for _ in range(steps):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    # Real time only if the loop has nothing left to run (a read parked in a fake).
+    for _ in range(200):
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+async def test_each_accepted_batch_gets_its_own_parked_read_and_is_recorded_when_final() -> None:
+    async with Rig() as rig:
+        a, b = batch("a", 1), batch("b", 1)
+        await rig.accepted(a, b)
+        await until(lambda: rig.ledger.parked == 2)
+        # One id per read: Sawtooth's wait answers only when every id is final.
+        assert sorted(ids for _, ids in rig.ledger.status_requests) == [
+            (a.batch_id,),
+            (b.batch_id,),
+        ]
+        assert set(rig.ledger.waits) == {HOUR}
+        await rig.ledger.decide(b.batch_id, Committed())
+        await until(lambda: rig.status(b) is BatchStatusName.COMMITTED)
+        # b's answer did not wait for a's.
+        assert rig.status(a) is BatchStatusName.PENDING
+        assert rig.ledger.parked == 1
+        await rig.ledger.decide(
+            a.batch_id, Invalid((InvalidTransaction("t", error_message="no such key"),))
+        )
+        await until(lambda: rig.status(a) is BatchStatusName.INVALID)
+        assert rig.follower.followed == {}
+
+
+async def test_a_forgotten_pending_batch_becomes_unknown_and_resendable() -> None:
+    async with Rig() as rig:
+        a = batch("a", 1)
+        await rig.accepted(a)
+        await until(lambda: rig.ledger.parked == 1)
+        await rig.ledger.decide(a.batch_id, Unknown())
+        await until(lambda: rig.status(a) is BatchStatusName.UNKNOWN)
+        assert not rig.store.batches[a.batch_id].submitted
+        assert [b.batch_id for b in rig.store.round(frozenset())] == [a.batch_id]
+
+
+async def test_a_read_that_times_out_pending_parks_again() -> None:
+    async with Rig(wait_s=0.01) as rig:
+        a = batch("a", 1)
+        await rig.accepted(a)
+        await until(lambda: len(rig.ledger.status_requests) >= 3)
+        assert rig.status(a) is BatchStatusName.PENDING
+        assert all(w == 0.01 for w in rig.ledger.waits)
+
+
+async def test_ambiguous_batches_are_asked_at_once_grouped_per_service() -> None:
+    async with Rig(max_ids=2) as rig:
+        bs = [batch("a", n) for n in range(1, 4)] + [batch("b", 1)]
+        rig.store.add(*bs)
+        got = bs[0]
+        await rig.ledger.decide(got.batch_id, Pending())  # the ledger has it; the 202 was lost
+        for b in bs:
+            await rig.recorder.submitting(b)
+        for b in bs:
+            await rig.recorder.ambiguous(b, "connection reset after sending")
+            assert rig.store.batches[b.batch_id].submitted  # nothing resent before asking
+        await until(lambda: all(rig.status(b) is not None for b in bs))
+        reads = zip(rig.ledger.status_requests, rig.ledger.waits, strict=True)
+        asks = [(s, ids) for (s, ids), w in reads if w == 0]
+        assert sorted(len(ids) for _, ids in asks) == [1, 1, 2]  # a: 2 + 1, b: 1
+        assert (
+            rig.status(got) is BatchStatusName.PENDING and rig.store.batches[got.batch_id].submitted
+        )
+        for lost in bs[1:]:
+            assert rig.status(lost) is BatchStatusName.UNKNOWN
+            assert not rig.store.batches[lost.batch_id].submitted
+        # The one the ledger has is now followed with a parked read.
+        await until(lambda: rig.ledger.parked == 1)
+        await rig.ledger.decide(got.batch_id, Committed())
+        await until(lambda: rig.status(got) is BatchStatusName.COMMITTED)
+
+
+async def test_a_ledger_that_cannot_be_asked_is_asked_again_with_backoff_never_resent() -> None:
+    async with Rig(backoff_initial_ms=1, backoff_max_ms=4) as rig:
+        a = batch("a", 1)
+        rig.store.add(a)
+        rig.ledger.read_errors = [LedgerError("answered 404") for _ in range(4)]
+        await rig.recorder.submitting(a)
+        await rig.recorder.ambiguous(a, "timeout")
+        await until(lambda: rig.status(a) is BatchStatusName.UNKNOWN)
+        assert len(rig.ledger.status_requests) == 5  # four failures, then the answer
+        assert rig.store.writes.count((a.batch_id, BatchStatusName.UNKNOWN)) == 1
+        problems = rig.follower.health.problems_total["status"]
+        assert problems == 4
+        assert rig.follower.health.for_service("a") is None  # cleared by the answer
+
+
+async def test_failed_parked_reads_back_off_and_report_once_per_burst(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with Rig(backoff_initial_ms=1, backoff_max_ms=2) as rig:
+        a = batch("a", 1)
+        rig.ledger.read_errors = [LedgerError("answered 503") for _ in range(6)]
+        with caplog.at_level("INFO", logger="ledgerq.ledgers"):
+            await rig.accepted(a)
+            await until(lambda: rig.ledger.parked == 1)
+            problem = rig.follower.health.for_service("a")
+            await rig.ledger.decide(a.batch_id, Committed())
+            await until(lambda: rig.status(a) is BatchStatusName.COMMITTED)
+        # Shown for the service while the burst lasts, cleared by the good answer.
+        assert problem is not None and problem.count == 6 and "503" in problem.message
+        assert rig.follower.health.for_service("a") is None
+        # Logged once at the burst's start, once at its end: not six times.
+        lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+        assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
+        assert "503" in lines[0][1] and "6 problems" in lines[1][1]
+
+
+async def test_scan_at_start_follows_what_a_dead_submitter_left_never_what_is_held() -> None:
+    held: set[str] = set()
+    rig = Rig(held=held)
+    taken, lost, mine, pending = batch("a", 1), batch("b", 1), batch("c", 1), batch("d", 1)
+    rig.store.add(taken, lost, mine, pending)
+    for b in (taken, lost, mine, pending):
+        await rig.recorder.submitting(b)  # {submitted, None}: the previous process died here
+    await rig.store.update_batch_status(pending.batch_id, "d", Pending())
+    held.add(mine.batch_id)  # ...except this one, being submitted here
+    await rig.ledger.decide(taken.batch_id, Pending())
+    await rig.ledger.decide(pending.batch_id, Pending())
+    async with rig:
+        await until(lambda: rig.status(lost) is BatchStatusName.UNKNOWN)
+        await until(lambda: rig.ledger.parked == 2)  # taken (found pending) and pending
+        assert rig.status(taken) is BatchStatusName.PENDING
+        assert rig.store.batches[mine.batch_id].batch_status is None
+        asked = {i for _, ids in rig.ledger.status_requests for i in ids}
+        assert mine.batch_id not in asked
+        assert rig.follower.scans == 1  # all of it from the start-up scan
+
+
+async def test_an_answer_for_a_batch_resent_meanwhile_is_dropped() -> None:
+    held: set[str] = set()
+    async with Rig(held=held) as rig:
+        a = batch("a", 1)
+        await rig.accepted(a)
+        await until(lambda: rig.ledger.parked == 1)
+        held.add(a.batch_id)  # (as if forgotten, found Unknown and taken again)
+        writes = len(rig.store.writes)
+        await rig.ledger.decide(a.batch_id, Unknown())
+        await until(lambda: rig.ledger.parked == 0)
+        await until(lambda: not rig.follower.followed)
+        assert len(rig.store.writes) == writes
+
+
+async def test_parked_reads_are_bounded_and_every_batch_gets_its_turn() -> None:
+    async with Rig(max_parked=2, wait_s=0.01) as rig:
+        bs = [batch(f"s{i}", 1) for i in range(5)]
+        await rig.accepted(*bs)
+        await until(
+            lambda: (
+                {i for _, ids in rig.ledger.status_requests for i in ids}
+                >= {b.batch_id for b in bs}
+            )
+        )
+        assert rig.ledger.most_parked == 2
+        for b in bs:
+            await rig.ledger.decide(b.batch_id, Committed())
+        await until(lambda: all(rig.status(b) is BatchStatusName.COMMITTED for b in bs))
+        assert rig.follower.waiting_for_slot == 0
+
+
+async def test_the_next_batch_of_a_service_goes_out_when_its_predecessor_commits() -> None:
+    """No event stream, every interval an hour: the commit alone moves the service."""
+    rig = Rig()
+    first, second = batch("s", 1), batch("s", 2)
+    rig.store.add(first, second)
+    submitter = Submitter(
+        rig.store, rig.ledger, rig.recorder, SubmitterSettings(poll_timeout_s=HOUR)
+    )
+    submitter.held_batches = rig.held  # as the gateway wires them: one live set
+    rig.ledger.statuses[first.batch_id] = Pending()
+    async with rig:
+        task = asyncio.create_task(submitter.run())
+        await until(lambda: rig.ledger.parked == 1)
+        assert rig.ledger.sent == [first.batch_id]
+        await rig.ledger.decide(first.batch_id, Committed())
+        await until(lambda: len(rig.ledger.sent) == 2)
+        assert rig.ledger.sent == [first.batch_id, second.batch_id]
+        assert rig.follower.scans == 1  # no scan, no poll in between
+        submitter.stop()
+        await asyncio.wait_for(task, 5)
+
+
+async def test_events_are_applied_at_once_and_an_early_one_when_its_batch_is_accepted() -> None:
+    rig = Rig()
+    rig.ledger.event_queue = asyncio.Queue()
+    async with rig:
+        a, b = batch("a", 1), batch("b", 1)
+        await rig.accepted(a)
+        rig.ledger.event_queue.put_nowait(CommitEvent(a.batch_id, Committed(), "1"))
+        await until(lambda: rig.status(a) is BatchStatusName.COMMITTED)
+        # b commits before its submitter recorded the 202.
+        rig.store.add(b)
+        await rig.recorder.submitting(b)
+        rig.ledger.event_queue.put_nowait(CommitEvent(b.batch_id, Committed(), "2"))
+        await until(lambda: rig.ledger.event_queue.empty())  # type: ignore[union-attr]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert rig.store.batches[b.batch_id].batch_status is None
+        await rig.recorder.accepted(b)
+        await until(lambda: rig.status(b) is BatchStatusName.COMMITTED)
+        assert [w for w in rig.store.writes if w[0] == b.batch_id][-2:] == [
+            (b.batch_id, BatchStatusName.PENDING),
+            (b.batch_id, BatchStatusName.COMMITTED),
+        ]
+        assert rig.follower.applied_from_events == 2
+
+
+async def test_a_trigger_asks_about_batches_not_parked() -> None:
+    rig = Rig(max_parked=1)
+    rig.ledger.trigger_queue = asyncio.Queue()
+    async with rig:
+        a, b = batch("a", 1), batch("b", 1)
+        await rig.accepted(a, b)
+        await until(lambda: rig.ledger.parked == 1)  # the other waits for the slot
+        waiting = b if rig.ledger.status_requests[0][1] == (a.batch_id,) else a
+        rig.ledger.statuses[waiting.batch_id] = Committed()  # no notification: only a read sees it
+        rig.ledger.trigger_queue.put_nowait(None)
+        await until(lambda: rig.status(waiting) is BatchStatusName.COMMITTED)
+        assert rig.follower.triggers_received == 1
+
+
+async def test_dropped_services_are_no_longer_followed() -> None:
+    async with Rig() as rig:
+        a, b = batch("a", 1), batch("b", 1)
+        await rig.accepted(a, b)
+        await until(lambda: rig.ledger.parked == 2)
+        rig.follower.drop_services({"a"})
+        await until(lambda: rig.ledger.parked == 1)
+        assert set(rig.follower.followed) == {b.batch_id}
+
+
+async def test_splinter_valid_is_followed_until_committed_without_spinning() -> None:
+    """Scabbard may answer Valid at once, whatever the wait: not final, and no tight loop."""
+    async with Rig(min_poll_interval_s=0.001, backoff_initial_ms=1, backoff_max_ms=8) as rig:
+        a = batch("a", 1)
+        await rig.accepted(a)
+        await rig.ledger.decide(a.batch_id, Valid())
+        await until(lambda: len(rig.ledger.status_requests) >= 5)
+        assert rig.status(a) is BatchStatusName.PENDING  # clients see PENDING
+        assert rig.store.batches[a.batch_id].submitted
+        # Read again after growing delays (1, 2, 4, 8, 8 ms ...), not back to back.
+        entry = rig.follower.followed[a.batch_id]
+        assert entry.failures >= 3
+        await rig.ledger.decide(a.batch_id, Committed())
+        await until(lambda: rig.status(a) is BatchStatusName.COMMITTED)
+
+
+async def test_an_ask_answered_valid_is_recorded_pending_and_followed() -> None:
+    async with Rig() as rig:
+        a = batch("a", 1)
+        rig.store.add(a)
+        await rig.recorder.submitting(a)
+        await rig.ledger.decide(a.batch_id, Valid())
+        await rig.recorder.ambiguous(a, "timeout")
+        await until(lambda: rig.status(a) is BatchStatusName.PENDING)
+        await rig.ledger.decide(a.batch_id, Committed())
+        await until(lambda: rig.status(a) is BatchStatusName.COMMITTED)
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ConfigError, match="max_parked"):
+        FollowSettings(max_parked=0)
+    with pytest.raises(ConfigError, match="backoff"):
+        FollowSettings(backoff_initial_ms=10, backoff_max_ms=5)
