@@ -171,3 +171,43 @@ async def test_claim_cycles_and_fenced_writes_never_deadlock(pg_url: str) -> Non
                 " (SELECT 1 FROM service_id_claims c WHERE c.service_id = b.service_id)"
             )
             assert await cur.fetchall() == []
+
+
+async def test_finishing_consecutive_batches_of_one_service_never_deadlocks(pg_url: str) -> None:
+    """Groups that make consecutive batches of one service final at once.
+
+    Making batch k final re-points batch k+1's blocker (the release trigger
+    writes k+1's row), while another group holds k+1 to make it final too and
+    waits for the service's queue_heads row: the heads, then the rows the
+    trigger writes, must be locked first, in one order.
+    """
+    store = await open_store(pg_url)
+    tally = Tally()
+    services = ["one", "two"]
+    async with store:
+        batches = [make_batch(s) for _ in range(120) for s in services]
+        await store.add_batches(batches)
+        per_service = {s: [b.batch_header for b in batches if b.service_id == s] for s in services}
+        # Consecutive pairs of one service, handed out to the writers in turn.
+        pairs = asyncio.Queue[list[BatchWrite]]()
+        for s in services:
+            ids = per_service[s]
+            for k in range(0, len(ids) - 1, 2):
+                pairs.put_nowait([BatchWrite(s, ids[k], Committed())])
+                pairs.put_nowait([BatchWrite(s, ids[k + 1], Committed())])
+
+        async def finisher() -> None:
+            while not pairs.empty():
+                writes = pairs.get_nowait()
+                try:
+                    results = await store.apply_writes(writes)
+                except StoreError as exc:
+                    tally.store_error("finishing write", exc)
+                    continue
+                tally.landed += sum(r is None for r in results)
+
+        async with asyncio.timeout(600):
+            await asyncio.gather(*(finisher() for _ in range(6)))
+        assert not tally.deadlocks, tally.deadlocks
+        assert tally.landed == len(batches)
+        assert await _open_batches(pg_url) == {}

@@ -468,6 +468,10 @@ class SqlStore:
         at = self._now(now)
 
         async def body(session: Session) -> None:
+            await self._lock_group(
+                session,
+                [BatchWrite(service_id, u.id, u.status) for u, _ in prepared],
+            )
             for update, receipts in prepared:
                 await self._update_one(session, service_id, update, receipts, at, fence)
 
@@ -550,13 +554,20 @@ class SqlStore:
                 results[i] = exc
 
         async def body(session: Session) -> list[StoreError | None]:
-            for wave in _waves(steps):
+            waves = _waves(steps)
+            locked = await self._lock_group(session, [_write_of(step) for _, step in steps])
+            for n, wave in enumerate(waves):
                 # The writes of a wave touch distinct batches: their rows are
                 # read and locked in one query, their statements deferred
                 # and run set-based, kind by kind, in the order one write
                 # issues them.
                 deferred = _DeferredSession(session)
-                await self._prefetch(session, deferred, [_write_of(step) for _, step in wave])
+                await self._prefetch(
+                    session,
+                    deferred,
+                    [_write_of(step) for _, step in wave],
+                    states=locked if n == 0 and len(waves) == 1 else None,
+                )
                 for i, step in wave:
                     mark = deferred.mark()
                     try:
@@ -581,13 +592,45 @@ class SqlStore:
         steps.sort(key=lambda step: _write_of(step[1]).service_id + "\0" + _write_of(step[1]).id)
         return await self._backend.run(body, write=True)
 
+    async def _lock_group(
+        self, session: Session, writes: Sequence[BatchWrite]
+    ) -> dict[tuple[str, str], Row] | None:
+        """Lock what a group making batches final writes, before anything else.
+
+        PostgreSQL only (SQLite has one writer). Lock order (docs/ha.md):
+        the ``queue_heads`` rows of the services it finishes batches in, then
+        its batch rows and the batches they block (which the release trigger
+        re-points), both in key order, then (per wave) the claim rows. The
+        locked rows' states, or ``None`` when nothing was locked here.
+        """
+        finishing = sorted({w.service_id for w in writes if _makes_final(w)})
+        if not finishing or self.dialect != "postgresql":
+            return None
+        await session.fetchall(
+            "lock_finishing_heads", {"service_ids": self._backend.texts_param(finishing)}
+        )
+        keys = sorted(
+            {(w.service_id, w.id) for w in writes if not w.id.startswith(DATA_CHANGE_PREFIX)}
+        )
+        if not keys:
+            return None
+        rows = await session.fetchall("lock_group_rows", self._backend.keys_param(keys))
+        return {(r[0], r[1]): (r[1], r[2], r[3]) for r in rows}
+
     async def _prefetch(
-        self, session: Session, deferred: _DeferredSession, writes: Sequence[BatchWrite]
+        self,
+        session: Session,
+        deferred: _DeferredSession,
+        writes: Sequence[BatchWrite],
+        *,
+        states: dict[tuple[str, str], Row] | None = None,
     ) -> None:
         keys = sorted(
             {(w.service_id, w.id) for w in writes if not w.id.startswith(DATA_CHANGE_PREFIX)}
         )
-        if keys:
+        if states is not None:
+            deferred.states = states
+        elif keys:
             rows = await session.fetchall("batch_states", self._backend.keys_param(keys))
             deferred.states = {(r[0], r[1]): (r[1], r[2], r[3]) for r in rows}
         fences = sorted(
@@ -604,11 +647,6 @@ class SqlStore:
                 },
             )
             deferred.claims = {(r[0], r[1], int(r[2])) for r in rows}
-        finishing = sorted({w.service_id for w in writes if _makes_final(w)})
-        if finishing and self.dialect == "postgresql":
-            await session.fetchall(
-                "lock_finishing_heads", {"service_ids": self._backend.texts_param(finishing)}
-            )
 
     async def clean_stale_records(self, submitted_by: int) -> int:
         params = {"cutoff": submitted_by}

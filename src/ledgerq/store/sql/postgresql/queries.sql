@@ -607,10 +607,36 @@ JOIN unnest(%(service_ids)s::text[], %(instance_ids)s::text[], %(epochs)s::bigin
 ORDER BY c.service_id
 FOR SHARE OF c;
 
+-- The rows a group that makes batches final writes, locked in key order
+-- after lock_finishing_heads and before anything else: its own batches and
+-- the non-final batches they block, which the release trigger
+-- (ledgerq_release_locks) re-points when a blocker becomes final. With the
+-- service's queue_heads row held, what those batches are cannot change (a
+-- blocker is re-pointed and a batch inserted only under it), so the trigger
+-- writes rows already held, never waiting on a batch row out of order.
+-- name: lock_group_rows
+WITH own AS (
+    SELECT b.seq
+    FROM batches b
+    JOIN unnest(%(service_ids)s::text[], %(batch_ids)s::text[]) AS k(service_id, batch_id)
+        ON b.service_id = k.service_id AND b.batch_id = k.batch_id
+), wanted AS (
+    SELECT seq FROM own
+    UNION
+    SELECT n.seq FROM batches n
+    WHERE n.blocked_by IN (SELECT seq FROM own) AND NOT n.final
+)
+SELECT b.service_id, b.batch_id, b.status, b.submitted
+FROM batches b
+JOIN wanted w ON w.seq = b.seq
+ORDER BY b.service_id, b.batch_id
+FOR UPDATE OF b;
+
 -- The queue_heads rows of the services whose batches a group makes final,
--- locked in key order before the writes: the heads trigger then finds them
--- locked by this transaction, whatever order the UPDATE visits the batches
--- in, and add_batches locks them in the same order (no deadlock).
+-- locked in key order before any batch row: the heads and release triggers
+-- then find them locked by this transaction, whatever order the UPDATE
+-- visits the batches in, and add_batches locks them in the same order (no
+-- deadlock).
 -- name: lock_finishing_heads
 SELECT service_id
 FROM queue_heads
