@@ -110,8 +110,9 @@ def _mid_submission(url: str, services: list[str]) -> set[str]:
 
 def measure_failover(
     workdir: Path, services: int, batches: int, commit_delay_ms: int
-) -> tuple[dict[str, tuple[float, bool]], int, list[str]]:
-    """Per resumed service: (seconds, was mid-submission); victim services; problems."""
+) -> tuple[dict[str, tuple[float, bool]], int, list[str], float]:
+    """Per resumed service: (seconds, was mid-submission); victim services; problems;
+    batches committed per second over the whole run (first post to last commit)."""
     name, url = _database()
     _migrate(url)
     install_fence_audit(url)
@@ -121,6 +122,7 @@ def measure_failover(
         for gw in ("a", "b", "c"):
             cluster.start_gateway(gw)
         workload = Workload(services, batches)
+        started = time.monotonic()
         items = []
         for service_id, made in workload.batches.items():
             items.append((service_id, made[0][1]))
@@ -161,13 +163,15 @@ def measure_failover(
                 resumed[service_id] = (at - killed_ms) / 1000
             time.sleep(0.05)
         total = services * batches
-        _wait(lambda: _committed(url) >= total, 300, "every batch committed")
+        _wait(lambda: _committed(url) >= total, 600, "every batch committed")
+        rate = total / (time.monotonic() - started)
         assert cluster.node is not None
         problems = check_invariants(url, cluster.node.url, workload)
         return (
             {s: (t, s in in_flight) for s, t in resumed.items()},
             len(victim_services),
             problems,
+            rate,
         )
     finally:
         cluster.close()
@@ -193,6 +197,20 @@ def measure_throughput(workdir: Path, instances: int, services: int, batches: in
         _drop(name)
 
 
+def _samples(kind: str, times: list[float]) -> str:
+    """The samples of one path: all of them if few, else every tenth percentile."""
+    if not times:
+        return f"* {kind} path samples: none."
+    if len(times) <= 30:
+        return f"* {kind} path samples (s): " + ", ".join(f"{t:.2f}" for t in times) + "."
+    marks = [report.percentile(times, p) for p in range(0, 101, 10)]
+    return (
+        f"* {kind} path, {len(times)} samples; p0, p10 … p100 (s): "
+        + ", ".join(f"{t:.2f}" for t in marks)
+        + "."
+    )
+
+
 @click.command()
 @click.option("--services", default=60, show_default=True, help="Services in the failover run.")
 @click.option("--batches", default=60, show_default=True, help="Batches per service (failover).")
@@ -210,14 +228,18 @@ def command(
 ) -> None:
     """Failover time after SIGKILL, and throughput with 1-3 gateways on PostgreSQL."""
     settings = ClaimSettings()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="ledgerq-failover-") as tmp:
         work = Path(tmp)
         report.console.print("failover: 3 gateways, default claim timings, SIGKILL the busiest")
-        resumed, held, problems = measure_failover(work, services, batches, commit_delay_ms)
+        resumed, held, problems, run_rate = measure_failover(
+            work, services, batches, commit_delay_ms
+        )
         rates = {}
         for k in (1, 2, 3):
             report.console.print(f"throughput: {k} gateway(s)")
             rates[k] = measure_throughput(work, k, tp_services, tp_batches)
+    load_after = os.getloadavg()
     target = (settings.claim_ttl_ms + 1_000) / 1000
     fast = sorted(t for t, busy in resumed.values() if not busy)
     slow = sorted(t for t, busy in resumed.values() if busy)
@@ -238,7 +260,9 @@ def command(
     lines = [
         f"Claim timings: renew {settings.renew_interval_ms} ms, TTL (first expiry) "
         f"{settings.claim_ttl_ms} ms, second expiry {settings.slow_ttl_ms} ms, grace "
-        f"{settings.grace_ms} ms (the defaults).",
+        f"{settings.grace_ms} ms (the defaults). Machine load average (1, 5, 15 min) before: "
+        f"{', '.join(f'{x:.1f}' for x in load_before)}; after: "
+        f"{', '.join(f'{x:.1f}' for x in load_after)} (a machine shared with other work).",
         "",
         f"**Failover** — {services} services × {batches} ordered intkey batches, node commit "
         f"delay {commit_delay_ms} ms, 3 gateways; the busiest gateway SIGKILLed while holding "
@@ -253,6 +277,9 @@ def command(
             ],
         ),
         "",
+        _samples("fast", fast),
+        _samples("slow", slow),
+        "",
         "Fast path: the claim lapses at its first expiry (the TTL, counted from the victim's "
         "last renewal, so up to 5 s after the kill), the survivors wake up for that moment, "
         "claim, and queue the service's next batch. Slow path: the victim died between marking "
@@ -260,7 +287,9 @@ def command(
         "(TTL + 10 %), then the new holder asks the ledger about that batch before anything "
         'else (docs/ha.md, "Safety", says why this needs no longer second expiry).',
         "Invariants after the run (all committed, exactly once, in order, no fenced write "
-        f"landed): {'held' if not problems else 'VIOLATED: ' + '; '.join(problems)}.",
+        f"landed): {'held' if not problems else 'VIOLATED: ' + '; '.join(problems)}. "
+        f"The whole run, first post to last commit (balancing wait and kill included): "
+        f"{run_rate:.0f} batches/s.",
         "",
         f"**Throughput** — {tp_services} services × {tp_batches} batches posted round-robin "
         "across the gateways, one PostgreSQL, one node process (no commit delay):",

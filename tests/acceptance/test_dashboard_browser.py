@@ -2,7 +2,9 @@
 
 The page is rendered twice: ``--dump-dom`` to check that the data the
 gateway holds (batch and service ids, counts) is in the DOM the page's script
-built, and ``--screenshot`` saved as ``test-artifacts/dashboard.png``.
+built, and ``--screenshot`` saved as ``test-artifacts/dashboard.png``; under the
+parallel strategy, the services table's in-flight count and what holds each
+service's next batch (which earlier batch, which address).
 Chromium's virtual time budget lets the page's fetches complete before the
 DOM is taken, without the test sleeping. Skipped where chromium is missing
 (``make test`` installs it when it can); under CI a skip fails the run.
@@ -19,7 +21,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from ledgerq.codec import Signer, encode_batch_list
+from ledgerq.codec.intkey import make_address, make_intkey_batch
 from tests.operator_fakes import batch_list, running_gateway
+from tests.pipeline_fakes import ScriptedLedger
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -111,3 +116,56 @@ async def test_dashboard_asks_for_the_token_and_uses_one_from_the_fragment() -> 
     assert '<div id="token-box">' in locked  # shown: no longer hidden
     assert "guarded-svc" not in locked
     assert 'data-loaded="true"' in opened and "guarded-svc" in opened
+
+
+def _service_row(dom: str, service: str) -> list[str]:
+    """The text of each cell of ``service``'s row in the services table."""
+    rows = re.findall(r"<tr>(.*?)</tr>", dom, flags=re.S)
+    for row in rows:
+        cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+        if cells and cells[0] == service:
+            return cells
+    raise AssertionError(f"no row for {service} in the services table")
+
+
+async def test_dashboard_shows_what_is_in_flight_and_what_holds_the_next_batch() -> None:
+    """A parallel service with three independent batches at the ledger and a fourth
+    held by the first (it writes the same name): the row says 3 in flight and
+    names the holding batch and the address; a serial service's row says 1 and
+    nothing holds it by a key."""
+    _need_chromium()
+    signer = Signer.generate()
+    ledger = ScriptedLedger()  # accepts everything and keeps it pending
+    first = [make_intkey_batch(signer, [("set", n, 0)]) for n in ("a", "b", "c")]
+    held = make_intkey_batch(signer, [("inc", "a", 1)])
+    serial = [make_intkey_batch(signer, [("set", n, 0)]) for n in ("a", "b")]
+    flags = {"queuer.strategy_by_service": "par::*=parallel", "submitter.poll_timeout_s": 0.05}
+    async with running_gateway(flags, ledger) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            for service, batches in (("par::1", [*first, held]), ("ser::1", serial)):
+                async with http.post(
+                    f"{url}/batches",
+                    params={"service_id": service},
+                    data=encode_batch_list(batches),
+                    headers=OCTET,
+                ) as r:
+                    assert r.status == 202, await r.text()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            while True:  # until /services reports what the page must show
+                async with http.get(f"{url}/services") as r:
+                    listed = {s["service_id"]: s for s in (await r.json())["data"]}
+                par, ser = listed.get("par::1", {}), listed.get("ser::1", {})
+                if par.get("in_flight") == 3 and par.get("held_by") and ser.get("in_flight") == 1:
+                    break
+                assert loop.time() < deadline, (par, ser)
+                await asyncio.sleep(0.05)
+        dom = await _chromium("--dump-dom", url + "/")
+    assert 'data-loaded="true"' in dom
+    address = make_address("a")
+    service, strategy, _depth, in_flight, held_by, *_ = _service_row(dom, "par::1")
+    assert (service, strategy, in_flight) == ("par::1", "parallel", "3")
+    assert held_by == f"{first[0].header_signature[:16]}… (writes {address[:16]}…)"
+    assert f'title="writes {address}"' in dom
+    _s, strategy, _depth, in_flight, held_by, *_ = _service_row(dom, "ser::1")
+    assert (strategy, in_flight, held_by) == ("serial", "1", "–")

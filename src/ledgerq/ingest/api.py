@@ -60,7 +60,10 @@ from ledgerq.errors import (
     InvalidBatchError,
     LedgerqError,
     StoreError,
+    StoreInputError,
+    StoreUnavailableError,
 )
+from ledgerq.ingest.errors import json_errors
 from ledgerq.model import (
     NO_SERVICE,
     BatchStatus,
@@ -281,7 +284,7 @@ class GatewayApi:
 
     def app(self) -> web.Application:
         # One byte over the limit lets us tell "too large" from "exactly full".
-        app = web.Application(client_max_size=self.max_body_bytes + 1)
+        app = web.Application(client_max_size=self.max_body_bytes + 1, middlewares=[json_errors])
         app.router.add_post("/batches", self.post_batches)
         app.router.add_get("/batches", self.list_batches)
         app.router.add_get("/batches/{batch_id}", self.get_batch)
@@ -323,13 +326,12 @@ class GatewayApi:
             try:
                 conflict = await self._conflict(batches, exc)
             except StoreError as store_exc:
-                return _error(503, "Store Unavailable", f"{store_exc}; retry later")
+                return _store_failed(store_exc)
             if conflict is not None:
                 return _error(409, "Batch Already Tracked", conflict, "duplicate_batch")
             return _status_link(request, batches, service_id)  # a retry: held already
         except StoreError as exc:
-            log.error("cannot store batches: %s", exc)
-            return _error(503, "Store Unavailable", f"{exc}; retry later")
+            return _store_failed(exc)
         self.on_accepted(stored)
         self.changes.notify()
         return _status_link(request, stored, service_id)
@@ -525,6 +527,20 @@ class GatewayApi:
         if not self.is_ready():
             return web.json_response({"status": "starting"}, status=503)
         return web.json_response({"status": "ready", "batches": counts})
+
+
+def _store_failed(exc: StoreError) -> web.Response:
+    """The answer to a store refusal: ``400`` for a value it cannot hold (a
+    permanent problem the codec should have caught), ``503`` only when the
+    store is unavailable (worth a retry), ``500`` for anything else."""
+    if isinstance(exc, StoreInputError):
+        log.warning("the store refused a list the codec passed: %s", exc)
+        return _error(400, "Invalid BatchList", str(exc), "store_input")
+    if isinstance(exc, StoreUnavailableError):
+        log.error("cannot store batches: %s", exc)
+        return _error(503, "Store Unavailable", f"{exc}; retry later")
+    log.error("the store failed: %s", exc)
+    return _error(500, "Store Error", f"{exc}; nothing was stored")
 
 
 def _workers(workers: Sequence[Any]) -> list[dict[str, Any]]:
