@@ -106,7 +106,7 @@ async def test_dashboard_renders_real_batches_and_saves_a_screenshot() -> None:
 async def test_dashboard_asks_for_the_token_and_uses_one_from_the_fragment() -> None:
     _need_chromium()
     token = "dash-token-0123456789ab"
-    flags = {"auth.token": token, "auth.protect_reads": True}
+    flags = {"auth.token": token}
     async with running_gateway(flags, pipeline=False) as (url, _gw):
         async with aiohttp.ClientSession() as http:
             body, _ids = batch_list(2, "guarded-svc")
