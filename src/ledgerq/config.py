@@ -548,7 +548,12 @@ def load_settings(
 
 
 def _check_tokens(settings: Settings) -> None:
-    """Refuse token settings that contradict one another."""
+    """Refuse token and link settings that contradict one another."""
+    if settings["public_url"] and settings["trust_forwarded"]:
+        raise ConfigError(
+            "public_url and trust_forwarded are both set: links are built from one of them; "
+            "keep public_url (a fixed address) or trust_forwarded (the proxy's headers)"
+        )
     seen = {settings["auth.token"]: "auth.token"} if settings["auth.token"] else {}
     for entry in settings["auth.tokens"]:
         if entry["token"] in seen:
