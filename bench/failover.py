@@ -23,12 +23,14 @@ commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -36,6 +38,7 @@ import psycopg
 
 from bench import report
 from bench._cluster import Cluster, Workload, check_invariants, install_fence_audit
+from bench._harness import cpu_seconds
 from ledgerq.claims import ClaimSettings
 from ledgerq.codec import decode_batch_list, encode_batch_list
 from ledgerq.store import open_store
@@ -203,20 +206,54 @@ def measure_failover(
         _drop(name)
 
 
-def measure_throughput(workdir: Path, instances: int, services: int, batches: int) -> float:
+def _cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):  # gone meanwhile
+            total += cpu_seconds(pid)
+    return total
+
+
+def _pg_backends(url: str) -> list[int]:
+    """The server processes serving this database now (the gateways' pools)."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+@dataclass
+class Throughput:
+    batches_s: float
+    #: CPU seconds per 1,000 committed batches, by part.
+    gateways_cpu: float
+    postgres_cpu: float
+    node_cpu: float
+
+
+def measure_throughput(workdir: Path, instances: int, services: int, batches: int) -> Throughput:
     name, url = _database()
     _migrate(url)
     cluster = Cluster(workdir, url, env={"LEDGERQ_LOG_LEVEL": "warning"})
     try:
-        cluster.start_node()
-        for i in range(instances):
-            cluster.start_gateway(f"t{instances}{chr(97 + i)}")
+        node = cluster.start_node()
+        gateways = [cluster.start_gateway(f"t{instances}{chr(97 + i)}") for i in range(instances)]
         workload = Workload(services, batches)
+        gw_pids = [g.proc.pid for g in gateways]
+        backends = _pg_backends(url)
+        cpu0 = (_cpu(gw_pids), _cpu(backends), _cpu([node.proc.pid]))
         started = time.monotonic()
         cluster.post_round_robin(_lists(workload, 0))
         total = services * batches
         _wait(lambda: _committed(url) >= total, 600, "every batch committed")
-        return total / (time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        # Backends opened during the run count from zero; those closed are missed.
+        late = [p for p in _pg_backends(url) if p not in backends]
+        cpu1 = (_cpu(gw_pids), _cpu(backends) + _cpu(late), _cpu([node.proc.pid]))
+        per_k = [(b - a) * 1000 / total for a, b in zip(cpu0, cpu1, strict=True)]
+        return Throughput(total / elapsed, *per_k)
     finally:
         cluster.close()
         _drop(name)
@@ -323,9 +360,27 @@ def command(
         "across the gateways, one PostgreSQL, one node process (no commit delay):",
         "",
         report.table(
-            ["gateways", "batches/s (first post → last commit)"],
-            [[k, f"{rate:.0f}"] for k, rate in rates.items()],
+            [
+                "gateways",
+                "batches/s (first post → last commit)",
+                "CPU s per 1,000 batches: gateways",
+                "PostgreSQL",
+                "node",
+            ],
+            [
+                [
+                    k,
+                    f"{t.batches_s:.0f}",
+                    f"{t.gateways_cpu:.2f}",
+                    f"{t.postgres_cpu:.2f}",
+                    f"{t.node_cpu:.2f}",
+                ]
+                for k, t in rates.items()
+            ],
         ),
+        "",
+        "CPU: user + system time of the gateway processes, of the PostgreSQL server processes "
+        "serving the run's database (read from /proc), and of the node, per 1,000 batches.",
         "",
         "On this 2-core machine every gateway process competes for the same cores with "
         "PostgreSQL and the node, so more gateways add contention, not capacity: instances "
