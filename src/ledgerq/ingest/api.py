@@ -78,6 +78,7 @@ from ledgerq.model import (
     TrackingBatch,
     TrackingBatchList,
 )
+from ledgerq.scopes import FULL, Scope
 from ledgerq.store.base import DATA_CHANGE_PREFIX, BatchAcceptor
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,28 @@ MAX_WAIT_S = 300
 #: BatchLists at least this large are decoded off the event loop (about 100
 #: single-transaction batches; below, a thread hop costs more than it saves).
 OFFLOAD_BYTES = 64 * 1024
+#: Request keys the security middlewares set (:mod:`ledgerq.operator.security`):
+#: the caller's token scope, and the base URL links are built from.
+# (aiohttp's typed RequestKey where it exists: it warns on plain string keys.)
+_KEY: Any = getattr(web, "RequestKey", None)
+SCOPE: Any = _KEY("ledgerq_scope", Scope) if _KEY else "ledgerq.scope"
+BASE_URL: Any = _KEY("ledgerq_base_url", str) if _KEY else "ledgerq.base_url"
+
+
+def scope_of(request: web.Request) -> Scope:
+    """The scope of the request's token (everything when no token is configured)."""
+    scope = request.get(SCOPE)
+    return scope if isinstance(scope, Scope) else FULL
+
+
+def _out_of_scope(scope: Scope, service_id: str, verb: str) -> web.Response:
+    return _error(
+        403,
+        "Forbidden",
+        f"the token {scope.name!r} may not {verb} service {service_id!r}; it is limited to "
+        f"{', '.join(scope.services)}",
+        "out_of_scope",
+    )
 
 
 class ServiceInfo(Protocol):
@@ -408,13 +431,16 @@ class GatewayApi:
                 "Unsupported Media Type",
                 f"send the BatchList as application/octet-stream, not {request.content_type!r}",
             )
+        service_id = request.query.get("service_id") or None
+        scope = scope_of(request)
+        if not scope.covers(service_id or NO_SERVICE):
+            return _out_of_scope(scope, service_id or NO_SERVICE, "post into")
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             return _too_large(self.max_body_bytes)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _too_large(self.max_body_bytes)
-        service_id = request.query.get("service_id") or None
         try:
             if service_id is not None:
                 self.check_service_id(service_id)
@@ -512,10 +538,13 @@ class GatewayApi:
         except ValueError as exc:
             return _error(400, "Bad Query", str(exc), "bad_wait")
         service_id = request.query.get("service_id") or None
+        scope = scope_of(request)
+        if service_id and not scope.covers(service_id):
+            return _out_of_scope(scope, service_id, "read")
         try:
-            found = await self._read_map(ids, service_id)
+            found = await self._read_map(ids, service_id, scope)
             if wait_s > 0 and _pending(ids, found):
-                await self._wait_final(request, ids, found, service_id, wait_s)
+                await self._wait_final(request, ids, found, service_id, scope, wait_s)
         except TooManyWaitersError:
             return _error(
                 429,
@@ -561,6 +590,7 @@ class GatewayApi:
         ids: Sequence[str],
         found: dict[str, TrackingBatch],
         service_id: str | None,
+        scope: Scope,
         wait_s: float,
     ) -> None:
         """Wait until every batch of ``ids`` is final or ``wait_s`` has passed,
@@ -571,7 +601,7 @@ class GatewayApi:
         with self.changes.park() as waiter:
             stop_hearing = on_disconnect(request, waiter.event.set)
             try:
-                await self._wait_loop(request, ids, found, service_id, waiter, deadline)
+                await self._wait_loop(request, ids, found, service_id, scope, waiter, deadline)
             finally:
                 stop_hearing()
 
@@ -581,6 +611,7 @@ class GatewayApi:
         ids: Sequence[str],
         found: dict[str, TrackingBatch],
         service_id: str | None,
+        scope: Scope,
         waiter: _Waiter,
         deadline: float,
     ) -> None:
@@ -591,7 +622,7 @@ class GatewayApi:
             pending = _pending(ids, found)
             self.changes.watch(waiter, frozenset(found[i].service_id for i in pending))
             # Read again once watching: a change since the last read is not missed.
-            found.update(await self._read_map(pending, service_id))
+            found.update(await self._read_map(pending, service_id, scope))
             remaining = deadline - loop.time()
             if remaining <= 0 or not _pending(pending, found):
                 return
@@ -602,12 +633,13 @@ class GatewayApi:
         return [found.get(i) for i in ids]
 
     async def _read_map(
-        self, ids: Sequence[str], service_id: str | None
+        self, ids: Sequence[str], service_id: str | None, scope: Scope = FULL
     ) -> dict[str, TrackingBatch]:
         """The batches ``ids`` name (untracked ones left out): in ``service_id``
         when given, else wherever each is tracked (a batch id names one batch in
         one service), all in one query; a ``dc:`` id is looked up by itself, in
-        ``service_id`` or among the batches posted without one."""
+        ``service_id`` or among the batches posted without one. Batches outside
+        ``scope`` are left out too (a scoped token learns nothing of them)."""
         found: dict[str, TrackingBatch] = {}
         batch_ids = [i for i in ids if not i.startswith(DATA_CHANGE_PREFIX)]
         if batch_ids:
@@ -619,7 +651,7 @@ class GatewayApi:
                 batch = await self._get(i, service_id or NO_SERVICE)
                 if batch is not None:
                     found[i] = batch
-        return found
+        return {i: b for i, b in found.items() if scope.covers(b.service_id)}
 
     async def _get(self, batch_id: str, service_id: str) -> TrackingBatch | None:
         try:
@@ -630,7 +662,10 @@ class GatewayApi:
     async def get_batch(self, request: web.Request) -> web.Response:
         batch_id = request.match_info["batch_id"]
         given = request.query.get("service_id")
-        (batch,) = await self._read([batch_id], given)
+        scope = scope_of(request)
+        if given and not scope.covers(given):
+            return _out_of_scope(scope, given, "read")
+        (batch,) = _visible(scope, await self._read([batch_id], given))
         if batch is None:
             where = f"in service {given}" if given else "in any service"
             return _error(404, "Not Found", f"no batch {batch_id} {where}; check the id")
@@ -650,12 +685,17 @@ class GatewayApi:
                 )
         except ValueError as exc:
             return _error(400, "Bad Query", str(exc))
+        scope = scope_of(request)
+        if q.get("service_id") and not scope.covers(q["service_id"]):
+            return _out_of_scope(scope, q["service_id"], "read")
         listed = await self.store.list_batches(
             service_id=q.get("service_id") or None, status=status, limit=limit, after_seq=after
         )
-        data = [batch_json(b) for b in listed.batches]
+        # A scoped token's page may hold fewer than ``limit``: the paging
+        # follows the store's page, not what the token sees of it.
+        data = [batch_json(b) for b in listed.batches if scope.covers(b.service_id)]
         next_link = None
-        if len(data) == limit and listed.batches[-1].seq is not None:
+        if len(listed.batches) == limit and listed.batches[-1].seq is not None:
             params = {k: v for k, v in q.items() if k != "after"}
             params["after"] = str(listed.batches[-1].seq)
             next_link = f"{_base(request)}/batches?{urlencode(params)}"
@@ -668,7 +708,12 @@ class GatewayApi:
             return _error(400, "Bad Query", "limit must be an integer")
         if not 1 <= limit <= 10_000:
             return _error(400, "Bad Query", "limit must be 1-10000")
-        listed = await self.store.list_services(limit=limit, after=request.query.get("after"))
+        scope = scope_of(request)
+        listed = [
+            s
+            for s in await self.store.list_services(limit=limit, after=request.query.get("after"))
+            if scope.covers(s.service_id)
+        ]
         claims: dict[str, ClaimInfo] = {}
         if self.claims is not None:
             claims = await self.claims.claims_for([s.service_id for s in listed])
@@ -727,7 +772,13 @@ class GatewayApi:
         try:
             counts = await asyncio.wait_for(self.store.status_counts(), 5)
         except (LedgerqError, TimeoutError) as exc:
-            return web.json_response({"status": "store unavailable", "error": str(exc)}, status=503)
+            # /ready is public: the cause (which may name the database's user
+            # and host) goes to the log, not to the caller.
+            log.warning("not ready: the store does not answer: %s", exc)
+            return web.json_response(
+                {"status": "store unavailable", "error": "the store does not answer; see the log"},
+                status=503,
+            )
         if not self.is_ready():
             return web.json_response({"status": "starting"}, status=503)
         return web.json_response({"status": "ready", "batches": counts})
@@ -770,5 +821,16 @@ def _too_large(limit: int) -> web.Response:
     )
 
 
+def _visible(scope: Scope, batches: list[TrackingBatch | None]) -> list[TrackingBatch | None]:
+    """What a scoped token sees of ``batches``: outside its services, nothing
+    (reported as never seen, so it learns nothing of other tenants' ids)."""
+    return [b if b is not None and scope.covers(b.service_id) else None for b in batches]
+
+
 def _base(request: web.Request) -> str:
-    return f"{request.scheme}://{request.host}"
+    """The base of absolute links: set by the host check from configuration
+    (``public_url``, trusted forwarded headers, or the checked ``Host``; empty,
+    so links are relative, when nothing vouches for a host name). The bare
+    API app, without the gateway's middlewares, uses the request's own."""
+    base = request.get(BASE_URL)
+    return base if isinstance(base, str) else f"{request.scheme}://{request.host}"
