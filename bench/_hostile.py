@@ -33,10 +33,12 @@ import collections
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import aiohttp
 
-from ledgerq.codec import Signer, encode_batch_list
+from bench._cluster import Workload, wait_all_final
+from ledgerq.codec import Signer, decode_batch_list, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
 
 ROUTES = (
@@ -79,7 +81,7 @@ class HostileReport:
         self.outcomes[kind][outcome] += 1
 
     #: What each kind may end with.
-    CLEAR = {
+    CLEAR: ClassVar[dict[str, set[str]]] = {
         "slow": {"408", "cut off"},
         "long-poll": {"200", "429"},
         "large post": {"400 bad_batch_signature", "503"},
@@ -285,3 +287,66 @@ class HostileLoad:
                     except (aiohttp.ClientError, TimeoutError) as exc:
                         self.report.count("prowler", f"failed: {type(exc).__name__}")
             await asyncio.sleep(0.5)
+
+
+async def post_workload(urls: Sequence[str], workload: Workload, token: str | None) -> None:
+    """Each service's batches as one ordered list, services spread over ``urls``."""
+    headers = {"Content-Type": "application/octet-stream"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        for n, (service_id, made) in enumerate(workload.batches.items()):
+            body = encode_batch_list(
+                [decode_batch_list(b, verify=False)[0].serialized for _, b in made]
+            )
+            url = urls[n % len(urls)]
+            async with http.post(
+                f"{url}/batches?service_id={service_id}", data=body, headers=headers
+            ) as r:
+                if r.status != 202:
+                    raise RuntimeError(
+                        f"POST of {service_id} answered {r.status}: {await r.text()}"
+                    )
+
+
+@dataclass
+class FlowResult:
+    elapsed_s: float
+    batches: int
+    report: HostileReport | None
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.batches / self.elapsed_s
+
+
+async def flow(
+    urls: Sequence[str],
+    pg_url: str,
+    workload: Workload,
+    *,
+    load: HostileLoad | None = None,
+    token: str | None = None,
+    timeout_s: float = 300,
+) -> FlowResult:
+    """Post ``workload`` and wait until every batch is final, under ``load``
+    (started first and settled: every slow connection and long-poll open)."""
+    if load is not None:
+        await load.start()
+        await asyncio.wait_for(load.started.wait(), timeout_s)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await post_workload(urls, workload, token)
+    total = len(workload.all_ids())
+    counts = await asyncio.to_thread(wait_all_final, pg_url, total, timeout_s)
+    elapsed = loop.time() - began
+    report = await load.stop() if load is not None else None
+    final = sum(counts.get(s, 0) for s in ("Committed", "Valid", "Invalid"))
+    if final < total:
+        raise RuntimeError(f"only {final} of {total} batches final within {timeout_s} s: {counts}")
+    return FlowResult(elapsed, total, report)
+
+
+def claims_voided(logs: Sequence[str]) -> int:
+    """Claims a gateway voided because their holder let them expire."""
+    return sum(log.count("voided claim") for log in logs)
