@@ -27,7 +27,7 @@ $(VENV)/.bench: $(VENV)/.dev pyproject.toml
 # The gateway on the embedded defaults: SQLite file ledgerq.sqlite3 and the
 # in-process node, REST API and dashboard on http://127.0.0.1:8080.
 run: $(VENV)/.run
-	@echo "ledgerq: dashboard at http://127.0.0.1:8080/ ; from another terminal:"
+	@echo "ledgerq: dashboard at http://127.0.0.1:8080/ (or the --bind given in SERVE_ARGS); from another terminal:"
 	@echo "  .venv/bin/ledgerq submit --generate 1000 --services 10"
 	$(BIN)/ledgerq serve $(SERVE_ARGS)
 

@@ -4,6 +4,11 @@ The commit stage hands every group of commits to :meth:`CommittedView.add`
 (on the event loop, in commit order); a writer task moves them to the store
 (:mod:`ledgerq.node.disk`) in the background, one store transaction per
 write, at most every ``write_interval_s`` (sooner when many are waiting).
+A write of many commits is cut into store transactions of about
+``write_chunk`` commits each, at the boundaries of :meth:`add` calls (each
+with the journal point it covers): LMDB keeps, for the life of the
+environment, as many page buffers as the largest transaction dirtied, so the
+size of a transaction, not the age of the node, bounds that memory.
 Every read — state, a final status, a committed transaction, a block — looks
 at the commits not yet written first, then at the store, so a read never
 sees less than what has committed. Memory holds only those unwritten
@@ -34,7 +39,7 @@ log = logging.getLogger(__name__)
 class _Unwritten:
     """Commits not yet written (or being written) to the store."""
 
-    __slots__ = ("applied", "batch_high", "finals", "records", "state", "txns")
+    __slots__ = ("applied", "batch_high", "cuts", "finals", "records", "state", "txns")
 
     def __init__(self, applied: int, batch_high: int) -> None:
         self.records: list[CommitRecord] = []
@@ -43,6 +48,8 @@ class _Unwritten:
         self.txns: dict[str, tuple[int, int]] = {}
         self.applied = applied
         self.batch_high = batch_high
+        # After each add(): (records so far, applied, batch_high), where a write may be cut.
+        self.cuts: list[tuple[int, int, int]] = []
 
 
 class CommittedView:
@@ -52,6 +59,7 @@ class CommittedView:
         *,
         write_interval_s: float = 0.2,
         write_batch: int = 20_000,
+        write_chunk: int = 2_000,
         on_written: Callable[[int], None] | None = None,
     ) -> None:
         self.store = store
@@ -60,6 +68,7 @@ class CommittedView:
         self._writing: _Unwritten | None = None
         self._interval = write_interval_s
         self._write_batch = write_batch
+        self._write_chunk = write_chunk
         self._on_written = on_written
         self._durable = meta.applied
         self._last_written = meta.applied
@@ -81,6 +90,7 @@ class CommittedView:
                 for index, tid in enumerate(record.tx_ids):
                     new.txns[tid] = (record.num, index)
                 new.state.update(record.writes)
+        new.cuts.append((len(new.records), applied, new.batch_high))
         if len(new.records) >= self._write_batch:
             self._signal.set()
 
@@ -151,7 +161,7 @@ class CommittedView:
         self._idle.clear()
         self._writing, self._new = new, _Unwritten(new.applied, new.batch_high)
         try:
-            await asyncio.to_thread(self.store.write, new.records, new.applied, new.batch_high)
+            await asyncio.to_thread(self._write_chunks, new)
         except BaseException as exc:
             self.failure = exc
             # Keep the commits readable; nothing more is written.
@@ -166,6 +176,15 @@ class CommittedView:
         if self._on_written is not None:
             self._on_written(max(durable, self._durable))
 
+    def _write_chunks(self, new: _Unwritten) -> None:
+        """In the writer thread: one store transaction per chunk, each with its point."""
+        start = 0
+        cuts = new.cuts or [(len(new.records), new.applied, new.batch_high)]
+        for i, (end, applied, batch_high) in enumerate(cuts):
+            if end - start >= self._write_chunk or i == len(cuts) - 1:
+                self.store.write(new.records[start:end], applied, batch_high)
+                start = end
+
     async def drain(self) -> None:
         """Write everything committed so far, and wait for it."""
         while self._writing is not None:
@@ -176,6 +195,8 @@ class CommittedView:
 def _merge(old: _Unwritten, new: _Unwritten) -> _Unwritten:
     merged = _Unwritten(new.applied, max(old.batch_high, new.batch_high))
     for layer in (old, new):
+        offset = len(merged.records)
+        merged.cuts += [(offset + n, a, b) for n, a, b in layer.cuts]
         merged.records += layer.records
         merged.state.update(layer.state)
         merged.finals.update(layer.finals)

@@ -393,3 +393,89 @@ async def test_memory_holds_only_the_window_and_history_stays_answerable(tmp_pat
         assert block is not None and node.find_block(block.id) == block
     finally:
         await node.close()
+
+
+async def test_a_restart_replays_only_the_journal_after_the_store(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    live = tmp_path / "live"
+    node = await Node.open(live, snapshot_every=10**6, store_interval_s=3600)
+    batches = [make_intkey_batch(SIGNER, [("set", f"t{i}", i)]) for i in range(8)]
+    try:
+        await node.submit(batches[:5])
+        assert set(await statuses(node, batches[:5])) == {"COMMITTED"}
+        await node.snapshot()  # the store holds records 1-5
+        assert node.store.meta().applied == 5
+        await node.submit(batches[5:])
+        assert set(await statuses(node, batches[5:])) == {"COMMITTED"}  # only in the journal
+        image = crash_image(live, tmp_path / "image")
+    finally:
+        await node.close()
+    caplog.set_level("INFO", logger="ledgerq.node")
+    again = await Node.open(image)
+    try:
+        recovered = [r.getMessage() for r in caplog.records if "recovered" in r.getMessage()]
+        assert recovered == ["node recovered 3 journal records after the store's last write"]
+        assert set(await statuses(again, batches)) == {"COMMITTED"}
+        assert [await value(again, f"t{i}") for i in range(8)] == list(range(8))
+    finally:
+        await again.close()
+
+
+async def test_a_resume_from_long_ago_replays_at_most_the_limit(tmp_path: Path) -> None:
+    node = await Node.open(tmp_path, event_buffer=3, block_buffer=3, replay_limit=4)
+    try:
+        batches = [make_intkey_batch(SIGNER, [("set", f"r{i}", i)]) for i in range(10)]
+        await node.submit(batches)
+        assert set(await statuses(node, batches)) == {"COMMITTED"}
+        await node.snapshot()
+        events = node.subscribe(after=0)  # Last-Event-ID: 0
+        seqs = [(await asyncio.wait_for(events.__anext__(), 5)).seq for _ in range(4)]
+        assert seqs == [7, 8, 9, 10]
+        blocks = node.follow_blocks(after=0)
+        nums = [(await asyncio.wait_for(blocks.__anext__(), 5)).num for _ in range(4)]
+        assert nums == [7, 8, 9, 10]
+        await events.aclose()
+        await blocks.aclose()
+    finally:
+        await node.close()
+
+
+async def test_a_large_store_write_is_cut_into_transactions_at_commit_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # LMDB keeps as many page buffers as its largest write transaction dirtied:
+    # a write of many commits goes to the store in transactions of a bounded size,
+    # each with the journal point it covers, so a crash between two leaves a
+    # consistent store and the journal replays the rest.
+    live = tmp_path / "live"
+    node = await Node.open(live, snapshot_every=10**6, store_interval_s=3600)
+    node.committed._write_chunk = 4
+    written: list[tuple[int, int]] = []
+    write = node.store.write
+
+    def spy(records: list[object], applied: int, batch_high: int) -> None:
+        written.append((len(records), applied))
+        write(records, applied, batch_high)  # type: ignore[arg-type]
+        if len(written) == 2:
+            shutil.copytree(live, tmp_path / "image")  # a kill -9 between two transactions
+
+    monkeypatch.setattr(node.store, "write", spy)
+    batches = [make_intkey_batch(SIGNER, [("set", "g", 0)])]
+    batches += [make_intkey_batch(SIGNER, [("inc", "g", 1)]) for _ in range(11)]
+    try:
+        for i in range(0, 12, 2):  # commits reach the view two by two
+            await node.submit(batches[i : i + 2])
+            assert set(await statuses(node, batches[i : i + 2])) == {"COMMITTED"}
+        assert written == []
+        await node.snapshot()  # one write of 12 commits
+        assert written == [(4, 4), (4, 8), (4, 12)]
+        assert node.store.meta().applied == 12
+    finally:
+        await node.close()
+    again = await Node.open(tmp_path / "image")
+    try:
+        assert set(await statuses(again, batches)) == {"COMMITTED"}
+        assert await value(again, "g") == 11  # records 9-12 replayed once, 1-8 not again
+    finally:
+        await again.close()

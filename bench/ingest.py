@@ -1,0 +1,329 @@
+"""``ledgerq bench ingest``: ``POST /batches`` with 1 and 2 workers, SQLite and PostgreSQL.
+
+The target: ``ledgerq serve --workers 2`` accepts ≥ 1.7 × the batches per
+second of ``--workers 1`` on this 2-core machine, on either store. What is
+measured is ingest alone — decode, signature checks, insert — so the ledger
+is a *black hole*: a loopback socket that listens but never accepts. The
+pipeline's first submissions hang there (up to the submit timeout) and it
+does almost nothing else, so the CPU goes to the API.
+
+Load: ``wrk`` is not assumed (often not installed); the load generator is
+here, ``--clients`` processes each keeping ``--connections`` keep-alive
+HTTP/1.1 connections busy (closed loop), replaying distinct signed
+BatchLists prepared beforehand (``--batches-per-post`` single-``set``
+intkey batches each, over 1,000 services). The same requests are replayed
+against a fresh database per run. Per run: a warm-up, then the accepted
+(202) POSTs counted over ``--seconds``; the load generator's own CPU is
+reported beside the figure (it shares the machine's two cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import re
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from bench import report
+from bench._harness import DEFAULT_PG, LEDGERQ, Proc, cpu_seconds, create_database, drop_database
+from ledgerq.codec import Signer, encode_batch_list
+from ledgerq.codec.intkey import make_intkey_batch
+
+_BANNER = re.compile(rb"ledgerq gateway listening on (http://[\w.\[\]:-]+)")
+SERVICES = 1_000
+
+
+def _make_requests(args: tuple[int, int, int]) -> list[bytes]:
+    """Full HTTP requests, ``count`` POSTs of ``per_post`` fresh batches (a pool task)."""
+    seed, count, per_post = args
+    signer = Signer.generate()
+    out = []
+    for n in range(count):
+        service = f"ingest{(seed * count + n) % SERVICES:04d}"
+        body = encode_batch_list(
+            [make_intkey_batch(signer, [("set", f"i{seed}x{n}y{k}", 1)]) for k in range(per_post)]
+        )
+        head = (
+            f"POST /batches?service_id={service} HTTP/1.1\r\nHost: bench\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        out.append(head.encode() + body)
+    return out
+
+
+def _read_response(sock: socket.socket, buf: bytearray) -> tuple[int, bytearray]:
+    """One HTTP/1.1 response (Content-Length framed): its status and what follows it."""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    body = bytearray(rest)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed")
+        body += chunk
+    return status, body[length:]
+
+
+def _client(
+    host: str, port: int, requests: list[bytes], conns: int, start: float, stop: float, q: object
+) -> None:
+    """A load-generator process: ``conns`` connections, one request in flight on each."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    state: dict[socket.socket, bytearray] = {}
+    nxt = 0
+    accepted = other = 0
+    for _ in range(conns):
+        s = socket.create_connection((host, port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        state[s] = bytearray()
+        sel.register(s, selectors.EVENT_READ)
+        s.sendall(requests[nxt % len(requests)])
+        nxt += 1
+    while time.time() < stop:
+        for key, _ in sel.select(timeout=0.5):
+            conn = key.fileobj
+            assert isinstance(conn, socket.socket)
+            status, state[conn] = _read_response(conn, state[conn])
+            now = time.time()
+            if start <= now < stop:
+                if status == 202:
+                    accepted += 1
+                else:
+                    other += 1
+            conn.sendall(requests[nxt % len(requests)])
+            nxt += 1
+    cpu = os.times()
+    q.put((accepted, other, nxt, cpu.user + cpu.system))  # type: ignore[attr-defined]
+    for s in state:
+        s.close()
+
+
+def _load(
+    url: str, requests: list[bytes], clients: int, conns: int, warmup: float, seconds: float
+) -> tuple[int, int, int, float]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    start = time.time() + warmup
+    stop = start + seconds
+    share = len(requests) // clients
+    procs = [
+        ctx.Process(
+            target=_client,
+            args=(host, int(port), requests[i * share : (i + 1) * share], conns, start, stop, q),
+        )
+        for i in range(clients)
+    ]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=seconds + warmup + 120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    return (
+        sum(g[0] for g in got),
+        sum(g[1] for g in got),
+        sum(g[2] for g in got),
+        sum(g[3] for g in got),
+    )
+
+
+async def _run(
+    db: str,
+    workers: int,
+    workdir: Path,
+    requests: list[bytes],
+    clients: int,
+    conns: int,
+    warmup: float,
+    seconds: float,
+) -> dict[str, float]:
+    hole = socket.socket()  # the black-hole ledger: listens, never accepts
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(4096)
+    ledger = f"sawtooth+http://127.0.0.1:{hole.getsockname()[1]}"
+    args = [LEDGERQ, "serve", "--db", db, "--ledger", ledger, "--bind", "127.0.0.1:0"]
+    env = {
+        "LEDGERQ_CONFIG": "",
+        "LEDGERQ_WORKERS": str(workers),
+        "LEDGERQ_LOG_LEVEL": "warning",
+    }
+    proc = Proc(args, workdir / f"serve-{workers}.log", env=env, banner=_BANNER)
+    try:
+        url = await proc.start(timeout_s=120)
+        pids = _tree(proc.pid)
+        cpu0 = _cpu(pids)
+        accepted, other, sent, client_cpu = await asyncio.to_thread(
+            _load, url, requests, clients, conns, warmup, seconds
+        )
+        cpu1 = _cpu(pids)
+    finally:
+        await proc.stop()
+        hole.close()
+    return {
+        "posts_s": accepted / seconds,
+        "other": other,
+        "sent": sent,
+        "server_cpu_s": cpu1 - cpu0,
+        "client_cpu_s": client_cpu,
+    }
+
+
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds used so far by the live processes of ``pids``."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its children (the supervisor's workers)."""
+    out = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children = (task / "children").read_text().split()
+        out += [int(c) for c in children]
+    return out
+
+
+def _stores(which: Sequence[str], pg: str, workdir: Path, tag: str) -> list[tuple[str, str]]:
+    out = []
+    for store in which:
+        if store == "sqlite":
+            out.append((store, f"sqlite:///{workdir / f'ingest-{tag}.sqlite3'}"))
+        else:
+            out.append((store, create_database(pg, "bench_ingest")))
+    return out
+
+
+@click.command("ingest")
+@click.option("--seconds", default=10.0, show_default=True, help="Measured seconds per run.")
+@click.option("--warmup", default=3.0, show_default=True, help="Warm-up seconds per run.")
+@click.option("--clients", default=1, show_default=True, help="Load-generator processes.")
+@click.option("--connections", default=16, show_default=True, help="Connections per client.")
+@click.option("--batches-per-post", default=10, show_default=True, help="Batches per POST.")
+@click.option("--requests", "count", default=4_000, show_default=True, help="Distinct POSTs.")
+@click.option("--repeat", default=2, show_default=True, help="Runs per (store, workers).")
+@click.option(
+    "--store", "stores", multiple=True, default=("sqlite", "postgresql"), show_default=True
+)
+@click.option("--pg", default=DEFAULT_PG, show_default=True, help="PostgreSQL admin URL.")
+@click.option("--write/--no-write", default=True, help="Write figures to docs/BENCHMARKS.md.")
+def command(
+    seconds: float,
+    warmup: float,
+    clients: int,
+    connections: int,
+    batches_per_post: int,
+    count: int,
+    repeat: int,
+    stores: tuple[str, ...],
+    pg: str,
+    write: bool,
+) -> None:
+    """POST /batches accepted per second with 1 and 2 workers (SQLite, PostgreSQL)."""
+    load_before = os.getloadavg()
+    parts = 8
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        chunks = pool.map(
+            _make_requests, [(i, count // parts, batches_per_post) for i in range(parts)]
+        )
+    requests = [r for chunk in chunks for r in chunk]
+    results: dict[tuple[str, int], list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="ledgerq-bench-ingest-") as tmp:
+        workdir = Path(tmp)
+        for r in range(repeat):
+            for store in stores:
+                # Alternate the order so neither worker count always runs second.
+                for workers in (1, 2) if r % 2 == 0 else (2, 1):
+                    ((_, db),) = _stores([store], pg, workdir, f"{r}-{workers}")
+                    try:
+                        got = asyncio.run(
+                            _run(
+                                db,
+                                workers,
+                                workdir,
+                                requests,
+                                clients,
+                                connections,
+                                warmup,
+                                seconds,
+                            )
+                        )
+                    finally:
+                        if store != "sqlite":
+                            drop_database(pg, db)
+                    click.echo(f"{store} workers={workers} run {r}: {got}")
+                    results.setdefault((store, workers), []).append(got)
+    load_after = os.getloadavg()
+    rows = []
+    for store in stores:
+        one = [g["posts_s"] * batches_per_post for g in results[(store, 1)]]
+        two = [g["posts_s"] * batches_per_post for g in results[(store, 2)]]
+        ratio = statistics.median(two) / statistics.median(one)
+        for workers, rates in ((1, one), (2, two)):
+            runs = results[(store, workers)]
+            wall = seconds + warmup
+            rows.append(
+                [
+                    store,
+                    workers,
+                    " / ".join(f"{x:,.0f}" for x in rates),
+                    f"{statistics.median(rates):,.0f}",
+                    f"{statistics.median(g['server_cpu_s'] for g in runs) / seconds:.2f}",
+                    f"{statistics.median(g['client_cpu_s'] for g in runs) / wall:.2f}",
+                    sum(int(g["other"]) for g in runs),
+                    f"{ratio:.2f} ×" if workers == 2 else "",
+                ]
+            )
+    text = "\n".join(
+        [
+            f"`POST /batches` to `ledgerq serve --workers N` (a black-hole ledger: ingest "
+            f"alone), {batches_per_post} signed single-transaction intkey batches per POST over "
+            f"{SERVICES:,} services, {clients} load-generator process(es) × {connections} "
+            f"keep-alive connections (closed loop; `wrk` not installed), {warmup:.0f} s warm-up "
+            f"then {seconds:.0f} s counted, a fresh database per run, runs alternated. The load "
+            "generator shares the two cores with the gateway (its CPU is shown). Machine load "
+            f"average (1, 5, 15 min) before: {', '.join(f'{x:.1f}' for x in load_before)}; "
+            f"after: {', '.join(f'{x:.1f}' for x in load_after)} — a machine shared with other "
+            "engineers' tests and benchmarks.",
+            "",
+            report.table(
+                [
+                    "store",
+                    "workers",
+                    "batches/s per run",
+                    "median",
+                    "gateway CPU (cores)",
+                    "load-generator CPU (cores)",
+                    "non-202",
+                    "2 ÷ 1 workers (target ≥ 1.7)",
+                ],
+                rows,
+            ),
+        ]
+    )
+    click.echo(text)
+    if write:
+        report.write_section("ingest", "## Ingest with workers\n\n" + text)
