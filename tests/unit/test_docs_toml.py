@@ -26,7 +26,7 @@ BLOCK = re.compile(r"^( *)```toml\n(.*?)^\1```", re.MULTILINE | re.DOTALL)
 def toml_examples() -> list[tuple[str, str]]:
     found = []
     for page in PAGES:
-        for n, (indent, body) in enumerate(BLOCK.findall(page.read_text()), 1):
+        for n, (_indent, body) in enumerate(BLOCK.findall(page.read_text()), 1):
             found.append((f"{page.relative_to(REPO)}#{n}", textwrap.dedent(body)))
     return found
 
@@ -51,5 +51,5 @@ def test_every_toml_example_is_accepted(name: str, text: str, tmp_path: Path) ->
 def test_a_key_in_the_wrong_table_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "ledgerq.toml"
     path.write_text('[claims]\nttl_ms = 5000\npublic_url = "https://gateway.example.com"\n')
-    with pytest.raises(ConfigError, match="claims.public_url"):
+    with pytest.raises(ConfigError, match=r"claims\.public_url"):
         load_settings(environ={}, config_file=path, cwd=tmp_path)
