@@ -296,7 +296,15 @@ def drop_pg_database(admin_url: str, db_url: str) -> None:
 @click.option(
     "--pg", "pg_admin", default="postgresql://postgres@127.0.0.1:5432/postgres", show_default=True
 )
-@click.option("--backend", "backends", multiple=True, default=["sqlite", "postgresql"])
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    type=click.Choice(["sqlite", "sqlite-normal", "postgresql"]),
+    default=["sqlite", "postgresql"],
+    show_default=True,
+    help="sqlite: synchronous=FULL (the default); sqlite-normal: ?synchronous=normal.",
+)
 @click.option("--write/--no-write", default=True, help="Write figures to docs/BENCHMARKS.md.")
 def command(
     services: int,
@@ -316,6 +324,8 @@ def command(
             work = Path(tmp)
             if backend == "sqlite":
                 db = f"sqlite:///{work}/bench.sqlite3"
+            elif backend == "sqlite-normal":
+                db = f"sqlite:///{work}/bench.sqlite3?synchronous=normal"
             else:
                 db = fresh_pg_database(pg_admin)
             try:
@@ -331,7 +341,7 @@ def command(
                     )
                 )
             finally:
-                if backend != "sqlite":
+                if not backend.startswith("sqlite"):
                     drop_pg_database(pg_admin, db)
         rows.append(
             (

@@ -76,7 +76,12 @@ def invocation() -> str:
 def write_section(
     name: str, markdown: str, *, command: str | None = None, path: Path | None = None
 ) -> Path:
-    """Replace (or append) the section ``name`` of docs/BENCHMARKS.md (or ``path``)."""
+    """Replace (or append) the section ``name`` of docs/BENCHMARKS.md (or ``path``).
+
+    An appended section is preceded by a heading (``## `ledgerq bench NAME```)
+    unless ``markdown`` has a ``##`` heading of its own; a replaced one keeps
+    whatever heading stands before its markers.
+    """
     target = path or BENCHMARKS_MD
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -95,7 +100,10 @@ def write_section(
     if pattern.search(text):
         text = pattern.sub(lambda _: body, text)
     else:
-        text = text.rstrip() + "\n\n" + body + "\n"
+        # A new section gets a heading the headline table can link to, unless
+        # its own text brings one.
+        heading = "" if re.search(r"^## ", markdown, re.M) else f"## `ledgerq bench {name}`\n\n"
+        text = text.rstrip() + "\n\n" + heading + body + "\n"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text if text.endswith("\n") else text + "\n")
     console.print(f"[green]figures written to {target} ({name})")

@@ -1,7 +1,7 @@
 """Store throughput: ``add_batches`` and status updates, in batches per second.
 
 For each backend (SQLite file in WAL mode, with the default
-``synchronous=NORMAL`` and with ``?synchronous=full``; PostgreSQL in a
+``synchronous=FULL`` and with ``?synchronous=normal``; PostgreSQL in a
 database created for the run and dropped after) and each
 batch size (~1 KiB and ~10 KiB serialized, one transaction each), batches are
 added in chunks of ``--chunks`` batches per ``add_batches`` call, one call at
@@ -184,9 +184,9 @@ async def _run_backend(
 @click.option(
     "--backend",
     "backends",
-    type=click.Choice(["sqlite", "sqlite-full", "postgresql"]),
+    type=click.Choice(["sqlite", "sqlite-normal", "postgresql"]),
     multiple=True,
-    default=["sqlite", "sqlite-full", "postgresql"],
+    default=["sqlite", "sqlite-normal", "postgresql"],
     show_default=True,
 )
 @click.option("--batches", default=10_000, show_default=True, help="Batches added per case.")
@@ -220,11 +220,11 @@ def command(
     rows: list[tuple[object, ...]] = []
     for backend in backends:
         if backend.startswith("sqlite"):
-            full = backend == "sqlite-full"
+            normal = backend == "sqlite-normal"
             with tempfile.TemporaryDirectory() as tmp:
                 url = f"sqlite:///{Path(tmp) / 'bench.sqlite3'}"
-                url += "?synchronous=full" if full else ""
-                name = "SQLite (synchronous=full)" if full else "SQLite"
+                url += "?synchronous=normal" if normal else ""
+                name = "SQLite (synchronous=normal)" if normal else "SQLite"
                 rows += asyncio.run(
                     _run_backend(name, url, batches, list(chunks), list(sizes), updates, 1, rounds)
                 )
@@ -252,8 +252,8 @@ def command(
         "machine is shared; slower parts measure the neighbours). "
         "Cases run one after the other in one database, so later cases insert into "
         "bigger tables. Payloads are random bytes (signed data does not compress). "
-        "SQLite: WAL, `synchronous=NORMAL` (the default: survives a process crash) and "
-        "`synchronous=full` (survives power loss; one disk flush per commit); PostgreSQL: "
+        "SQLite: WAL, `synchronous=FULL` (the default: survives power loss; one disk flush "
+        "per commit) and `synchronous=normal` (survives a process crash only); PostgreSQL: "
         "binary `COPY`, `synchronous_commit=on`.\n\n"
         + report.table(
             ["backend", "batch size", "chunk", "add_batches batches/s", "updates batches/s"],

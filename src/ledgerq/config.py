@@ -16,6 +16,8 @@ every key, which layer its value came from (``default``, ``file``, ``env``,
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -27,6 +29,7 @@ from ledgerq.claims.settings import ClaimSettings
 from ledgerq.errors import ConfigError
 from ledgerq.follow.follower import FollowSettings
 from ledgerq.queue.strategy import Strategy, StrategyMap
+from ledgerq.scopes import ACCESS_MODES, Scope
 from ledgerq.submit.submitter import SubmitterSettings
 
 ENV_PREFIX = "LEDGERQ_"
@@ -139,6 +142,71 @@ def _hosts(value: Any) -> str:
     return ",".join(hosts)
 
 
+def _public_url(value: Any) -> str:
+    url = str(value).strip().rstrip("/")
+    if url and (not url.startswith(("http://", "https://")) or "?" in url or "#" in url):
+        raise ValueError(f"{url!r}: give the gateway's base URL, e.g. https://gw.example.com")
+    return url
+
+
+_TOKEN_FIELDS = {"name", "token", "services", "access"}
+
+
+def _scoped_tokens(value: Any) -> list[dict[str, Any]]:
+    """``auth.tokens``: a TOML array of tables, or the same as JSON text (environment)."""
+    if isinstance(value, str):
+        if not value.strip():
+            return []
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                'not JSON; write [{"name": "...", "token": "...", "services": ["a-*"], '
+                f'"access": "read-write"}}, ...] ({exc})'
+            ) from exc
+    if not isinstance(value, list | tuple):
+        raise ValueError("give a list of tokens ([[auth.tokens]] tables in TOML)")
+    out: list[dict[str, Any]] = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"entry {i} is not a table with name, token, services, access")
+        name = str(entry.get("name") or f"token #{i + 1}")
+        unknown = sorted(set(entry) - _TOKEN_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"{name}: unknown field {unknown[0]!r}; use {', '.join(sorted(_TOKEN_FIELDS))}"
+            )
+        token = entry.get("token")
+        if not token:
+            raise ValueError(f"{name}: token is missing")
+        try:
+            token = _token(token)
+        except ValueError as exc:
+            raise ValueError(f"{name}: token: {exc}") from exc
+        services = entry.get("services", ["*"])
+        if isinstance(services, str):
+            services = [s.strip() for s in services.split(",")]
+        if (
+            not isinstance(services, list | tuple)
+            or not services
+            or not all(isinstance(s, str) and s.strip() for s in services)
+        ):
+            raise ValueError(f"{name}: services is a non-empty list of service id patterns")
+        access = str(entry.get("access", "read-write"))
+        if access not in ACCESS_MODES:
+            raise ValueError(f"{name}: access {access!r}: use {', '.join(ACCESS_MODES)}")
+        out.append(
+            {
+                "name": name,
+                "token": token,
+                "services": [s.strip() for s in services],
+                "access": access,
+            }
+        )
+    # A list of plain dicts: the value crosses to ``--workers`` processes as JSON.
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Key:
     name: str
@@ -181,6 +249,13 @@ KEYS: tuple[Key, ...] = (
         "PATTERN=STRATEGY,... overriding queuer.strategy per service id (first match)",
     ),
     Key("max_body_bytes", _positive(_int), 10 * 1024 * 1024, "largest accepted BatchList"),
+    Key("max_status_ids", _positive(_int), 1_000, "distinct batch ids per status request"),
+    Key("max_waiters", _positive(_int), 1_000, "status long-polls parked at once (then 429)"),
+    Key("decode_slots", _positive(_int), 2, "large BatchLists decoded at once, off the loop"),
+    Key("http.keepalive_s", _positive(float), 15.0, "close a connection idle this long (s)"),
+    Key("http.header_timeout_s", _positive(float), 10.0, "a request's headers must arrive in (s)"),
+    Key("http.body_timeout_s", _positive(float), 60.0, "a request's body must arrive in (s)"),
+    Key("http.max_connections", _positive(_int), 2_048, "open connections (then 503 and close)"),
     Key("submitter.slots", _positive(_int), 256, "concurrent submissions"),
     Key("submitter.max_retries", _non_negative(_int), 5, "busy retries before Delayed"),
     Key("submitter.backoff_initial_ms", _non_negative(_int), 20, "first retry backoff (ms)"),
@@ -223,18 +298,90 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("log.level", _log_level, "INFO", "debug, info, warning or error"),
     Key("log.json", _bool, False, "JSON log lines"),
-    Key("auth.token", _token, "", "bearer token required for writes (secret; empty: none)"),
-    Key("auth.protect_reads", _bool, False, "require the token for reads too"),
+    Key(
+        "auth.token",
+        _token,
+        "",
+        "bearer token required on every route but health/ready (secret; empty: none)",
+    ),
+    Key(
+        "auth.tokens",
+        _scoped_tokens,
+        "",
+        "scoped tokens: service id patterns, read/write (secret; JSON in the environment)",
+    ),
+    Key(
+        "insecure_allow_remote",
+        _bool,
+        False,
+        "allow a bind beyond loopback without any token",
+    ),
+    Key(
+        "allowed_hosts",
+        _hosts,
+        "",
+        "Host names answered besides the bind address and loopback (*: any)",
+    ),
+    Key("public_url", _public_url, "", "base URL of status links (default: from the Host)"),
+    Key(
+        "trust_forwarded",
+        _bool,
+        False,
+        "build links from X-Forwarded-Proto/-Host (behind a proxy that sets them)",
+    ),
     Key("cors.origins", _origins, "", "comma-separated origins allowed by CORS (empty: no CORS)"),
     Key("metrics.top_services", _positive(_int), 20, "services with their own depth series"),
 )
 #: Keys whose values are never printed (``config show``) nor logged.
-SECRET_KEYS = frozenset({"auth.token", "node.token"})
+SECRET_KEYS = frozenset({"auth.token", "auth.tokens", "node.token"})
 _BY_NAME = {k.name: k for k in KEYS}
+#: Keys that existed once: a file or variable still setting them is refused with why.
+REMOVED_KEYS = {
+    "auth.protect_reads": (
+        "it was removed: with a token set every read needs a token now; delete the "
+        'setting (read-only access for some clients: auth.tokens with access = "read")'
+    ),
+}
+#: ``LEDGERQ_*`` variables that are not settings but are read by ledgerq, its
+#: client commands, its benchmarks or its test suite. Any other ``LEDGERQ_*``
+#: variable is a typo and refused (see :func:`check_environment`).
+OTHER_VARIABLES = frozenset(
+    {
+        "LEDGERQ_CONFIG",
+        "LEDGERQ_URL",
+        "LEDGERQ_TOKEN",
+        "LEDGERQ_DB",
+        "LEDGERQ_FAILPOINTS",
+        "LEDGERQ_BENCH_PG",
+        "LEDGERQ_TEST_PG",
+    }
+)
 
 
 def env_name(key: str) -> str:
     return ENV_PREFIX + key.upper().replace(".", "_")
+
+
+def known_variables() -> frozenset[str]:
+    return frozenset({env_name(k.name) for k in KEYS} | OTHER_VARIABLES)
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Refuse any ``LEDGERQ_*`` variable ledgerq does not read (a misspelt
+    token variable would otherwise leave the gateway open unnoticed)."""
+    known = known_variables()
+    removed = {env_name(k): why for k, why in REMOVED_KEYS.items()}
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in known:
+            continue
+        if name in removed:
+            raise ConfigError(f"environment variable {name} is not accepted: {removed[name]}")
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ConfigError(
+            f"unknown environment variable {name}{hint} (ledgerq reads only the variables "
+            "listed in docs/configuration.md; unset it or fix its name)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +414,21 @@ class Settings:
             db_path = Path(self.db.removeprefix("sqlite:///"))
             return db_path.with_name(db_path.stem + "-node")
         return Path("ledgerq-data") / "node"
+
+    @property
+    def has_token(self) -> bool:
+        """Whether any token (``auth.token`` or ``auth.tokens``) is configured."""
+        return bool(self.values["auth.token"] or self.values["auth.tokens"])
+
+    @property
+    def tokens(self) -> list[tuple[str, Scope]]:
+        """Every configured token with the scope it gives (``auth.token``: all)."""
+        full = self.values["auth.token"]
+        out = [(full, Scope("auth.token"))] if full else []
+        for e in self.values["auth.tokens"]:
+            scope = Scope.of(e["name"], tuple(e["services"]), e["access"])
+            out.append((e["token"], scope))
+        return out
 
     @property
     def submitter(self) -> SubmitterSettings:
@@ -333,6 +495,7 @@ def load_settings(
 ) -> Settings:
     """Build and validate the settings; raises ``ConfigError`` naming the key."""
     env = os.environ if environ is None else environ
+    check_environment(env)
     layers: list[tuple[str, Mapping[str, Any]]] = []
 
     path: Path | None = None
@@ -353,8 +516,12 @@ def load_settings(
         from_file = _flatten(doc)
         unknown = sorted(set(from_file) - set(_BY_NAME))
         if unknown:
+            if unknown[0] in REMOVED_KEYS:
+                raise ConfigError(f"key {unknown[0]!r} in {path}: {REMOVED_KEYS[unknown[0]]}")
+            close = difflib.get_close_matches(unknown[0], list(_BY_NAME), n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(
-                f"unknown key {unknown[0]!r} in {path}; known keys: {', '.join(_BY_NAME)}"
+                f"unknown key {unknown[0]!r} in {path}; {hint}known keys: {', '.join(_BY_NAME)}"
             )
         layers.append(("file", from_file))
 
@@ -383,4 +550,26 @@ def load_settings(
     settings.submitter  # noqa: B018
     settings.monitor  # noqa: B018
     settings.claims  # noqa: B018
+    _check_tokens(settings)
     return settings
+
+
+def _check_tokens(settings: Settings) -> None:
+    """Refuse token and link settings that contradict one another."""
+    if settings["public_url"] and settings["trust_forwarded"]:
+        raise ConfigError(
+            "public_url and trust_forwarded are both set: links are built from one of them; "
+            "keep public_url (a fixed address) or trust_forwarded (the proxy's headers)"
+        )
+    seen = {settings["auth.token"]: "auth.token"} if settings["auth.token"] else {}
+    for entry in settings["auth.tokens"]:
+        if entry["token"] in seen:
+            raise ConfigError(
+                f"auth.tokens: {entry['name']} has the same token as {seen[entry['token']]}; "
+                "give every token its own value"
+            )
+        seen[entry["token"]] = entry["name"]
+    names = [e["name"] for e in settings["auth.tokens"]]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"auth.tokens: the name {twice[0]!r} is used twice; names must differ")

@@ -34,6 +34,9 @@ NO_SERVICE = "#none"
 #: and a service id (4 characters) make 17, the seed's VARCHAR(17). We allow
 #: more room for Sawtooth-only deployments that name their scopes freely.
 MAX_SERVICE_ID_LENGTH = 64
+#: Longest family name and version the store holds (the seed's columns).
+MAX_FAMILY_NAME_LENGTH = 128
+MAX_FAMILY_VERSION_LENGTH = 16
 
 
 class BatchStatusName(enum.StrEnum):

@@ -175,7 +175,10 @@ def test_exit_codes_for_unknown_unauthorized_and_unreachable(gateway: Served) ->
 def test_metrics_and_dashboard_on_the_real_gateway(gateway: Served) -> None:
     import urllib.request
 
-    request = urllib.request.Request(gateway.url + "/metrics")
+    # With a token set, /metrics needs it like every other read.
+    request = urllib.request.Request(
+        gateway.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
     with urllib.request.urlopen(request, timeout=10) as r:
         text = r.read().decode()
     assert "ledgerq_batches_accepted_total" in text

@@ -4,7 +4,8 @@ The page is rendered twice: ``--dump-dom`` to check that the data the
 gateway holds (batch and service ids, counts) is in the DOM the page's script
 built, and ``--screenshot`` saved as ``test-artifacts/dashboard.png``; under the
 parallel strategy, the services table's in-flight count and what holds each
-service's next batch (which earlier batch, which address).
+service's next batch (which earlier batch, which address); with
+``serve --workers 2``, the workers table (each worker's index, pid, role).
 Chromium's virtual time budget lets the page's fetches complete before the
 DOM is taken, without the test sleeping. Skipped where chromium is missing
 (``make test`` installs it when it can); under CI a skip fails the run.
@@ -13,14 +14,17 @@ DOM is taken, without the test sleeping. Skipped where chromium is missing
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from bench._cluster import Process
 from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_address, make_intkey_batch
 from tests.operator_fakes import batch_list, running_gateway
@@ -102,7 +106,7 @@ async def test_dashboard_renders_real_batches_and_saves_a_screenshot() -> None:
 async def test_dashboard_asks_for_the_token_and_uses_one_from_the_fragment() -> None:
     _need_chromium()
     token = "dash-token-0123456789ab"
-    flags = {"auth.token": token, "auth.protect_reads": True}
+    flags = {"auth.token": token}
     async with running_gateway(flags, pipeline=False) as (url, _gw):
         async with aiohttp.ClientSession() as http:
             body, _ids = batch_list(2, "guarded-svc")
@@ -169,3 +173,39 @@ async def test_dashboard_shows_what_is_in_flight_and_what_holds_the_next_batch()
     assert f'title="writes {address}"' in dom
     _s, strategy, _depth, in_flight, held_by, *_ = _service_row(dom, "ser::1")
     assert (strategy, in_flight, held_by) == ("serial", "1", "–")
+
+
+async def test_dashboard_shows_the_workers_of_serve_workers_2(tmp_path: Path) -> None:
+    _need_chromium()
+    env = {
+        "LEDGERQ_DB": f"sqlite:///{tmp_path / 'g.sqlite3'}",
+        "LEDGERQ_BIND": "127.0.0.1:0",
+        "LEDGERQ_NODE_EPHEMERAL": "true",
+        "LEDGERQ_WORKERS": "2",
+        "LEDGERQ_CONFIG": "",
+    }
+    gw = Process("gw", ["serve"], env, tmp_path)
+    try:
+
+        def workers() -> list[dict[str, object]]:
+            with urllib.request.urlopen(f"{gw.url}/instances", timeout=30) as resp:
+                return list(json.loads(resp.read()).get("workers", []))
+
+        for _ in range(600):  # both workers have said hello (every second)
+            if len(await asyncio.to_thread(workers)) == 2:
+                break
+            assert gw.alive, gw.tail(40)
+            await asyncio.sleep(0.1)
+        expected = await asyncio.to_thread(workers)
+        assert len(expected) == 2, expected
+        dom = await _chromium("--dump-dom", gw.url + "/")
+    finally:
+        gw.kill()
+    table = re.search(r'<table id="workers">(.*?)</table>', dom, re.S)
+    assert table is not None, dom[-2000:]
+    rows = re.findall(r"<tr>(.*?)</tr>", table.group(1).split("</thead>")[-1], re.S)
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in rows]
+    assert [(c[0], c[1], c[2]) for c in cells] == [
+        (str(w["index"]), str(w["pid"]), str(w["role"])) for w in expected
+    ]
+    assert [c[2] for c in cells] == ["gateway", "ingest"]

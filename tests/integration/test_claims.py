@@ -464,3 +464,43 @@ async def test_the_next_cycle_comes_when_a_foreign_claim_can_expire(db: str) -> 
         assert b.pause_ms() == 500
         clock.advance(500)
         assert (await b.cycle()).voided == ("busy",)
+
+
+async def test_claim_rows_of_idle_services_are_forgotten_and_come_back(db: str) -> None:
+    # forget_service_ms: a claim row whose service has no open batch and no
+    # batch accepted for that long is deleted, by its holder or (unclaimed)
+    # by anyone; never another instance's claim, never a service with work.
+    clock = ManualClock(T0)
+    forget = 5_000
+    a = manager(db, "a", clock, forget_service_ms=forget)
+    b = manager(db, "b", clock, forget_service_ms=forget)
+    async with a, b:
+        await a.register_services(["done", "open", "recent"])
+        await a.cycle()
+        await b.register_services(["theirs"])
+        await b.cycle()
+        assert claimants(db) == {"done": "a", "open": "a", "recent": "a", "theirs": "b"}
+        put_batch(db, "done", "d1", status="Committed")
+        put_batch(db, "open", "o1")
+        put_batch(db, "recent", "r1", status="Committed")
+        put_batch(db, "theirs", "t1", status="Committed")
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute("UPDATE batches SET created_at = %s", (T0,))
+            conn.execute(
+                "UPDATE batches SET created_at = %s WHERE service_id = 'recent'", (T0 + forget,)
+            )
+        forgotten: dict[str, set[str]] = {"a": set(), "b": set()}
+        for _ in range(forget // 1_000 + 2):
+            clock.advance(1_000)
+            forgotten["a"] |= set((await a.cycle()).forgotten)
+            forgotten["b"] |= set((await b.cycle()).forgotten)
+        assert forgotten == {"a": {"done"}, "b": {"theirs"}}
+        assert set(claimants(db)) == {"open", "recent"}
+        assert "done" not in a.claimed_services()
+        # A new batch for a forgotten service brings its row back (the store's
+        # add_batches registers it the same way), and it is claimed again.
+        await a.register_services(["done"])
+        clock.advance(a.settings.grace_ms + 1)
+        await b.cycle()
+        await a.cycle()
+        assert claimants(db)["done"] in ("a", "b")

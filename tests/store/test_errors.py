@@ -59,22 +59,6 @@ async def test_bad_urls_are_refused_with_the_forms_that_work(url: str) -> None:
         await open_store(url)
 
 
-@pytest.mark.parametrize(("query", "expected"), [("", 1), ("?synchronous=full", 2)])
-async def test_sqlite_synchronous_mode_follows_the_url(
-    tmp_path: Path, query: str, expected: int
-) -> None:
-    from ledgerq.store.sqlite import SqliteBackend
-
-    store = await open_store(f"sqlite:///{tmp_path / 's.sqlite3'}{query}")
-    try:
-        backend = store._backend  # type: ignore[attr-defined]
-        assert isinstance(backend, SqliteBackend)
-        mode = await backend.call(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
-        assert mode == expected  # 1 = NORMAL, 2 = FULL
-    finally:
-        await store.close()
-
-
 async def test_sqlite_reads_do_not_wait_for_a_write_in_progress(tmp_path: Path) -> None:
     from ledgerq.store.sqlite import SqliteBackend
 
@@ -101,3 +85,15 @@ async def test_sqlite_reads_do_not_wait_for_a_write_in_progress(tmp_path: Path) 
             assert seen is not None and seen.attempts == 0
         after = await store.get_batch(b.batch_header, b.service_id)
         assert after is not None and after.attempts == 1
+
+
+# PRAGMA synchronous reads back as a number: 1 = NORMAL, 2 = FULL.
+@pytest.mark.parametrize(("query", "expected"), [("", 2), ("?synchronous=normal", 1)])
+async def test_every_sqlite_connection_uses_the_configured_synchronous(
+    tmp_path: Path, query: str, expected: int
+) -> None:
+    """A ``202`` means the batch is on disk: FULL by default, on every connection."""
+    async with await open_store(f"sqlite:///{tmp_path / 'durable.sqlite3'}{query}") as store:
+        found = await store._backend.pragma("synchronous")  # type: ignore[attr-defined]
+        assert found == {"write": expected, "read": expected, "checkpoint": expected}
+        assert (await store._backend.pragma("journal_mode"))["write"] == "wal"  # type: ignore[attr-defined]

@@ -23,6 +23,17 @@ def test_write_section_replaces_only_its_own_section(tmp_path: Path) -> None:
     assert "load average (1, 5, 15 min) when written:" in text
 
 
+def test_a_new_section_gets_a_heading_to_link_to(tmp_path: Path) -> None:
+    target = tmp_path / "BENCHMARKS.md"
+    report.write_section("a", "figures", command="ledgerq bench a", path=target)
+    report.write_section("b", "## Its own title\n\nfigures", command="ledgerq bench b", path=target)
+    report.write_section("a", "new figures", command="ledgerq bench a", path=target)
+    text = target.read_text()
+    assert text.count("## `ledgerq bench a`\n\n<!-- bench:a -->") == 1
+    assert "ledgerq bench b`\n\n<!-- bench:b" not in text
+    assert text.count("## Its own title") == 1
+
+
 def test_percentile_by_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
     assert report.percentile(values, 50) == 51.0

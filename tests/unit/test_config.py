@@ -68,3 +68,100 @@ def test_parse_bind() -> None:
     assert parse_bind("[::1]:80") == ("::1", 80)
     with pytest.raises(ValueError, match="out of range"):
         parse_bind("h:70000")
+
+
+def test_a_misspelt_variable_is_refused_with_the_close_match(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="LEDGERQ_AUTH_TOKN") as caught:
+        load_settings(environ={"LEDGERQ_AUTH_TOKN": "x" * 20}, cwd=tmp_path)
+    assert "did you mean LEDGERQ_AUTH_TOKEN?" in str(caught.value)
+    with pytest.raises(ConfigError, match="unknown environment variable LEDGERQ_WHATEVER"):
+        load_settings(environ={"LEDGERQ_WHATEVER": "1"}, cwd=tmp_path)
+    # Variables that are not settings but that ledgerq or its tests read are fine.
+    env = {"LEDGERQ_TEST_PG": "postgresql://x", "LEDGERQ_URL": "http://x", "OTHER_TOKN": "1"}
+    load_settings(environ=env, cwd=tmp_path)
+
+
+def test_every_ledgerq_variable_the_repository_reads_is_allowed() -> None:
+    """The allow-list of variables that are not settings is complete: any
+    ``LEDGERQ_*`` name in the package, the tests or the benchmarks is known."""
+    import re
+
+    from ledgerq.config import known_variables
+
+    repo = Path(__file__).resolve().parents[2]
+    names: dict[str, str] = {}
+    for folder in ("src", "tests", "bench", "scripts"):
+        for path in sorted((repo / folder).rglob("*.py")) + sorted((repo / folder).rglob("*.sh")):
+            for name in re.findall(r"\bLEDGERQ_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()):
+                names.setdefault(name, str(path.relative_to(repo)))
+    for on_purpose in (
+        "LEDGERQ_AUTH_TOKN",
+        "LEDGERQ_WHATEVER",
+        "LEDGERQ_KEY",
+        "LEDGERQ_AUTH_PROTECT_READS",
+    ):
+        names.pop(on_purpose)  # misspelt, removed or placeholder names the tests use
+    assert "LEDGERQ_TEST_PG" in names  # the scan finds them
+    unknown = {n: where for n, where in names.items() if n not in known_variables()}
+    assert not unknown, f"add to ledgerq.config.OTHER_VARIABLES (and document): {unknown}"
+
+
+def test_protect_reads_is_gone_and_says_why(tmp_path: Path) -> None:
+    cfg = tmp_path / "ledgerq.toml"
+    cfg.write_text('[auth]\ntoken = "0123456789abcdef0123"\nprotect_reads = true\n')
+    with pytest.raises(ConfigError, match=r"auth\.protect_reads.*every read needs a token"):
+        load_settings(environ={}, config_file=cfg)
+    with pytest.raises(ConfigError, match=r"LEDGERQ_AUTH_PROTECT_READS.*every read needs"):
+        load_settings(environ={"LEDGERQ_AUTH_PROTECT_READS": "true"}, cwd=tmp_path)
+
+
+def test_a_typo_in_the_file_suggests_the_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "ledgerq.toml"
+    cfg.write_text('[auth]\ntokn = "0123456789abcdef0123"\n')
+    with pytest.raises(ConfigError, match=r"did you mean 'auth\.token'"):
+        load_settings(environ={}, config_file=cfg)
+
+
+def test_scoped_tokens_from_the_file_and_from_json_in_the_environment(tmp_path: Path) -> None:
+    cfg = tmp_path / "ledgerq.toml"
+    cfg.write_text(
+        '[[auth.tokens]]\nname = "acme"\ntoken = "acme-0123456789abcdef"\n'
+        'services = ["acme-*"]\naccess = "read"\n'
+    )
+    s = load_settings(environ={}, config_file=cfg)
+    ((token, scope),) = s.tokens
+    assert token == "acme-0123456789abcdef"
+    assert (scope.name, scope.services, scope.read, scope.write) == (
+        "acme",
+        ("acme-*",),
+        True,
+        False,
+    )
+    assert scope.covers("acme-1") and not scope.covers("globex-1")
+    env = {
+        "LEDGERQ_AUTH_TOKENS": '[{"name": "g", "token": "globex-0123456789abcdef",'
+        ' "services": ["globex::*"], "access": "write"}]'
+    }
+    s = load_settings(environ=env, cwd=tmp_path)
+    ((_token, scope),) = s.tokens
+    assert scope.write and not scope.read and scope.covers("globex::x")
+    with pytest.raises(
+        ConfigError, match=r"invalid auth\.tokens \(from LEDGERQ_AUTH_TOKENS\).*JSON"
+    ):
+        load_settings(environ={"LEDGERQ_AUTH_TOKENS": "acme=x"}, cwd=tmp_path)
+
+
+def test_contradictory_tokens_are_refused(tmp_path: Path) -> None:
+    same = "same-0123456789abcdef"
+    with pytest.raises(ConfigError, match=r"same token as auth\.token"):
+        load_settings(
+            {"auth.token": same, "auth.tokens": [{"name": "a", "token": same}]},
+            environ={},
+            cwd=tmp_path,
+        )
+    twice = [
+        {"name": "a", "token": "one-0123456789abcdef"},
+        {"name": "a", "token": "two-0123456789abcdef"},
+    ]
+    with pytest.raises(ConfigError, match="name 'a' is used twice"):
+        load_settings({"auth.tokens": twice}, environ={}, cwd=tmp_path)

@@ -103,3 +103,29 @@ def test_serve_takes_the_delay_window_as_a_flag_and_refuses_a_negative_one(
     assert result.exit_code != 0
     assert "delay_window_ms" in result.output
     assert not (tmp_path / "x.sqlite3").exists()  # refused before anything was opened
+
+
+def test_show_lists_scoped_tokens_without_their_values(tmp_path: Path) -> None:
+    scoped = "acme-0123456789abcdef"
+    env = {
+        "LEDGERQ_AUTH_TOKENS": json.dumps(
+            [{"name": "acme", "token": scoped, "services": ["acme-*"], "access": "read"}]
+        )
+    }
+    code, out = _show(tmp_path, env, "--json")
+    assert code == 0, out
+    rows = {r["key"]: r for r in json.loads(out)["settings"]}
+    assert rows["auth.tokens"]["value"] == [
+        {"name": "acme", "token": "***", "services": ["acme-*"], "access": "read"}
+    ]
+    assert scoped not in out
+    code, table = _show(tmp_path, env)
+    assert code == 0 and scoped not in table
+
+
+def test_links_from_two_sources_at_once_are_refused(tmp_path: Path) -> None:
+    env = {"LEDGERQ_PUBLIC_URL": "https://gw.example.com", "LEDGERQ_TRUST_FORWARDED": "true"}
+    with pytest.raises(ConfigError, match="public_url and trust_forwarded"):
+        load_settings(environ=env, cwd=tmp_path)
+    with pytest.raises(ConfigError, match=r"invalid public_url"):
+        load_settings(environ={"LEDGERQ_PUBLIC_URL": "gw.example.com"}, cwd=tmp_path)

@@ -1,7 +1,8 @@
 """The documentation's links lead somewhere: every relative link in README.md,
 docs/ and tests/README.md names a file of the repository, and every ``#anchor``
 a heading of its target (GitHub's anchor rules); every page of docs/ is linked
-from the README or another page."""
+from the README or another page; every repository path named in inline code
+(``bench/report.py``) is a file of the repository."""
 
 from __future__ import annotations
 
@@ -94,3 +95,37 @@ def test_every_page_of_docs_is_linked_from_somewhere() -> None:
         str(p.relative_to(REPO)) for p in sorted((REPO / "docs").glob("*.md")) if p not in linked
     ]
     assert not orphans, f"pages no other page links to: {', '.join(orphans)}; link them"
+
+
+SOURCE_PATH = re.compile(
+    r"^[\w-][\w.-]*(?:/[\w.-]+)+\.(?:py|md|sql|proto|toml|sh|json|yaml|js|html|css)$"
+)
+
+
+def missing_paths(path: Path) -> list[str]:
+    """Repository paths named in inline code (``src/ledgerq/x.py``, ``bench/y.py``,
+    ``migrations/0001_z.sql``) that exist nowhere in the repository: relative to its
+    root, ``src/``, ``src/ledgerq/``, the page's folder, or as the tail of a path."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.MULTILINE | re.DOTALL)
+    bases = [REPO, REPO / "src", REPO / "src" / "ledgerq", path.parent]
+    problems = []
+    for span in sorted(set(re.findall(r"`([^`\s]+)`", text))):
+        if not SOURCE_PATH.match(span):
+            continue
+        if any((base / span).exists() for base in bases):
+            continue
+        if any(".venv" not in p.parts for p in REPO.glob(f"**/{span}")):
+            continue
+        problems.append(f"{_shown(path)}: `{span}` is not a file of the repository")
+    return problems
+
+
+def test_every_repository_path_named_in_code_exists() -> None:
+    problems = [p for page in PAGES for p in missing_paths(page)]
+    assert not problems, "\n".join(problems)
+
+
+def test_a_missing_path_is_named(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("`bench/report.py` `store/sql/nowhere.sql` `/openapi.json` `./ledgerq.toml`\n")
+    assert missing_paths(page) == ["p.md: `store/sql/nowhere.sql` is not a file of the repository"]

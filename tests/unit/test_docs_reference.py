@@ -2,7 +2,8 @@
 
 Collected from the code itself: the click commands under ``ledgerq`` (every
 long option of every command), the settings object (``ledgerq.config.KEYS``)
-and every ``LEDGERQ_*`` name in the package's source. Each failure says what
+and every ``LEDGERQ_*`` name in the package, the benchmarks, the build
+and the test fixtures. Each failure says what
 is missing and where to write it; documented flags and keys that no longer
 exist fail too. ``ledgerq bench NAME`` is left out: its commands live in the
 checkout's ``bench/`` folder, are developer tools and document themselves in
@@ -190,11 +191,20 @@ def test_a_missing_or_stale_row_is_named_with_where_to_write_it() -> None:
 def test_every_environment_variable_in_the_source_is_documented() -> None:
     text = DOC.read_text()
     names: dict[str, str] = {}
-    for path in sorted((REPO / "src" / "ledgerq").rglob("*.py")):
+    # The package, the benchmarks, the build and the test suite's own fixtures.
+    sources = [
+        *(REPO / "src" / "ledgerq").rglob("*.py"),
+        *(REPO / "bench").rglob("*.py"),
+        *(REPO / "scripts").iterdir(),
+        REPO / "Makefile",
+        REPO / "tests" / "conftest.py",
+        REPO / "tests" / "pg_server.py",
+    ]
+    for path in sorted(p for p in sources if p.is_file()):
         for name in re.findall(r"\bLEDGERQ_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()):
             names.setdefault(name, str(path.relative_to(REPO)))
     names.update({env_name(k.name): "ledgerq/config.py" for k in KEYS})
-    assert "LEDGERQ_CONFIG" in names and "LEDGERQ_URL" in names  # the scan finds them
+    assert {"LEDGERQ_CONFIG", "LEDGERQ_URL", "LEDGERQ_BENCH_PG", "LEDGERQ_TEST_PG"} <= set(names)
     missing = [
         f"{n} (read in {where})" for n, where in sorted(names.items()) if f"`{n}`" not in text
     ]

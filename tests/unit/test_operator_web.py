@@ -108,7 +108,7 @@ def test_throughput_window_counts_per_second() -> None:
     assert tp["final"] == [0, 0, 0]
 
 
-async def test_token_guards_writes_and_optionally_reads() -> None:
+async def test_a_token_guards_every_route_but_health_ready_openapi_and_the_page() -> None:
     async with running_gateway({"auth.token": TOKEN}, pipeline=False) as (url, _gw):
         async with aiohttp.ClientSession() as http:
             body, _ids = batch_list(1, "guarded")
@@ -122,21 +122,27 @@ async def test_token_guards_writes_and_optionally_reads() -> None:
             good = {**OCTET, "Authorization": f"Bearer {TOKEN}"}
             async with http.post(f"{url}/batches", data=body, headers=good) as r:
                 assert r.status == 202
-            async with http.get(f"{url}/batches") as r:
-                assert r.status == 200  # reads open unless protect_reads
-    async with running_gateway(
-        {"auth.token": TOKEN, "auth.protect_reads": True}, pipeline=False
-    ) as (url, _gw):
-        async with aiohttp.ClientSession() as http:
-            for path in ("/batches", "/services", "/metrics", "/dashboard/data"):
+            for path in (
+                "/batches",
+                "/batches/abc",
+                "/batch_statuses?id=abc",
+                "/services",
+                "/instances",
+                "/metrics",
+                "/dashboard/data",
+            ):
                 async with http.get(url + path) as r:
                     assert r.status == 401, path
+                    assert (await r.json())["error"]["code"] == 401, path
             for path in ("/health", "/", "/static/dashboard.js", "/openapi.json"):
                 async with http.get(url + path) as r:
                     assert r.status == 200, path
+            async with http.get(url + "/ready") as r:
+                assert r.status == 503  # open, and not ready: the pipeline is not running
             auth = {"Authorization": f"Bearer {TOKEN}"}
-            async with http.get(f"{url}/metrics", headers=auth) as r:
-                assert r.status == 200
+            for path in ("/batches", "/services", "/instances", "/metrics", "/dashboard/data"):
+                async with http.get(url + path, headers=auth) as r:
+                    assert r.status == 200, path
 
 
 async def test_no_cors_unless_configured() -> None:

@@ -20,6 +20,16 @@ Transaction: ``malformed_signature``, ``malformed_transaction_header``,
 ``malformed_public_key``, ``batcher_public_key_mismatch`` (not the batch
 signer), ``payload_sha512_mismatch``, ``bad_transaction_signature``.
 
+For the gateway's store, :func:`parse_batch_list` also checks what the store
+keeps of each transaction header (:func:`check_storable`):
+``invalid_family_name`` (empty or over 128 characters),
+``invalid_family_version`` (empty or over 16 characters),
+``malformed_dependency`` (not a transaction id: 128 lowercase hex) and
+``invalid_header_text`` (a NUL character in a family, input or output, which
+PostgreSQL cannot hold). A list that passes is never refused by the store for
+its contents. The node (:func:`decode_batch_list`) does not apply these:
+like Sawtooth it takes such a batch and judges it ``INVALID``.
+
 Within a batch the checks run in the order listed, cheap string checks
 before any signature, so a malformed batch costs no curve arithmetic.
 With ``verify=False`` only the signature checks (``bad_*_signature``) are
@@ -47,6 +57,8 @@ from ledgerq.codec.signing import (
 from ledgerq.codec.wire import BATCH_LIST_BATCHES_FIELD, WireError, split_repeated_field
 from ledgerq.errors import InvalidBatchError
 from ledgerq.model import (
+    MAX_FAMILY_NAME_LENGTH,
+    MAX_FAMILY_VERSION_LENGTH,
     MAX_SERVICE_ID_LENGTH,
     NO_SERVICE,
     TrackingBatch,
@@ -280,6 +292,61 @@ def _decode_transaction(
     )
 
 
+def check_storable(batch: ParsedBatch, index: int | None = None) -> None:
+    """The fields of ``batch``'s transaction headers that the store keeps fit its
+    columns (module notes); else ``InvalidBatchError`` naming the field."""
+    batch_where = "the batch" if index is None else f"batch #{index}"
+    batch_where += f" ({batch.header_signature})"
+    for number, tx in enumerate(batch.transactions):
+        where = f"transaction #{number} ({tx.header_signature}) of {batch_where}"
+        problem = _storable_problem(tx.header)
+        if problem is not None:
+            message, rule = problem
+            raise InvalidBatchError(
+                f"{where}: {message}",
+                rule=rule,
+                batch_id=batch.header_signature,
+                transaction_id=tx.header_signature,
+            )
+
+
+def _storable_problem(header: TransactionHeader) -> tuple[str, str] | None:
+    for field, value, limit, rule in (
+        ("family_name", header.family_name, MAX_FAMILY_NAME_LENGTH, "invalid_family_name"),
+        (
+            "family_version",
+            header.family_version,
+            MAX_FAMILY_VERSION_LENGTH,
+            "invalid_family_version",
+        ),
+    ):
+        if not 1 <= len(value) <= limit:
+            return (
+                f"{field} {_short(value)!r} has {len(value)} characters; it needs 1 to {limit}",
+                rule,
+            )
+    for field, values in (
+        ("family_name", (header.family_name,)),
+        ("family_version", (header.family_version,)),
+        ("inputs", header.inputs),
+        ("outputs", header.outputs),
+    ):
+        for value in values:
+            if "\x00" in value:
+                return (
+                    f"{field} holds a NUL character ({_short(value)!r}); remove it",
+                    "invalid_header_text",
+                )
+    for dependency in header.dependencies:
+        if not is_lower_hex(dependency, SIGNATURE_HEX_LENGTH):
+            return (
+                f"dependencies holds {_short(dependency)!r}, not a transaction id "
+                f"({SIGNATURE_HEX_LENGTH} lowercase hex characters)",
+                "malformed_dependency",
+            )
+    return None
+
+
 def check_service_id(service_id: str) -> str:
     """``service_id`` if the store can hold it, else ``InvalidBatchError``."""
     if not service_id or len(service_id) > MAX_SERVICE_ID_LENGTH:
@@ -330,7 +397,7 @@ def parse_batch_list(
     ``service_id=None`` means a ledger without services (:data:`NO_SERVICE`).
     """
     service = NO_SERVICE if service_id is None else check_service_id(service_id)
-    return tuple(
-        to_tracking_batch(batch, service, created_at)
-        for batch in decode_batch_list(data, max_bytes=max_bytes)
-    )
+    batches = decode_batch_list(data, max_bytes=max_bytes)
+    for index, batch in enumerate(batches):
+        check_storable(batch, index)
+    return tuple(to_tracking_batch(batch, service, created_at) for batch in batches)

@@ -22,6 +22,9 @@ from ledgerq.store.migrate import redact
 
 
 def shown(key: str, value: Any) -> Any:
+    if key == "auth.tokens":
+        # Who may do what is worth seeing; the tokens themselves never.
+        return [{**entry, "token": "***"} for entry in value]
     if key in SECRET_KEYS:
         return "***" if value else ""
     if key == "db":

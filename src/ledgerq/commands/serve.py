@@ -26,6 +26,27 @@ if TYPE_CHECKING:
     from ledgerq.gateway.service import Gateway
 
 
+def check_bind(settings: Settings) -> None:
+    """Refuse to listen beyond loopback without a token (unless told to, loudly)."""
+    from ledgerq.node.access import is_loopback
+
+    host, _ = settings.bind
+    if is_loopback(host) or settings.has_token:
+        return
+    if not settings["insecure_allow_remote"]:
+        raise click.ClickException(
+            f"refusing to listen on {host} without a token: anyone who reaches that address "
+            "could post batches into any service and read them all. Set auth.token "
+            "(LEDGERQ_AUTH_TOKEN) or auth.tokens, listen on 127.0.0.1, or pass "
+            "--insecure-allow-remote"
+        )
+    click.echo(
+        f"WARNING: the gateway listens on {host} without a token (--insecure-allow-remote): "
+        "anyone who reaches it may post and read batches",
+        err=True,
+    )
+
+
 def _announce(gateway: Gateway) -> None:
     host, _ = gateway.settings.bind
     # Tests read this line to learn the port when binding port 0.
@@ -72,6 +93,18 @@ def _announce(gateway: Gateway) -> None:
     help="The strategy of the service ids matching PATTERN (shell-style; repeatable, "
     "first match wins), overriding --strategy.",
 )
+@click.option(
+    "--allowed-hosts",
+    help="Comma-separated Host names answered besides the bind address and loopback "
+    "[allowed_hosts].",
+)
+@click.option("--public-url", help="Base URL of the links in answers [public_url].")
+@click.option(
+    "--insecure-allow-remote",
+    is_flag=True,
+    default=None,
+    help="Listen beyond loopback without a token [insecure_allow_remote].",
+)
 @click.option("--log-level", help="debug, info, warning or error.")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines.")
 def serve(
@@ -85,6 +118,9 @@ def serve(
     delay_window_ms: int | None,
     strategy: str | None,
     strategy_for: tuple[str, ...],
+    allowed_hosts: str | None,
+    public_url: str | None,
+    insecure_allow_remote: bool | None,
     log_level: str | None,
     log_json: bool | None,
 ) -> None:
@@ -99,6 +135,9 @@ def serve(
         "delay_window_ms": delay_window_ms,
         "queuer.strategy": strategy,
         "queuer.strategy_by_service": ",".join(strategy_for) if strategy_for else None,
+        "allowed_hosts": allowed_hosts,
+        "public_url": public_url,
+        "insecure_allow_remote": insecure_allow_remote,
         "log.level": log_level,
         "log.json": log_json,
     }
@@ -106,6 +145,7 @@ def serve(
         settings = load_settings(flags, config_file=config_file)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    check_bind(settings)
     configure_logging(settings["log.level"], json_lines=settings["log.json"])
     from ledgerq import failpoints
 

@@ -51,7 +51,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _host_name(header: str) -> str:
+def host_name(header: str) -> str:
     header = header.strip().lower()
     if header.startswith("["):  # [::1]:8008
         return header[1 : header.find("]")] if "]" in header else header
@@ -78,7 +78,7 @@ def access_middleware(
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        host = _host_name(request.headers.get("Host", ""))
+        host = host_name(request.headers.get("Host", ""))
         if not (is_loopback(host) or host in hosts):
             return _error(
                 403,

@@ -26,10 +26,12 @@ from ledgerq.node import Node
 from ledgerq.operator import dashboard, openapi
 from ledgerq.operator.metrics import CONTENT_TYPE, GatewayMetrics, node_registry
 from ledgerq.operator.security import (
-    bearer_middleware,
     cors_middleware,
+    headers_middleware,
+    host_middleware,
     parse_origins,
     service_id_middleware,
+    token_middleware,
 )
 
 __all__ = ["GatewayMetrics", "extend_node_app", "gateway_app"]
@@ -51,24 +53,31 @@ class OperatedGateway(Protocol):
 
 def register_secrets(settings: Settings) -> None:
     """Keep the token and the database password out of every log line."""
-    if settings["auth.token"]:
-        add_secret(settings["auth.token"])
+    for token, _scope in settings.tokens:
+        add_secret(token)
     password = urlsplit(settings.db).password
     if password:
         add_secret(password)
 
 
 def secure(app: web.Application, settings: Settings) -> None:
-    """Install the configured middlewares (outermost first: CORS, token, service id)."""
+    """Install the middlewares (outermost first: security headers, Host check,
+    CORS, tokens, service id)."""
     register_secrets(settings)
+    app.middlewares.append(headers_middleware)
+    app.middlewares.append(
+        host_middleware(
+            [h for h in settings["allowed_hosts"].split(",") if h],
+            bound_host=settings.bind[0],
+            public_url=settings["public_url"],
+            trust_forwarded=settings["trust_forwarded"],
+        )
+    )
     origins = parse_origins(settings["cors.origins"])
     if origins:
         app.middlewares.append(cors_middleware(origins))
-    token = settings["auth.token"]
-    if token:
-        app.middlewares.append(
-            bearer_middleware(token, protect_reads=settings["auth.protect_reads"])
-        )
+    if settings.has_token:
+        app.middlewares.append(token_middleware(settings.tokens))
     app.middlewares.append(service_id_middleware)
 
 

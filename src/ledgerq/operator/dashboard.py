@@ -4,7 +4,9 @@ The page (``static/index.html``, ``dashboard.js``, ``dashboard.css``; no
 build step, no CDN) refreshes itself every two seconds from
 ``GET /dashboard/data`` (batch counts by status, per-second throughput of the
 last minutes, the most recently accepted batches with their status and
-error, the ledger's open problems), ``GET /services`` (with each service's
+error, the ledger's open problems; a token limited to some services sees
+only their recent batches, and no instance-wide counts or throughput: both
+are ``null``), ``GET /services`` (with each service's
 open ledger problem) and ``GET /instances``. Recent batches and
 throughput are this instance's own: what it accepted and what it saw reach a
 final status.
@@ -19,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from ledgerq.errors import BatchNotFoundError
-from ledgerq.ingest.api import batch_json
+from ledgerq.ingest.api import batch_json, scope_of
 
 _ASSETS = {
     "dashboard.js": "application/javascript",
@@ -69,7 +71,8 @@ def add_routes(app: web.Application, gateway: Any) -> None:
                 status=400,
             )
         metrics = gateway.metrics
-        wanted = list(metrics.recent)[-recent_n:][::-1]
+        scope = scope_of(request)
+        wanted = [(i, s) for i, s in list(metrics.recent)[::-1] if scope.covers(s)][:recent_n]
 
         async def one(batch_id: str, service_id: str) -> dict[str, Any] | None:
             try:
@@ -79,11 +82,14 @@ def add_routes(app: web.Application, gateway: Any) -> None:
             return None if b is None else batch_json(b)
 
         found = await asyncio.wait_for(asyncio.gather(*(one(i, s) for i, s in wanted)), 10)
-        counts = await asyncio.wait_for(gateway.store.status_counts(), 10)
+        # Counts and throughput are instance-wide: only for a token that sees
+        # every service (null for a scoped one; the page then hides them).
+        everything = scope.sees_everything
+        counts = await asyncio.wait_for(gateway.store.status_counts(), 10) if everything else None
         return web.json_response(
             {
                 "counts": counts,
-                "throughput": metrics.throughput(seconds),
+                "throughput": metrics.throughput(seconds) if everything else None,
                 "recent": [b for b in found if b is not None],
                 "ledger": gateway.ledger.description,
                 "ledger_health": (

@@ -1,12 +1,21 @@
 """HTTP hardening of the gateway and node apps: bearer token, CORS, service id rule.
 
-* **Bearer token** (``auth.token``): when set, every write (``POST``, ``PUT``,
-  ``PATCH``, ``DELETE``) needs ``Authorization: Bearer <token>``; with
-  ``auth.protect_reads`` every request does, except ``/health``, ``/ready``
-  and the dashboard's static page and assets (they hold no data; the page
-  asks for the token and sends it with its own reads). A missing or wrong
-  token is a 401 JSON error; tokens are compared in constant time and never
-  logged.
+* **Tokens** (``auth.token``, ``auth.tokens``): when any is set, every
+  request needs ``Authorization: Bearer <token>``, reads included, except
+  ``/health``, ``/ready``, ``/openapi.json`` and the dashboard's static page
+  and assets (they hold no data; the page asks for the token and sends it
+  with its own reads). A missing or wrong token is a 401 JSON error; a token
+  used beyond its access (``read``/``write``) a 403. The request carries the
+  token's :class:`~ledgerq.scopes.Scope`; the API refuses (403) or hides
+  what lies outside its services. Tokens are compared in constant time and
+  never logged.
+* **Host** (``allowed_hosts``): the ``Host`` header must be loopback, the
+  bind address or a listed name, else 421 — no DNS rebinding onto a
+  loopback gateway. Links are built from ``public_url``, or trusted
+  ``X-Forwarded-*`` headers (``trust_forwarded``), or the checked Host.
+* **Headers**: every answer carries ``X-Content-Type-Options: nosniff``,
+  ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer`` and a strict
+  ``Content-Security-Policy`` (own script and style only, no framing).
 * **CORS** (``cors.origins``): no CORS header at all unless origins are
   configured; then only a listed origin (or ``*``) gets
   ``Access-Control-Allow-Origin`` and preflight answers.
@@ -21,11 +30,14 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from aiohttp import web
 
+from ledgerq.ingest.api import BASE_URL, SCOPE
 from ledgerq.model import MAX_SERVICE_ID_LENGTH
+from ledgerq.node.access import host_name, is_loopback
+from ledgerq.scopes import Scope
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -34,6 +46,9 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: Paths that never need the token: they hold no tracked data.
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/static/",)
+#: Paths about every service at once: only a token that sees everything reads them.
+EVERYTHING_PATHS = frozenset({"/metrics"})
+WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
 
 def _json_error(status: int, title: str, message: str, **headers: str) -> web.Response:
@@ -56,36 +71,127 @@ def service_id_problem(service_id: str) -> str | None:
     return None
 
 
-def bearer_middleware(
-    token: str, *, protect_reads: bool
+def token_middleware(
+    tokens: Sequence[tuple[str, Scope]],
 ) -> Callable[..., Awaitable[web.StreamResponse]]:
-    expected = token.encode()
+    """Every route but :data:`PUBLIC_PATHS` needs one of ``tokens``; the request
+    then carries the token's scope (``request[SCOPE]``), which the handlers
+    use to refuse or filter what lies outside it."""
+    known = [(t.encode(), scope) for t, scope in tokens]
+
+    def scope_of(given: bytes) -> Scope | None:
+        found = None
+        for expected, scope in known:
+            # Compare against every token, whatever matched: no timing hint
+            # about which token (or how many) exist.
+            if hmac.compare_digest(given, expected):
+                found = scope
+        return found
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        needs = request.method in WRITE_METHODS or (
-            protect_reads
-            and request.method != "OPTIONS"
-            and path not in PUBLIC_PATHS
-            and not path.startswith(PUBLIC_PREFIXES)
-        )
-        if needs:
-            header = request.headers.get("Authorization", "")
-            scheme, _, given = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode(), expected
-            ):
-                return _json_error(
-                    401,
-                    "Unauthorized",
-                    "send the gateway's token as 'Authorization: Bearer <token>' "
-                    "(ledgerq commands: --token or LEDGERQ_TOKEN)",
-                    **{"WWW-Authenticate": 'Bearer realm="ledgerq"'},
-                )
+        if request.method == "OPTIONS" or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
+            return await handler(request)
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        scope = scope_of(given.strip().encode()) if scheme.lower() == "bearer" else None
+        if scope is None:
+            return _json_error(
+                401,
+                "Unauthorized",
+                "send a gateway token as 'Authorization: Bearer <token>' "
+                "(ledgerq commands: --token or LEDGERQ_TOKEN)",
+                **{"WWW-Authenticate": 'Bearer realm="ledgerq"'},
+            )
+        # POST /batch_statuses is a read with its ids in the body (as Sawtooth's).
+        write = request.method in WRITE_METHODS and path != "/batch_statuses"
+        if (write and not scope.write) or (not write and not scope.read):
+            return _json_error(
+                403,
+                "Forbidden",
+                f"the token {scope.name!r} may not {'write' if write else 'read'}; "
+                "use a token with that access",
+            )
+        if path in EVERYTHING_PATHS and not scope.sees_everything:
+            return _json_error(
+                403,
+                "Forbidden",
+                f"{path} covers every service; the token {scope.name!r} is limited to "
+                f"{', '.join(scope.services)}",
+            )
+        request[SCOPE] = scope
         return await handler(request)
 
     return check
+
+
+def host_middleware(
+    allowed: Collection[str], *, bound_host: str, public_url: str, trust_forwarded: bool
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Refuse a ``Host`` the gateway does not answer for (DNS rebinding: a page
+    whose name now resolves to 127.0.0.1 would otherwise reach a loopback
+    gateway), and set the base of the links the API builds (``request[BASE_URL]``):
+    ``public_url`` if configured, else the trusted ``X-Forwarded-*`` headers if
+    so configured, else the checked ``Host``."""
+    any_host = "*" in allowed
+    hosts = {h.lower().strip("[]") for h in allowed if h != "*"}
+    if bound_host and bound_host not in WILDCARDS:
+        hosts.add(bound_host.lower().strip("[]"))
+
+    def refused(name: str, what: str) -> web.Response:
+        return _json_error(
+            421,
+            "Misdirected Request",
+            f"this gateway does not answer for the {what} {name!r}; if it is really this "
+            "gateway's name, add it to allowed_hosts (--allowed-hosts)",
+        )
+
+    def ok(name: str) -> bool:
+        return any_host or is_loopback(name) or name in hosts
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        host = request.headers.get("Host", "")
+        if not ok(host_name(host)):
+            return refused(host_name(host), "host")
+        base = public_url
+        if not base and trust_forwarded and "X-Forwarded-Host" in request.headers:
+            fwd_host = request.headers["X-Forwarded-Host"].split(",")[0].strip()
+            if not ok(host_name(fwd_host)):
+                return refused(host_name(fwd_host), "forwarded host")
+            proto = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+            base = f"{proto if proto in ('http', 'https') else request.scheme}://{fwd_host}"
+        if not base:
+            base = "" if any_host else f"{request.scheme}://{host}"
+        request[BASE_URL] = base
+        return await handler(request)
+
+    return check
+
+
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    # The dashboard loads its own script and stylesheet only, and talks to
+    # its own origin; nothing inline, nothing framed.
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+}
+
+
+@web.middleware
+async def headers_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        exc.headers.update(SECURITY_HEADERS)
+        raise
+    if not response.prepared:
+        response.headers.update(SECURITY_HEADERS)
+    return response
 
 
 def cors_middleware(origins: Collection[str]) -> Callable[..., Awaitable[web.StreamResponse]]:

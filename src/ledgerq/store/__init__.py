@@ -4,9 +4,9 @@
 
 * ``sqlite:///relative/path`` or ``sqlite:////absolute/path`` — embedded,
   one instance (:mod:`ledgerq.store.sqlite`); ``?busy_timeout_ms=N`` sets how
-  long a write waits for another writer (default 10 s), ``?synchronous=full``
-  makes commits survive power loss (default ``normal``: they survive a
-  process crash);
+  long a write waits for another writer (default 10 s), by default a
+  commit waits for the disk (survives power loss); ``?synchronous=normal``
+  trades that for speed (survives a process crash only);
 * ``postgresql://user@host:port/db`` — shared by several instances
   (:mod:`ledgerq.store.postgres`);
 * ``memory://`` — in-process, for tests (:mod:`ledgerq.store.memory`).

@@ -13,6 +13,8 @@ from typing import Any
 
 from ledgerq.errors import DuplicateBatchError, StoreError, StoreInputError
 from ledgerq.model import (
+    MAX_FAMILY_NAME_LENGTH,
+    MAX_FAMILY_VERSION_LENGTH,
     MAX_SERVICE_ID_LENGTH,
     BatchStatus,
     BatchStatusName,
@@ -33,8 +35,6 @@ from ledgerq.store.base import DATA_CHANGE_PREFIX, NO_STATUS, StatusFilter, Stat
 MAX_BATCH_ID_LENGTH = 128
 MAX_DATA_CHANGE_ID_LENGTH = 256
 MAX_PUBLIC_KEY_LENGTH = 70
-MAX_FAMILY_NAME_LENGTH = 128
-MAX_FAMILY_VERSION_LENGTH = 16
 MAX_ERROR_TYPE_LENGTH = 64
 MAX_LIST_LIMIT = 10_000
 

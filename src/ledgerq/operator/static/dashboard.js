@@ -160,8 +160,10 @@ async function refresh() {
       getJson("/services?limit=1000"),
       getJson("/instances").catch(() => null),
     ]);
-    renderCounts(data.counts);
-    renderChart(data.throughput);
+    // null for a token limited to some services: instance-wide figures are not theirs.
+    document.getElementById("counts").hidden = data.counts === null;
+    if (data.counts !== null) renderCounts(data.counts);
+    if (data.throughput !== null) renderChart(data.throughput);
     renderServices(services.data);
     renderInstances(instances);
     renderBatches(data.recent);

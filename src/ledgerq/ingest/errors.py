@@ -1,0 +1,65 @@
+"""JSON error bodies for the errors aiohttp itself raises.
+
+The handlers answer every refusal as ``{"error": {"code", "title",
+"message"}}``; aiohttp's own answers (no route: 404, wrong method: 405, body
+over the limit: 413, a handler that raised: 500) would be plain text. This
+middleware, the outermost one, turns every such error into the same JSON
+shape, keeping its status and headers (``Allow`` on a 405). A handler's
+exception is logged with its traceback and answered as a 500 that says
+nothing about the internals.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_HINTS = {
+    404: "no such resource; see /openapi.json for the routes",
+    405: "this route does not take {method}; the Allow header lists what it takes",
+    413: "the request body is too large; split it into several requests",
+}
+
+
+def error_body(status: int, title: str, message: str, rule: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": status, "title": title, "message": message}
+    if rule is not None:
+        body["rule"] = rule
+    return {"error": body}
+
+
+def _json_from(exc: web.HTTPException, request: web.Request) -> web.Response:
+    status = exc.status
+    hint = _HINTS.get(status, exc.text or exc.reason or "")
+    message = hint.format(method=request.method)
+    headers = {
+        k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")
+    }
+    return web.json_response(
+        error_body(status, exc.reason, message), status=status, headers=headers
+    )
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        return _json_from(exc, request)
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response(
+            error_body(
+                500, "Internal Server Error", "the gateway failed on this request; see its log"
+            ),
+            status=500,
+        )

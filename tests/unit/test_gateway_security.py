@@ -1,0 +1,245 @@
+"""The gateway's safe defaults and scoped tokens, over real HTTP on loopback.
+
+Each test starts a gateway (``tests.operator_fakes.running_gateway``: the
+real app and middlewares on 127.0.0.1, SQLite store, a ledger that commits)
+and speaks to it with a real client: a token set → every read needs it; the
+Host check; the security headers; ``/ready`` without connection details;
+scoped tokens refusing and hiding what lies outside their services.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from ledgerq.errors import StoreError
+from tests.operator_fakes import batch_list, running_gateway
+
+OCTET = {"Content-Type": "application/octet-stream"}
+ADMIN = "admin-token-0123456789abcdef"
+ACME = "acme-token-0123456789abcdef"
+AUDIT = "audit-token-0123456789abcdef"
+GLOBEX = "globex-token-0123456789abcdef"
+TOKENS = [
+    {"name": "acme", "token": ACME, "services": ["acme-*"]},
+    {"name": "acme-audit", "token": AUDIT, "services": ["acme-*"], "access": "read"},
+    {"name": "globex", "token": GLOBEX, "services": ["globex::*", "#none"], "access": "write"},
+]
+
+
+def bearer(token: str, **extra: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", **extra}
+
+
+async def post(
+    http: aiohttp.ClientSession, url: str, service: str | None, token: str, n: int = 1
+) -> tuple[int, dict[str, Any], list[str]]:
+    body, ids = batch_list(n, service or "none")
+    params = {"service_id": service} if service else {}
+    async with http.post(
+        f"{url}/batches", params=params, data=body, headers=bearer(token, **OCTET)
+    ) as r:
+        return r.status, await r.json(), ids
+
+
+async def get(
+    http: aiohttp.ClientSession, url: str, path: str, token: str | None, **params: str
+) -> tuple[int, dict[str, Any]]:
+    headers = bearer(token) if token else {}
+    async with http.get(url + path, params=params, headers=headers) as r:
+        return r.status, await r.json()
+
+
+async def test_scoped_tokens_write_only_into_their_services() -> None:
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with running_gateway(flags, pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            status, _doc, _ids = await post(http, url, "acme-orders", ACME)
+            assert status == 202
+            status, doc, _ids = await post(http, url, "globex::ledger", ACME)
+            assert status == 403
+            assert doc["error"]["rule"] == "out_of_scope"
+            assert "'globex::ledger'" in doc["error"]["message"]
+            assert "acme" in doc["error"]["message"]
+            assert ACME not in json.dumps(doc)
+            # Read-only token: no post anywhere, even in its services.
+            status, doc, _ids = await post(http, url, "acme-orders", AUDIT)
+            assert status == 403
+            assert "may not write" in doc["error"]["message"]
+            # Write-only token: posts (also without service_id, into "#none"), reads nothing.
+            status, _doc, _ids = await post(http, url, "globex::ledger", GLOBEX)
+            assert status == 202
+            status, _doc, _ids = await post(http, url, None, GLOBEX)
+            assert status == 202
+            status, doc, _ids = await post(http, url, None, ACME)
+            assert status == 403
+            assert "'#none'" in doc["error"]["message"]
+            status, doc = await get(http, url, "/services", GLOBEX)
+            assert status == 403
+            assert "may not read" in doc["error"]["message"]
+
+
+async def test_scoped_tokens_see_only_their_services() -> None:
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with running_gateway(flags, pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            _s, _d, acme_ids = await post(http, url, "acme-orders", ACME, n=2)
+            _s, _d, globex_ids = await post(http, url, "globex::ledger", GLOBEX, n=2)
+
+            for token in (ACME, AUDIT):
+                status, doc = await get(http, url, "/services", token)
+                assert status == 200
+                assert [s["service_id"] for s in doc["data"]] == ["acme-orders"]
+                status, doc = await get(http, url, "/batches", token)
+                assert status == 200
+                assert {b["service_id"] for b in doc["data"]} == {"acme-orders"}
+                assert len(doc["data"]) == 2
+                # Another tenant's batches are as if never seen.
+                status, doc = await get(
+                    http, url, "/batch_statuses", token, id=",".join(acme_ids + globex_ids)
+                )
+                assert status == 200
+                assert [e["status"] for e in doc["data"]] == ["PENDING"] * 2 + ["UNKNOWN"] * 2
+                assert all("service_id" not in e for e in doc["data"][2:])
+                status, doc = await get(http, url, f"/batches/{globex_ids[0]}", token)
+                assert status == 404
+                for path in ("/batches", "/batch_statuses"):
+                    status, doc = await get(
+                        http, url, path, token, service_id="globex::ledger", id=globex_ids[0]
+                    )
+                    assert status == 403, path
+                    assert "'globex::ledger'" in doc["error"]["message"]
+                status, doc = await get(http, url, "/dashboard/data", token)
+                assert status == 200
+                assert {b["service_id"] for b in doc["recent"]} == {"acme-orders"}
+                assert doc["counts"] is None and doc["throughput"] is None
+                status, doc = await get(http, url, "/metrics", token)
+                assert status == 403
+                assert "every service" in doc["error"]["message"]
+                status, _doc = await get(http, url, "/instances", token)
+                assert status == 200
+
+            # The full token sees everything.
+            status, doc = await get(http, url, "/services", ADMIN)
+            assert {s["service_id"] for s in doc["data"]} == {"acme-orders", "globex::ledger"}
+            status, doc = await get(http, url, "/dashboard/data", ADMIN)
+            assert len(doc["recent"]) == 4 and doc["counts"] is not None
+            async with http.get(f"{url}/metrics", headers=bearer(ADMIN)) as r:
+                assert r.status == 200
+
+
+async def test_scoped_tokens_alone_guard_every_route() -> None:
+    async with running_gateway({"auth.tokens": TOKENS}, pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            for path in ("/batches", "/services", "/instances", "/dashboard/data", "/metrics"):
+                status, _doc = await get(http, url, path, None)
+                assert status == 401, path
+            status, _doc = await get(http, url, "/services", "not-a-token-0123456789")
+            assert status == 401
+            status, _doc = await get(http, url, "/health", None)
+            assert status == 200
+
+
+async def test_a_host_not_allowed_is_refused_with_421() -> None:
+    async with running_gateway({"allowed_hosts": "gw.example.com"}, pipeline=False) as (url, _):
+        port = url.rsplit(":", 1)[1]
+        async with aiohttp.ClientSession() as http:
+            # DNS rebinding: a page named evil.example resolving to 127.0.0.1.
+            for host in ("evil.example", f"evil.example:{port}", "127.0.0.2.nip.io"):
+                async with http.get(f"{url}/batches", headers={"Host": host}) as r:
+                    assert r.status == 421, host
+                    doc = await r.json()
+                    assert doc["error"]["code"] == 421
+                    assert "allowed_hosts" in doc["error"]["message"]
+            for host in ("localhost", f"127.0.0.1:{port}", "[::1]:80", "gw.example.com:443"):
+                async with http.get(f"{url}/health", headers={"Host": host}) as r:
+                    assert r.status == 200, host
+
+
+async def test_links_come_from_public_url_or_the_checked_host_never_a_forged_one() -> None:
+    async with running_gateway({"public_url": "https://gw.example.com/"}, pipeline=False) as (
+        url,
+        _gw,
+    ):
+        async with aiohttp.ClientSession() as http:
+            status, doc, _ids = await post(http, url, "svc", ADMIN)
+            assert status == 202
+            assert doc["link"].startswith("https://gw.example.com/batch_statuses?id=")
+    async with running_gateway(pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            headers = {"X-Forwarded-Host": "evil.example", "X-Forwarded-Proto": "https"}
+            body, _ids = batch_list(1, "svc")
+            async with http.post(
+                f"{url}/batches?service_id=svc", data=body, headers={**OCTET, **headers}
+            ) as r:
+                assert r.status == 202
+                # Forwarded headers are ignored unless trusted.
+                assert (await r.json())["link"].startswith(f"{url}/batch_statuses?")
+    flags = {"trust_forwarded": True, "allowed_hosts": "gw.example.com"}
+    async with running_gateway(flags, pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            body, _ids = batch_list(1, "svc")
+            ok = {**OCTET, "X-Forwarded-Host": "gw.example.com", "X-Forwarded-Proto": "https"}
+            async with http.post(f"{url}/batches?service_id=svc", data=body, headers=ok) as r:
+                assert (await r.json())["link"].startswith("https://gw.example.com/batch_sta")
+            bad = {**OCTET, "X-Forwarded-Host": "evil.example"}
+            async with http.post(f"{url}/batches?service_id=svc", data=body, headers=bad) as r:
+                assert r.status == 421
+
+
+async def test_every_answer_carries_the_security_headers() -> None:
+    async with running_gateway({"auth.token": ADMIN}, pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            for path, expected in (
+                ("/", 200),
+                ("/static/dashboard.js", 200),
+                ("/batches", 401),
+                ("/static/nope.js", 404),
+            ):
+                async with http.get(url + path) as r:
+                    assert r.status == expected, path
+                    assert r.headers["X-Content-Type-Options"] == "nosniff", path
+                    assert r.headers["X-Frame-Options"] == "DENY", path
+                    assert r.headers["Referrer-Policy"] == "no-referrer", path
+                    csp = r.headers["Content-Security-Policy"]
+                    assert "frame-ancestors 'none'" in csp, path
+                    assert "script-src 'self'" in csp and "unsafe-inline" not in csp, path
+
+
+async def test_ready_never_shows_the_database_address() -> None:
+    async with running_gateway(pipeline=False) as (url, gw):
+
+        async def broken() -> dict[str, int]:
+            raise StoreError("connection to postgresql://ledgerq@db.internal:5432 failed")
+
+        gw.store.status_counts = broken  # type: ignore[method-assign]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/ready") as r:
+                assert r.status == 503
+                text = await r.text()
+    assert "db.internal" not in text and "ledgerq@" not in text
+    assert "store unavailable" in text
+
+
+@pytest.mark.parametrize(
+    ("entries", "problem"),
+    [
+        ([{"name": "a", "services": ["x"]}], "a: token is missing"),
+        ([{"name": "a", "token": "short"}], "a: token"),
+        ([{"name": "a", "token": ACME, "services": []}], "non-empty list"),
+        ([{"name": "a", "token": ACME, "access": "admin"}], "access 'admin'"),
+        ([{"name": "a", "token": ACME, "servises": ["x"]}], "unknown field 'servises'"),
+    ],
+)
+def test_a_malformed_scoped_token_is_refused_naming_it(
+    entries: list[dict[str, Any]], problem: str
+) -> None:
+    from ledgerq.config import load_settings
+    from ledgerq.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"auth\.tokens") as caught:
+        load_settings({"auth.tokens": entries}, environ={}, config_file=None)
+    assert problem in str(caught.value)
