@@ -3,10 +3,13 @@ throughput with 1, 2 and 3 gateways on one PostgreSQL.
 
 Failover: ``ledgerq node`` (each batch held ``--commit-delay-ms`` so services
 stay busy) and three ``ledgerq serve`` with the **default** claim timings.
-Every service gets a long queue of ordered intkey batches; once the work
-flows, the instance holding the most services is SIGKILLed. Per service it
-held, the figure is the time from the kill until another instance records
-the submission of that service's next batch (``submissions.created_at``).
+Every service gets its first batch; once the three share the services, the
+rest of each service's batches is posted while the work flows, and once a
+quarter of those are committed the instance holding the most services is
+SIGKILLed (mid-run, with posting still going on to the others). Per service
+it held with work waiting at that moment, the figure is the time from the
+kill until another instance records the submission of that service's next
+batch (``submissions.created_at``).
 Services the victim had nothing mid-submission on wait for the first expiry,
 one it was mid-POST on for the second (TTL + 10 % by default); the target
 for both is claim TTL + 1 s.
@@ -20,11 +23,14 @@ commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import tempfile
+import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -32,6 +38,7 @@ import psycopg
 
 from bench import report
 from bench._cluster import Cluster, Workload, check_invariants, install_fence_audit
+from bench._harness import cpu_seconds
 from ledgerq.claims import ClaimSettings
 from ledgerq.codec import decode_batch_list, encode_batch_list
 from ledgerq.store import open_store
@@ -108,6 +115,18 @@ def _mid_submission(url: str, services: list[str]) -> set[str]:
     return {r[0] for r in rows}
 
 
+def _open(url: str, services: list[str]) -> set[str]:
+    """Services with a batch still to submit (or being submitted): a batch only
+    the ledger has (Pending) gives a new holder nothing to submit."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT service_id FROM batches WHERE service_id = ANY(%s) AND NOT final"
+            " AND (NOT submitted OR status IS NULL OR status IN ('Unknown', 'Delayed'))",
+            (services,),
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
 def measure_failover(
     workdir: Path, services: int, batches: int, commit_delay_ms: int
 ) -> tuple[dict[str, tuple[float, bool]], int, list[str], float]:
@@ -138,15 +157,23 @@ def measure_failover(
             60,
             "three instances sharing the services",
         )
-        # The rest of each service's batches in one ordered BatchList per service.
-        cluster.post_round_robin(_lists(workload, 1))
-        time.sleep(2.0)  # let work flow on every instance before the kill
+        # The rest of each service's batches in one ordered BatchList per
+        # service, posted while the work flows; the kill comes mid-run, once a
+        # quarter of those batches are committed (posting goes on to the others).
+        poster = threading.Thread(
+            target=cluster.post_round_robin, args=(_lists(workload, 1),), daemon=True
+        )
+        poster.start()
+        kill_at = services + (services * batches - services) // 4
+        _wait(lambda: _committed(url) >= kill_at, 600, f"{kill_at} batches committed")
         holders = _holders(url)
         victim_id = max(holders, key=lambda k: len(holders[k]))
-        victim_services = holders[victim_id]
         victim = next(g for g in cluster.gateways.values() if g.name == victim_id)
         victim.stop()  # freeze it first, so what it has in flight is what it dies with
         killed_ms = time.time_ns() // 1_000_000
+        # Its services with work waiting at the kill: each is a sample (one whose
+        # next batch is only posted after the kill would time the posting).
+        victim_services = sorted(_open(url, _holders(url).get(victim_id, [])))
         in_flight = _mid_submission(url, victim_services)
         victim.kill()
         wait_s = (settings.slow_ttl_ms + 15_000) / 1000
@@ -162,6 +189,7 @@ def measure_failover(
             for service_id, at in rows:
                 resumed[service_id] = (at - killed_ms) / 1000
             time.sleep(0.05)
+        poster.join(600)
         total = services * batches
         _wait(lambda: _committed(url) >= total, 600, "every batch committed")
         rate = total / (time.monotonic() - started)
@@ -178,20 +206,54 @@ def measure_failover(
         _drop(name)
 
 
-def measure_throughput(workdir: Path, instances: int, services: int, batches: int) -> float:
+def _cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):  # gone meanwhile
+            total += cpu_seconds(pid)
+    return total
+
+
+def _pg_backends(url: str) -> list[int]:
+    """The server processes serving this database now (the gateways' pools)."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+@dataclass
+class Throughput:
+    batches_s: float
+    #: CPU seconds per 1,000 committed batches, by part.
+    gateways_cpu: float
+    postgres_cpu: float
+    node_cpu: float
+
+
+def measure_throughput(workdir: Path, instances: int, services: int, batches: int) -> Throughput:
     name, url = _database()
     _migrate(url)
     cluster = Cluster(workdir, url, env={"LEDGERQ_LOG_LEVEL": "warning"})
     try:
-        cluster.start_node()
-        for i in range(instances):
-            cluster.start_gateway(f"t{instances}{chr(97 + i)}")
+        node = cluster.start_node()
+        gateways = [cluster.start_gateway(f"t{instances}{chr(97 + i)}") for i in range(instances)]
         workload = Workload(services, batches)
+        gw_pids = [g.proc.pid for g in gateways]
+        backends = _pg_backends(url)
+        cpu0 = (_cpu(gw_pids), _cpu(backends), _cpu([node.proc.pid]))
         started = time.monotonic()
         cluster.post_round_robin(_lists(workload, 0))
         total = services * batches
         _wait(lambda: _committed(url) >= total, 600, "every batch committed")
-        return total / (time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        # Backends opened during the run count from zero; those closed are missed.
+        late = [p for p in _pg_backends(url) if p not in backends]
+        cpu1 = (_cpu(gw_pids), _cpu(backends) + _cpu(late), _cpu([node.proc.pid]))
+        per_k = [(b - a) * 1000 / total for a, b in zip(cpu0, cpu1, strict=True)]
+        return Throughput(total / elapsed, *per_k)
     finally:
         cluster.close()
         _drop(name)
@@ -265,9 +327,12 @@ def command(
         f"{', '.join(f'{x:.1f}' for x in load_after)} (a machine shared with other work).",
         "",
         f"**Failover** — {services} services × {batches} ordered intkey batches, node commit "
-        f"delay {commit_delay_ms} ms, 3 gateways; the busiest gateway SIGKILLed while holding "
-        f"{held} services ({len(resumed)} resumed). Time from the kill until another gateway "
-        "records the submission of each of those services' next batch:",
+        f"delay {commit_delay_ms} ms, 3 gateways; the rest of each service's batches posted "
+        "while the first ones run, and "
+        "the busiest gateway SIGKILLed once a quarter of those are committed, holding "
+        f"{held} services with work waiting ({len(resumed)} resumed). Time from the kill "
+        "until another gateway records the submission of each of those services' next "
+        "batch:",
         "",
         report.table(
             ["path", "services", "min", "median", "p95", "max", f"≤ TTL + 1 s ({target:.0f} s)"],
@@ -295,9 +360,27 @@ def command(
         "across the gateways, one PostgreSQL, one node process (no commit delay):",
         "",
         report.table(
-            ["gateways", "batches/s (first post → last commit)"],
-            [[k, f"{rate:.0f}"] for k, rate in rates.items()],
+            [
+                "gateways",
+                "batches/s (first post → last commit)",
+                "CPU s per 1,000 batches: gateways",
+                "PostgreSQL",
+                "node",
+            ],
+            [
+                [
+                    k,
+                    f"{t.batches_s:.0f}",
+                    f"{t.gateways_cpu:.2f}",
+                    f"{t.postgres_cpu:.2f}",
+                    f"{t.node_cpu:.2f}",
+                ]
+                for k, t in rates.items()
+            ],
         ),
+        "",
+        "CPU: user + system time of the gateway processes, of the PostgreSQL server processes "
+        "serving the run's database (read from /proc), and of the node, per 1,000 batches.",
         "",
         "On this 2-core machine every gateway process competes for the same cores with "
         "PostgreSQL and the node, so more gateways add contention, not capacity: instances "
