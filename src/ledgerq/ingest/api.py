@@ -44,8 +44,13 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import functools
+import json
 import logging
-from collections.abc import Callable, Collection, Sequence
+import math
+import re
+from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
@@ -63,7 +68,8 @@ from ledgerq.errors import (
     StoreInputError,
     StoreUnavailableError,
 )
-from ledgerq.ingest.errors import json_errors
+from ledgerq.ingest.errors import error_body, json_errors
+from ledgerq.ingest.guard import guard_middleware, on_disconnect
 from ledgerq.model import (
     NO_SERVICE,
     BatchStatus,
@@ -73,11 +79,14 @@ from ledgerq.model import (
     TrackingBatchList,
 )
 from ledgerq.scopes import FULL, Scope
-from ledgerq.store.base import BatchAcceptor
+from ledgerq.store.base import DATA_CHANGE_PREFIX, BatchAcceptor
 
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 300
+#: BatchLists at least this large are decoded off the event loop (about 100
+#: single-transaction batches; below, a thread hop costs more than it saves).
+OFFLOAD_BYTES = 64 * 1024
 #: Request keys the security middlewares set (:mod:`ledgerq.operator.security`):
 #: the caller's token scope, and the base URL links are built from.
 # (aiohttp's typed RequestKey where it exists: it warns on plain string keys.)
@@ -160,19 +169,72 @@ class ClaimsView(Protocol):
     async def claims_for(self, service_ids: Sequence[str]) -> dict[str, ClaimInfo]: ...
 
 
-class Changes:
-    """Wakes long-polling status readers when any batch changes state."""
+class TooManyWaitersError(Exception):
+    """Every long-poll slot is taken."""
+
+
+class _Waiter:
+    __slots__ = ("event", "services")
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self.event = asyncio.Event()
+        self.services: frozenset[str] = frozenset()
 
-    def notify(self, _service_id: str | None = None) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
 
-    async def wait(self, timeout_s: float) -> None:
+class Changes:
+    """Wakes long-polling status readers when a batch of a service they wait
+    on changes state — only those, not every parked reader.
+
+    At most ``max_waiters`` readers are parked at once (:meth:`park` raises
+    :class:`TooManyWaitersError` beyond).
+    """
+
+    def __init__(self, max_waiters: int = 1_000) -> None:
+        self.max_waiters = max_waiters
+        self._by_service: dict[str, set[_Waiter]] = {}
+        self._parked: set[_Waiter] = set()
+
+    @property
+    def parked(self) -> int:
+        return len(self._parked)
+
+    def notify(self, service_id: str | None = None) -> None:
+        """A batch of ``service_id`` changed (``None``: any service)."""
+        if service_id is None:
+            waiters: Collection[_Waiter] = self._parked
+        else:
+            waiters = self._by_service.get(service_id, ())
+        for waiter in waiters:
+            waiter.event.set()
+
+    @contextlib.contextmanager
+    def park(self) -> Iterator[_Waiter]:
+        if len(self._parked) >= self.max_waiters:
+            raise TooManyWaitersError
+        waiter = _Waiter()
+        self._parked.add(waiter)
+        try:
+            yield waiter
+        finally:
+            self.watch(waiter, frozenset())
+            self._parked.discard(waiter)
+
+    def watch(self, waiter: _Waiter, services: frozenset[str]) -> None:
+        """Wake ``waiter`` on changes to ``services`` (instead of what it watched)."""
+        for service_id in waiter.services - services:
+            watching = self._by_service.get(service_id)
+            if watching is not None:
+                watching.discard(waiter)
+                if not watching:
+                    del self._by_service[service_id]
+        for service_id in services - waiter.services:
+            self._by_service.setdefault(service_id, set()).add(waiter)
+        waiter.services = services
+
+    async def wait(self, waiter: _Waiter, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout_s)
+            await asyncio.wait_for(waiter.event.wait(), timeout_s)
+        waiter.event.clear()
 
 
 def _lock_reason(s: ServiceInfo, strategy: str) -> str | None:
@@ -191,11 +253,65 @@ def _lock_reason(s: ServiceInfo, strategy: str) -> str | None:
     return f"batch {s.next_batch_id} waits for batch {s.held_by_batch_id}, which {what}"
 
 
-def _error(status: int, title: str, message: str, rule: str | None = None) -> web.Response:
-    body: dict[str, Any] = {"code": status, "title": title, "message": message}
-    if rule is not None:
-        body["rule"] = rule
-    return web.json_response({"error": body}, status=status)
+def _error(
+    status: int,
+    title: str,
+    message: str,
+    rule: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    return web.json_response(
+        error_body(status, title, message, rule), status=status, headers=headers
+    )
+
+
+_BATCH_ID = re.compile(r"[0-9a-f]{128}")
+MAX_DATA_CHANGE_ID_LENGTH = 256
+
+
+def _id_problem(i: str) -> str | None:
+    """Why ``i`` cannot name a batch (None if it can)."""
+    shown = i if len(i) <= 140 else i[:16] + "…"
+    if i.startswith(DATA_CHANGE_PREFIX):
+        dc = i[len(DATA_CHANGE_PREFIX) :]
+        if 1 <= len(dc) <= MAX_DATA_CHANGE_ID_LENGTH and dc.isprintable():
+            return None
+        return (
+            f"{shown!r} is not a data change id: write dc: and 1 to "
+            f"{MAX_DATA_CHANGE_ID_LENGTH} printable characters"
+        )
+    if _BATCH_ID.fullmatch(i):
+        return None
+    return (
+        f"{shown!r} is not a batch id: batch ids are 128 lowercase hex characters "
+        "(or dc:<data change id>)"
+    )
+
+
+def _parse_wait(raw: str | None) -> float:
+    """Seconds to wait: absent or ``false`` 0, empty or ``true`` the most."""
+    if raw is None:
+        return 0.0
+    word = raw.strip().lower()
+    if word in ("", "true"):
+        return float(MAX_WAIT_S)
+    if word == "false":
+        return 0.0
+    try:
+        value = float(word)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"wait must be a number of seconds from 0 to {MAX_WAIT_S} (more counts as "
+            f"{MAX_WAIT_S}), true or false; got {raw!r}"
+        )
+    return min(value, float(MAX_WAIT_S))
+
+
+def _pending(ids: Sequence[str], found: dict[str, TrackingBatch]) -> list[str]:
+    """The ids of tracked batches that are not final yet."""
+    return [i for i in ids if i in found and not found[i].is_final]
 
 
 def sawtooth_status(status: BatchStatus | None) -> str:
@@ -264,10 +380,19 @@ class GatewayApi:
         acceptor: BatchAcceptor | None = None,
         ledger_problem: Callable[[str], dict[str, Any] | None] = lambda _s: None,
         strategy_of: Callable[[str], str] = lambda _s: "serial",
+        max_status_ids: int = 1_000,
+        decode_slots: int = 2,
     ) -> None:
         """``acceptor``: what stores accepted batches (default: ``store``);
         ``ledger_problem``: the ledger's open problem for a service, if any;
-        ``strategy_of``: the queuer strategy of a service id (for ``/services``)."""
+        ``strategy_of``: the queuer strategy of a service id (for ``/services``);
+        ``max_status_ids``: distinct ids per status request; ``decode_slots``:
+        large BatchLists decoded and verified at once, off the event loop
+        (the others wait their turn)."""
+        self.max_status_ids = max_status_ids
+        self.decode_slots = decode_slots
+        self._decode_turns = asyncio.Semaphore(decode_slots)
+        self._decoder: ThreadPoolExecutor | None = None
         self.ledger_problem = ledger_problem
         self.store = store
         self.strategy_of = strategy_of
@@ -284,11 +409,15 @@ class GatewayApi:
 
     def app(self) -> web.Application:
         # One byte over the limit lets us tell "too large" from "exactly full".
-        app = web.Application(client_max_size=self.max_body_bytes + 1, middlewares=[json_errors])
+        app = web.Application(
+            client_max_size=self.max_body_bytes + 1, middlewares=[guard_middleware, json_errors]
+        )
         app.router.add_post("/batches", self.post_batches)
         app.router.add_get("/batches", self.list_batches)
         app.router.add_get("/batches/{batch_id}", self.get_batch)
         app.router.add_get("/batch_statuses", self.batch_statuses)
+        app.router.add_post("/batch_statuses", self.batch_statuses)
+        app.on_cleanup.append(self._stop_decoding)
         app.router.add_get("/services", self.services)
         app.router.add_get("/instances", self.instances)
         app.router.add_get("/health", self.health)
@@ -315,7 +444,7 @@ class GatewayApi:
         try:
             if service_id is not None:
                 self.check_service_id(service_id)
-            batches = parse_batch_list(body, service_id, max_bytes=self.max_body_bytes)
+            batches = await self._decode(body, service_id)
         except InvalidBatchError as exc:
             if exc.rule == "too_large":
                 return _too_large(self.max_body_bytes)
@@ -333,8 +462,27 @@ class GatewayApi:
         except StoreError as exc:
             return _store_failed(exc)
         self.on_accepted(stored)
-        self.changes.notify()
         return _status_link(request, stored, service_id)
+
+    async def _decode(self, body: bytes, service_id: str | None) -> Sequence[TrackingBatch]:
+        """The list's batches, decoded and verified: small bodies on the event
+        loop, large ones on a decoding thread, ``decode_slots`` at a time
+        (signature checks release the GIL; the loop, and with it claim
+        renewal, keeps running)."""
+        parse = functools.partial(parse_batch_list, body, service_id, max_bytes=self.max_body_bytes)
+        if len(body) < OFFLOAD_BYTES:
+            return parse()
+        async with self._decode_turns:
+            if self._decoder is None:
+                self._decoder = ThreadPoolExecutor(
+                    self.decode_slots, thread_name_prefix="ledgerq-decode"
+                )
+            return await asyncio.get_running_loop().run_in_executor(self._decoder, parse)
+
+    async def _stop_decoding(self, _app: web.Application) -> None:
+        decoder, self._decoder = self._decoder, None
+        if decoder is not None:
+            decoder.shutdown(wait=False, cancel_futures=True)
 
     async def _conflict(
         self, batches: Sequence[TrackingBatch], refusal: DuplicateBatchError
@@ -362,41 +510,148 @@ class GatewayApi:
         return None
 
     async def batch_statuses(self, request: web.Request) -> web.Response:
-        ids = [i for i in request.query.get("id", "").split(",") if i]
+        if request.method == "POST":
+            ids_or_error = await self._posted_ids(request)
+            if isinstance(ids_or_error, web.Response):
+                return ids_or_error
+            raw_ids = ids_or_error
+        else:
+            raw_ids = [i.strip() for i in request.query.get("id", "").split(",")]
+        # De-duplicated, in the order asked.
+        ids = list(dict.fromkeys(i for i in raw_ids if i))
         if not ids:
-            return _error(400, "Missing Id", "give the batch ids as ?id=a,b")
-        service_id = request.query.get("service_id")
+            return _error(400, "Missing Id", "give the batch ids as ?id=a,b", "missing_id")
+        if len(ids) > self.max_status_ids:
+            return _error(
+                400,
+                "Too Many Ids",
+                f"{len(ids)} distinct batch ids in one request; ask for at most "
+                f"{self.max_status_ids} at a time",
+                "too_many_ids",
+            )
+        for i in ids:
+            problem = _id_problem(i)
+            if problem is not None:
+                return _error(400, "Invalid Id", problem, "malformed_id")
+        try:
+            wait_s = _parse_wait(request.query.get("wait"))
+        except ValueError as exc:
+            return _error(400, "Bad Query", str(exc), "bad_wait")
+        service_id = request.query.get("service_id") or None
         scope = scope_of(request)
         if service_id and not scope.covers(service_id):
             return _out_of_scope(scope, service_id, "read")
-        wait_s = 0.0
-        if "wait" in request.query:
-            raw = request.query["wait"]
-            try:
-                wait_s = float(raw) if raw else float(MAX_WAIT_S)
-            except ValueError:
-                wait_s = float(MAX_WAIT_S) if raw.lower() != "false" else 0.0
-            wait_s = max(0.0, min(wait_s, MAX_WAIT_S))
+        try:
+            found = await self._read_map(ids, service_id, scope)
+            if wait_s > 0 and _pending(ids, found):
+                await self._wait_final(request, ids, found, service_id, scope, wait_s)
+        except TooManyWaitersError:
+            return _error(
+                429,
+                "Too Many Waiting",
+                f"{self.changes.parked} status requests are waiting already, the limit; "
+                "retry later or ask without wait",
+                "too_many_waiters",
+                headers={"Retry-After": "1"},
+            )
+        except StoreError as exc:
+            return _store_failed(exc)
+        data = [status_entry(i, found.get(i)) for i in ids]
+        link = str(request.rel_url)
+        if request.method == "POST":
+            link = f"/batch_statuses?{urlencode({'id': ','.join(ids)})}"
+        return web.json_response({"data": data, "link": link})
+
+    async def _posted_ids(self, request: web.Request) -> list[str] | web.Response:
+        """The ids of a ``POST /batch_statuses`` (a JSON array, as Sawtooth's)."""
+        if request.content_type != "application/json":
+            return _error(
+                415,
+                "Unsupported Media Type",
+                "send the batch ids as a JSON array with Content-Type application/json",
+            )
+        # An id is at most 259 characters, quoted and separated.
+        limit = self.max_status_ids * 262 + 2
+        if request.content_length is not None and request.content_length > limit:
+            return _error(413, "Request Entity Too Large", f"the id list exceeds {limit} bytes")
+        try:
+            ids = json.loads(await request.read())
+        except ValueError:
+            ids = None
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            return _error(
+                400, "Bad Status Request", "the body must be a JSON array of batch ids (strings)"
+            )
+        return [i.strip() for i in ids]
+
+    async def _wait_final(
+        self,
+        request: web.Request,
+        ids: Sequence[str],
+        found: dict[str, TrackingBatch],
+        service_id: str | None,
+        scope: Scope,
+        wait_s: float,
+    ) -> None:
+        """Wait until every batch of ``ids`` is final or ``wait_s`` has passed,
+        re-reading only the pending ones, only when their services change;
+        a client that goes away stops the wait."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
+        with self.changes.park() as waiter:
+            stop_hearing = on_disconnect(request, waiter.event.set)
+            try:
+                await self._wait_loop(request, ids, found, service_id, scope, waiter, deadline)
+            finally:
+                stop_hearing()
+
+    async def _wait_loop(
+        self,
+        request: web.Request,
+        ids: Sequence[str],
+        found: dict[str, TrackingBatch],
+        service_id: str | None,
+        scope: Scope,
+        waiter: _Waiter,
+        deadline: float,
+    ) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            batches = _visible(scope, await self._read(ids, service_id))
+            if request.transport is None or request.transport.is_closing():
+                return  # nobody to answer
+            pending = _pending(ids, found)
+            self.changes.watch(waiter, frozenset(found[i].service_id for i in pending))
+            # Read again once watching: a change since the last read is not missed.
+            found.update(await self._read_map(pending, service_id, scope))
             remaining = deadline - loop.time()
-            if remaining <= 0 or all(b is None or b.is_final for b in batches):
-                break
-            await self.changes.wait(remaining)
-        data = [status_entry(i, b) for i, b in zip(ids, batches, strict=True)]
-        return web.json_response({"data": data, "link": str(request.rel_url)})
+            if remaining <= 0 or not _pending(pending, found):
+                return
+            await self.changes.wait(waiter, remaining)
 
     async def _read(self, ids: Sequence[str], service_id: str | None) -> list[TrackingBatch | None]:
-        """The batches ``ids`` name, in order (None: not tracked): in ``service_id``
+        found = await self._read_map(ids, service_id)
+        return [found.get(i) for i in ids]
+
+    async def _read_map(
+        self, ids: Sequence[str], service_id: str | None, scope: Scope = FULL
+    ) -> dict[str, TrackingBatch]:
+        """The batches ``ids`` name (untracked ones left out): in ``service_id``
         when given, else wherever each is tracked (a batch id names one batch in
-        one service); a ``dc:`` id without a service is looked up among the
-        batches posted without one."""
-        if service_id:
-            return [await self._get(i, service_id) for i in ids]
-        found = {b.batch_id: b for b in await self.store.get_batches_by_id(ids)}
-        return [found[i] if i in found else await self._get(i, NO_SERVICE) for i in ids]
+        one service), all in one query; a ``dc:`` id is looked up by itself, in
+        ``service_id`` or among the batches posted without one. Batches outside
+        ``scope`` are left out too (a scoped token learns nothing of them)."""
+        found: dict[str, TrackingBatch] = {}
+        batch_ids = [i for i in ids if not i.startswith(DATA_CHANGE_PREFIX)]
+        if batch_ids:
+            for b in await self.store.get_batches_by_id(batch_ids):
+                if service_id is None or b.service_id == service_id:
+                    found[b.batch_id] = b
+        for i in ids:
+            if i.startswith(DATA_CHANGE_PREFIX):
+                batch = await self._get(i, service_id or NO_SERVICE)
+                if batch is not None:
+                    found[i] = batch
+        return {i: b for i, b in found.items() if scope.covers(b.service_id)}
 
     async def _get(self, batch_id: str, service_id: str) -> TrackingBatch | None:
         try:
