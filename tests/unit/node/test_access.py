@@ -159,6 +159,22 @@ async def test_unknown_routes_and_crashes_answer_json(locked: tuple[Served, Node
         assert "POST" in r.headers["Allow"]
 
 
+async def test_a_crash_in_a_handler_is_a_sawtooth_500(
+    locked: tuple[Served, Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served, node = locked
+
+    async def broken(address: str) -> bytes | None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(node, "get_state", broken)
+    async with served.session.get(served.url + "/state/" + "1cf126" + "0" * 64, headers=AUTH) as r:
+        assert r.status == 500
+        body = await r.json()
+    assert body["error"]["code"] == 10 and body["error"]["title"] == "Unknown Validator Error"
+    assert "disk on fire" not in body["error"]["message"]  # the details go to the log only
+
+
 async def test_scabbard_opens_only_on_post_and_is_capped(tmp_path: Path) -> None:
     now = [0.0]
     services = ScabbardServices(tmp_path, max_services=2, idle_s=10, clock=lambda: now[0])
