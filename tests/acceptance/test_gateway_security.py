@@ -156,6 +156,6 @@ async def test_a_served_gateway_with_scoped_tokens_keeps_tenants_apart(
         async with http.get("/services", headers=admin) as r:
             assert {s["service_id"] for s in (await r.json())["data"]} == {"acme-1", "globex-1"}
 
-        async with http.get("/health", headers={"Host": "rebound.example"}) as r:
+        async with http.get("/services", headers={**acme, "Host": "rebound.example"}) as r:
             assert r.status == 421
             assert "allowed_hosts" in (await r.json())["error"]["message"]

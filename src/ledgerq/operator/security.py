@@ -11,7 +11,8 @@
   never logged.
 * **Host** (``allowed_hosts``): the ``Host`` header must be loopback, the
   bind address or a listed name, else 421 — no DNS rebinding onto a
-  loopback gateway. Links are built from ``public_url``, or trusted
+  loopback gateway (``/health`` and ``/ready`` answer any Host: load
+  balancers probe instances by address). Links are built from ``public_url``, or trusted
   ``X-Forwarded-*`` headers (``trust_forwarded``), or the checked Host.
 * **Headers**: every answer carries ``X-Content-Type-Options: nosniff``,
   ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer`` and a strict
@@ -46,6 +47,8 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: Paths that never need the token: they hold no tracked data.
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/static/",)
+#: Probes answered whatever the Host: they say "up" or "ready", nothing else.
+PROBE_PATHS = frozenset({"/health", "/ready"})
 #: Paths about every service at once: only a token that sees everything reads them.
 EVERYTHING_PATHS = frozenset({"/metrics"})
 WILDCARDS = frozenset({"", "0.0.0.0", "::"})
@@ -152,6 +155,10 @@ def host_middleware(
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         host = request.headers.get("Host", "")
+        if request.path in PROBE_PATHS:
+            # A load balancer's probe often names the instance by address;
+            # these answers hold nothing a rebinding page could use.
+            return await handler(request)
         if not ok(host_name(host)):
             return refused(host_name(host), "host")
         base = public_url
