@@ -203,6 +203,20 @@ async def test_scabbard_opens_only_on_post_and_is_capped(tmp_path: Path) -> None
         await services.close()
 
 
+async def test_scabbard_reads_over_rest_open_nothing(
+    locked: tuple[Served, Node], tmp_path: Path
+) -> None:
+    served, _ = locked
+    url = served.url + "/scabbard/circ/svc/batch_statuses?ids=" + "a" * 128
+    for _ in range(3):
+        async with served.session.get(url, headers=AUTH) as r:
+            assert r.status == 404 and (await r.json())["error"]["code"] == 71
+    assert not (tmp_path / "scabbard").exists()  # no directory, journal or driver task
+    long = served.url + "/scabbard/" + "c" * 65 + "/svc/batches"
+    async with served.session.post(long, data=b"", headers=AUTH) as r:
+        assert r.status == 404 and "at most 64 characters" in (await r.json())["error"]["message"]
+
+
 async def test_scabbard_cap_refuses_when_all_are_busy(tmp_path: Path) -> None:
     services = ScabbardServices(tmp_path, max_services=1, commit_delay_ms=60_000)
     try:
