@@ -107,18 +107,21 @@ async def test_a_served_gateway_with_scoped_tokens_keeps_tenants_apart(
     tmp_path: Path, start: Start
 ) -> None:
     tokens = [{"name": "acme", "token": ACME, "services": ["acme-*"]}]
+    # Two workers: the tokens reach each worker process through its spec.
     url, _lines = start(
         "--bind",
         "127.0.0.1:0",
         "--workers",
-        "1",
+        "2",
         LEDGERQ_AUTH_TOKEN=ADMIN,
         LEDGERQ_AUTH_TOKENS=json.dumps(tokens),
     )
     octet = {"Content-Type": "application/octet-stream"}
     acme = {"Authorization": f"Bearer {ACME}"}
     admin = {"Authorization": f"Bearer {ADMIN}"}
-    async with aiohttp.ClientSession(url) as http:
+    # A connection per request: the kernel spreads them over both workers.
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(url, connector=connector) as http:
         for path in (
             "/batches",
             "/batch_statuses?id=x",
@@ -151,8 +154,9 @@ async def test_a_served_gateway_with_scoped_tokens_keeps_tenants_apart(
             "/batches?service_id=globex-1", data=body, headers={**octet, **admin}
         ) as r:
             assert r.status == 202
-        async with http.get("/services", headers=acme) as r:
-            assert [s["service_id"] for s in (await r.json())["data"]] == ["acme-1"]
+        for _ in range(6):
+            async with http.get("/services", headers=acme) as r:
+                assert [s["service_id"] for s in (await r.json())["data"]] == ["acme-1"]
         async with http.get("/services", headers=admin) as r:
             assert {s["service_id"] for s in (await r.json())["data"]} == {"acme-1", "globex-1"}
 
