@@ -160,14 +160,30 @@ class CommittedView:
             return
         self._idle.clear()
         self._writing, self._new = new, _Unwritten(new.applied, new.batch_high)
-        try:
-            await asyncio.to_thread(self._write_chunks, new)
-        except BaseException as exc:
-            self.failure = exc
+        # A thread cannot be stopped: when the writer is cancelled mid-write, the
+        # write still finishes (and is accounted for) before the cancellation goes on,
+        # so nothing closes the store under a write transaction.
+        work = asyncio.ensure_future(asyncio.to_thread(self._write_chunks, new))
+        cancelled = False
+        while not work.done():
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                cancelled = True
+            except BaseException:
+                break
+        failure = asyncio.CancelledError() if work.cancelled() else work.exception()
+        if failure is not None:
+            self.failure = failure
             # Keep the commits readable; nothing more is written.
             self._new, self._writing = _merge(new, self._new), None
             self._idle.set()
-            raise
+            raise failure
+        self._written(new)
+        if cancelled:
+            raise asyncio.CancelledError
+
+    def _written(self, new: _Unwritten) -> None:
         self.store.after_write()
         self._writing = None
         durable, self._durable = self._durable, self._last_written

@@ -209,7 +209,7 @@ class Node:
             self._pending_ids.add(batch.header_signature)
             self._push(_Admitted(batch, record.resubmission, _refusal(record)), journaled=True)
             replayed += 1
-            if replayed % 5_000 == 0:
+            if replayed % 2_000 == 0:  # commit slices no larger than a store write
                 self.machine.run()
                 await self._commit_ready()
         self.machine.run()
