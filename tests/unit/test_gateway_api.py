@@ -59,7 +59,7 @@ async def test_post_stores_in_order_and_links_statuses(
         data = (await r.json())["data"]
     assert [d["id"] for d in data] == [b.batch_id for b in accepted]
     assert {d["status"] for d in data} == {"PENDING"}
-    async with http.get(f"{url}/batch_statuses?id=nosuchbatch") as r:
+    async with http.get(f"{url}/batch_statuses?id={'0' * 128}") as r:
         assert (await r.json())["data"][0]["status"] == "UNKNOWN"
 
 

@@ -35,6 +35,7 @@ from ledgerq.follow.follower import Follower
 from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
 from ledgerq.gateway.ha import ClaimBoundLedger
 from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
+from ledgerq.ingest.guard import GuardedSite, HttpLimits, request_line_limit
 from ledgerq.ledgers.base import LedgerClient
 from ledgerq.ledgers.health import LedgerHealth
 from ledgerq.model import Fence, TrackingBatch
@@ -108,7 +109,7 @@ class Gateway:
         self.claims = claims
         # Under HA only claimed services are queued and followed.
         services = None if claims is None else claims.claimed_services
-        self.changes = Changes()
+        self.changes = Changes(max_waiters=settings["max_waiters"])
         # The pipeline's writes are group-committed: one transaction for all
         # the outcomes that arrive while the previous one commits.
         self.writer = GroupCommitWriter(store, flushers=1 if store.dialect == "sqlite" else 4)
@@ -161,6 +162,8 @@ class Gateway:
             check_service_id=check_service_id,
             is_ready=lambda: self._running,
             max_body_bytes=settings["max_body_bytes"],
+            max_status_ids=settings["max_status_ids"],
+            decode_slots=settings["decode_slots"],
             changes=self.changes,
             clock=clock,
             claims=claims,
@@ -245,12 +248,23 @@ class Gateway:
         the API only, no submitter nor monitor (an ingest worker on SQLite).
         """
         host, port = self.settings.bind
-        runner = web.AppRunner(gateway_app(self), access_log=None)
+        limits = HttpLimits(
+            keepalive_s=self.settings["http.keepalive_s"],
+            header_timeout_s=self.settings["http.header_timeout_s"],
+            body_timeout_s=self.settings["http.body_timeout_s"],
+            max_connections=self.settings["http.max_connections"],
+        )
+        runner = web.AppRunner(
+            gateway_app(self),
+            access_log=None,
+            keepalive_timeout=limits.keepalive_s,
+            # The status link of a posted list, and a GET of max_status_ids
+            # ids, fit in a request line (aiohttp's default is 8 KiB: 63 ids).
+            max_line_size=request_line_limit(self.settings["max_status_ids"]),
+        )
         await runner.setup()
         try:
-            site: web.BaseSite = (
-                web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
-            )
+            site = GuardedSite(runner, limits, host, port, sock=sock)
             await site.start()
             self.port = runner.addresses[0][1]
             log.info(

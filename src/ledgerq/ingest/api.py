@@ -44,8 +44,11 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import json
 import logging
-from collections.abc import Callable, Collection, Sequence
+import math
+import re
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
@@ -53,7 +56,6 @@ from aiohttp import web
 
 from ledgerq.claims import ClaimInfo, InstanceInfo
 from ledgerq.clock import Clock, now_ms
-from ledgerq.codec import parse_batch_list
 from ledgerq.errors import (
     BatchNotFoundError,
     DuplicateBatchError,
@@ -63,7 +65,9 @@ from ledgerq.errors import (
     StoreInputError,
     StoreUnavailableError,
 )
-from ledgerq.ingest.errors import json_errors
+from ledgerq.ingest.decoding import BatchListDecoder
+from ledgerq.ingest.errors import error_body, json_errors
+from ledgerq.ingest.guard import guard_middleware, on_disconnect
 from ledgerq.model import (
     NO_SERVICE,
     BatchStatus,
@@ -73,11 +77,13 @@ from ledgerq.model import (
     TrackingBatchList,
 )
 from ledgerq.scopes import FULL, Scope
-from ledgerq.store.base import BatchAcceptor
+from ledgerq.store.base import DATA_CHANGE_PREFIX, BatchAcceptor
 
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 300
+#: Least time between two reads for parked status requests.
+REFRESH_INTERVAL_S = 0.05
 #: Request keys the security middlewares set (:mod:`ledgerq.operator.security`):
 #: the caller's token scope, and the base URL links are built from.
 # (aiohttp's typed RequestKey where it exists: it warns on plain string keys.)
@@ -136,6 +142,8 @@ class ApiStore(Protocol):
 
     async def get_batches_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]: ...
 
+    async def get_batch_statuses_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]: ...
+
     async def list_batches(
         self,
         *,
@@ -160,19 +168,155 @@ class ClaimsView(Protocol):
     async def claims_for(self, service_ids: Sequence[str]) -> dict[str, ClaimInfo]: ...
 
 
-class Changes:
-    """Wakes long-polling status readers when any batch changes state."""
+class TooManyWaitersError(Exception):
+    """Every long-poll slot is taken."""
+
+
+BatchReader = Callable[[Collection[str]], Awaitable[list[TrackingBatch]]]
+
+
+class _Waiter:
+    __slots__ = ("event", "found", "pending")
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self.event = asyncio.Event()
+        #: Asked id → batch, updated in place as the batches change.
+        self.found: dict[str, TrackingBatch] = {}
+        #: Batch id → the id it was asked by, for the batches not final yet.
+        self.pending: dict[str, str] = {}
 
-    def notify(self, _service_id: str | None = None) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
 
-    async def wait(self, timeout_s: float) -> None:
+class Changes:
+    """Where long-polling status requests wait for their batches to be final.
+
+    A parked request registers the batches it still waits for. When a service
+    changes (:meth:`notify`), the batches waited for in it are read again —
+    once for every parked request together, in one query, one read at a time
+    (notifications arriving meanwhile are folded into the next read) — and
+    each request is handed its batches' new states and woken only when all of
+    its batches are final. So the work per change does not grow with the
+    number of parked requests, and a change wakes no request it does not
+    finish. Reads are at least :data:`REFRESH_INTERVAL_S` apart (an answer
+    may come that much later than the change), and only batches whose state
+    changed are handed out. At most ``max_waiters`` requests are parked (:meth:`park` raises
+    :class:`TooManyWaitersError` beyond).
+    """
+
+    def __init__(self, max_waiters: int = 1_000) -> None:
+        self.max_waiters = max_waiters
+        #: Reads batches by id (set by the API to its store's).
+        self.reader: BatchReader | None = None
+        #: Queries made to refresh parked requests.
+        self.reads = 0
+        self._parked: set[_Waiter] = set()
+        self._by_service: dict[str, dict[str, set[_Waiter]]] = {}
+        self._dirty: set[str] = set()
+        self._refresher: asyncio.Task[None] | None = None
+        self._last_read = 0.0
+        #: The state last handed out per watched batch.
+        self._seen: dict[str, tuple[Any, bool]] = {}
+
+    @property
+    def parked(self) -> int:
+        return len(self._parked)
+
+    def notify(self, service_id: str | None = None) -> None:
+        """A batch of ``service_id`` changed (``None``: any service)."""
+        if service_id is None:
+            self._dirty.update(self._by_service)
+        elif service_id in self._by_service:
+            self._dirty.add(service_id)
+        if self._dirty and self.reader is not None and self._refresher is None:
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+
+    @contextlib.contextmanager
+    def park(self) -> Iterator[_Waiter]:
+        if len(self._parked) >= self.max_waiters:
+            raise TooManyWaitersError
+        waiter = _Waiter()
+        self._parked.add(waiter)
+        try:
+            yield waiter
+        finally:
+            for batch_id in list(waiter.pending):
+                self._unwatch(waiter, waiter.found[waiter.pending[batch_id]])
+            self._parked.discard(waiter)
+
+    def watch(self, waiter: _Waiter, found: dict[str, TrackingBatch], ids: Sequence[str]) -> None:
+        """Wait for the batches ``found[i]`` of ``ids``; ``found`` is kept up to date.
+        Their services are read again at once: nothing changed since ``found``
+        was read is missed."""
+        waiter.found = found
+        for i in ids:
+            batch = found[i]
+            waiter.pending[batch.batch_id] = i
+            by_batch = self._by_service.setdefault(batch.service_id, {})
+            by_batch.setdefault(batch.batch_id, set()).add(waiter)
+            self.notify(batch.service_id)
+
+    def _unwatch(self, waiter: _Waiter, batch: TrackingBatch) -> None:
+        waiter.pending.pop(batch.batch_id, None)
+        by_batch = self._by_service.get(batch.service_id)
+        if by_batch is None:
+            return
+        waiters = by_batch.get(batch.batch_id)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del by_batch[batch.batch_id]
+                self._seen.pop(batch.batch_id, None)
+        if not by_batch:
+            del self._by_service[batch.service_id]
+
+    async def wait(self, waiter: _Waiter, timeout_s: float) -> None:
+        """Until every batch of ``waiter`` is final, or ``timeout_s``."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout_s)
+            await asyncio.wait_for(waiter.event.wait(), timeout_s)
+
+    async def _refresh(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._dirty and self.reader is not None:
+                # Changes arriving meanwhile are folded into the next read.
+                await asyncio.sleep(max(0.0, self._last_read + REFRESH_INTERVAL_S - loop.time()))
+                self._last_read = loop.time()
+                services, self._dirty = self._dirty, set()
+                ids = [b for s in services for b in self._by_service.get(s, {})]
+                if not ids:
+                    continue
+                self.reads += 1
+                try:
+                    batches = await self.reader(ids)
+                except StoreError as exc:
+                    # Parked requests answer what they have when their wait ends.
+                    log.warning("cannot read batches for parked status requests: %s", exc)
+                    continue
+                for batch in batches:
+                    self._deliver(batch)
+        finally:
+            self._refresher = None
+
+    def _deliver(self, batch: TrackingBatch) -> None:
+        waiting = self._by_service.get(batch.service_id, {}).get(batch.batch_id)
+        if not waiting:
+            return
+        state = (batch.status_name, batch.submitted)
+        if self._seen.get(batch.batch_id) == state:
+            return  # unchanged since the last read: nothing to hand out
+        self._seen[batch.batch_id] = state
+        for waiter in list(waiting):
+            waiter.found[waiter.pending[batch.batch_id]] = batch
+            if batch.is_final:
+                self._unwatch(waiter, batch)
+                if not waiter.pending:
+                    waiter.event.set()
+
+    async def aclose(self) -> None:
+        refresher = self._refresher
+        if refresher is not None:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
 
 
 def _lock_reason(s: ServiceInfo, strategy: str) -> str | None:
@@ -191,11 +335,65 @@ def _lock_reason(s: ServiceInfo, strategy: str) -> str | None:
     return f"batch {s.next_batch_id} waits for batch {s.held_by_batch_id}, which {what}"
 
 
-def _error(status: int, title: str, message: str, rule: str | None = None) -> web.Response:
-    body: dict[str, Any] = {"code": status, "title": title, "message": message}
-    if rule is not None:
-        body["rule"] = rule
-    return web.json_response({"error": body}, status=status)
+def _error(
+    status: int,
+    title: str,
+    message: str,
+    rule: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    return web.json_response(
+        error_body(status, title, message, rule), status=status, headers=headers
+    )
+
+
+_BATCH_ID = re.compile(r"[0-9a-f]{128}")
+MAX_DATA_CHANGE_ID_LENGTH = 256
+
+
+def _id_problem(i: str) -> str | None:
+    """Why ``i`` cannot name a batch (None if it can)."""
+    shown = i if len(i) <= 140 else i[:16] + "…"
+    if i.startswith(DATA_CHANGE_PREFIX):
+        dc = i[len(DATA_CHANGE_PREFIX) :]
+        if 1 <= len(dc) <= MAX_DATA_CHANGE_ID_LENGTH and dc.isprintable():
+            return None
+        return (
+            f"{shown!r} is not a data change id: write dc: and 1 to "
+            f"{MAX_DATA_CHANGE_ID_LENGTH} printable characters"
+        )
+    if _BATCH_ID.fullmatch(i):
+        return None
+    return (
+        f"{shown!r} is not a batch id: batch ids are 128 lowercase hex characters "
+        "(or dc:<data change id>)"
+    )
+
+
+def _parse_wait(raw: str | None) -> float:
+    """Seconds to wait: absent or ``false`` 0, empty or ``true`` the most."""
+    if raw is None:
+        return 0.0
+    word = raw.strip().lower()
+    if word in ("", "true"):
+        return float(MAX_WAIT_S)
+    if word == "false":
+        return 0.0
+    try:
+        value = float(word)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"wait must be a number of seconds from 0 to {MAX_WAIT_S} (more counts as "
+            f"{MAX_WAIT_S}), true or false; got {raw!r}"
+        )
+    return min(value, float(MAX_WAIT_S))
+
+
+def _pending(ids: Sequence[str], found: dict[str, TrackingBatch]) -> list[str]:
+    """The ids of tracked batches that are not final yet."""
+    return [i for i in ids if i in found and not found[i].is_final]
 
 
 def sawtooth_status(status: BatchStatus | None) -> str:
@@ -264,10 +462,17 @@ class GatewayApi:
         acceptor: BatchAcceptor | None = None,
         ledger_problem: Callable[[str], dict[str, Any] | None] = lambda _s: None,
         strategy_of: Callable[[str], str] = lambda _s: "serial",
+        max_status_ids: int = 1_000,
+        decode_slots: int = 2,
     ) -> None:
         """``acceptor``: what stores accepted batches (default: ``store``);
         ``ledger_problem``: the ledger's open problem for a service, if any;
-        ``strategy_of``: the queuer strategy of a service id (for ``/services``)."""
+        ``strategy_of``: the queuer strategy of a service id (for ``/services``);
+        ``max_status_ids``: distinct ids per status request; ``decode_slots``:
+        large BatchLists decoded and verified at once, off the event loop
+        (the others wait their turn)."""
+        self.max_status_ids = max_status_ids
+        self.decoder = BatchListDecoder(max_bytes=max_body_bytes, slots=decode_slots)
         self.ledger_problem = ledger_problem
         self.store = store
         self.strategy_of = strategy_of
@@ -280,15 +485,20 @@ class GatewayApi:
         self.is_ready = is_ready
         self.max_body_bytes = max_body_bytes
         self.changes = changes or Changes()
+        self.changes.reader = lambda ids: self.store.get_batch_statuses_by_id(ids)
         self.clock = clock
 
     def app(self) -> web.Application:
         # One byte over the limit lets us tell "too large" from "exactly full".
-        app = web.Application(client_max_size=self.max_body_bytes + 1, middlewares=[json_errors])
+        app = web.Application(
+            client_max_size=self.max_body_bytes + 1, middlewares=[guard_middleware, json_errors]
+        )
         app.router.add_post("/batches", self.post_batches)
         app.router.add_get("/batches", self.list_batches)
         app.router.add_get("/batches/{batch_id}", self.get_batch)
         app.router.add_get("/batch_statuses", self.batch_statuses)
+        app.router.add_post("/batch_statuses", self.batch_statuses)
+        app.on_cleanup.append(self._stop_decoding)
         app.router.add_get("/services", self.services)
         app.router.add_get("/instances", self.instances)
         app.router.add_get("/health", self.health)
@@ -315,7 +525,7 @@ class GatewayApi:
         try:
             if service_id is not None:
                 self.check_service_id(service_id)
-            batches = parse_batch_list(body, service_id, max_bytes=self.max_body_bytes)
+            batches = await self._decode(body, service_id)
         except InvalidBatchError as exc:
             if exc.rule == "too_large":
                 return _too_large(self.max_body_bytes)
@@ -333,8 +543,17 @@ class GatewayApi:
         except StoreError as exc:
             return _store_failed(exc)
         self.on_accepted(stored)
-        self.changes.notify()
         return _status_link(request, stored, service_id)
+
+    async def _decode(self, body: bytes, service_id: str | None) -> Sequence[TrackingBatch]:
+        """The list's batches, decoded and verified: small bodies on the event
+        loop, large ones in worker processes, ``decode_slots`` at a time
+        (:mod:`ledgerq.ingest.decoding`)."""
+        return await self.decoder.decode(body, service_id)
+
+    async def _stop_decoding(self, _app: web.Application) -> None:
+        await self.changes.aclose()
+        await asyncio.to_thread(self.decoder.close)
 
     async def _conflict(
         self, batches: Sequence[TrackingBatch], refusal: DuplicateBatchError
@@ -362,41 +581,124 @@ class GatewayApi:
         return None
 
     async def batch_statuses(self, request: web.Request) -> web.Response:
-        ids = [i for i in request.query.get("id", "").split(",") if i]
+        if request.method == "POST":
+            ids_or_error = await self._posted_ids(request)
+            if isinstance(ids_or_error, web.Response):
+                return ids_or_error
+            raw_ids = ids_or_error
+        else:
+            raw_ids = [i.strip() for i in request.query.get("id", "").split(",")]
+        # De-duplicated, in the order asked.
+        ids = list(dict.fromkeys(i for i in raw_ids if i))
         if not ids:
-            return _error(400, "Missing Id", "give the batch ids as ?id=a,b")
-        service_id = request.query.get("service_id")
+            return _error(400, "Missing Id", "give the batch ids as ?id=a,b", "missing_id")
+        if len(ids) > self.max_status_ids:
+            return _error(
+                400,
+                "Too Many Ids",
+                f"{len(ids)} distinct batch ids in one request; ask for at most "
+                f"{self.max_status_ids} at a time",
+                "too_many_ids",
+            )
+        for i in ids:
+            problem = _id_problem(i)
+            if problem is not None:
+                return _error(400, "Invalid Id", problem, "malformed_id")
+        try:
+            wait_s = _parse_wait(request.query.get("wait"))
+        except ValueError as exc:
+            return _error(400, "Bad Query", str(exc), "bad_wait")
+        service_id = request.query.get("service_id") or None
         scope = scope_of(request)
         if service_id and not scope.covers(service_id):
             return _out_of_scope(scope, service_id, "read")
-        wait_s = 0.0
-        if "wait" in request.query:
-            raw = request.query["wait"]
+        try:
+            found = await self._read_map(ids, service_id, scope, lean=True)
+            if wait_s > 0 and _pending(ids, found):
+                await self._wait_final(request, ids, found, wait_s)
+        except TooManyWaitersError:
+            return _error(
+                429,
+                "Too Many Waiting",
+                f"{self.changes.parked} status requests are waiting already, the limit; "
+                "retry later or ask without wait",
+                "too_many_waiters",
+                headers={"Retry-After": "1"},
+            )
+        except StoreError as exc:
+            return _store_failed(exc)
+        data = [status_entry(i, found.get(i)) for i in ids]
+        link = str(request.rel_url)
+        if request.method == "POST":
+            link = f"/batch_statuses?{urlencode({'id': ','.join(ids)})}"
+        return web.json_response({"data": data, "link": link})
+
+    async def _posted_ids(self, request: web.Request) -> list[str] | web.Response:
+        """The ids of a ``POST /batch_statuses`` (a JSON array, as Sawtooth's)."""
+        if request.content_type != "application/json":
+            return _error(
+                415,
+                "Unsupported Media Type",
+                "send the batch ids as a JSON array with Content-Type application/json",
+            )
+        # An id is at most 259 characters, quoted and separated.
+        limit = self.max_status_ids * 262 + 2
+        if request.content_length is not None and request.content_length > limit:
+            return _error(413, "Request Entity Too Large", f"the id list exceeds {limit} bytes")
+        try:
+            ids = json.loads(await request.read())
+        except ValueError:
+            ids = None
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            return _error(
+                400, "Bad Status Request", "the body must be a JSON array of batch ids (strings)"
+            )
+        return [i.strip() for i in ids]
+
+    async def _wait_final(
+        self,
+        request: web.Request,
+        ids: Sequence[str],
+        found: dict[str, TrackingBatch],
+        wait_s: float,
+    ) -> None:
+        """Park until every batch of ``ids`` is final or ``wait_s`` has passed
+        (``found`` is updated in place by :class:`Changes`); a client that goes
+        away ends the wait."""
+        with self.changes.park() as waiter:
+            stop_hearing = on_disconnect(request, waiter.event.set)
             try:
-                wait_s = float(raw) if raw else float(MAX_WAIT_S)
-            except ValueError:
-                wait_s = float(MAX_WAIT_S) if raw.lower() != "false" else 0.0
-            wait_s = max(0.0, min(wait_s, MAX_WAIT_S))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            batches = _visible(scope, await self._read(ids, service_id))
-            remaining = deadline - loop.time()
-            if remaining <= 0 or all(b is None or b.is_final for b in batches):
-                break
-            await self.changes.wait(remaining)
-        data = [status_entry(i, b) for i, b in zip(ids, batches, strict=True)]
-        return web.json_response({"data": data, "link": str(request.rel_url)})
+                self.changes.watch(waiter, found, _pending(ids, found))
+                await self.changes.wait(waiter, wait_s)
+            finally:
+                stop_hearing()
 
     async def _read(self, ids: Sequence[str], service_id: str | None) -> list[TrackingBatch | None]:
-        """The batches ``ids`` name, in order (None: not tracked): in ``service_id``
+        found = await self._read_map(ids, service_id)
+        return [found.get(i) for i in ids]
+
+    async def _read_map(
+        self, ids: Sequence[str], service_id: str | None, scope: Scope = FULL, *, lean: bool = False
+    ) -> dict[str, TrackingBatch]:
+        """The batches ``ids`` name (untracked ones left out): in ``service_id``
         when given, else wherever each is tracked (a batch id names one batch in
-        one service); a ``dc:`` id without a service is looked up among the
-        batches posted without one."""
-        if service_id:
-            return [await self._get(i, service_id) for i in ids]
-        found = {b.batch_id: b for b in await self.store.get_batches_by_id(ids)}
-        return [found[i] if i in found else await self._get(i, NO_SERVICE) for i in ids]
+        one service), all in one query; a ``dc:`` id is looked up by itself, in
+        ``service_id`` or among the batches posted without one. Batches outside
+        ``scope`` are left out too (a scoped token learns nothing of them).
+        ``lean``: what a status answer needs, without the transactions."""
+        found: dict[str, TrackingBatch] = {}
+        batch_ids = [i for i in ids if not i.startswith(DATA_CHANGE_PREFIX)]
+        if batch_ids:
+            read = self.store.get_batch_statuses_by_id if lean else self.store.get_batches_by_id
+            for b in await read(batch_ids):
+                if service_id is None or b.service_id == service_id:
+                    found[b.batch_id] = b
+        for i in ids:
+            if i.startswith(DATA_CHANGE_PREFIX):
+                batch = await self._get(i, service_id or NO_SERVICE)
+                if batch is not None:
+                    found[i] = batch
+        return {i: b for i, b in found.items() if scope.covers(b.service_id)}
 
     async def _get(self, batch_id: str, service_id: str) -> TrackingBatch | None:
         try:

@@ -207,6 +207,9 @@ class FaultLedger:
     port: int = 0
     #: Record batches accepted while a conflicting one is pending (:class:`Overlap`).
     judge_overlaps: bool = False
+    #: Every fault the plan makes possible happens at least once, at its first
+    #: chance, before the random rolls decide: a test can count on each.
+    each_fault_once: bool = False
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -229,6 +232,11 @@ class FaultLedger:
         self._pending = 0
         self._final = 0
         self._malformed_turn = 0
+        self._forget_forced = False
+        # Requests still to answer 404 / status reads still to answer malformed
+        # (fault_next), whatever the plan says.
+        self._next_not_found = 0
+        self._next_malformed = 0
         self._runner: web.AppRunner | None = None
         self._committer: asyncio.Task[None] | None = None
 
@@ -280,6 +288,13 @@ class FaultLedger:
         record = self.batches.get(batch_id)
         return UNKNOWN if record is None else record.status
 
+    def fault_next(self, *, not_found: int = 0, malformed_statuses: int = 0) -> None:
+        """Answer the next ``not_found`` requests 404 and the next
+        ``malformed_statuses`` status reads with malformed bodies, whatever
+        the plan says: faults counted in requests, not in time."""
+        self._next_not_found += not_found
+        self._next_malformed += malformed_statuses
+
     def forget_pending(self) -> int:
         """Forget every pending batch at once (a validator restarted); returns how many."""
         forgotten = [r for r in self.batches.values() if r.status == PENDING]
@@ -314,6 +329,8 @@ class FaultLedger:
         record.status = PENDING
         record.accepted_ms = now
         record.forget = self.rng.random() < self.plan.forget
+        if self.each_fault_once and self.plan.forget > 0 and not self._forget_forced:
+            record.forget = self._forget_forced = True
         record.acceptances += 1
         self._pending += 1
         self.peak_pending = max(self.peak_pending, self._pending)
@@ -377,7 +394,10 @@ class FaultLedger:
     async def _not_found(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if self.plan.not_found and not request.path.startswith("/_fault/"):
+        if request.path.startswith("/_fault/"):
+            return await handler(request)
+        if self._next_not_found > 0 or self.plan.not_found:
+            self._next_not_found = max(0, self._next_not_found - 1)
             self.counts["not_found"] += 1
             return web.Response(status=404, text="404: Not Found")
         return await handler(request)
@@ -394,6 +414,9 @@ class FaultLedger:
         now = self.now_ms()
         records = [self._record(b, now) for b in parsed]
         plan, roll = self.plan, self.rng.random()
+        forced = self._first_due(("busy_503", "busy_429"))
+        if forced is not None:
+            roll = 0.0 if forced == "busy_503" else plan.busy_503
         if roll < plan.busy_503:
             self.counts["busy_503"] += 1
             return _error(503, 15, "Validator Not Ready", "try again later")
@@ -408,6 +431,9 @@ class FaultLedger:
             else:
                 self.violations.append(Violation(record.batch_id, record.status, now))
         roll = self.rng.random()
+        forced = self._first_due(("drop_after_accept", "error_500_after_accept"))
+        if forced is not None:
+            roll = 0.0 if forced == "drop_after_accept" else plan.drop_after_accept
         if roll < plan.drop_after_accept:
             self.counts["dropped_after_accept"] += 1
             if request.transport is not None:
@@ -419,6 +445,17 @@ class FaultLedger:
         self.counts["accepted_posts"] += 1
         ids = ",".join(r.batch_id for r in records)
         return web.json_response({"link": f"{self.url}/batch_statuses?id={ids}"}, status=202)
+
+    def _first_due(self, faults: tuple[str, ...]) -> str | None:
+        """With ``each_fault_once``: the first of ``faults`` the plan makes
+        possible that has not happened yet."""
+        if not self.each_fault_once:
+            return None
+        counter = {"drop_after_accept": "dropped_after_accept"}
+        return next(
+            (f for f in faults if getattr(self.plan, f) > 0 and not self.counts[counter.get(f, f)]),
+            None,
+        )
 
     def _record(self, batch: ParsedBatch, now: float) -> BatchRecord:
         record = self.batches.get(batch.header_signature)
@@ -449,13 +486,14 @@ class FaultLedger:
 
     async def _statuses(self, request: web.Request, ids: list[str]) -> web.StreamResponse:
         self.counts["status_reads"] += 1
-        if self.rng.random() < self.plan.status_503:
+        if self.rng.random() < self.plan.status_503 or self._first_due(("status_503",)):
             self.counts["status_503"] += 1
             return _error(503, 17, "Validator Timed Out", "the validator did not answer")
         wait = _wait_s(request.query.get("wait"))
         if wait > 0:
             await self._wait_final(ids, wait)
-        if self.plan.malformed_statuses:
+        if self._next_malformed > 0 or self.plan.malformed_statuses:
+            self._next_malformed = max(0, self._next_malformed - 1)
             return self._malformed(ids)
         data = [self._entry(i) for i in ids]
         return web.json_response({"data": data, "link": str(request.url)})

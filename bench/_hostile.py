@@ -1,0 +1,361 @@
+"""Hostile clients against running gateways, while ordered batches flow.
+
+Used by ``tests/acceptance/test_hostile_clients.py`` (small sizes) and
+``ledgerq bench hostile`` (the issue's sizes). Every hostile request is
+counted by how it ended; :meth:`HostileReport.unclear` lists any that got
+neither a clear answer (JSON with a status the gateway documents for it) nor
+a cut-off by a timeout.
+
+* **slow** connections send a request line, then one header line every
+  ``dribble_s``, never finishing: the gateway must answer ``408`` (or close)
+  after its header timeout; each then reconnects.
+* **long-polls** ask ``/batch_statuses`` for ``poll_ids`` batches of the
+  workload with ``wait``: answered ``200`` when final or the wait is over,
+  ``429`` beyond the gateway's ``max_waiters``. A poll answered at once
+  (the batches are not posted yet, or already final) waits a second before
+  asking again, as a polite client would.
+Long-polls and large posts carry the token when one is given (abusive
+clients, not anonymous ones).
+
+* **large posts**: ``large_posts`` clients each post the same BatchList of
+  about ``large_bytes`` again and again, its last batch's signature broken:
+  every post costs the gateway a full decode and verification and ends in
+  ``400 bad_batch_signature``; nothing is stored.
+* **prowler**: a client without the token tries every route with junk; every
+  answer must be JSON (401 when a token is configured, else whatever the
+  route answers, never a plain-text error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import io
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import aiohttp
+
+from bench._cluster import Workload, wait_all_final
+from ledgerq.codec import Signer, decode_batch_list, encode_batch_list
+from ledgerq.codec.intkey import make_intkey_batch
+
+ROUTES = (
+    ("GET", "/batches"),
+    ("GET", "/batches/" + "0" * 128),
+    ("POST", "/batches"),
+    ("GET", "/batch_statuses?id=" + "0" * 128),
+    ("POST", "/batch_statuses"),
+    ("GET", "/services"),
+    ("GET", "/instances"),
+    ("GET", "/metrics"),
+    ("GET", "/dashboard/data"),
+    ("GET", "/health"),
+    ("GET", "/ready"),
+    ("GET", "/openapi.json"),
+    ("DELETE", "/batches"),
+    ("GET", "/no/such/route"),
+)
+
+
+@dataclass(frozen=True)
+class HostileSizes:
+    slow: int = 50
+    dribble_s: float = 0.5
+    long_polls: int = 200
+    poll_ids: int = 100
+    poll_wait_s: float = 20.0
+    large_posts: int = 3
+    #: Just under the gateway's default max_body_bytes (10 MiB).
+    large_bytes: int = 10 * 1024 * 1024 - 1024
+
+
+@dataclass
+class HostileReport:
+    #: kind → outcome → count (outcome: an HTTP status, "cut off", or an error).
+    outcomes: dict[str, collections.Counter[str]] = field(
+        default_factory=lambda: collections.defaultdict(collections.Counter)
+    )
+
+    def count(self, kind: str, outcome: str) -> None:
+        self.outcomes[kind][outcome] += 1
+
+    #: What each kind may end with.
+    CLEAR: ClassVar[dict[str, set[str]]] = {
+        "slow": {"408", "cut off"},
+        "long-poll": {"200", "429"},
+        "large post": {"400 bad_batch_signature", "503"},
+        "prowler": {"json"},
+    }
+
+    def unclear(self) -> dict[str, dict[str, int]]:
+        return {
+            kind: {o: n for o, n in outcomes.items() if o not in self.CLEAR.get(kind, set())}
+            for kind, outcomes in self.outcomes.items()
+            if any(o not in self.CLEAR.get(kind, set()) for o in outcomes)
+        }
+
+    def summary(self) -> str:
+        return "; ".join(
+            f"{kind}: " + ", ".join(f"{o} ×{n}" for o, n in sorted(outcomes.items()))
+            for kind, outcomes in sorted(self.outcomes.items())
+        )
+
+
+def broken_list(target_bytes: int) -> bytes:
+    """A BatchList of about ``target_bytes`` of single-transaction intkey
+    batches whose last batch's signature is wrong (verified to the end, then
+    refused)."""
+    signer = Signer.generate()
+    first = make_intkey_batch(signer, [("set", "h0", 0)]).serialized
+    count = max(2, target_bytes // (len(first) + 8))
+    batches = [first] + [
+        make_intkey_batch(signer, [("set", f"h{i}", i)]).serialized for i in range(1, count)
+    ]
+    while len(encode_batch_list(batches)) > target_bytes and len(batches) > 2:
+        del batches[-len(batches) // 100 - 1 :]
+    last = bytearray(batches[-1])
+    # The batch's header_signature is the hex string after its header: flip
+    # one hex digit of it (still 128 lowercase hex, no longer a signature).
+    signature = make_signature_offset(bytes(last))
+    last[signature] = ord("0") if last[signature] != ord("0") else ord("1")
+    batches[-1] = bytes(last)
+    return encode_batch_list(batches)
+
+
+def make_signature_offset(serialized_batch: bytes) -> int:
+    """Offset of the first hex digit of a serialized Batch's header_signature."""
+    from ledgerq.codec import batch_pb2
+
+    batch = batch_pb2.Batch.FromString(serialized_batch)
+    return serialized_batch.index(batch.header_signature.encode()) + 5
+
+
+class HostileLoad:
+    """Runs every hostile client against ``urls`` until :meth:`stop`."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        sizes: HostileSizes,
+        poll_ids: Sequence[str],
+        *,
+        large_body: bytes | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.urls = list(urls)
+        self.sizes = sizes
+        self.poll_ids = list(poll_ids)
+        self.large_body = large_body
+        #: Long-polls and large posts carry it (abusive, not anonymous); the
+        #: prowler never does.
+        self.auth = {} if token is None else {"Authorization": f"Bearer {token}"}
+        self.report = HostileReport()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._large_tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+        #: Set once every slow connection and long-poll has been opened once.
+        self.started = asyncio.Event()
+        self._opened = 0
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+        )
+        s = self.sizes
+        rng = random.Random(7)
+        for i in range(s.slow):
+            self._spawn(self._slow(self.urls[i % len(self.urls)]))
+        for i in range(s.long_polls):
+            ids = rng.sample(self.poll_ids, min(s.poll_ids, len(self.poll_ids)))
+            self._spawn(self._long_poll(self.urls[i % len(self.urls)], ids))
+        if self.large_body is not None:
+            for i in range(s.large_posts):
+                self._spawn(self._large(self.urls[i % len(self.urls)]))
+                self._large_tasks.append(self._tasks[-1])
+        self._spawn(self._prowl())
+
+    def _spawn(self, coro: object) -> None:
+        self._tasks.append(asyncio.ensure_future(coro))  # type: ignore[arg-type]
+
+    def _opened_one(self) -> None:
+        self._opened += 1
+        if self._opened >= self.sizes.slow + self.sizes.long_polls:
+            self.started.set()
+
+    async def stop(self, grace_s: float = 120.0) -> HostileReport:
+        """Stop every client; large posts under way get ``grace_s`` to be answered."""
+        self._stop.set()
+        if self._large_tasks:
+            await asyncio.wait(self._large_tasks, timeout=grace_s)
+        for t in self._tasks:
+            t.cancel()
+        results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        assert self._session is not None
+        await self._session.close()
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
+                self.report.count("driver", f"crashed: {r!r}")
+        return self.report
+
+    async def _slow(self, url: str) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        first = True
+        while not self._stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+            except OSError as exc:
+                self.report.count("slow", f"connect failed: {exc}")
+                await asyncio.sleep(1)
+                continue
+            if first:
+                first = False
+                self._opened_one()
+            try:
+                writer.write(b"GET /services HTTP/1.1\r\nHost: " + host.encode() + b"\r\n")
+                n = 0
+                while True:
+                    try:
+                        answer = await asyncio.wait_for(reader.read(64), self.sizes.dribble_s)
+                    except TimeoutError:
+                        n += 1
+                        writer.write(b"X-Dribble-%d: x\r\n" % n)
+                        continue
+                    if answer.startswith(b"HTTP/1.1 408 "):
+                        self.report.count("slow", "408")
+                    elif answer == b"":
+                        self.report.count("slow", "cut off")
+                    else:
+                        self.report.count("slow", f"answered {answer[:12]!r}")
+                    break
+            except (ConnectionError, OSError):
+                self.report.count("slow", "cut off")
+            finally:
+                writer.close()
+
+    async def _long_poll(self, url: str, ids: list[str]) -> None:
+        assert self._session is not None
+        loop = asyncio.get_running_loop()
+        first = True
+        while not self._stop.is_set():
+            began = loop.time()
+            try:
+                async with self._session.get(
+                    f"{url}/batch_statuses",
+                    params={"id": ",".join(ids), "wait": f"{self.sizes.poll_wait_s:g}"},
+                    headers=self.auth,
+                ) as r:
+                    if first:
+                        first = False
+                        self._opened_one()
+                    await r.read()
+                    outcome = str(r.status)
+                    if r.content_type != "application/json":
+                        outcome += " not json"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                outcome = f"failed: {type(exc).__name__}"
+            self.report.count("long-poll", outcome)
+            if outcome == "429" or loop.time() - began < 1.0:
+                await asyncio.sleep(1.0)
+
+    async def _large(self, url: str) -> None:
+        assert self._session is not None and self.large_body is not None
+        while not self._stop.is_set():
+            try:
+                async with self._session.post(
+                    f"{url}/batches?service_id=hostile-large",
+                    data=io.BytesIO(self.large_body),
+                    headers={"Content-Type": "application/octet-stream", **self.auth},
+                ) as r:
+                    body = await r.json(content_type=None)
+                    outcome = str(r.status)
+                    if r.status == 400:
+                        outcome += f" {body['error'].get('rule')}"
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                outcome = f"failed: {type(exc).__name__}"
+            self.report.count("large post", outcome)
+
+    async def _prowl(self) -> None:
+        assert self._session is not None
+        while not self._stop.is_set():
+            for url in self.urls:
+                for method, path in ROUTES:
+                    try:
+                        async with self._session.request(
+                            method, url + path, data=b"junk", headers={"Content-Type": "x/y"}
+                        ) as r:
+                            await r.read()
+                            ok = r.content_type == "application/json" or (
+                                r.status == 200 and path in ("/metrics", "/openapi.json")
+                            )
+                            self.report.count("prowler", "json" if ok else f"{r.status} text")
+                    except (aiohttp.ClientError, TimeoutError) as exc:
+                        self.report.count("prowler", f"failed: {type(exc).__name__}")
+            await asyncio.sleep(0.5)
+
+
+async def post_workload(urls: Sequence[str], workload: Workload, token: str | None) -> None:
+    """Each service's batches as one ordered list, services spread over ``urls``."""
+    headers = {"Content-Type": "application/octet-stream"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        for n, (service_id, made) in enumerate(workload.batches.items()):
+            body = encode_batch_list(
+                [decode_batch_list(b, verify=False)[0].serialized for _, b in made]
+            )
+            url = urls[n % len(urls)]
+            async with http.post(
+                f"{url}/batches?service_id={service_id}", data=body, headers=headers
+            ) as r:
+                if r.status != 202:
+                    raise RuntimeError(
+                        f"POST of {service_id} answered {r.status}: {await r.text()}"
+                    )
+
+
+@dataclass
+class FlowResult:
+    elapsed_s: float
+    batches: int
+    report: HostileReport | None
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.batches / self.elapsed_s
+
+
+async def flow(
+    urls: Sequence[str],
+    pg_url: str,
+    workload: Workload,
+    *,
+    load: HostileLoad | None = None,
+    token: str | None = None,
+    timeout_s: float = 300,
+) -> FlowResult:
+    """Post ``workload`` and wait until every batch is final, under ``load``
+    (started first and settled: every slow connection and long-poll open)."""
+    if load is not None:
+        await load.start()
+        await asyncio.wait_for(load.started.wait(), timeout_s)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await post_workload(urls, workload, token)
+    total = len(workload.all_ids())
+    counts = await asyncio.to_thread(wait_all_final, pg_url, total, timeout_s)
+    elapsed = loop.time() - began
+    report = await load.stop() if load is not None else None
+    final = sum(counts.get(s, 0) for s in ("Committed", "Valid", "Invalid"))
+    if final < total:
+        raise RuntimeError(f"only {final} of {total} batches final within {timeout_s} s: {counts}")
+    return FlowResult(elapsed, total, report)
+
+
+def claims_voided(logs: Sequence[str]) -> int:
+    """Claims a gateway voided because their holder let them expire."""
+    return sum(log.count("voided claim") for log in logs)

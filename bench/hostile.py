@@ -1,0 +1,141 @@
+"""The pipeline's throughput under hostile clients, as a share of the same run
+without them.
+
+Two ``ledgerq serve`` on one PostgreSQL database and a ``ledgerq node`` (real
+processes, ``bench._cluster``), a token configured. The same ordered intkey
+workload (``--services`` × ``--per-service`` batches, one list per service,
+services spread over both gateways) is run twice, each time on a fresh
+database and fresh processes: once quiet, once under the hostile load of
+``bench._hostile`` — ``--slow`` connections dribbling headers,
+``--long-polls`` status requests of ``--poll-ids`` ids parked with ``wait``,
+``--large-posts`` clients posting a BatchList of about 10 MiB over and over
+(verified to its last batch, then refused), a client without the token
+trying every route. Throughput is batches from the first POST to the last
+batch final. The run also checks that no claim lapsed (no gateway voided
+another's claim) and that every batch was committed once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+import click
+
+from bench import report
+from bench._cluster import Cluster, Workload, check_invariants, install_fence_audit
+from bench._hostile import (
+    HostileLoad,
+    HostileSizes,
+    broken_list,
+    claims_voided,
+    flow,
+)
+from bench.e2e import drop_pg_database, fresh_pg_database
+from ledgerq.store import open_store
+
+TOKEN = "bench-hostile-token-0123456789"
+
+
+async def _migrate(url: str) -> None:
+    store = await open_store(url)
+    await store.close()
+
+
+def _phase(
+    pg_admin: str,
+    sizes: HostileSizes,
+    services: int,
+    per_service: int,
+    hostile: bool,
+    large: bytes,
+) -> tuple[float, str, int, list[str]]:
+    """One run: (batches/s, hostile outcome summary, claims voided, problems)."""
+    db = fresh_pg_database(pg_admin)
+    try:
+        asyncio.run(_migrate(db))
+        install_fence_audit(db)
+        with tempfile.TemporaryDirectory(prefix="ledgerq-hostile-") as tmp:
+            env = {
+                "LEDGERQ_AUTH_TOKEN": TOKEN,
+                # Room for every long-poll on the two gateways.
+                "LEDGERQ_MAX_WAITERS": str(max(1_000, sizes.long_polls)),
+            }
+            cluster = Cluster(Path(tmp), db, env=env)
+            try:
+                cluster.start_node()
+                gateways = [cluster.start_gateway("a"), cluster.start_gateway("b")]
+                urls = [g.url for g in gateways]
+                workload = Workload(services=services, batches_per_service=per_service)
+                load = (
+                    HostileLoad(urls, sizes, workload.all_ids(), large_body=large, token=TOKEN)
+                    if hostile
+                    else None
+                )
+                result = asyncio.run(flow(urls, db, workload, load=load, token=TOKEN))
+                problems = check_invariants(db, cluster.ledger.url, workload)
+                voided = claims_voided([g.log_path.read_text(errors="replace") for g in gateways])
+                summary = result.report.summary() if result.report is not None else ""
+                if result.report is not None and result.report.unclear():
+                    problems.append(f"unclear answers: {result.report.unclear()}")
+                return result.batches_per_s, summary, voided, problems
+            finally:
+                cluster.close()
+    finally:
+        drop_pg_database(pg_admin, db)
+
+
+@click.command("hostile")
+@click.option("--services", default=50, show_default=True)
+@click.option("--per-service", default=20, show_default=True, help="Ordered batches per service.")
+@click.option("--slow", default=200, show_default=True, help="Connections dribbling headers.")
+@click.option("--long-polls", default=1_000, show_default=True, help="Parked status requests.")
+@click.option("--poll-ids", default=100, show_default=True, help="Batch ids per long-poll.")
+@click.option("--large-posts", default=3, show_default=True, help="Clients posting 10 MiB lists.")
+@click.option(
+    "--pg", "pg_admin", default="postgresql://postgres@127.0.0.1:5432/postgres", show_default=True
+)
+@click.option("--write/--no-write", default=True, help="Write figures to docs/BENCHMARKS.md.")
+def command(
+    services: int,
+    per_service: int,
+    slow: int,
+    long_polls: int,
+    poll_ids: int,
+    large_posts: int,
+    pg_admin: str,
+    write: bool,
+) -> None:
+    """Pipeline batches/s under hostile clients, as a share of a quiet run."""
+    sizes = HostileSizes(
+        slow=slow, long_polls=long_polls, poll_ids=poll_ids, large_posts=large_posts
+    )
+    large = broken_list(sizes.large_bytes)
+    quiet, _, quiet_voided, quiet_problems = _phase(
+        pg_admin, sizes, services, per_service, False, large
+    )
+    loaded, summary, voided, problems = _phase(pg_admin, sizes, services, per_service, True, large)
+    share = loaded / quiet
+    rows = [
+        ("quiet", f"{quiet:,.0f}", "", quiet_voided, "; ".join(quiet_problems) or "none"),
+        ("hostile", f"{loaded:,.0f}", f"{share:.2f}", voided, "; ".join(problems) or "none"),
+    ]
+    markdown = (
+        f"Two `ledgerq serve` on one PostgreSQL database and a `ledgerq node`, a token "
+        f"configured. Workload: {services} services × {per_service} ordered intkey batches "
+        "(one list per service, services spread over both gateways), from the first POST to "
+        "the last batch final, on fresh processes and database each run. *Hostile*: "
+        f"{slow} connections dribbling header lines (one every {sizes.dribble_s:g} s, cut "
+        f"off by the header timeout), {long_polls} long-polls of {poll_ids} of the "
+        f"workload's ids (`wait={sizes.poll_wait_s:g}`), {large_posts} clients posting a "
+        f"{sizes.large_bytes / 2**20:.0f} MiB BatchList over and over (verified to its last "
+        "batch, whose signature is broken: `400`), a client without the token trying every "
+        "route. Goal: hostile ≥ 0.8 of quiet, no claim voided, every batch committed once "
+        "and in order.\n\n"
+        + report.table(["run", "batches/s", "share of quiet", "claims voided", "problems"], rows)
+        + f"\n\nHostile requests by outcome: {summary}.\n"
+    )
+    click.echo(markdown)
+    if write:
+        report.write_section("hostile", markdown)
