@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import io
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -67,7 +68,8 @@ class HostileSizes:
     poll_ids: int = 100
     poll_wait_s: float = 20.0
     large_posts: int = 3
-    large_bytes: int = 10 * 1024 * 1024
+    #: Just under the gateway's default max_body_bytes (10 MiB).
+    large_bytes: int = 10 * 1024 * 1024 - 1024
 
 
 @dataclass
@@ -108,10 +110,12 @@ def broken_list(target_bytes: int) -> bytes:
     refused)."""
     signer = Signer.generate()
     first = make_intkey_batch(signer, [("set", "h0", 0)]).serialized
-    count = max(2, target_bytes // (len(first) + 4))
+    count = max(2, target_bytes // (len(first) + 8))
     batches = [first] + [
         make_intkey_batch(signer, [("set", f"h{i}", i)]).serialized for i in range(1, count)
     ]
+    while len(encode_batch_list(batches)) > target_bytes and len(batches) > 2:
+        del batches[-len(batches) // 100 - 1 :]
     last = bytearray(batches[-1])
     # The batch's header_signature is the hex string after its header: flip
     # one hex digit of it (still 128 lowercase hex, no longer a signature).
@@ -151,6 +155,7 @@ class HostileLoad:
         self.report = HostileReport()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._large_tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         #: Set once every slow connection and long-poll has been opened once.
         self.started = asyncio.Event()
@@ -171,6 +176,7 @@ class HostileLoad:
         if self.large_body is not None:
             for i in range(s.large_posts):
                 self._spawn(self._large(self.urls[i % len(self.urls)]))
+                self._large_tasks.append(self._tasks[-1])
         self._spawn(self._prowl())
 
     def _spawn(self, coro: object) -> None:
@@ -181,8 +187,11 @@ class HostileLoad:
         if self._opened >= self.sizes.slow + self.sizes.long_polls:
             self.started.set()
 
-    async def stop(self) -> HostileReport:
+    async def stop(self, grace_s: float = 120.0) -> HostileReport:
+        """Stop every client; large posts under way get ``grace_s`` to be answered."""
         self._stop.set()
+        if self._large_tasks:
+            await asyncio.wait(self._large_tasks, timeout=grace_s)
         for t in self._tasks:
             t.cancel()
         results = await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -259,7 +268,7 @@ class HostileLoad:
             try:
                 async with self._session.post(
                     f"{url}/batches?service_id=hostile-large",
-                    data=self.large_body,
+                    data=io.BytesIO(self.large_body),
                     headers={"Content-Type": "application/octet-stream", **self.auth},
                 ) as r:
                     body = await r.json(content_type=None)

@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 
 from bench import report
-from bench._cluster import Cluster, Workload, check_invariants
+from bench._cluster import Cluster, Workload, check_invariants, install_fence_audit
 from bench._hostile import (
     HostileLoad,
     HostileSizes,
@@ -55,6 +55,7 @@ def _phase(
     db = fresh_pg_database(pg_admin)
     try:
         asyncio.run(_migrate(db))
+        install_fence_audit(db)
         with tempfile.TemporaryDirectory(prefix="ledgerq-hostile-") as tmp:
             env = {
                 "LEDGERQ_AUTH_TOKEN": TOKEN,

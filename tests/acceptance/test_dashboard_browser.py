@@ -106,20 +106,32 @@ async def test_dashboard_renders_real_batches_and_saves_a_screenshot() -> None:
 async def test_dashboard_asks_for_the_token_and_uses_one_from_the_fragment() -> None:
     _need_chromium()
     token = "dash-token-0123456789ab"
-    flags = {"auth.token": token}
+    scoped = "tenant-token-0123456789ab"
+    flags = {
+        "auth.token": token,
+        "auth.tokens": [{"name": "tenant", "token": scoped, "services": ["guarded-*"]}],
+    }
     async with running_gateway(flags, pipeline=False) as (url, _gw):
         async with aiohttp.ClientSession() as http:
-            body, _ids = batch_list(2, "guarded-svc")
             headers = {**OCTET, "Authorization": f"Bearer {token}"}
-            async with http.post(
-                f"{url}/batches", params={"service_id": "guarded-svc"}, data=body, headers=headers
-            ) as r:
-                assert r.status == 202
+            for service in ("guarded-svc", "other-tenant"):
+                body, _ids = batch_list(2, service)
+                async with http.post(
+                    f"{url}/batches", params={"service_id": service}, data=body, headers=headers
+                ) as r:
+                    assert r.status == 202
         locked = await _chromium("--dump-dom", url + "/")
         opened = await _chromium("--dump-dom", f"{url}/#token={token}")
+        tenant = await _chromium("--dump-dom", f"{url}/#token={scoped}")
     assert '<div id="token-box">' in locked  # shown: no longer hidden
     assert "guarded-svc" not in locked
+    # The page runs under its Content-Security-Policy (own script and style only).
     assert 'data-loaded="true"' in opened and "guarded-svc" in opened
+    assert "other-tenant" in opened
+    # A scoped token's page: its services only, no instance-wide counts.
+    assert 'data-loaded="true"' in tenant and "guarded-svc" in tenant
+    assert "other-tenant" not in tenant
+    assert '<section id="counts" class="cards" hidden="">' in tenant
 
 
 def _service_row(dom: str, service: str) -> list[str]:

@@ -93,6 +93,21 @@ def test_a_misspelt_variable_stops_serve_naming_it(tmp_path: Path) -> None:
     assert "did you mean LEDGERQ_AUTH_TOKEN?" in err
 
 
+def test_a_misspelt_variable_stops_node_and_config_show_too(tmp_path: Path) -> None:
+    for command in (["node", "--bind", "127.0.0.1:0"], ["config", "show"]):
+        result = subprocess.run(
+            [LEDGERQ, *command],
+            cwd=tmp_path,
+            env=_env(LEDGERQ_NODE_TOKN=ADMIN),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 1, result.stderr
+        assert "did you mean LEDGERQ_NODE_TOKEN?" in result.stderr
+        assert ADMIN not in result.stderr
+
+
 def test_a_wide_bind_without_a_token_is_refused_unless_insecure(
     tmp_path: Path, start: Start
 ) -> None:
@@ -107,18 +122,21 @@ async def test_a_served_gateway_with_scoped_tokens_keeps_tenants_apart(
     tmp_path: Path, start: Start
 ) -> None:
     tokens = [{"name": "acme", "token": ACME, "services": ["acme-*"]}]
+    # Two workers: the tokens reach each worker process through its spec.
     url, _lines = start(
         "--bind",
         "127.0.0.1:0",
         "--workers",
-        "1",
+        "2",
         LEDGERQ_AUTH_TOKEN=ADMIN,
         LEDGERQ_AUTH_TOKENS=json.dumps(tokens),
     )
     octet = {"Content-Type": "application/octet-stream"}
     acme = {"Authorization": f"Bearer {ACME}"}
     admin = {"Authorization": f"Bearer {ADMIN}"}
-    async with aiohttp.ClientSession(url) as http:
+    # A connection per request: the kernel spreads them over both workers.
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(url, connector=connector) as http:
         for path in (
             "/batches",
             "/batch_statuses?id=x",
@@ -151,11 +169,12 @@ async def test_a_served_gateway_with_scoped_tokens_keeps_tenants_apart(
             "/batches?service_id=globex-1", data=body, headers={**octet, **admin}
         ) as r:
             assert r.status == 202
-        async with http.get("/services", headers=acme) as r:
-            assert [s["service_id"] for s in (await r.json())["data"]] == ["acme-1"]
+        for _ in range(6):
+            async with http.get("/services", headers=acme) as r:
+                assert [s["service_id"] for s in (await r.json())["data"]] == ["acme-1"]
         async with http.get("/services", headers=admin) as r:
             assert {s["service_id"] for s in (await r.json())["data"]} == {"acme-1", "globex-1"}
 
-        async with http.get("/health", headers={"Host": "rebound.example"}) as r:
+        async with http.get("/services", headers={**acme, "Host": "rebound.example"}) as r:
             assert r.status == 421
             assert "allowed_hosts" in (await r.json())["error"]["message"]

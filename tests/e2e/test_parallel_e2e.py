@@ -81,7 +81,7 @@ async def test_parallel_keeps_each_key_in_order_against_a_judging_ledger(
         status_503=0.03,
     )
     workload = KeyedWorkload(services=6, per_service=24, names=4, seed=3)
-    async with FaultLedger(plan, seed=17, judge_overlaps=True) as ledger:
+    async with FaultLedger(plan, seed=17, judge_overlaps=True, each_fault_once=True) as ledger:
         url = request.getfixturevalue("pg_url") if db == "pg" else f"sqlite:///{tmp_path}/gw.db"
         gateway = parallel_gateway(tmp_path, url, f"sawtooth+{ledger.url}")
         try:

@@ -80,6 +80,8 @@ async def test_scoped_tokens_write_only_into_their_services() -> None:
             status, doc = await get(http, url, "/services", GLOBEX)
             assert status == 403
             assert "may not read" in doc["error"]["message"]
+            async with http.post(f"{url}/batch_statuses", json=["x"], headers=bearer(GLOBEX)) as r:
+                assert r.status == 403  # a read, whatever the method
 
 
 async def test_scoped_tokens_see_only_their_services() -> None:
@@ -104,6 +106,13 @@ async def test_scoped_tokens_see_only_their_services() -> None:
                 assert status == 200
                 assert [e["status"] for e in doc["data"]] == ["PENDING"] * 2 + ["UNKNOWN"] * 2
                 assert all("service_id" not in e for e in doc["data"][2:])
+                # The POST form of the status read is a read too, scoped alike.
+                async with http.post(
+                    f"{url}/batch_statuses", json=acme_ids + globex_ids, headers=bearer(token)
+                ) as r:
+                    assert r.status == 200
+                    data = (await r.json())["data"]
+                    assert [e["status"] for e in data] == ["PENDING"] * 2 + ["UNKNOWN"] * 2
                 status, doc = await get(http, url, f"/batches/{globex_ids[0]}", token)
                 assert status == 404
                 for path in ("/batches", "/batch_statuses"):
@@ -155,8 +164,11 @@ async def test_a_host_not_allowed_is_refused_with_421() -> None:
                     assert doc["error"]["code"] == 421
                     assert "allowed_hosts" in doc["error"]["message"]
             for host in ("localhost", f"127.0.0.1:{port}", "[::1]:80", "gw.example.com:443"):
-                async with http.get(f"{url}/health", headers={"Host": host}) as r:
+                async with http.get(f"{url}/batches", headers={"Host": host}) as r:
                     assert r.status == 200, host
+            # Probes answer whatever the Host (load balancers name instances by address).
+            async with http.get(f"{url}/health", headers={"Host": "10.1.2.3:8080"}) as r:
+                assert r.status == 200
 
 
 async def test_links_come_from_public_url_or_the_checked_host_never_a_forged_one() -> None:

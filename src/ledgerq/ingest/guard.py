@@ -51,6 +51,12 @@ class HttpLimits:
     max_connections: int = 2048
 
 
+def request_line_limit(max_ids: int) -> int:
+    """Longest request line that holds ``max_ids`` batch ids in a query
+    (``%2C``-separated, the way a status link writes them) and a service id."""
+    return max(8190, max_ids * (128 + 3) + 1024)
+
+
 def _raw_error(status: int, reason: str, message: str, **headers: str) -> bytes:
     body = json.dumps({"error": {"code": status, "title": reason, "message": message}}).encode()
     lines = [

@@ -4,11 +4,12 @@ The commit stage hands every group of commits to :meth:`CommittedView.add`
 (on the event loop, in commit order); a writer task moves them to the store
 (:mod:`ledgerq.node.disk`) in the background, one store transaction per
 write, at most every ``write_interval_s`` (sooner when many are waiting).
-A write of many commits is cut into store transactions of about
-``write_chunk`` commits each, at the boundaries of :meth:`add` calls (each
-with the journal point it covers): LMDB keeps, for the life of the
-environment, as many page buffers as the largest transaction dirtied, so the
-size of a transaction, not the age of the node, bounds that memory.
+A write of many commits is cut into store transactions of at most
+``write_chunk`` commits (unless one :meth:`add` brought more), at the
+boundaries of :meth:`add` calls (each with the journal point it covers):
+LMDB keeps, for the life of the environment, as many page buffers as the
+largest transaction dirtied, so the size of a transaction, not the age of
+the node, bounds that memory.
 Every read — state, a final status, a committed transaction, a block — looks
 at the commits not yet written first, then at the store, so a read never
 sees less than what has committed. Memory holds only those unwritten
@@ -160,14 +161,30 @@ class CommittedView:
             return
         self._idle.clear()
         self._writing, self._new = new, _Unwritten(new.applied, new.batch_high)
-        try:
-            await asyncio.to_thread(self._write_chunks, new)
-        except BaseException as exc:
-            self.failure = exc
+        # A thread cannot be stopped: when the writer is cancelled mid-write, the
+        # write still finishes (and is accounted for) before the cancellation goes on,
+        # so nothing closes the store under a write transaction.
+        work = asyncio.ensure_future(asyncio.to_thread(self._write_chunks, new))
+        cancelled = False
+        while not work.done():
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                cancelled = True
+            except BaseException:
+                break
+        failure = asyncio.CancelledError() if work.cancelled() else work.exception()
+        if failure is not None:
+            self.failure = failure
             # Keep the commits readable; nothing more is written.
             self._new, self._writing = _merge(new, self._new), None
             self._idle.set()
-            raise
+            raise failure
+        self._written(new)
+        if cancelled:
+            raise asyncio.CancelledError
+
+    def _written(self, new: _Unwritten) -> None:
         self.store.after_write()
         self._writing = None
         durable, self._durable = self._durable, self._last_written
@@ -179,11 +196,15 @@ class CommittedView:
     def _write_chunks(self, new: _Unwritten) -> None:
         """In the writer thread: one store transaction per chunk, each with its point."""
         start = 0
-        cuts = new.cuts or [(len(new.records), new.applied, new.batch_high)]
-        for i, (end, applied, batch_high) in enumerate(cuts):
-            if end - start >= self._write_chunk or i == len(cuts) - 1:
-                self.store.write(new.records[start:end], applied, batch_high)
-                start = end
+        last = (len(new.records), new.applied, new.batch_high)
+        pending: tuple[int, int, int] | None = None  # the latest cut not written yet
+        for cut in new.cuts or [last]:
+            if pending is not None and pending[0] > start and cut[0] - start > self._write_chunk:
+                self.store.write(new.records[start : pending[0]], pending[1], pending[2])
+                start = pending[0]
+            pending = cut
+        if pending is not None:
+            self.store.write(new.records[start : pending[0]], pending[1], pending[2])
 
     async def drain(self) -> None:
         """Write everything committed so far, and wait for it."""

@@ -159,6 +159,22 @@ async def test_unknown_routes_and_crashes_answer_json(locked: tuple[Served, Node
         assert "POST" in r.headers["Allow"]
 
 
+async def test_a_crash_in_a_handler_is_a_sawtooth_500(
+    locked: tuple[Served, Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served, node = locked
+
+    async def broken(address: str) -> bytes | None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(node, "get_state", broken)
+    async with served.session.get(served.url + "/state/" + "1cf126" + "0" * 64, headers=AUTH) as r:
+        assert r.status == 500
+        body = await r.json()
+    assert body["error"]["code"] == 10 and body["error"]["title"] == "Unknown Validator Error"
+    assert "disk on fire" not in body["error"]["message"]  # the details go to the log only
+
+
 async def test_scabbard_opens_only_on_post_and_is_capped(tmp_path: Path) -> None:
     now = [0.0]
     services = ScabbardServices(tmp_path, max_services=2, idle_s=10, clock=lambda: now[0])
@@ -185,6 +201,20 @@ async def test_scabbard_opens_only_on_post_and_is_capped(tmp_path: Path) -> None
         assert not ScabbardServices.valid("c" * 65, "s")
     finally:
         await services.close()
+
+
+async def test_scabbard_reads_over_rest_open_nothing(
+    locked: tuple[Served, Node], tmp_path: Path
+) -> None:
+    served, _ = locked
+    url = served.url + "/scabbard/circ/svc/batch_statuses?ids=" + "a" * 128
+    for _ in range(3):
+        async with served.session.get(url, headers=AUTH) as r:
+            assert r.status == 404 and (await r.json())["error"]["code"] == 71
+    assert not (tmp_path / "scabbard").exists()  # no directory, journal or driver task
+    long = served.url + "/scabbard/" + "c" * 65 + "/svc/batches"
+    async with served.session.post(long, data=b"", headers=AUTH) as r:
+        assert r.status == 404 and "at most 64 characters" in (await r.json())["error"]["message"]
 
 
 async def test_scabbard_cap_refuses_when_all_are_busy(tmp_path: Path) -> None:

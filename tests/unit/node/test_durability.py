@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -479,3 +480,64 @@ async def test_a_large_store_write_is_cut_into_transactions_at_commit_points(
         assert await value(again, "g") == 11  # records 9-12 replayed once, 1-8 not again
     finally:
         await again.close()
+
+
+async def test_closing_while_the_store_is_being_written_lets_the_write_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = await Node.open(tmp_path, snapshot_every=10**6, store_interval_s=3600)
+    entered, release = threading.Event(), threading.Event()
+    write = node.store.write
+
+    def slow(records: list[object], applied: int, batch_high: int) -> None:
+        entered.set()
+        release.wait(10)
+        write(records, applied, batch_high)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(node.store, "write", slow)
+    batches = [make_intkey_batch(SIGNER, [("set", f"w{i}", i)]) for i in range(5)]
+    await node.submit(batches)
+    assert set(await statuses(node, batches)) == {"COMMITTED"}
+    node.committed._signal.set()  # the writer starts a write, in its thread
+    assert await asyncio.to_thread(entered.wait, 10)
+    closing = asyncio.create_task(node.close())  # cancels the writer mid-write
+    for _ in range(10_000):  # close stops the driver, then cancels the writer
+        if node._writer is None:
+            break
+        await asyncio.sleep(0.001)
+    for _ in range(10):  # let the cancellation reach the writer, and close go on
+        await asyncio.sleep(0)
+    release.set()
+    await asyncio.wait_for(closing, 30)
+    again = await Node.open(tmp_path, store_interval_s=3600)
+    try:
+        assert again.store.meta().applied == 5  # the write finished before the store closed
+        assert set(await statuses(again, batches)) == {"COMMITTED"}
+    finally:
+        await again.close()
+
+
+async def test_a_large_commit_slice_reaches_the_store_in_bounded_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledgerq.node import node as node_module
+
+    monkeypatch.setattr(node_module, "COMMIT_PART", 3)
+    node = await Node.open(tmp_path, snapshot_every=10**6, store_interval_s=3600)
+    node.committed._write_chunk = 3
+    written: list[tuple[int, int]] = []
+    write = node.store.write
+
+    def spy(records: list[object], applied: int, batch_high: int) -> None:
+        written.append((len(records), applied))
+        write(records, applied, batch_high)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(node.store, "write", spy)
+    batches = [make_intkey_batch(SIGNER, [("set", f"p{i}", i)]) for i in range(10)]
+    try:
+        await node.submit(batches)  # one commit slice of 10
+        assert set(await statuses(node, batches)) == {"COMMITTED"}
+        await node.snapshot()
+        assert written == [(3, 3), (3, 6), (3, 9), (1, 10)]
+    finally:
+        await node.close()
