@@ -186,6 +186,11 @@ class _Waiter:
         self.pending: dict[str, str] = {}
 
 
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("refreshing parked status requests failed", exc_info=task.exception())
+
+
 class Changes:
     """Where long-polling status requests wait for their batches to be final.
 
@@ -228,6 +233,7 @@ class Changes:
             self._dirty.add(service_id)
         if self._dirty and self.reader is not None and self._refresher is None:
             self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+            self._refresher.add_done_callback(_log_failure)
 
     @contextlib.contextmanager
     def park(self) -> Iterator[_Waiter]:
