@@ -82,6 +82,9 @@ from ledgerq.store.base import DATA_CHANGE_PREFIX, BatchAcceptor
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 300
+#: Status requests reading the store at once (the others wait their turn;
+#: beyond max_waiters waiting, 429).
+STATUS_READS = 2
 #: Least time between two reads for parked status requests.
 REFRESH_INTERVAL_S = 0.05
 #: Request keys the security middlewares set (:mod:`ledgerq.operator.security`):
@@ -479,6 +482,8 @@ class GatewayApi:
         (the others wait their turn)."""
         self.max_status_ids = max_status_ids
         self.decoder = BatchListDecoder(max_bytes=max_body_bytes, slots=decode_slots)
+        self._status_reads = asyncio.Semaphore(STATUS_READS)
+        self._status_queue = 0
         self.ledger_problem = ledger_problem
         self.store = store
         self.strategy_of = strategy_of
@@ -618,8 +623,23 @@ class GatewayApi:
         scope = scope_of(request)
         if service_id and not scope.covers(service_id):
             return _out_of_scope(scope, service_id, "read")
+        if self._status_queue >= self.changes.max_waiters:
+            return _error(
+                429,
+                "Too Many Requests",
+                f"{self._status_queue} status requests are waiting for a read already; retry later",
+                "too_many_status_requests",
+                headers={"Retry-After": "1"},
+            )
         try:
-            found = await self._read_map(ids, service_id, scope, lean=True)
+            # A few status reads at a time: the store's connections stay free
+            # for the pipeline, whatever the number of status requests.
+            self._status_queue += 1
+            try:
+                async with self._status_reads:
+                    found = await self._read_map(ids, service_id, scope, lean=True)
+            finally:
+                self._status_queue -= 1
             if wait_s > 0 and _pending(ids, found):
                 await self._wait_final(request, ids, found, wait_s)
         except TooManyWaitersError:
