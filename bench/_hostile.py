@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import io
+import multiprocessing
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import aiohttp
 
@@ -329,20 +332,103 @@ class FlowResult:
         return self.batches / self.elapsed_s
 
 
+def _run_load(
+    urls: Sequence[str],
+    sizes: HostileSizes,
+    poll_ids: Sequence[str],
+    large_body: bytes | None,
+    token: str | None,
+    started: Any,
+    stop: Any,
+    out: Any,
+) -> None:
+    """The body of :class:`LoadProcess`: run the load until told to stop."""
+    # The load stands for clients on other machines: on this one, the
+    # gateways, the node and PostgreSQL come first.
+    with contextlib.suppress(OSError):
+        os.nice(LOAD_NICENESS)
+
+    async def main() -> None:
+        load = HostileLoad(urls, sizes, poll_ids, large_body=large_body, token=token)
+        await load.start()
+        await load.started.wait()
+        started.set()
+        await asyncio.to_thread(stop.wait)
+        report = await load.stop()
+        out.put({kind: dict(outcomes) for kind, outcomes in report.outcomes.items()})
+
+    asyncio.run(main())
+
+
+#: How much lower the load generator's scheduling priority is.
+LOAD_NICENESS = 5
+
+
+class LoadProcess:
+    """A :class:`HostileLoad` in a process of its own (so the clients' own CPU
+    does not slow the workload's poster, and yields to the servers)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        sizes: HostileSizes,
+        poll_ids: Sequence[str],
+        *,
+        large_body: bytes | None = None,
+        token: str | None = None,
+    ) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._started = ctx.Event()
+        self._stop = ctx.Event()
+        self._out: Any = ctx.Queue()
+        self._proc = ctx.Process(
+            target=_run_load,
+            args=(
+                list(urls),
+                sizes,
+                list(poll_ids),
+                large_body,
+                token,
+                self._started,
+                self._stop,
+                self._out,
+            ),
+            daemon=True,
+        )
+
+    async def start(self, timeout_s: float) -> None:
+        self._proc.start()
+        if not await asyncio.to_thread(self._started.wait, timeout_s):
+            self._proc.kill()
+            raise RuntimeError(f"the hostile load did not open within {timeout_s} s")
+
+    async def stop(self, timeout_s: float = 300) -> HostileReport:
+        self._stop.set()
+        try:
+            outcomes = await asyncio.to_thread(self._out.get, True, timeout_s)
+        finally:
+            await asyncio.to_thread(self._proc.join, 30)
+            if self._proc.is_alive():
+                self._proc.kill()
+        report = HostileReport()
+        for kind, counts in outcomes.items():
+            report.outcomes[kind].update(counts)
+        return report
+
+
 async def flow(
     urls: Sequence[str],
     pg_url: str,
     workload: Workload,
     *,
-    load: HostileLoad | None = None,
+    load: LoadProcess | None = None,
     token: str | None = None,
     timeout_s: float = 300,
 ) -> FlowResult:
     """Post ``workload`` and wait until every batch is final, under ``load``
     (started first and settled: every slow connection and long-poll open)."""
     if load is not None:
-        await load.start()
-        await asyncio.wait_for(load.started.wait(), timeout_s)
+        await load.start(timeout_s)
     loop = asyncio.get_running_loop()
     began = loop.time()
     await post_workload(urls, workload, token)

@@ -26,8 +26,8 @@ import click
 from bench import report
 from bench._cluster import Cluster, Workload, check_invariants, install_fence_audit
 from bench._hostile import (
-    HostileLoad,
     HostileSizes,
+    LoadProcess,
     broken_list,
     claims_voided,
     flow,
@@ -69,7 +69,7 @@ def _phase(
                 urls = [g.url for g in gateways]
                 workload = Workload(services=services, batches_per_service=per_service)
                 load = (
-                    HostileLoad(urls, sizes, workload.all_ids(), large_body=large, token=TOKEN)
+                    LoadProcess(urls, sizes, workload.all_ids(), large_body=large, token=TOKEN)
                     if hostile
                     else None
                 )

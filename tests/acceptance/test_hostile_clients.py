@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench._cluster import Cluster, Workload, check_invariants, install_fence_audit
-from bench._hostile import HostileLoad, HostileSizes, broken_list, claims_voided, flow
+from bench._hostile import HostileSizes, LoadProcess, broken_list, claims_voided, flow
 from ledgerq.store import open_store
 
 pytestmark = [pytest.mark.slow]
@@ -63,7 +63,7 @@ def test_hostile_clients_get_clear_answers_while_ordered_batches_flow(
         urls = [a.url, b.url]
 
         async def run() -> dict[str, dict[str, int]]:
-            load = HostileLoad(urls, SIZES, workload.all_ids(), large_body=large, token=TOKEN)
+            load = LoadProcess(urls, SIZES, workload.all_ids(), large_body=large, token=TOKEN)
             # Batches flow under the load until every one is final.
             result = await flow(urls, pg_url, workload, load=load, token=TOKEN, timeout_s=240)
             report = result.report
