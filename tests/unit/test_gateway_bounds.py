@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
@@ -339,5 +340,28 @@ async def test_slow_headers_and_bodies_are_cut_off_idle_connections_closed_and_c
             writer.close()
     finally:
         await idle_runner.cleanup()
+        await runner.cleanup()
+        await store.close()
+
+
+async def test_what_aiohttp_refuses_before_any_handler_is_json_too() -> None:
+    store = await open_store("memory://")
+    url, runner = await _serve(GatewayApi(store))
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        for request in (
+            b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+            b"NOT-HTTP\r\n\r\n",
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            answer = await _read_all(reader)
+            writer.close()
+            head, _, body = answer.partition(b"\r\n\r\n")
+            status = int(head.split()[1])
+            assert 400 <= status < 500, answer[:200]
+            assert b"application/json" in head
+            assert json.loads(body)["error"]["code"] == status
+    finally:
         await runner.cleanup()
         await store.close()
