@@ -23,6 +23,7 @@ commit.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import statistics
@@ -115,13 +116,21 @@ def _mid_submission(url: str, services: list[str]) -> set[str]:
     return {r[0] for r in rows}
 
 
+def _post_parallel(cluster: Cluster, items: list[tuple[str, bytes]], clients: int = 8) -> None:
+    """Post ``items`` from ``clients`` threads (one service's items stay in one thread,
+    in order): one sequential client cannot feed three gateways."""
+    slices = [items[i::clients] for i in range(clients)]
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        for done in [pool.submit(cluster.post_round_robin, part) for part in slices]:
+            done.result()
+
+
 def _open(url: str, services: list[str]) -> set[str]:
-    """Services with a batch still to submit (or being submitted): a batch only
-    the ledger has (Pending) gives a new holder nothing to submit."""
+    """Services with a batch not final yet: a new holder has something to do
+    for each (submit it, or follow the one the ledger has until it is final)."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            "SELECT DISTINCT service_id FROM batches WHERE service_id = ANY(%s) AND NOT final"
-            " AND (NOT submitted OR status IS NULL OR status IN ('Unknown', 'Delayed'))",
+            "SELECT DISTINCT service_id FROM batches WHERE service_id = ANY(%s) AND NOT final",
             (services,),
         ).fetchall()
     return {r[0] for r in rows}
@@ -145,23 +154,24 @@ def measure_failover(
         items = []
         for service_id, made in workload.batches.items():
             items.append((service_id, made[0][1]))
-        cluster.post_round_robin(items)
-        # Let the claims balance (the defaults hand over after claim TTL).
+        _post_parallel(cluster, items)
+        # Let the claims balance (the defaults hand over after claim TTL); under
+        # a loaded machine the last few hand-overs may lag: a tenth off is enough.
         settings = ClaimSettings()
         _wait(
             lambda: (
                 len(_holders(url)) == 3
                 and sum(map(len, _holders(url).values())) == services
-                and max(map(len, _holders(url).values())) <= -(-services // 3) + 1
+                and max(map(len, _holders(url).values())) <= -(-services // 3) * 1.1 + 1
             ),
-            60,
+            180,
             "three instances sharing the services",
         )
         # The rest of each service's batches in one ordered BatchList per
         # service, posted while the work flows; the kill comes mid-run, once a
         # quarter of those batches are committed (posting goes on to the others).
         poster = threading.Thread(
-            target=cluster.post_round_robin, args=(_lists(workload, 1),), daemon=True
+            target=_post_parallel, args=(cluster, _lists(workload, 1)), daemon=True
         )
         poster.start()
         kill_at = services + (services * batches - services) // 4
@@ -181,10 +191,18 @@ def measure_failover(
         resumed: dict[str, float] = {}
         while time.monotonic() < deadline and len(resumed) < len(victim_services):
             with psycopg.connect(url) as conn:
+                # The first thing another instance did for the service after the
+                # kill: submit its next batch, or record the ledger's answer about
+                # the batch the victim had submitted (the victim is dead: any write
+                # after the kill is another instance's).
                 rows = conn.execute(
-                    "SELECT service_id, min(created_at) FROM submissions"
-                    " WHERE service_id = ANY(%s) AND created_at > %s GROUP BY service_id",
-                    (victim_services, killed_ms),
+                    "SELECT service_id, min(at) FROM ("
+                    " SELECT service_id, created_at AS at FROM submissions"
+                    " WHERE service_id = ANY(%(s)s) AND created_at > %(k)s"
+                    " UNION ALL SELECT service_id, updated_at FROM batch_statuses"
+                    " WHERE service_id = ANY(%(s)s) AND updated_at > %(k)s) AS a"
+                    " GROUP BY service_id",
+                    {"s": victim_services, "k": killed_ms},
                 ).fetchall()
             for service_id, at in rows:
                 resumed[service_id] = (at - killed_ms) / 1000
@@ -245,7 +263,7 @@ def measure_throughput(workdir: Path, instances: int, services: int, batches: in
         backends = _pg_backends(url)
         cpu0 = (_cpu(gw_pids), _cpu(backends), _cpu([node.proc.pid]))
         started = time.monotonic()
-        cluster.post_round_robin(_lists(workload, 0))
+        _post_parallel(cluster, _lists(workload, 0))
         total = services * batches
         _wait(lambda: _committed(url) >= total, 600, "every batch committed")
         elapsed = time.monotonic() - started
@@ -332,7 +350,8 @@ def command(
         "the busiest gateway SIGKILLed once a quarter of those are committed, holding "
         f"{held} services with work waiting ({len(resumed)} resumed). Time from the kill "
         "until another gateway records the submission of each of those services' next "
-        "batch:",
+        "batch or the ledger's answer about the batch the victim had submitted "
+        "(whichever comes first):",
         "",
         report.table(
             ["path", "services", "min", "median", "p95", "max", f"≤ TTL + 1 s ({target:.0f} s)"],

@@ -24,10 +24,10 @@ from pathlib import Path
 import click
 
 from bench import report
-from bench._cluster import Cluster, Workload, check_invariants
+from bench._cluster import Cluster, Workload, check_invariants, install_fence_audit
 from bench._hostile import (
-    HostileLoad,
     HostileSizes,
+    LoadProcess,
     broken_list,
     claims_voided,
     flow,
@@ -55,6 +55,7 @@ def _phase(
     db = fresh_pg_database(pg_admin)
     try:
         asyncio.run(_migrate(db))
+        install_fence_audit(db)
         with tempfile.TemporaryDirectory(prefix="ledgerq-hostile-") as tmp:
             env = {
                 "LEDGERQ_AUTH_TOKEN": TOKEN,
@@ -68,7 +69,7 @@ def _phase(
                 urls = [g.url for g in gateways]
                 workload = Workload(services=services, batches_per_service=per_service)
                 load = (
-                    HostileLoad(urls, sizes, workload.all_ids(), large_body=large, token=TOKEN)
+                    LoadProcess(urls, sizes, workload.all_ids(), large_body=large, token=TOKEN)
                     if hostile
                     else None
                 )

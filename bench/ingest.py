@@ -53,7 +53,7 @@ def _make_requests(args: tuple[int, int, int]) -> list[bytes]:
             [make_intkey_batch(signer, [("set", f"i{seed}x{n}y{k}", 1)]) for k in range(per_post)]
         )
         head = (
-            f"POST /batches?service_id={service} HTTP/1.1\r\nHost: bench\r\n"
+            f"POST /batches?service_id={service} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
         )
         out.append(head.encode() + body)
@@ -93,6 +93,7 @@ def _client(
     state: dict[socket.socket, bytearray] = {}
     nxt = 0
     accepted = other = 0
+    statuses: dict[int, int] = {}
     for _ in range(conns):
         s = socket.create_connection((host, port))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -111,9 +112,12 @@ def _client(
                     accepted += 1
                 else:
                     other += 1
+                    statuses[status] = statuses.get(status, 0) + 1
             conn.sendall(requests[nxt % len(requests)])
             nxt += 1
     cpu = os.times()
+    if statuses:
+        print(f"load generator: answers other than 202: {statuses}", flush=True)
     q.put((accepted, other, nxt, cpu.user + cpu.system))  # type: ignore[attr-defined]
     for s in state:
         s.close()

@@ -93,6 +93,21 @@ def test_a_misspelt_variable_stops_serve_naming_it(tmp_path: Path) -> None:
     assert "did you mean LEDGERQ_AUTH_TOKEN?" in err
 
 
+def test_a_misspelt_variable_stops_node_and_config_show_too(tmp_path: Path) -> None:
+    for command in (["node", "--bind", "127.0.0.1:0"], ["config", "show"]):
+        result = subprocess.run(
+            [LEDGERQ, *command],
+            cwd=tmp_path,
+            env=_env(LEDGERQ_NODE_TOKN=ADMIN),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 1, result.stderr
+        assert "did you mean LEDGERQ_NODE_TOKEN?" in result.stderr
+        assert ADMIN not in result.stderr
+
+
 def test_a_wide_bind_without_a_token_is_refused_unless_insecure(
     tmp_path: Path, start: Start
 ) -> None:

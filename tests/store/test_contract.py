@@ -554,3 +554,28 @@ async def test_status_written_twice_in_one_millisecond_keeps_the_injected_clock(
     await store.update_batch_status(b.batch_header, SVC, Committed(), now=clock.value)
     # Recorded at (about) clock.value, not at the database's wall clock.
     assert await store.clean_stale_records(clock.value + 1_000) == 1
+
+
+async def test_status_reads_are_the_batches_without_their_transactions(
+    store: BatchTrackingStore,
+) -> None:
+    pending = make_batch(SVC, txns=2)
+    invalid = make_batch(SVC, txns=2)
+    await store.add_batches([pending, invalid])
+    bad = InvalidTransaction(
+        invalid.transactions[1].transaction_header,
+        error_message="Verb must be set, inc, or dec",
+        error_data=b"\x01",
+        external_error_status=None,
+        external_error_message=None,
+    )
+    await store.update_batch_status(invalid.batch_header, SVC, Invalid((bad,)))
+    ids = [pending.batch_header, invalid.batch_header, "f" * 128]
+    full = {b.batch_header: b for b in await store.get_batches_by_id(ids)}
+    lean = {b.batch_header: b for b in await store.get_batch_statuses_by_id(ids)}
+    assert lean.keys() == full.keys() == {pending.batch_header, invalid.batch_header}
+    for batch_id, batch in lean.items():
+        assert batch.batch_status == full[batch_id].batch_status
+        assert (batch.service_id, batch.submitted) == (SVC, False)
+    assert lean[invalid.batch_header].batch_status == Invalid((bad,))
+    assert await store.get_batch_statuses_by_id([]) == []

@@ -1,12 +1,13 @@
 """Bounded work per request: status ids capped, de-duplicated, checked and read
-in one query; long-polls woken per service and capped; large bodies decoded
-off the event loop, a few at a time; header and body deadlines, idle
+in one query; long-polls refreshed together and capped; large bodies decoded
+in worker processes, a few at a time; header and body deadlines, idle
 connections closed, a connection cap."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
+import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
@@ -14,10 +15,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from bench._hostile import broken_list
 from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
-from ledgerq.ingest import api as api_module
 from ledgerq.ingest.api import Changes, GatewayApi, TooManyWaitersError
+from ledgerq.ingest.decoding import POOL_BYTES
 from ledgerq.ingest.guard import GuardedSite, HttpLimits
 from ledgerq.ledgers.base import LedgerBatchStatus
 from ledgerq.model import Committed, TrackingBatch
@@ -35,9 +37,9 @@ class CountingStore:
         self.by_id_calls: list[int] = []
         self.single_gets = 0
 
-    async def get_batches_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
+    async def get_batch_statuses_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
         self.by_id_calls.append(len(batch_ids))
-        result: list[TrackingBatch] = await self.inner.get_batches_by_id(batch_ids)
+        result: list[TrackingBatch] = await self.inner.get_batch_statuses_by_id(batch_ids)
         return result
 
     async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None:
@@ -202,75 +204,89 @@ async def test_parked_long_polls_are_capped_then_429_with_retry_after(
     await asyncio.gather(*polls, return_exceptions=True)
 
 
-def test_changes_wakes_per_service_and_forgets_its_waiters() -> None:
-    changes = Changes(max_waiters=1)
-    with changes.park() as waiter:
-        changes.watch(waiter, frozenset({"a", "b"}))
-        changes.notify("c")
-        assert not waiter.event.is_set()
-        changes.notify("b")
-        assert waiter.event.is_set()
+async def test_changes_reads_once_for_every_parked_request_and_wakes_only_finished_ones() -> None:
+    from dataclasses import replace
+
+    store = await open_store("memory://")
+    signer = Signer.generate()
+    batches = {
+        (service, n): _tracking(make_intkey_batch(signer, [("set", f"{service}{n}", n)]), service)
+        for service in ("a", "b")
+        for n in range(2)
+    }
+    state = dict(batches)
+    reads: list[list[str]] = []
+
+    async def reader(ids: Collection[str]) -> list[TrackingBatch]:
+        reads.append(sorted(ids))
+        return [b for b in state.values() if b.batch_id in ids]
+
+    changes = Changes(max_waiters=3)
+    changes.reader = reader
+    waiters = []
+    with contextlib.ExitStack() as stack:
+        for _ in range(3):  # three requests wait for the same two batches of a
+            waiter = stack.enter_context(changes.park())
+            found = {b.batch_id: b for b in (batches["a", 0], batches["a", 1])}
+            changes.watch(waiter, found, list(found))
+            waiters.append(waiter)
         with pytest.raises(TooManyWaitersError), changes.park():
             pass
+        await until(lambda: len(reads) == 1)  # one read for all three
+        changes.notify("b")  # nobody waits there: no read
+        state["a", 0] = replace(batches["a", 0], batch_status=Committed())
+        changes.notify("a")
+        await until(lambda: len(reads) == 2)
+        assert not any(w.event.is_set() for w in waiters)  # a1 is still pending
+        state["a", 1] = replace(batches["a", 1], batch_status=Committed())
+        changes.notify("a")
+        await until(lambda: all(w.event.is_set() for w in waiters))
+        assert len(reads) == 3
+        assert all(b.is_final for w in waiters for b in w.found.values())
     assert changes.parked == 0
     assert changes._by_service == {}
+    await changes.aclose()
+    await store.close()
 
 
-async def test_large_bodies_are_decoded_off_the_loop_a_few_at_a_time(
-    http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+def _tracking(batch: Any, service: str) -> TrackingBatch:
+    from ledgerq.codec.decode import to_tracking_batch
+
+    return to_tracking_batch(batch, service)
+
+
+async def test_large_bodies_are_decoded_in_worker_processes_refusals_intact(
+    http: aiohttp.ClientSession,
 ) -> None:
     store = await open_store("memory://")
     api = GatewayApi(store, decode_slots=1)
-    threads: list[str] = []
-    running = 0
-    most = 0
-    release = threading.Event()
-    real = api_module.parse_batch_list
-
-    def parse(*args: Any, **kwargs: Any) -> Any:
-        nonlocal running, most
-        threads.append(threading.current_thread().name)
-        running += 1
-        most = max(most, running)
-        release.wait(10)
-        running -= 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(api_module, "parse_batch_list", parse)
     url, runner = await _serve(api)
     try:
         signer = Signer.generate()
-        lists = [
-            encode_batch_list(
-                [
-                    make_intkey_batch(signer, [("set", f"k{n}-{i}", i)]).serialized
-                    for i in range(api_module.OFFLOAD_BYTES // 150)
-                ]
-            )
-            for n in range(3)
-        ]
-        assert all(len(body) >= api_module.OFFLOAD_BYTES for body in lists)
+        count = POOL_BYTES // 150
+        good = encode_batch_list(
+            [make_intkey_batch(signer, [("set", f"k{i}", i)]).serialized for i in range(count)]
+        )
+        broken = broken_list(POOL_BYTES + 1024)
+        assert len(good) >= POOL_BYTES
         posts = [
-            asyncio.create_task(http.post(f"{url}/batches", data=body, headers=OCTET))
-            for body in lists
+            http.post(f"{url}/batches", data=good, headers=OCTET),
+            http.post(f"{url}/batches", data=broken, headers=OCTET),
         ]
-        await until(lambda: bool(threads))
-        # The event loop answers while a decode is under way.
-        async with http.get(f"{url}/health") as r:
-            assert r.status == 200
-        release.set()
-        for response in await asyncio.gather(*posts):
-            assert response.status == 202
-            response.release()
+        first, second = await asyncio.gather(*posts)
+        assert first.status == 202
+        assert second.status == 400
+        assert (await second.json())["error"]["rule"] == "bad_batch_signature"
+        first.release()
+        assert api.decoder.pooled == 2
         small = encode_batch_list([make_intkey_batch(signer, [("set", "small", 1)]).serialized])
         async with http.post(f"{url}/batches", data=small, headers=OCTET) as r:
             assert r.status == 202
+        assert api.decoder.pooled == 2  # a small body: decoded inline
+        assert len((await store.list_batches(limit=1000)).batches) == count + 1
     finally:
         await runner.cleanup()
         await store.close()
-    assert most == 1
-    assert threads[:3] == ["ledgerq-decode_0"] * 3
-    assert threads[3] == threading.current_thread().name  # a small body: inline
 
 
 async def _read_all(reader: asyncio.StreamReader) -> bytes:
@@ -324,5 +340,28 @@ async def test_slow_headers_and_bodies_are_cut_off_idle_connections_closed_and_c
             writer.close()
     finally:
         await idle_runner.cleanup()
+        await runner.cleanup()
+        await store.close()
+
+
+async def test_what_aiohttp_refuses_before_any_handler_is_json_too() -> None:
+    store = await open_store("memory://")
+    url, runner = await _serve(GatewayApi(store))
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        for request in (
+            b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+            b"NOT-HTTP\r\n\r\n",
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            answer = await _read_all(reader)
+            writer.close()
+            head, _, body = answer.partition(b"\r\n\r\n")
+            status = int(head.split()[1])
+            assert 400 <= status < 500, answer[:200]
+            assert b"application/json" in head
+            assert json.loads(body)["error"]["code"] == status
+    finally:
         await runner.cleanup()
         await store.close()

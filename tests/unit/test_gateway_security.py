@@ -80,6 +80,8 @@ async def test_scoped_tokens_write_only_into_their_services() -> None:
             status, doc = await get(http, url, "/services", GLOBEX)
             assert status == 403
             assert "may not read" in doc["error"]["message"]
+            async with http.post(f"{url}/batch_statuses", json=["x"], headers=bearer(GLOBEX)) as r:
+                assert r.status == 403  # a read, whatever the method
 
 
 async def test_scoped_tokens_see_only_their_services() -> None:
@@ -104,6 +106,13 @@ async def test_scoped_tokens_see_only_their_services() -> None:
                 assert status == 200
                 assert [e["status"] for e in doc["data"]] == ["PENDING"] * 2 + ["UNKNOWN"] * 2
                 assert all("service_id" not in e for e in doc["data"][2:])
+                # The POST form of the status read is a read too, scoped alike.
+                async with http.post(
+                    f"{url}/batch_statuses", json=acme_ids + globex_ids, headers=bearer(token)
+                ) as r:
+                    assert r.status == 200
+                    data = (await r.json())["data"]
+                    assert [e["status"] for e in data] == ["PENDING"] * 2 + ["UNKNOWN"] * 2
                 status, doc = await get(http, url, f"/batches/{globex_ids[0]}", token)
                 assert status == 404
                 for path in ("/batches", "/batch_statuses"):

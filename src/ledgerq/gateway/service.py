@@ -35,7 +35,7 @@ from ledgerq.follow.follower import Follower
 from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
 from ledgerq.gateway.ha import ClaimBoundLedger
 from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
-from ledgerq.ingest.guard import GuardedSite, HttpLimits
+from ledgerq.ingest.guard import GuardedSite, HttpLimits, request_line_limit
 from ledgerq.ledgers.base import LedgerClient
 from ledgerq.ledgers.health import LedgerHealth
 from ledgerq.model import Fence, TrackingBatch
@@ -256,7 +256,12 @@ class Gateway:
             max_connections=self.settings["http.max_connections"],
         )
         runner = web.AppRunner(
-            gateway_app(self), access_log=None, keepalive_timeout=limits.keepalive_s
+            gateway_app(self),
+            access_log=None,
+            keepalive_timeout=limits.keepalive_s,
+            # The status link of a posted list, and a GET of max_status_ids
+            # ids, fit in a request line (aiohttp's default is 8 KiB: 63 ids).
+            max_line_size=request_line_limit(self.settings["max_status_ids"]),
         )
         await runner.setup()
         try:

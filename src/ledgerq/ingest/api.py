@@ -44,13 +44,11 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import math
 import re
-from collections.abc import Callable, Collection, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
@@ -58,7 +56,6 @@ from aiohttp import web
 
 from ledgerq.claims import ClaimInfo, InstanceInfo
 from ledgerq.clock import Clock, now_ms
-from ledgerq.codec import parse_batch_list
 from ledgerq.errors import (
     BatchNotFoundError,
     DuplicateBatchError,
@@ -68,6 +65,7 @@ from ledgerq.errors import (
     StoreInputError,
     StoreUnavailableError,
 )
+from ledgerq.ingest.decoding import BatchListDecoder
 from ledgerq.ingest.errors import error_body, json_errors
 from ledgerq.ingest.guard import guard_middleware, on_disconnect
 from ledgerq.model import (
@@ -84,9 +82,8 @@ from ledgerq.store.base import DATA_CHANGE_PREFIX, BatchAcceptor
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 300
-#: BatchLists at least this large are decoded off the event loop (about 100
-#: single-transaction batches; below, a thread hop costs more than it saves).
-OFFLOAD_BYTES = 64 * 1024
+#: Least time between two reads for parked status requests.
+REFRESH_INTERVAL_S = 0.05
 #: Request keys the security middlewares set (:mod:`ledgerq.operator.security`):
 #: the caller's token scope, and the base URL links are built from.
 # (aiohttp's typed RequestKey where it exists: it warns on plain string keys.)
@@ -145,6 +142,8 @@ class ApiStore(Protocol):
 
     async def get_batches_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]: ...
 
+    async def get_batch_statuses_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]: ...
+
     async def list_batches(
         self,
         *,
@@ -173,26 +172,49 @@ class TooManyWaitersError(Exception):
     """Every long-poll slot is taken."""
 
 
+BatchReader = Callable[[Collection[str]], Awaitable[list[TrackingBatch]]]
+
+
 class _Waiter:
-    __slots__ = ("event", "services")
+    __slots__ = ("event", "found", "pending")
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
-        self.services: frozenset[str] = frozenset()
+        #: Asked id → batch, updated in place as the batches change.
+        self.found: dict[str, TrackingBatch] = {}
+        #: Batch id → the id it was asked by, for the batches not final yet.
+        self.pending: dict[str, str] = {}
 
 
 class Changes:
-    """Wakes long-polling status readers when a batch of a service they wait
-    on changes state — only those, not every parked reader.
+    """Where long-polling status requests wait for their batches to be final.
 
-    At most ``max_waiters`` readers are parked at once (:meth:`park` raises
+    A parked request registers the batches it still waits for. When a service
+    changes (:meth:`notify`), the batches waited for in it are read again —
+    once for every parked request together, in one query, one read at a time
+    (notifications arriving meanwhile are folded into the next read) — and
+    each request is handed its batches' new states and woken only when all of
+    its batches are final. So the work per change does not grow with the
+    number of parked requests, and a change wakes no request it does not
+    finish. Reads are at least :data:`REFRESH_INTERVAL_S` apart (an answer
+    may come that much later than the change), and only batches whose state
+    changed are handed out. At most ``max_waiters`` requests are parked (:meth:`park` raises
     :class:`TooManyWaitersError` beyond).
     """
 
     def __init__(self, max_waiters: int = 1_000) -> None:
         self.max_waiters = max_waiters
-        self._by_service: dict[str, set[_Waiter]] = {}
+        #: Reads batches by id (set by the API to its store's).
+        self.reader: BatchReader | None = None
+        #: Queries made to refresh parked requests.
+        self.reads = 0
         self._parked: set[_Waiter] = set()
+        self._by_service: dict[str, dict[str, set[_Waiter]]] = {}
+        self._dirty: set[str] = set()
+        self._refresher: asyncio.Task[None] | None = None
+        self._last_read = 0.0
+        #: The state last handed out per watched batch.
+        self._seen: dict[str, tuple[Any, bool]] = {}
 
     @property
     def parked(self) -> int:
@@ -201,11 +223,11 @@ class Changes:
     def notify(self, service_id: str | None = None) -> None:
         """A batch of ``service_id`` changed (``None``: any service)."""
         if service_id is None:
-            waiters: Collection[_Waiter] = self._parked
-        else:
-            waiters = self._by_service.get(service_id, ())
-        for waiter in waiters:
-            waiter.event.set()
+            self._dirty.update(self._by_service)
+        elif service_id in self._by_service:
+            self._dirty.add(service_id)
+        if self._dirty and self.reader is not None and self._refresher is None:
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh())
 
     @contextlib.contextmanager
     def park(self) -> Iterator[_Waiter]:
@@ -216,25 +238,85 @@ class Changes:
         try:
             yield waiter
         finally:
-            self.watch(waiter, frozenset())
+            for batch_id in list(waiter.pending):
+                self._unwatch(waiter, waiter.found[waiter.pending[batch_id]])
             self._parked.discard(waiter)
 
-    def watch(self, waiter: _Waiter, services: frozenset[str]) -> None:
-        """Wake ``waiter`` on changes to ``services`` (instead of what it watched)."""
-        for service_id in waiter.services - services:
-            watching = self._by_service.get(service_id)
-            if watching is not None:
-                watching.discard(waiter)
-                if not watching:
-                    del self._by_service[service_id]
-        for service_id in services - waiter.services:
-            self._by_service.setdefault(service_id, set()).add(waiter)
-        waiter.services = services
+    def watch(self, waiter: _Waiter, found: dict[str, TrackingBatch], ids: Sequence[str]) -> None:
+        """Wait for the batches ``found[i]`` of ``ids``; ``found`` is kept up to date.
+        Their services are read again at once: nothing changed since ``found``
+        was read is missed."""
+        waiter.found = found
+        for i in ids:
+            batch = found[i]
+            waiter.pending[batch.batch_id] = i
+            by_batch = self._by_service.setdefault(batch.service_id, {})
+            by_batch.setdefault(batch.batch_id, set()).add(waiter)
+            self.notify(batch.service_id)
+
+    def _unwatch(self, waiter: _Waiter, batch: TrackingBatch) -> None:
+        waiter.pending.pop(batch.batch_id, None)
+        by_batch = self._by_service.get(batch.service_id)
+        if by_batch is None:
+            return
+        waiters = by_batch.get(batch.batch_id)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del by_batch[batch.batch_id]
+                self._seen.pop(batch.batch_id, None)
+        if not by_batch:
+            del self._by_service[batch.service_id]
 
     async def wait(self, waiter: _Waiter, timeout_s: float) -> None:
+        """Until every batch of ``waiter`` is final, or ``timeout_s``."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(waiter.event.wait(), timeout_s)
-        waiter.event.clear()
+
+    async def _refresh(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._dirty and self.reader is not None:
+                # Changes arriving meanwhile are folded into the next read.
+                await asyncio.sleep(max(0.0, self._last_read + REFRESH_INTERVAL_S - loop.time()))
+                self._last_read = loop.time()
+                services, self._dirty = self._dirty, set()
+                ids = [b for s in services for b in self._by_service.get(s, {})]
+                if not ids:
+                    continue
+                self.reads += 1
+                try:
+                    batches = await self.reader(ids)
+                except StoreError as exc:
+                    # Parked requests answer what they have when their wait ends.
+                    log.warning("cannot read batches for parked status requests: %s", exc)
+                    continue
+                for batch in batches:
+                    self._deliver(batch)
+        finally:
+            self._refresher = None
+
+    def _deliver(self, batch: TrackingBatch) -> None:
+        waiting = self._by_service.get(batch.service_id, {}).get(batch.batch_id)
+        if not waiting:
+            return
+        state = (batch.status_name, batch.submitted)
+        if self._seen.get(batch.batch_id) == state:
+            return  # unchanged since the last read: nothing to hand out
+        self._seen[batch.batch_id] = state
+        for waiter in list(waiting):
+            waiter.found[waiter.pending[batch.batch_id]] = batch
+            if batch.is_final:
+                self._unwatch(waiter, batch)
+                if not waiter.pending:
+                    waiter.event.set()
+
+    async def aclose(self) -> None:
+        refresher = self._refresher
+        if refresher is not None:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
 
 
 def _lock_reason(s: ServiceInfo, strategy: str) -> str | None:
@@ -390,9 +472,7 @@ class GatewayApi:
         large BatchLists decoded and verified at once, off the event loop
         (the others wait their turn)."""
         self.max_status_ids = max_status_ids
-        self.decode_slots = decode_slots
-        self._decode_turns = asyncio.Semaphore(decode_slots)
-        self._decoder: ThreadPoolExecutor | None = None
+        self.decoder = BatchListDecoder(max_bytes=max_body_bytes, slots=decode_slots)
         self.ledger_problem = ledger_problem
         self.store = store
         self.strategy_of = strategy_of
@@ -405,6 +485,7 @@ class GatewayApi:
         self.is_ready = is_ready
         self.max_body_bytes = max_body_bytes
         self.changes = changes or Changes()
+        self.changes.reader = lambda ids: self.store.get_batch_statuses_by_id(ids)
         self.clock = clock
 
     def app(self) -> web.Application:
@@ -466,23 +547,13 @@ class GatewayApi:
 
     async def _decode(self, body: bytes, service_id: str | None) -> Sequence[TrackingBatch]:
         """The list's batches, decoded and verified: small bodies on the event
-        loop, large ones on a decoding thread, ``decode_slots`` at a time
-        (signature checks release the GIL; the loop, and with it claim
-        renewal, keeps running)."""
-        parse = functools.partial(parse_batch_list, body, service_id, max_bytes=self.max_body_bytes)
-        if len(body) < OFFLOAD_BYTES:
-            return parse()
-        async with self._decode_turns:
-            if self._decoder is None:
-                self._decoder = ThreadPoolExecutor(
-                    self.decode_slots, thread_name_prefix="ledgerq-decode"
-                )
-            return await asyncio.get_running_loop().run_in_executor(self._decoder, parse)
+        loop, large ones in worker processes, ``decode_slots`` at a time
+        (:mod:`ledgerq.ingest.decoding`)."""
+        return await self.decoder.decode(body, service_id)
 
     async def _stop_decoding(self, _app: web.Application) -> None:
-        decoder, self._decoder = self._decoder, None
-        if decoder is not None:
-            decoder.shutdown(wait=False, cancel_futures=True)
+        await self.changes.aclose()
+        await asyncio.to_thread(self.decoder.close)
 
     async def _conflict(
         self, batches: Sequence[TrackingBatch], refusal: DuplicateBatchError
@@ -542,9 +613,9 @@ class GatewayApi:
         if service_id and not scope.covers(service_id):
             return _out_of_scope(scope, service_id, "read")
         try:
-            found = await self._read_map(ids, service_id, scope)
+            found = await self._read_map(ids, service_id, scope, lean=True)
             if wait_s > 0 and _pending(ids, found):
-                await self._wait_final(request, ids, found, service_id, scope, wait_s)
+                await self._wait_final(request, ids, found, wait_s)
         except TooManyWaitersError:
             return _error(
                 429,
@@ -589,61 +660,37 @@ class GatewayApi:
         request: web.Request,
         ids: Sequence[str],
         found: dict[str, TrackingBatch],
-        service_id: str | None,
-        scope: Scope,
         wait_s: float,
     ) -> None:
-        """Wait until every batch of ``ids`` is final or ``wait_s`` has passed,
-        re-reading only the pending ones, only when their services change;
-        a client that goes away stops the wait."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
+        """Park until every batch of ``ids`` is final or ``wait_s`` has passed
+        (``found`` is updated in place by :class:`Changes`); a client that goes
+        away ends the wait."""
         with self.changes.park() as waiter:
             stop_hearing = on_disconnect(request, waiter.event.set)
             try:
-                await self._wait_loop(request, ids, found, service_id, scope, waiter, deadline)
+                self.changes.watch(waiter, found, _pending(ids, found))
+                await self.changes.wait(waiter, wait_s)
             finally:
                 stop_hearing()
-
-    async def _wait_loop(
-        self,
-        request: web.Request,
-        ids: Sequence[str],
-        found: dict[str, TrackingBatch],
-        service_id: str | None,
-        scope: Scope,
-        waiter: _Waiter,
-        deadline: float,
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if request.transport is None or request.transport.is_closing():
-                return  # nobody to answer
-            pending = _pending(ids, found)
-            self.changes.watch(waiter, frozenset(found[i].service_id for i in pending))
-            # Read again once watching: a change since the last read is not missed.
-            found.update(await self._read_map(pending, service_id, scope))
-            remaining = deadline - loop.time()
-            if remaining <= 0 or not _pending(pending, found):
-                return
-            await self.changes.wait(waiter, remaining)
 
     async def _read(self, ids: Sequence[str], service_id: str | None) -> list[TrackingBatch | None]:
         found = await self._read_map(ids, service_id)
         return [found.get(i) for i in ids]
 
     async def _read_map(
-        self, ids: Sequence[str], service_id: str | None, scope: Scope = FULL
+        self, ids: Sequence[str], service_id: str | None, scope: Scope = FULL, *, lean: bool = False
     ) -> dict[str, TrackingBatch]:
         """The batches ``ids`` name (untracked ones left out): in ``service_id``
         when given, else wherever each is tracked (a batch id names one batch in
         one service), all in one query; a ``dc:`` id is looked up by itself, in
         ``service_id`` or among the batches posted without one. Batches outside
-        ``scope`` are left out too (a scoped token learns nothing of them)."""
+        ``scope`` are left out too (a scoped token learns nothing of them).
+        ``lean``: what a status answer needs, without the transactions."""
         found: dict[str, TrackingBatch] = {}
         batch_ids = [i for i in ids if not i.startswith(DATA_CHANGE_PREFIX)]
         if batch_ids:
-            for b in await self.store.get_batches_by_id(batch_ids):
+            read = self.store.get_batch_statuses_by_id if lean else self.store.get_batches_by_id
+            for b in await read(batch_ids):
                 if service_id is None or b.service_id == service_id:
                     found[b.batch_id] = b
         for i in ids:

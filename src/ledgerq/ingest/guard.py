@@ -14,6 +14,9 @@ or its body, and hold a connection (and a file descriptor) for ever. A
   is closed;
 * **body deadline** — from the end of the headers, the body must be
   complete within ``body_timeout_s``, else ``408`` and close;
+* **JSON errors** — what aiohttp refuses before any handler runs (a
+  malformed request, a request line or header over its limits) is answered
+  in the gateway's JSON error shape, not aiohttp's plain text;
 * **disconnects** — a handler may ask to hear when its client goes away
   (:func:`on_disconnect`): a parked long-poll then stops waiting at once,
   instead of holding its slot until its ``wait`` ends.
@@ -32,9 +35,14 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+from ledgerq.ingest.errors import error_body
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +57,12 @@ class HttpLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     max_connections: int = 2048
+
+
+def request_line_limit(max_ids: int) -> int:
+    """Longest request line that holds ``max_ids`` batch ids in a query
+    (``%2C``-separated, the way a status link writes them) and a service id."""
+    return max(8190, max_ids * (128 + 3) + 1024)
 
 
 def _raw_error(status: int, reason: str, message: str, **headers: str) -> bytes:
@@ -207,6 +221,45 @@ async def guard_middleware(request: web.Request, handler: Handler) -> web.Stream
         guard.request_done()
 
 
+class _JsonErrorHandler(RequestHandler):
+    """aiohttp's protocol, answering the errors it finds before any handler
+    runs (a malformed request, a request line or header over the limits) in
+    the gateway's JSON error shape instead of plain text."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs, checks nothing was sent
+        reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+        if status >= 500 or not message:
+            text = "the gateway failed on this request; see its log"
+        else:
+            text = f"{message}; send a well-formed HTTP/1.1 request within the limits"
+        response = web.json_response(error_body(status, reason, text), status=status)
+        response.force_close()
+        return response
+
+
+def _protocol_factory(server: Any) -> Callable[[], Any]:
+    """What makes each connection's aiohttp protocol: :class:`_JsonErrorHandler`
+    built as aiohttp's ``Server`` builds its own, or aiohttp's own if that
+    ever changes shape."""
+
+    def make() -> Any:
+        try:
+            return _JsonErrorHandler(server, loop=server._loop, **server._kwargs)
+        except (AttributeError, TypeError):
+            return server()
+
+    return make
+
+
 class GuardedSite(web.BaseSite):
     """A :class:`aiohttp.web.TCPSite` (``host``/``port``) or ``SockSite``
     (``sock``) whose connections are guarded by ``limits``."""
@@ -237,8 +290,9 @@ class GuardedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        factory = self._runner.server
-        assert factory is not None
+        server = self._runner.server
+        assert server is not None
+        factory = _protocol_factory(server)
         counter = self.counter
 
         def protocol() -> _Guard:

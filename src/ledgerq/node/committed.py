@@ -4,11 +4,12 @@ The commit stage hands every group of commits to :meth:`CommittedView.add`
 (on the event loop, in commit order); a writer task moves them to the store
 (:mod:`ledgerq.node.disk`) in the background, one store transaction per
 write, at most every ``write_interval_s`` (sooner when many are waiting).
-A write of many commits is cut into store transactions of about
-``write_chunk`` commits each, at the boundaries of :meth:`add` calls (each
-with the journal point it covers): LMDB keeps, for the life of the
-environment, as many page buffers as the largest transaction dirtied, so the
-size of a transaction, not the age of the node, bounds that memory.
+A write of many commits is cut into store transactions of at most
+``write_chunk`` commits (unless one :meth:`add` brought more), at the
+boundaries of :meth:`add` calls (each with the journal point it covers):
+LMDB keeps, for the life of the environment, as many page buffers as the
+largest transaction dirtied, so the size of a transaction, not the age of
+the node, bounds that memory.
 Every read — state, a final status, a committed transaction, a block — looks
 at the commits not yet written first, then at the store, so a read never
 sees less than what has committed. Memory holds only those unwritten
@@ -195,11 +196,15 @@ class CommittedView:
     def _write_chunks(self, new: _Unwritten) -> None:
         """In the writer thread: one store transaction per chunk, each with its point."""
         start = 0
-        cuts = new.cuts or [(len(new.records), new.applied, new.batch_high)]
-        for i, (end, applied, batch_high) in enumerate(cuts):
-            if end - start >= self._write_chunk or i == len(cuts) - 1:
-                self.store.write(new.records[start:end], applied, batch_high)
-                start = end
+        last = (len(new.records), new.applied, new.batch_high)
+        pending: tuple[int, int, int] | None = None  # the latest cut not written yet
+        for cut in new.cuts or [last]:
+            if pending is not None and pending[0] > start and cut[0] - start > self._write_chunk:
+                self.store.write(new.records[start : pending[0]], pending[1], pending[2])
+                start = pending[0]
+            pending = cut
+        if pending is not None:
+            self.store.write(new.records[start : pending[0]], pending[1], pending[2])
 
     async def drain(self) -> None:
         """Write everything committed so far, and wait for it."""

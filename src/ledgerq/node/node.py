@@ -48,6 +48,9 @@ from ledgerq.node.snapshot import import_snapshot
 
 log = logging.getLogger(__name__)
 
+#: Most commits handed to the committed view at once (and so in one store transaction).
+COMMIT_PART = 2_000
+
 #: The ``resubmission`` stamp of a request the node decided to order again: later than
 #: any ordering, so the worker's rule ("not if ordered after the stamp") lets it through.
 _ORDER_AGAIN = TxFingerprint(2**62, 0)
@@ -209,7 +212,7 @@ class Node:
             self._pending_ids.add(batch.header_signature)
             self._push(_Admitted(batch, record.resubmission, _refusal(record)), journaled=True)
             replayed += 1
-            if replayed % 5_000 == 0:
+            if replayed % COMMIT_PART == 0:
                 self.machine.run()
                 await self._commit_ready()
         self.machine.run()
@@ -438,36 +441,41 @@ class Node:
         if journal is not None and self._unjournaled:
             items = [self._unjournaled.pop(slot.seq) for slot in ready]
             await journal.append(items)
-        events = self.ledger.commit(ready)
         for slot in ready:
             if slot.summary is None:  # disregarded by the worker: it was already ordered
                 self._pending_ids.discard(slot.tx_id)
         final_txs: list[str] = []
-        records: list[CommitRecord] = []
-        for event in events:
-            bid = event.info.id
-            batch = self._inflight.pop(bid, None)
-            txs = batch.transaction_ids if batch is not None else ()
-            records.append(
-                CommitRecord(
-                    event.seq,
-                    bid,
-                    event.info.invalid_transactions or event.info.status,
-                    event.fingerprint,
-                    txs,
-                    batch.serialized if batch is not None else b"",
-                    event.writes,
+        events: list[StatusEvent] = []
+        # To the committed view in parts of at most COMMIT_PART slots, each with the
+        # journal point it covers: the store writes no larger transactions than that.
+        for start in range(0, len(ready), COMMIT_PART):
+            part = self.ledger.commit(ready[start : start + COMMIT_PART])
+            records: list[CommitRecord] = []
+            for event in part:
+                bid = event.info.id
+                batch = self._inflight.pop(bid, None)
+                txs = batch.transaction_ids if batch is not None else ()
+                records.append(
+                    CommitRecord(
+                        event.seq,
+                        bid,
+                        event.info.invalid_transactions or event.info.status,
+                        event.fingerprint,
+                        txs,
+                        batch.serialized if batch is not None else b"",
+                        event.writes,
+                    )
                 )
-            )
-            for tid in txs:
-                if self._inflight_txs.get(tid) == bid:
-                    del self._inflight_txs[tid]
-            final_txs.extend(txs)
-            self._pending_ids.discard(bid)
-            for fut in self._waiters.pop(bid, ()):
-                if not fut.done():
-                    fut.set_result(None)
-        self.committed.add(records, self.ledger.committed, self.machine.worker.batch_number)
+                for tid in txs:
+                    if self._inflight_txs.get(tid) == bid:
+                        del self._inflight_txs[tid]
+                final_txs.extend(txs)
+                self._pending_ids.discard(bid)
+                for fut in self._waiters.pop(bid, ()):
+                    if not fut.done():
+                        fut.set_result(None)
+            self.committed.add(records, self.ledger.committed, self.machine.worker.batch_number)
+            events += part
         if self.ledger.last_fingerprint is not None:
             self.machine.forget_through(self.ledger.last_fingerprint)
         if events:

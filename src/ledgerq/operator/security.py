@@ -5,15 +5,17 @@
   ``/health``, ``/ready``, ``/openapi.json`` and the dashboard's static page
   and assets (they hold no data; the page asks for the token and sends it
   with its own reads). A missing or wrong token is a 401 JSON error; a token
-  used beyond its access (``read``/``write``) a 403. The request carries the
+  used beyond its access (``read``/``write``; ``POST /batch_statuses`` is a
+  read) a 403. The request carries the
   token's :class:`~ledgerq.scopes.Scope`; the API refuses (403) or hides
   what lies outside its services. Tokens are compared in constant time and
   never logged.
 * **Host** (``allowed_hosts``): the ``Host`` header must be loopback, the
   bind address or a listed name, else 421 — no DNS rebinding onto a
   loopback gateway (``/health`` and ``/ready`` answer any Host: load
-  balancers probe instances by address). Links are built from ``public_url``, or trusted
-  ``X-Forwarded-*`` headers (``trust_forwarded``), or the checked Host.
+  balancers probe instances by address). Links are built from
+  ``public_url``, or trusted ``X-Forwarded-*`` headers
+  (``trust_forwarded``), or the checked Host.
 * **Headers**: every answer carries ``X-Content-Type-Options: nosniff``,
   ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer`` and a strict
   ``Content-Security-Policy`` (own script and style only, no framing).
@@ -44,6 +46,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SERVICE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-:~@+]*")
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: POST routes that only read (long id lists in the body): they need read access.
+READ_POSTS = frozenset({"/batch_statuses"})
 #: Paths that never need the token: they hold no tracked data.
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/static/",)
@@ -107,7 +111,7 @@ def token_middleware(
                 **{"WWW-Authenticate": 'Bearer realm="ledgerq"'},
             )
         # POST /batch_statuses is a read with its ids in the body (as Sawtooth's).
-        write = request.method in WRITE_METHODS and path != "/batch_statuses"
+        write = request.method in WRITE_METHODS and path not in READ_POSTS
         if (write and not scope.write) or (not write and not scope.read):
             return _json_error(
                 403,

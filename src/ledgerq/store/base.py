@@ -149,6 +149,11 @@ class BatchReader(Protocol):
         are left out."""
         ...
 
+    async def get_batch_statuses_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
+        """As :meth:`get_batches_by_id`, but the transactions may be left out
+        (an ``Invalid`` batch keeps its invalid transactions)."""
+        ...
+
     async def list_batches_by_status(
         self, status: BatchStatus | BatchStatusName
     ) -> TrackingBatchList: ...

@@ -439,6 +439,9 @@ class MemoryStore:
         found = [s.records[(s.batch_service[i], i)] for i in set(batch_ids) if i in s.batch_service]
         return [self._view(r) for r in sorted(found, key=lambda r: r.batch.seq or 0)]
 
+    async def get_batch_statuses_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
+        return await self.get_batches_by_id(batch_ids)
+
     async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None:
         rec = self._find(id, service_id)
         return None if rec is None else self._view(rec)

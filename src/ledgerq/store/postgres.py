@@ -62,6 +62,14 @@ def _translate(exc: psycopg.Error, url: str) -> StoreError:
     return StoreError(f"PostgreSQL failed: {exc}")
 
 
+#: Statements whose best plan depends on the length of an array parameter (a
+#: list of service ids). Never prepared, so every execution is planned for its
+#: own list: once psycopg prepares a statement (its fifth execution), PostgreSQL
+#: may switch to a generic plan chosen without the list, which took 609 ms where
+#: the planned one took 32 ms for 5,000 services (docs/BENCHMARKS.md, anomaly 3).
+PLANNED_EACH_TIME = frozenset({"queue_round_services", "parallel_round_services"})
+
+
 class _Session:
     def __init__(self, conn: psycopg.AsyncConnection[Any], backend: PostgresBackend) -> None:
         self.conn = conn
@@ -94,7 +102,8 @@ class _Session:
         await self.conn.execute(set_query, columns)
 
     async def fetchall(self, name: str, params: Params) -> list[Row]:
-        cur = await self.conn.execute(self._q[name], params)
+        prepare = False if name in PLANNED_EACH_TIME else None
+        cur = await self.conn.execute(self._q[name], params, prepare=prepare)
         return await cur.fetchall()
 
     async def fetchone(self, name: str, params: Params) -> Row | None:

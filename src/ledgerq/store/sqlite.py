@@ -56,6 +56,7 @@ from ledgerq.store.migrate import (
     refuse_outdated,
 )
 from ledgerq.store.sqlfiles import canonical_schema, load_queries
+from ledgerq.store.sqlite_gate import WriteGate
 from ledgerq.store.sqlstore import ConflictError, Params, Row
 
 T = TypeVar("T")
@@ -327,6 +328,9 @@ class SqliteBackend:
         )
         self._commits = 0
         self._checkpoint_task: asyncio.Task[None] | None = None
+        # Processes writing to one file queue for it in the kernel, not in
+        # SQLite's sleeping busy handler (ledgerq.store.sqlite_gate).
+        self._gate = None if path == ":memory:" else WriteGate(path)
 
     def statements(self, name: str) -> list[str]:
         """The statements of a named query (most have one)."""
@@ -341,6 +345,8 @@ class SqliteBackend:
 
     async def connect(self) -> None:
         await self._writer.open()
+        if self._gate is not None:
+            self._gate.open()
         if self._reader is not self._writer:
             try:
                 await self._reader.open()
@@ -393,7 +399,7 @@ class SqliteBackend:
     @asynccontextmanager
     async def transaction(self, *, write: bool) -> AsyncIterator[_Session]:
         connection = self._writer if write else self._reader
-        async with connection.lock:
+        async with connection.lock, self._gated(write):
             # IMMEDIATE takes the write lock up front, so a writer never fails
             # half-way on a lock upgrade; readers get a consistent WAL snapshot.
             await connection.call(lambda c: c.execute("BEGIN IMMEDIATE" if write else "BEGIN"))
@@ -403,6 +409,11 @@ class SqliteBackend:
                 await asyncio.shield(connection.call(lambda c: c.execute("ROLLBACK")))
                 raise
             await connection.call(lambda c: c.execute("COMMIT"))
+
+    def _gated(self, write: bool) -> contextlib.AbstractAsyncContextManager[None]:
+        if write and self._gate is not None:
+            return self._gate.held()
+        return contextlib.nullcontext()
 
     async def run(
         self,
@@ -429,7 +440,7 @@ class SqliteBackend:
             conn.execute("COMMIT")
             return result
 
-        async with connection.lock:
+        async with connection.lock, self._gated(write):
             if self.options.inline and write and self.options.synchronous == "FULL":
                 result = await self._run_then_flush(connection, body)
             elif self.options.inline and (write or short):
@@ -602,3 +613,5 @@ class SqliteBackend:
         if self._reader is not self._writer:
             await self._reader.close()
         await self._writer.close()
+        if self._gate is not None:
+            self._gate.close()

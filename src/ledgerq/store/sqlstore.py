@@ -763,6 +763,27 @@ class SqlStore:
             "get_batches_by_id", {"ids": self._backend.texts_param(wanted)}, short=True
         )
 
+    async def get_batch_statuses_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
+        """As :meth:`get_batches_by_id` without the transactions (an ``Invalid``
+        batch keeps its invalid transactions): what a status answer needs."""
+        wanted = sorted(set(batch_ids))
+        if not wanted:
+            return []
+
+        async def body(session: Session) -> list[TrackingBatch]:
+            rows = await session.fetchall(
+                "get_batches_by_id", {"ids": self._backend.texts_param(wanted)}
+            )
+            invalid_seqs = [r[0] for r in rows if r[11] == BatchStatusName.INVALID.value]
+            invalid: list[Row] = []
+            if invalid_seqs:
+                invalid = await session.fetchall(
+                    "hydrate_invalid", {"seqs": self._backend.seqs_param(invalid_seqs)}
+                )
+            return common.assemble(rows, (), invalid)
+
+        return await self._backend.run(body, write=False, short=True)
+
     # -- reads ----------------------------------------------------------------
 
     async def _hydrate(self, session: Session, rows: list[Row]) -> list[TrackingBatch]:

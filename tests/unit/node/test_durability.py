@@ -515,3 +515,29 @@ async def test_closing_while_the_store_is_being_written_lets_the_write_finish(
         assert set(await statuses(again, batches)) == {"COMMITTED"}
     finally:
         await again.close()
+
+
+async def test_a_large_commit_slice_reaches_the_store_in_bounded_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledgerq.node import node as node_module
+
+    monkeypatch.setattr(node_module, "COMMIT_PART", 3)
+    node = await Node.open(tmp_path, snapshot_every=10**6, store_interval_s=3600)
+    node.committed._write_chunk = 3
+    written: list[tuple[int, int]] = []
+    write = node.store.write
+
+    def spy(records: list[object], applied: int, batch_high: int) -> None:
+        written.append((len(records), applied))
+        write(records, applied, batch_high)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(node.store, "write", spy)
+    batches = [make_intkey_batch(SIGNER, [("set", f"p{i}", i)]) for i in range(10)]
+    try:
+        await node.submit(batches)  # one commit slice of 10
+        assert set(await statuses(node, batches)) == {"COMMITTED"}
+        await node.snapshot()
+        assert written == [(3, 3), (3, 6), (3, 9), (1, 10)]
+    finally:
+        await node.close()
