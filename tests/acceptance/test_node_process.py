@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -123,6 +124,34 @@ def test_sigkill_and_restart_keeps_everything(tmp_path: Path, procs: list[NodePr
     assert second.statuses([later.header_signature]) == ["COMMITTED"]
     assert second.value("n") == 21
     second.kill()
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def test_a_killed_node_leaves_no_decoding_worker_behind(
+    tmp_path: Path, procs: list[NodeProcess]
+) -> None:
+    node = NodeProcess(tmp_path)
+    procs.append(node)
+    batches = [make_intkey_batch(SIGNER, [("set", f"d{i}", i)]) for i in range(60)]
+    body = encode_batch_list(batches)
+    assert len(body) >= 16 * 1024  # decoded in the worker pool
+    node.request("POST", "/batches", body, "application/octet-stream")
+    assert set(node.statuses([b.header_signature for b in batches])) == {"COMMITTED"}
+    workers = _children(node.proc.pid)
+    assert workers, "the pool started no worker process"
+    node.kill()
+    for _ in range(3000):  # the kernel kills them with their parent (bounded wait)
+        if not any(Path(f"/proc/{w}").exists() for w in workers):
+            break
+        time.sleep(0.01)
+    left = [w for w in workers if Path(f"/proc/{w}").exists()]
+    assert not left, f"worker processes outlived the node: {left}"
 
 
 def test_sigkill_with_pending_batches(tmp_path: Path, procs: list[NodeProcess]) -> None:

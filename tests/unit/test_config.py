@@ -96,6 +96,7 @@ def test_every_ledgerq_variable_the_repository_reads_is_allowed() -> None:
                 names.setdefault(name, str(path.relative_to(repo)))
     for on_purpose in (
         "LEDGERQ_AUTH_TOKN",
+        "LEDGERQ_NODE_TOKN",
         "LEDGERQ_WHATEVER",
         "LEDGERQ_KEY",
         "LEDGERQ_AUTH_PROTECT_READS",

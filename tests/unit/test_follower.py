@@ -225,6 +225,44 @@ async def test_an_answer_for_a_batch_resent_meanwhile_is_dropped() -> None:
         assert len(rig.store.writes) == writes
 
 
+async def test_an_answer_to_a_read_made_before_a_resend_is_dropped_even_after_it() -> None:
+    """A read out before a submission took the batch again answers for the
+    batch as it was: its UNKNOWN, recorded after that submission ended, would
+    free the resent (and now pending) batch for a second, unasked resend."""
+    held: set[str] = set()
+    async with Rig(held=held) as rig:
+        a = batch("a", 1)
+        await rig.accepted(a)
+        await until(lambda: rig.ledger.parked == 1)
+        # A submission takes the batch (as if the ledger had forgotten it) and
+        # ends before the old read answers.
+        held.add(a.batch_id)
+        rig.follower.resending(a.batch_id)
+        held.discard(a.batch_id)
+        writes = len(rig.store.writes)
+        await rig.ledger.decide(a.batch_id, Unknown())
+        await until(lambda: rig.ledger.parked == 0)
+        assert not rig.follower.followed
+        assert len(rig.store.writes) == writes
+        assert rig.status(a) is BatchStatusName.PENDING
+
+
+async def test_the_submitter_tells_its_listeners_as_it_takes_a_batch() -> None:
+    store = MemoryPipelineStore()
+    ledger = ScriptedLedger()
+    recorder = Recorder(store, clock=ManualClock())
+    a = batch("a", 1)
+    store.add(a)
+    submitter = Submitter(store, ledger, recorder, SubmitterSettings(poll_timeout_s=0.01))
+    taken: list[str] = []
+    submitter.take_listeners.append(taken.append)
+    task = asyncio.create_task(submitter.run())
+    await until(lambda: bool(taken))
+    assert taken == [a.batch_id]
+    submitter.stop()
+    await asyncio.wait_for(task, 5)
+
+
 async def test_parked_reads_are_bounded_and_every_batch_gets_its_turn() -> None:
     async with Rig(max_parked=2, wait_s=0.01) as rig:
         bs = [batch(f"s{i}", 1) for i in range(5)]

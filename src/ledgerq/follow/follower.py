@@ -48,7 +48,11 @@ happens to any other batch:
   ``min_poll_interval_s``. Neither is needed for correctness or speed.
 
 An answer for a batch that a submission of this process holds again (it was
-resent meanwhile) is dropped: that submission's outcome follows it.
+resent meanwhile) is dropped: that submission's outcome follows it. So is an
+answer to a read made before such a submission took the batch, even if it
+comes back after that submission ended (:meth:`Follower.resending`): an
+``UNKNOWN`` from before a resend says nothing of the resent batch, and
+recording it would free the batch for a second, unasked resend.
 """
 
 from __future__ import annotations
@@ -202,6 +206,17 @@ class Follower:
             self._drop(entry)
             if entry.task is not None:
                 entry.task.cancel()
+
+    def resending(self, batch_id: str) -> None:
+        """A submission of this process takes ``batch_id``: reads of it already
+        under way answer for the batch as it was before, so they are dropped
+        (their answers are ignored); the submission's outcome follows it."""
+        entry = self.followed.get(batch_id)
+        if entry is None:
+            return
+        self._drop(entry)
+        if entry.task is not None:
+            entry.task.cancel()
 
     def scan_now(self) -> None:
         """Read the store's in-flight batches now (services adopted, say)."""

@@ -155,6 +155,7 @@ class Gateway:
             held=self.submitter.held_batches,
             health=self.health,
         )
+        self.submitter.take_listeners.append(self.follower.resending)
         self.metrics.watch_follower(self.follower)
         self.api = GatewayApi(
             store,

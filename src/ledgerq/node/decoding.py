@@ -8,7 +8,8 @@ keeps its own), which answers the decoded batches; the event loop only
 unpickles them. Smaller bodies are decoded inline, where a round trip to
 another process would cost more than it saves. The pool starts on first use
 (``spawn``: no state of the node is copied into it) and stops with
-:meth:`BatchDecoder.close`.
+:meth:`BatchDecoder.close`; on Linux its workers die with the node's process
+(``PR_SET_PDEATHSIG``), so a node killed with SIGKILL leaves none behind.
 
 Refusals are the same either way: the codec's
 :class:`~ledgerq.errors.InvalidBatchError`, raised in the caller.
@@ -17,8 +18,11 @@ Refusals are the same either way: the codec's
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import multiprocessing
 import os
+import signal
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -53,7 +57,10 @@ class BatchDecoder:
             return decode_batch_list(body, max_bytes=self.max_bytes)
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn")
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_die_with,
+                initargs=(os.getpid(),),
             )
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(self._pool, _decode, body, self.max_bytes)
@@ -70,6 +77,18 @@ class BatchDecoder:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(node_pid: int) -> None:
+    """In a worker: SIGKILL it when the node's process dies (Linux), starting now."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != node_pid:
+        os._exit(1)  # the node died before we could watch it
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,8 +76,10 @@ follower asks the ledger about that batch at once.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from ledgerq.clock import Clock, now_ms
@@ -163,6 +165,10 @@ class Recorder:
         self._listeners: list[UnlockListener] = []
         self._accept_listeners: list[AcceptListener] = []
         self._ask_listeners: list[AskListener] = []
+        # Per batch: a lock and how many writes use it. This process's writes
+        # of one batch land in the order they were made (a group commit would
+        # otherwise let a later one overtake an earlier one still in flight).
+        self._order: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     def add_unlock_listener(self, listener: UnlockListener) -> None:
         """``listener(service_id)`` after a write that lets the service move on."""
@@ -201,6 +207,27 @@ class Recorder:
         fence = self._acting.pop((batch.service_id, batch.batch_id), None)
         return fence if fence is not None else self._fence(batch.service_id)
 
+    @contextlib.asynccontextmanager
+    async def _in_order(self, batch_id: str) -> AsyncIterator[None]:
+        """Hold ``batch_id``'s writes in the order they were made.
+
+        An ``UNKNOWN`` answer whose write is still in flight when the queue
+        hands the batch out again must land before that submission's
+        attempt, not after it: landing after, it would clear ``submitted``
+        on a batch the ledger now holds, and free it for a second, unasked
+        resend. (Taken without yielding when free, so the order is the order
+        of the calls.)
+        """
+        lock, users = self._order.setdefault(batch_id, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._order[batch_id]
+
     def _unlocked(self, service_id: str) -> None:
         for listener in self._listeners:
             listener(service_id)
@@ -214,9 +241,10 @@ class Recorder:
         instance does not hold the service's claim.
         """
         fence = self._fence(batch.service_id)
-        await self._store.change_batch_to_submitted(
-            batch.batch_id, batch.service_id, None, None, None, now=self._clock(), fence=fence
-        )
+        async with self._in_order(batch.batch_id):
+            await self._store.change_batch_to_submitted(
+                batch.batch_id, batch.service_id, None, None, None, now=self._clock(), fence=fence
+            )
         if fence is not None:
             self._acting[(batch.service_id, batch.batch_id)] = fence
 
@@ -231,15 +259,17 @@ class Recorder:
         the service rests for the delay window, then the batch is sent again."""
         # Recorded as an attempt, so its time (which starts the delay window)
         # is the end of the retries, not the start.
-        await self._store.change_batch_to_submitted(
-            batch.batch_id,
-            batch.service_id,
-            None,
-            BatchStatusName.DELAYED,
-            SubmissionError(error_type, message),
-            now=self._clock(),
-            fence=self._submission_fence(batch),
-        )
+        fence = self._submission_fence(batch)
+        async with self._in_order(batch.batch_id):
+            await self._store.change_batch_to_submitted(
+                batch.batch_id,
+                batch.service_id,
+                None,
+                BatchStatusName.DELAYED,
+                SubmissionError(error_type, message),
+                now=self._clock(),
+                fence=fence,
+            )
         self._unlocked(batch.service_id)
 
     async def rejected(self, batch: TrackingBatch, status: int, message: str) -> None:
@@ -264,15 +294,17 @@ class Recorder:
     async def ambiguous(self, batch: TrackingBatch, message: str) -> None:
         """The ledger may or may not have ``batch``: keep it ``submitted`` (its
         service locked, the batch not queued) and have the ledger asked."""
-        await self._store.update_batch_status(
-            batch.batch_id,
-            batch.service_id,
-            None,
-            [],
-            SubmissionError("ambiguous", message),
-            now=self._clock(),
-            fence=self._submission_fence(batch),
-        )
+        fence = self._submission_fence(batch)
+        async with self._in_order(batch.batch_id):
+            await self._store.update_batch_status(
+                batch.batch_id,
+                batch.service_id,
+                None,
+                [],
+                SubmissionError("ambiguous", message),
+                now=self._clock(),
+                fence=fence,
+            )
         for listener in self._ask_listeners:
             listener(batch.batch_id, batch.service_id)
 
@@ -298,8 +330,15 @@ class Recorder:
         error: SubmissionError | None,
         fence: Fence | None,
     ) -> None:
-        await self._store.update_batch_status(
-            batch_id, service_id, status, _receipts(status), error, now=self._clock(), fence=fence
-        )
+        async with self._in_order(batch_id):
+            await self._store.update_batch_status(
+                batch_id,
+                service_id,
+                status,
+                _receipts(status),
+                error,
+                now=self._clock(),
+                fence=fence,
+            )
         if status.is_final or status.name in (BatchStatusName.UNKNOWN, BatchStatusName.DELAYED):
             self._unlocked(service_id)

@@ -163,6 +163,10 @@ class Submitter:
         self._in_flight: dict[str, str] = {}  # batch id -> service id
         #: Batch ids being submitted right now (live; the follower leaves them alone).
         self.held_batches: set[str] = set()
+        #: Called with a batch id as a submission takes it, before anything is
+        #: recorded: the follower forgets reads of it already under way, whose
+        #: answers predate this submission.
+        self.take_listeners: list[Callable[[str], None]] = []
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self.submitted_total = 0
@@ -199,6 +203,8 @@ class Submitter:
                         continue
                     self._in_flight[batch.batch_id] = batch.service_id
                     self.held_batches.add(batch.batch_id)
+                    for listener in self.take_listeners:
+                        listener(batch.batch_id)
                     tasks.create_task(self._submit(batch))
 
     async def _next(self, limit: int) -> Sequence[TrackingBatch]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -179,6 +180,28 @@ async def test_request_logs_returns_the_execution_summary(node: Node) -> None:
     assert summary is not None and summary.tx_id == batch.header_signature and summary.success
     assert summary.values_written[0][0] == make_address("a")
     assert await node.request_logs(TxFingerprint(999, 0)) is None
+
+
+async def test_request_logs_leaves_running_the_machine_to_the_driver(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GET /logs delivers one RequestLogs and waits; it never runs the machine (all
+    # its pending work) inside the request's handler.
+    in_handler: contextvars.ContextVar[bool] = contextvars.ContextVar("in_handler", default=False)
+    run_machine = node.machine.run
+
+    def guarded(budget: int | None = None) -> bool:
+        assert not in_handler.get(), "the request's handler ran the machine"
+        return run_machine(budget)
+
+    monkeypatch.setattr(node.machine, "run", guarded)
+    batch = make_intkey_batch(SIGNER, [("set", "l", 1)])
+    await run(node, batch)
+    fp = node.fingerprint_of(batch.header_signature)
+    assert fp is not None
+    in_handler.set(True)  # seen by this task only, not by the node's driver task
+    summary = await node.request_logs(fp)
+    assert summary is not None and summary.tx_id == batch.header_signature
 
 
 async def test_max_pending_raises_busy() -> None:
