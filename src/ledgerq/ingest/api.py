@@ -18,7 +18,11 @@
   ledgerq still holds is ``PENDING``, one it never saw ``UNKNOWN``; with
   ``wait`` the answer waits up to N seconds (at most 300) for every batch to
   be final. ``ledgerq_status`` gives the tracking status itself, ``service_id``
-  the batch's service.
+  the batch's service. ``POST /batch_statuses`` takes the ids as a JSON
+  array. Bounded: at most ``max_status_ids`` distinct ids (repeats answered
+  once), each a batch id or ``dc:`` id (else 400), read in one query, two
+  requests' reads at a time; an unparsable ``wait`` is a 400; parked requests
+  are refreshed together by :class:`Changes` and capped (429).
 * ``GET /batches?service_id=&status=&limit=&after=`` — tracked batches in
   acceptance order, paginated by ``seq`` (``paging.next`` links the next page).
 * ``GET /batches/{id}?service_id=S`` — one batch.
@@ -82,6 +86,9 @@ from ledgerq.store.base import DATA_CHANGE_PREFIX, BatchAcceptor
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 300
+#: Status requests reading the store at once (the others wait their turn;
+#: beyond max_waiters waiting, 429).
+STATUS_READS = 2
 #: Least time between two reads for parked status requests.
 REFRESH_INTERVAL_S = 0.05
 #: Request keys the security middlewares set (:mod:`ledgerq.operator.security`):
@@ -186,6 +193,11 @@ class _Waiter:
         self.pending: dict[str, str] = {}
 
 
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("refreshing parked status requests failed", exc_info=task.exception())
+
+
 class Changes:
     """Where long-polling status requests wait for their batches to be final.
 
@@ -228,6 +240,7 @@ class Changes:
             self._dirty.add(service_id)
         if self._dirty and self.reader is not None and self._refresher is None:
             self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+            self._refresher.add_done_callback(_log_failure)
 
     @contextlib.contextmanager
     def park(self) -> Iterator[_Waiter]:
@@ -473,6 +486,8 @@ class GatewayApi:
         (the others wait their turn)."""
         self.max_status_ids = max_status_ids
         self.decoder = BatchListDecoder(max_bytes=max_body_bytes, slots=decode_slots)
+        self._status_reads = asyncio.Semaphore(STATUS_READS)
+        self._status_queue = 0
         self.ledger_problem = ledger_problem
         self.store = store
         self.strategy_of = strategy_of
@@ -612,8 +627,23 @@ class GatewayApi:
         scope = scope_of(request)
         if service_id and not scope.covers(service_id):
             return _out_of_scope(scope, service_id, "read")
+        if self._status_queue >= self.changes.max_waiters:
+            return _error(
+                429,
+                "Too Many Requests",
+                f"{self._status_queue} status requests are waiting for a read already; retry later",
+                "too_many_status_requests",
+                headers={"Retry-After": "1"},
+            )
         try:
-            found = await self._read_map(ids, service_id, scope, lean=True)
+            # A few status reads at a time: the store's connections stay free
+            # for the pipeline, whatever the number of status requests.
+            self._status_queue += 1
+            try:
+                async with self._status_reads:
+                    found = await self._read_map(ids, service_id, scope, lean=True)
+            finally:
+                self._status_queue -= 1
             if wait_s > 0 and _pending(ids, found):
                 await self._wait_final(request, ids, found, wait_s)
         except TooManyWaitersError:

@@ -56,6 +56,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             raise
         return _json_from(exc, request)
     except Exception:
+        if request.transport is None or request.transport.is_closing():
+            raise  # the connection is gone (cut off, or the client left): nobody to answer
         log.exception("%s %s failed", request.method, request.path)
         return web.json_response(
             error_body(
