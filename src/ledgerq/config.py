@@ -261,6 +261,12 @@ KEYS: tuple[Key, ...] = (
     Key("submitter.backoff_initial_ms", _non_negative(_int), 20, "first retry backoff (ms)"),
     Key("submitter.backoff_max_ms", _non_negative(_int), 2_000, "longest retry backoff (ms)"),
     Key("submitter.poll_timeout_s", _positive(float), 1.0, "queue poll fallback (s)"),
+    Key(
+        "ledger_token",
+        str,
+        "",
+        "bearer token the gateway sends to an HTTP ledger (a `ledgerq node`'s node.token; secret)",
+    ),
     Key("ledger_timeout.connect_s", _positive(float), 3.0, "ledger connect timeout (s)"),
     Key("ledger_timeout.submit_s", _positive(float), 10.0, "ledger POST timeout (s)"),
     Key(
@@ -333,7 +339,7 @@ KEYS: tuple[Key, ...] = (
     Key("metrics.top_services", _positive(_int), 20, "services with their own depth series"),
 )
 #: Keys whose values are never printed (``config show``) nor logged.
-SECRET_KEYS = frozenset({"auth.token", "auth.tokens", "node.token"})
+SECRET_KEYS = frozenset({"auth.token", "auth.tokens", "node.token", "ledger_token"})
 _BY_NAME = {k.name: k for k in KEYS}
 #: Keys that existed once: a file or variable still setting them is refused with why.
 REMOVED_KEYS = {

@@ -85,6 +85,7 @@ async def open_ledger(settings: Settings, stack: AsyncExitStack) -> LedgerClient
             connect=settings["ledger_timeout.connect_s"],
             submit=settings["ledger_timeout.submit_s"],
         ),
+        token=settings["ledger_token"],
     )
     stack.push_async_callback(client.close)
     return client

@@ -51,8 +51,16 @@ __all__ = [
 ]
 
 
-def http_ledger_client(spec: str, timeouts: HttpTimeouts | None = None) -> LedgerClient:
-    """A client for ``sawtooth+http(s)://host:port`` or ``splinter+http(s)://host:port``."""
+def http_ledger_client(
+    spec: str, timeouts: HttpTimeouts | None = None, *, token: str = ""
+) -> LedgerClient:
+    """A client for ``sawtooth+http(s)://host:port`` or ``splinter+http(s)://host:port``.
+
+    ``token``: sent as ``Authorization: Bearer <token>`` on every request
+    (a ``ledgerq node`` with ``node.token``; a Splinter node's
+    ``Cylinder:<jwt>``, or a proxy's bearer token).
+    """
+    authorization = f"Bearer {token}" if token else None
     kind, sep, rest = spec.partition("+")
     if not sep or not rest.startswith(("http://", "https://")):
         raise ConfigError(
@@ -60,7 +68,7 @@ def http_ledger_client(spec: str, timeouts: HttpTimeouts | None = None) -> Ledge
             "or splinter+http://HOST:PORT"
         )
     if kind == "sawtooth":
-        return SawtoothClient(rest, timeouts)
+        return SawtoothClient(rest, timeouts, authorization=authorization)
     if kind == "splinter":
-        return SplinterClient(rest, timeouts)
+        return SplinterClient(rest, timeouts, authorization=authorization)
     raise ConfigError(f"ledger kind {kind!r} in {spec!r} is unknown; use sawtooth or splinter")

@@ -44,12 +44,21 @@ class SawtoothClient:
     """``use_events=False`` ignores ``/events`` and follows ``/subscriptions`` only."""
 
     def __init__(
-        self, base_url: str, timeouts: HttpTimeouts | None = None, *, use_events: bool = True
+        self,
+        base_url: str,
+        timeouts: HttpTimeouts | None = None,
+        *,
+        use_events: bool = True,
+        authorization: str | None = None,
     ) -> None:
+        """``authorization``: an ``Authorization`` header value sent on every
+        request, event stream and websocket (a ``ledgerq node`` with a token
+        takes ``Bearer <token>``)."""
         self.base_url = base_url.rstrip("/")
         self.timeouts = timeouts or HttpTimeouts()
         self.description = f"sawtooth {self.base_url}"
         self.use_events = use_events
+        self._headers = {"Authorization": authorization} if authorization else {}
         self._session: aiohttp.ClientSession | None = None
         self._status_session: aiohttp.ClientSession | None = None
         # Whether /events exists, once its first answer says so.
@@ -61,6 +70,7 @@ class SawtoothClient:
         """Submissions' connections. Created lazily so the client can be built outside a loop."""
         if self._session is None or self._session.closed:
             self._session = new_session(self.timeouts)
+            self._session.headers.update(self._headers)
         return self._session
 
     @property
@@ -68,6 +78,7 @@ class SawtoothClient:
         """Status reads', event streams' and websockets' connections (parked reads)."""
         if self._status_session is None or self._status_session.closed:
             self._status_session = new_session(self.timeouts, limit=0)
+            self._status_session.headers.update(self._headers)
         return self._status_session
 
     async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:

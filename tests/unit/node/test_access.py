@@ -14,6 +14,8 @@ from aiohttp import web
 from ledgerq.codec import Signer, encode_batch_list, make_batch, make_transaction
 from ledgerq.codec.intkey import encode_payload, make_address, make_intkey_batch
 from ledgerq.errors import NodeBusyError
+from ledgerq.ledgers import Accepted, Unjudged, http_ledger_client
+from ledgerq.model import BatchStatusName
 from ledgerq.node import Node
 from ledgerq.node.access import AccessPolicy, is_loopback
 from ledgerq.node.rest import RestLimits, make_app
@@ -294,3 +296,24 @@ async def test_subscription_prefixes_are_capped(locked: tuple[Served, Node]) -> 
         await ws.send_json({"action": "subscribe", "address_prefixes": ["1cf126"] * 101})
         reply = await ws.receive_json(timeout=5)
         assert "at most 100" in reply["error"]
+
+
+async def test_the_gateways_ledger_client_sends_the_token(
+    locked: tuple[Served, Node],
+) -> None:
+    """`ledger_token`: the gateway's Sawtooth client gets into a locked node;
+    without it, the node's 401 leaves the batch unjudged (never final)."""
+    served, _node = locked
+    batch = make_intkey_batch(Signer.generate(), [("set", "gw", 1)])
+    without = http_ledger_client(f"sawtooth+{served.url}")
+    with_token = http_ledger_client(f"sawtooth+{served.url}", token=TOKEN)
+    try:
+        refused = await without.submit("svc", batch.header_signature, batch.serialized)
+        assert isinstance(refused, Unjudged) and refused.status == 401, refused
+        accepted = await with_token.submit("svc", batch.header_signature, batch.serialized)
+        assert isinstance(accepted, Accepted), accepted
+        [status] = await with_token.batch_statuses("svc", [batch.header_signature], wait_s=5)
+        assert status.status.name is BatchStatusName.COMMITTED
+    finally:
+        await without.close()
+        await with_token.close()
