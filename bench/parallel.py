@@ -259,6 +259,8 @@ def command(
     )
     report.console.print(summary)
     if write:
+        # One section per store: a PostgreSQL run does not replace SQLite's figures.
+        name, heading = ("parallel", "") if db == "sqlite" else (f"parallel-{db}", f" ({db})")
         report.write_section(
-            "parallel", f"## Parallel queuer: throughput\n\n{summary}\n\n{table}\n"
+            name, f"## Parallel queuer: throughput{heading}\n\n{summary}\n\n{table}\n"
         )
