@@ -64,6 +64,40 @@ def new_session(timeouts: HttpTimeouts, *, limit: int | None = None) -> aiohttp.
     )
 
 
+class HttpSessions:
+    """A ledger client's two connection pools, created lazily (so a client can
+    be built outside a loop) and made again once closed: ``submit`` for POSTs
+    (``pool_size`` connections), ``status`` for status reads, event streams
+    and websockets (unbounded: parked reads never take a POST's connection).
+    ``authorization`` is sent on every request of both."""
+
+    def __init__(self, timeouts: HttpTimeouts, authorization: str | None = None) -> None:
+        self._timeouts = timeouts
+        self._headers = {"Authorization": authorization} if authorization else {}
+        self._submit: aiohttp.ClientSession | None = None
+        self._status: aiohttp.ClientSession | None = None
+
+    @property
+    def submit(self) -> aiohttp.ClientSession:
+        if self._submit is None or self._submit.closed:
+            self._submit = new_session(self._timeouts)
+            self._submit.headers.update(self._headers)
+        return self._submit
+
+    @property
+    def status(self) -> aiohttp.ClientSession:
+        if self._status is None or self._status.closed:
+            self._status = new_session(self._timeouts, limit=0)
+            self._status.headers.update(self._headers)
+        return self._status
+
+    async def close(self) -> None:
+        for session in (self._submit, self._status):
+            if session is not None:
+                await session.close()
+        self._submit = self._status = None
+
+
 def retry_after_ms(value: str | None, now_s: float) -> int | None:
     """``Retry-After`` as milliseconds: delta-seconds or an HTTP date."""
     if not value:

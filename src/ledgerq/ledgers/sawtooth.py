@@ -27,7 +27,7 @@ import aiohttp
 from ledgerq.backoff import Backoff
 from ledgerq.errors import LedgerError
 from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, SubmitResult, batch_list_bytes
-from ledgerq.ledgers.http import HttpTimeouts, new_session, post_batch, read_statuses
+from ledgerq.ledgers.http import HttpSessions, HttpTimeouts, post_batch, read_statuses
 from ledgerq.ledgers.status import parse_status_list, sawtooth_status
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,7 @@ class SawtoothClient:
         self.timeouts = timeouts or HttpTimeouts()
         self.description = f"sawtooth {self.base_url}"
         self.use_events = use_events
-        self._headers = {"Authorization": authorization} if authorization else {}
-        self._session: aiohttp.ClientSession | None = None
-        self._status_session: aiohttp.ClientSession | None = None
+        self._sessions = HttpSessions(self.timeouts, authorization)
         # Whether /events exists, once its first answer says so.
         self._events_known = asyncio.Event()
         self._has_events = False
@@ -68,18 +66,12 @@ class SawtoothClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         """Submissions' connections. Created lazily so the client can be built outside a loop."""
-        if self._session is None or self._session.closed:
-            self._session = new_session(self.timeouts)
-            self._session.headers.update(self._headers)
-        return self._session
+        return self._sessions.submit
 
     @property
     def status_session(self) -> aiohttp.ClientSession:
         """Status reads', event streams' and websockets' connections (parked reads)."""
-        if self._status_session is None or self._status_session.closed:
-            self._status_session = new_session(self.timeouts, limit=0)
-            self._status_session.headers.update(self._headers)
-        return self._status_session
+        return self._sessions.status
 
     async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
         body = batch_list_bytes([serialized_batch])
@@ -136,10 +128,7 @@ class SawtoothClient:
             yield None
 
     async def close(self) -> None:
-        for session in (self._session, self._status_session):
-            if session is not None:
-                await session.close()
-        self._session = self._status_session = None
+        await self._sessions.close()
 
 
 async def sse_events(

@@ -29,8 +29,8 @@ from ledgerq.ledgers.base import (
     batch_list_bytes,
 )
 from ledgerq.ledgers.http import (
+    HttpSessions,
     HttpTimeouts,
-    new_session,
     post_batch,
     read_statuses,
     sawtooth_judged,
@@ -76,25 +76,17 @@ class SplinterClient:
         self.base_url = base_url.rstrip("/")
         self.timeouts = timeouts or HttpTimeouts()
         self.description = f"splinter {self.base_url}"
-        self._headers = {"Authorization": authorization} if authorization else {}
-        self._session: aiohttp.ClientSession | None = None
-        self._status_session: aiohttp.ClientSession | None = None
+        self._sessions = HttpSessions(self.timeouts, authorization)
 
     @property
     def session(self) -> aiohttp.ClientSession:
         """Submissions' connections."""
-        if self._session is None or self._session.closed:
-            self._session = new_session(self.timeouts)
-            self._session.headers.update(self._headers)
-        return self._session
+        return self._sessions.submit
 
     @property
     def status_session(self) -> aiohttp.ClientSession:
         """Status reads' connections (parked reads never take a POST's)."""
-        if self._status_session is None or self._status_session.closed:
-            self._status_session = new_session(self.timeouts, limit=0)
-            self._status_session.headers.update(self._headers)
-        return self._status_session
+        return self._sessions.status
 
     async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
         try:
@@ -131,7 +123,4 @@ class SplinterClient:
         return None
 
     async def close(self) -> None:
-        for session in (self._session, self._status_session):
-            if session is not None:
-                await session.close()
-        self._session = self._status_session = None
+        await self._sessions.close()
