@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -105,6 +106,28 @@ async def _main(
             report.console.print(f"[bold]{system}[/]: worker SIGKILLed mid-run")
             failures.append(await _one(two, system, *failure, 1 / 3))
     return results, failures
+
+
+def section_for(
+    systems: list[str], ledgers: list[str], sizes: str, failure_size: str
+) -> tuple[str, str | None]:
+    """The BENCHMARKS.md section a run writes, and its heading if new.
+
+    The full run owns ``compare``. A partial run (some systems, ledgers or
+    sizes, or no failure case) keeps the full run's figures: it writes a
+    section of its own, named by what it ran, which a later run of the same
+    selection replaces.
+    """
+    if (
+        tuple(systems) == SYSTEMS
+        and tuple(ledgers) == LEDGERS
+        and sizes == DEFAULT_SIZES
+        and failure_size != "none"
+    ):
+        return "compare", None
+    slug = re.sub(r"[^a-z0-9]+", "-", "-".join([*systems, *ledgers, sizes]).lower()).strip("-")
+    picked = f"{' + '.join(systems)} on {' + '.join(ledgers)}, {sizes.replace(':', ' × ')}"
+    return f"compare-{slug}", f"Comparison, partial run: {picked}"
 
 
 def _ratio(a: float, b: float) -> str:
@@ -384,4 +407,5 @@ def command(
         ]
         images += _failure_plot(failures)
     text += [f"![{name}](img/{name})" for name in images]
-    report.write_section("compare", "\n".join(text))
+    name, heading = section_for(chosen, on, sizes, failure_size)
+    report.write_section(name, "\n".join(text), heading=heading)

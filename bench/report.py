@@ -74,13 +74,18 @@ def invocation() -> str:
 
 
 def write_section(
-    name: str, markdown: str, *, command: str | None = None, path: Path | None = None
+    name: str,
+    markdown: str,
+    *,
+    command: str | None = None,
+    path: Path | None = None,
+    heading: str | None = None,
 ) -> Path:
     """Replace (or append) the section ``name`` of docs/BENCHMARKS.md (or ``path``).
 
-    An appended section is preceded by a heading (``## `ledgerq bench NAME```)
-    unless ``markdown`` has a ``##`` heading of its own; a replaced one keeps
-    whatever heading stands before its markers.
+    An appended section is preceded by ``heading`` (default ``## `ledgerq bench
+    NAME```) unless ``markdown`` has a ``##`` heading of its own; a replaced one
+    keeps whatever heading stands before its markers.
     """
     target = path or BENCHMARKS_MD
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -102,8 +107,12 @@ def write_section(
     else:
         # A new section gets a heading the headline table can link to, unless
         # its own text brings one.
-        heading = "" if re.search(r"^## ", markdown, re.M) else f"## `ledgerq bench {name}`\n\n"
-        text = text.rstrip() + "\n\n" + heading + body + "\n"
+        title = (
+            ""
+            if re.search(r"^## ", markdown, re.M)
+            else f"## {heading or f'`ledgerq bench {name}`'}\n\n"
+        )
+        text = text.rstrip() + "\n\n" + title + body + "\n"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text if text.endswith("\n") else text + "\n")
     console.print(f"[green]figures written to {target} ({name})")

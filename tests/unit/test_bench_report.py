@@ -34,6 +34,26 @@ def test_a_new_section_gets_a_heading_to_link_to(tmp_path: Path) -> None:
     assert text.count("## Its own title") == 1
 
 
+def test_a_new_section_may_name_its_heading(tmp_path: Path) -> None:
+    target = tmp_path / "BENCHMARKS.md"
+    report.write_section("x", "figures", command="ledgerq bench x", path=target, heading="Title")
+    assert "## Title\n\n<!-- bench:x -->" in target.read_text()
+
+
+def test_a_partial_compare_run_keeps_the_full_runs_section() -> None:
+    from bench import compare
+
+    full = compare.section_for(
+        list(compare.SYSTEMS), list(compare.LEDGERS), compare.DEFAULT_SIZES, "100:20"
+    )
+    assert full == ("compare", None)
+    name, heading = compare.section_for(["ideal", "ledgerq-pg"], ["plain"], "50:20", "none")
+    assert name == "compare-ideal-ledgerq-pg-plain-50-20"
+    assert heading is not None and "ledgerq-pg" in heading and "50 × 20" in heading
+    other, _ = compare.section_for(["ideal", "ledgerq-sqlite"], ["plain"], "50:20", "none")
+    assert other != name
+
+
 def test_percentile_by_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
     assert report.percentile(values, 50) == 51.0
