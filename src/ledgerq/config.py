@@ -28,6 +28,7 @@ from typing import Any
 from ledgerq.claims.settings import ClaimSettings
 from ledgerq.errors import ConfigError
 from ledgerq.follow.follower import FollowSettings
+from ledgerq.procpool import Priority
 from ledgerq.queue.strategy import Strategy, StrategyMap
 from ledgerq.scopes import ACCESS_MODES, Scope
 from ledgerq.submit.submitter import SubmitterSettings
@@ -123,6 +124,10 @@ def _origins(value: Any) -> str:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise ValueError(f"{origin!r}: origins look like https://host[:port], or *")
     return ",".join(origins)
+
+
+def _priority(value: Any) -> str:
+    return str(Priority.parse(value))
 
 
 def _strategy(value: Any) -> str:
@@ -252,6 +257,12 @@ KEYS: tuple[Key, ...] = (
     Key("max_status_ids", _positive(_int), 1_000, "distinct batch ids per status request"),
     Key("max_waiters", _positive(_int), 1_000, "status long-polls parked at once (then 429)"),
     Key("decode_slots", _positive(_int), 2, "large BatchLists decoded at once, off the loop"),
+    Key(
+        "decode_priority",
+        _priority,
+        "10",
+        "CPU priority of the decoding processes: idle, normal or a nice value 0-19",
+    ),
     Key("http.keepalive_s", _positive(float), 15.0, "close a connection idle this long (s)"),
     Key("http.header_timeout_s", _positive(float), 10.0, "a request's headers must arrive in (s)"),
     Key("http.body_timeout_s", _positive(float), 60.0, "a request's body must arrive in (s)"),

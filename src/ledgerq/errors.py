@@ -6,6 +6,9 @@ every message says what went wrong and, where it can, what to do.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 
 class LedgerqError(Exception):
     """Root of every error ledgerq raises on purpose."""
@@ -34,6 +37,19 @@ class InvalidBatchError(LedgerqError):
         self.rule = rule
         self.batch_id = batch_id
         self.transaction_id = transaction_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword arguments pickle too: a refusal crosses back from a worker
+        # process (ledgerq.procpool) whole.
+        return (
+            functools.partial(
+                InvalidBatchError,
+                rule=self.rule,
+                batch_id=self.batch_id,
+                transaction_id=self.transaction_id,
+            ),
+            (str(self),),
+        )
 
 
 class StoreError(LedgerqError):

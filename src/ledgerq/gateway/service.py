@@ -40,6 +40,7 @@ from ledgerq.ledgers.base import LedgerClient
 from ledgerq.ledgers.health import LedgerHealth
 from ledgerq.model import Fence, TrackingBatch
 from ledgerq.operator import GatewayMetrics, gateway_app
+from ledgerq.procpool import Priority
 from ledgerq.queue.parallel import ParallelRoundStore
 from ledgerq.queue.serial import RoundStore
 from ledgerq.queue.source import QueueSource
@@ -165,6 +166,7 @@ class Gateway:
             max_body_bytes=settings["max_body_bytes"],
             max_status_ids=settings["max_status_ids"],
             decode_slots=settings["decode_slots"],
+            decode_priority=Priority.parse(settings["decode_priority"]),
             changes=self.changes,
             clock=clock,
             claims=claims,

@@ -69,7 +69,7 @@ from ledgerq.errors import (
     StoreInputError,
     StoreUnavailableError,
 )
-from ledgerq.ingest.decoding import BatchListDecoder
+from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder
 from ledgerq.ingest.errors import error_body, json_errors
 from ledgerq.ingest.guard import guard_middleware, on_disconnect
 from ledgerq.model import (
@@ -80,6 +80,7 @@ from ledgerq.model import (
     TrackingBatch,
     TrackingBatchList,
 )
+from ledgerq.procpool import Priority
 from ledgerq.scopes import FULL, Scope
 from ledgerq.store.base import DATA_CHANGE_PREFIX, BatchAcceptor
 
@@ -477,15 +478,18 @@ class GatewayApi:
         strategy_of: Callable[[str], str] = lambda _s: "serial",
         max_status_ids: int = 1_000,
         decode_slots: int = 2,
+        decode_priority: Priority = DEFAULT_PRIORITY,
     ) -> None:
         """``acceptor``: what stores accepted batches (default: ``store``);
         ``ledger_problem``: the ledger's open problem for a service, if any;
         ``strategy_of``: the queuer strategy of a service id (for ``/services``);
         ``max_status_ids``: distinct ids per status request; ``decode_slots``:
         large BatchLists decoded and verified at once, off the event loop
-        (the others wait their turn)."""
+        (the others wait their turn), in processes at ``decode_priority``."""
         self.max_status_ids = max_status_ids
-        self.decoder = BatchListDecoder(max_bytes=max_body_bytes, slots=decode_slots)
+        self.decoder = BatchListDecoder(
+            max_bytes=max_body_bytes, slots=decode_slots, priority=decode_priority
+        )
         self._status_reads = asyncio.Semaphore(STATUS_READS)
         self._status_queue = 0
         self.ledger_problem = ledger_problem

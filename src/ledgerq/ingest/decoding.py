@@ -5,12 +5,13 @@ thousands of secp256k1 signatures). On the event loop that stalls every
 request and claim renewal; on threads it still competes with the loop for
 the GIL (protobuf parsing holds it), and a few hostile posts at once slow
 the whole gateway. So bodies of at least ``pool_bytes`` go to ``slots``
-worker **processes**, started on first use (``spawn``: nothing of the
-gateway is copied) at a lower scheduling priority (``nice``): under load the
-pipeline's own processes get the CPU first, the decoding waits. More posts
-than slots wait their turn (an ``asyncio.Semaphore``), without blocking
-anything else. Refusals are the codec's :class:`~ledgerq.errors.InvalidBatchError`
-either way, raised in the caller.
+worker **processes** (:class:`ledgerq.procpool.WorkerPool`: started on first
+use, dying with the gateway) at a lower scheduling priority
+(``decode_priority``, by default nice 10): under load the pipeline's own
+processes get the CPU first, the decoding waits. More posts than slots wait
+their turn (an ``asyncio.Semaphore``), without blocking anything else.
+Refusals are the codec's :class:`~ledgerq.errors.InvalidBatchError` either
+way, raised in the caller.
 
 Measured (docs/BENCHMARKS.md, "Hostile clients"): one 10 MiB list decoded
 inline blocked the loop for its whole decode; on a thread the loop's worst
@@ -20,55 +21,33 @@ stall was tens of milliseconds, on a process less.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import multiprocessing
-import os
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 
 from ledgerq.codec import parse_batch_list
-from ledgerq.errors import InvalidBatchError
 from ledgerq.model import TrackingBatch
+from ledgerq.procpool import Priority, WorkerPool
 
 #: Bodies at least this large are decoded in a worker process (about 100
 #: single-transaction batches; below, the round trip costs more than it saves).
 POOL_BYTES = 64 * 1024
-#: How much lower the workers' scheduling priority is.
-WORKER_NICENESS = 10
-
-
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    """An ``InvalidBatchError`` as it crosses back from a worker."""
-
-    message: str
-    rule: str
-    batch_id: str | None
-    transaction_id: str | None
-
-
-def _lower_priority() -> None:
-    with contextlib.suppress(OSError):
-        os.nice(WORKER_NICENESS)
-
-
-def _parse(
-    body: bytes, service_id: str | None, max_bytes: int
-) -> Sequence[TrackingBatch] | _Refusal:
-    try:
-        return parse_batch_list(body, service_id, max_bytes=max_bytes)
-    except InvalidBatchError as exc:
-        return _Refusal(str(exc), exc.rule, exc.batch_id, exc.transaction_id)
+#: The workers' default scheduling priority (``decode_priority``).
+DEFAULT_PRIORITY = Priority.parse("10")
 
 
 class BatchListDecoder:
-    def __init__(self, *, max_bytes: int, slots: int = 2, pool_bytes: int = POOL_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        max_bytes: int,
+        slots: int = 2,
+        pool_bytes: int = POOL_BYTES,
+        priority: Priority = DEFAULT_PRIORITY,
+    ) -> None:
         self.max_bytes = max_bytes
         self.slots = slots
         self.pool_bytes = pool_bytes
         self._turns = asyncio.Semaphore(slots)
-        self._pool: ProcessPoolExecutor | None = None
+        self.pool = WorkerPool(slots, priority=priority)
         #: Bodies decoded in the pool (for tests and metrics).
         self.pooled = 0
 
@@ -77,26 +56,14 @@ class BatchListDecoder:
         if len(body) < self.pool_bytes:
             return parse_batch_list(body, service_id, max_bytes=self.max_bytes)
         async with self._turns:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(
-                    self.slots,
-                    mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_lower_priority,
-                )
             self.pooled += 1
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._pool, _parse, body, service_id, self.max_bytes
-            )
-        if isinstance(result, _Refusal):
-            raise InvalidBatchError(
-                result.message,
-                rule=result.rule,
-                batch_id=result.batch_id,
-                transaction_id=result.transaction_id,
-            )
-        return result
+            return await self.pool.run(parse_batch_list_in_worker, body, service_id, self.max_bytes)
 
     def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        self.pool.close()
+
+
+def parse_batch_list_in_worker(
+    body: bytes, service_id: str | None, max_bytes: int
+) -> Sequence[TrackingBatch]:
+    return parse_batch_list(body, service_id, max_bytes=max_bytes)
