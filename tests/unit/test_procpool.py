@@ -81,6 +81,7 @@ def _start_parent(kind: str, priority: str) -> tuple[subprocess.Popen[str], list
         ("gateway", "idle", 19, "SCHED_IDLE"),
         ("gateway", "7", 7, "SCHED_OTHER"),
         ("gateway", "normal", 0, "SCHED_OTHER"),
+        ("node", "normal", 0, "SCHED_OTHER"),
     ],
 )
 def test_workers_run_at_the_priority_and_die_with_a_killed_parent(

@@ -18,7 +18,7 @@ async def test_large_bodies_are_verified_in_the_pool_with_the_same_outcome() -> 
     decoder = BatchDecoder(pool_bytes=1_000, workers=1)
     try:
         assert list(await decoder.decode(body)) == list(decode_batch_list(body))
-        assert decoder._pool is not None  # it went to the pool
+        assert decoder.pool is not None and decoder.pool.started  # it went to the pool
         tampered = bytearray(body)
         tampered[-3] ^= 0x01  # inside the last transaction's payload: its hash no longer matches
         with pytest.raises(InvalidBatchError) as refused:
