@@ -16,13 +16,16 @@ instance that does not hold the batch's service at that moment.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -79,6 +82,74 @@ def install_fence_audit(pg_url: str) -> None:
     """Record every batch update made by an instance not holding the service."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(_AUDIT.encode())
+
+
+_WRITE_LOG = """
+CREATE TABLE IF NOT EXISTS write_log (
+    at         BIGINT NOT NULL DEFAULT ledgerq_now_ms(),
+    writer     TEXT NOT NULL DEFAULT current_setting('application_name'),
+    service_id TEXT NOT NULL,
+    batch_id   TEXT NOT NULL,
+    what       TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS write_log_since (at BIGINT NOT NULL);
+INSERT INTO write_log_since SELECT 9223372036854775807 WHERE NOT EXISTS (
+    SELECT FROM write_log_since);
+CREATE OR REPLACE FUNCTION write_log_record() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    what TEXT;
+BEGIN
+    IF ledgerq_now_ms() < (SELECT at FROM write_log_since) THEN
+        RETURN NULL;
+    END IF;
+    IF TG_TABLE_NAME = 'batch_statuses' THEN
+        what := 'status ' || NEW.dlt_status;
+    ELSIF TG_TABLE_NAME = 'submissions' THEN
+        what := 'submission';
+    ELSIF NEW.submitted AND (TG_OP = 'INSERT' OR NOT OLD.submitted) THEN
+        what := 'marked submitted';
+    ELSIF TG_OP = 'UPDATE' AND NEW.status IS DISTINCT FROM OLD.status THEN
+        what := 'batch ' || coalesce(NEW.status, 'none');
+    ELSE
+        RETURN NULL;
+    END IF;
+    INSERT INTO write_log (service_id, batch_id, what)
+        VALUES (NEW.service_id, NEW.batch_id, what);
+    RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS write_log_statuses ON batch_statuses;
+CREATE TRIGGER write_log_statuses AFTER INSERT OR UPDATE ON batch_statuses
+    FOR EACH ROW EXECUTE FUNCTION write_log_record();
+DROP TRIGGER IF EXISTS write_log_submissions ON submissions;
+CREATE TRIGGER write_log_submissions AFTER INSERT OR UPDATE ON submissions
+    FOR EACH ROW EXECUTE FUNCTION write_log_record();
+DROP TRIGGER IF EXISTS write_log_batches ON batches;
+CREATE TRIGGER write_log_batches AFTER UPDATE ON batches
+    FOR EACH ROW EXECUTE FUNCTION write_log_record();
+"""
+
+
+def install_write_log(pg_url: str) -> None:
+    """Log, from :func:`start_write_log` on, every write of a batch's state (marked
+    submitted, its status, the ledger's answers, submissions) with its time and writer
+    (the instance's ``application_name``): what each instance did, in order."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(_WRITE_LOG.encode())
+
+
+def start_write_log(pg_url: str, since_ms: int) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE write_log_since SET at = %s", (since_ms,))
+
+
+def write_log(pg_url: str) -> list[tuple[int, str, str, str, str]]:
+    """(at, writer, service, batch, what) in the order written."""
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute(
+            "SELECT at, writer, service_id, batch_id, what FROM write_log ORDER BY at, ctid"
+        ).fetchall()
+    return [(int(a), w, s, b, x) for a, w, s, b, x in rows]
 
 
 def fence_violations(pg_url: str) -> list[tuple[str, str, str, str | None]]:
@@ -242,14 +313,21 @@ class Cluster:
         assert ledger is not None, "start a node or a fault ledger first"
         return ledger
 
-    def start_gateway(self, name: str, extra_env: Mapping[str, str] | None = None) -> Process:
-        """Start ``ledgerq serve`` as ``gw-<name>-<n>``; ``extra_env`` e.g. its failpoints."""
+    def start_gateway(
+        self,
+        name: str,
+        extra_env: Mapping[str, str] | None = None,
+        *,
+        ledger_url: str | None = None,
+    ) -> Process:
+        """Start ``ledgerq serve`` as ``gw-<name>-<n>``; ``extra_env`` e.g. its failpoints;
+        ``ledger_url`` the ledger as this gateway reaches it (e.g. a :class:`LedgerCut`)."""
         self.generation += 1
         instance = f"gw-{name}-{self.generation}"
         env = {
             **self.env,
             "LEDGERQ_DB": self.pg_url,
-            "LEDGERQ_LEDGER": "sawtooth+" + self.ledger.url,
+            "LEDGERQ_LEDGER": "sawtooth+" + (ledger_url or self.ledger.url),
             "LEDGERQ_BIND": "127.0.0.1:0",
             "LEDGERQ_CLAIMS_INSTANCE_ID": instance,
             "PGAPPNAME": instance,
@@ -304,6 +382,124 @@ class Cluster:
         for ledger in (self.node, self.fault_ledger):
             if ledger is not None:
                 ledger.kill()
+
+
+class LedgerCut:
+    """A TCP relay between one gateway and its ledger that can cut the gateway off
+    mid-run, while it goes on running: after :meth:`cut`, nothing the ledger sends
+    reaches the gateway (answers to its POSTs, status reads, the event stream),
+    and the POSTs it sends on every other connection (odd-numbered ones) do not
+    reach the ledger either.
+
+    That is how ``ledgerq bench failover`` puts batches *mid-submission*
+    deterministically: the gateway marks each batch submitted and POSTs it, and
+    no answer ever comes, so at the kill those services have a batch
+    ``{submitted, no answer}`` — some the ledger has (the POST went through, its
+    answer was swallowed), some it never saw. Before :meth:`cut` it relays
+    bytes unchanged, both ways.
+    """
+
+    def __init__(self, upstream_url: str):
+        host, port = upstream_url.removeprefix("http://").rsplit(":", 1)
+        self._upstream = (host, int(port))
+        self._cut = False
+        self._connections = 0
+        #: POST requests the ledger never saw / answers withheld, after the cut.
+        self.posts_dropped = 0
+        self.chunks_withheld = 0
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the ledger relay did not start")
+        assert self._server is not None
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def start() -> None:
+            self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+
+        self._loop.run_until_complete(start())
+        ready.set()
+        self._loop.run_forever()
+
+    def cut(self) -> None:
+        """From now on: no byte from the ledger to the gateway, half the POSTs dropped."""
+        self._loop.call_soon_threadsafe(setattr, self, "_cut", True)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number = self._connections
+        self._connections += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+        except OSError:
+            writer.close()
+            return
+        posting = False
+
+        async def to_ledger() -> None:
+            nonlocal posting
+            while chunk := await _read(reader):
+                # A keep-alive connection carries one request after another; a
+                # new one starts a chunk (the client waits for each answer).
+                if chunk.startswith(b"POST "):
+                    posting = True
+                elif chunk[:4] in (b"GET ", b"HEAD", b"PUT ", b"DELE"):
+                    posting = False
+                if self._cut and posting and number % 2:
+                    if chunk.startswith(b"POST "):
+                        self.posts_dropped += 1
+                    continue
+                up_writer.write(chunk)
+                with contextlib.suppress(OSError):
+                    await up_writer.drain()
+
+        async def to_gateway() -> None:
+            while chunk := await _read(up_reader):
+                if self._cut:
+                    self.chunks_withheld += 1
+                    continue
+                writer.write(chunk)
+                with contextlib.suppress(OSError):
+                    await writer.drain()
+
+        tasks = [asyncio.ensure_future(to_ledger()), asyncio.ensure_future(to_gateway())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for w in (writer, up_writer):
+                w.close()
+
+    def close(self) -> None:
+        """Stop listening and end every relay (both sides closed)."""
+
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+            relays = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in relays:
+                task.cancel()
+            await asyncio.gather(*relays, return_exceptions=True)
+            await asyncio.sleep(0.05)  # let the closed transports drop their sockets
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+async def _read(reader: asyncio.StreamReader) -> bytes:
+    """The next chunk, or b"" once the peer closed or reset the connection."""
+    try:
+        return await reader.read(65536)
+    except OSError:
+        return b""
 
 
 def store_statuses(pg_url: str) -> dict[str, int]:

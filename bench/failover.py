@@ -3,16 +3,28 @@ throughput with 1, 2 and 3 gateways on one PostgreSQL.
 
 Failover: ``ledgerq node`` (each batch held ``--commit-delay-ms`` so services
 stay busy) and three ``ledgerq serve`` with the **default** claim timings.
-Every service gets its first batch; once the three share the services, the
-rest of each service's batches is posted while the work flows, and once a
-quarter of those are committed the instance holding the most services is
-SIGKILLed (mid-run, with posting still going on to the others). Per service
-it held with work waiting at that moment, the figure is the time from the
-kill until another instance records the submission of that service's next
-batch (``submissions.created_at``).
-Services the victim had nothing mid-submission on wait for the first expiry,
-one it was mid-POST on for the second (TTL + 10 % by default); the target
-for both is claim TTL + 1 s.
+Every service gets its first batch; once each gateway holds at least half its
+share, the rest of each service's batches is posted while the work flows, and
+once ``--kill-at`` batches are committed the instance holding the most
+services is frozen (SIGSTOP) and SIGKILLed, posting going on to the others.
+
+Both failover paths are sampled on purpose (``--cut``, the default): every
+gateway reaches the node through a :class:`~bench._cluster.LedgerCut`, and
+just before the kill the victim is cut off — it goes on running, marking
+batches submitted and POSTing them, but gets no answer, and half its POSTs
+never reach the node — until its submission slots (half a share of
+services, at most the default 256) are full. Its services with such a batch
+are *mid-submission* (the slow path: their claims last until the second
+expiry, and the new holder asks the ledger before resending); the rest of
+its services with work waiting take the fast path. Which path each sample
+took is read from the store at the freeze, and confirmed by what the new
+holders wrote (a trigger logs every write of a batch's state after the kill,
+with the writing instance).
+
+Per service the victim held with a batch not final, the figures are the time
+from the kill until another instance's first write for it (a batch marked
+submitted, or a status recorded) and until its new claim (``claimed_at``);
+the target for both paths is claim TTL + 1 s.
 
 Throughput: for K = 1, 2, 3 gateways on a fresh database and node, the
 batches of every service are posted round-robin across the gateways; the
@@ -31,14 +43,23 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 import psycopg
 
 from bench import report
-from bench._cluster import Cluster, Workload, check_invariants, install_fence_audit
+from bench._cluster import (
+    Cluster,
+    LedgerCut,
+    Workload,
+    check_invariants,
+    install_fence_audit,
+    install_write_log,
+    start_write_log,
+    write_log,
+)
 from bench._harness import cpu_seconds
 from ledgerq.claims import ClaimSettings
 from ledgerq.codec import decode_batch_list, encode_batch_list
@@ -136,91 +157,213 @@ def _open(url: str, services: list[str]) -> set[str]:
     return {r[0] for r in rows}
 
 
+def _balanced(holders: dict[str, list[str]], services: int, instances: int = 3) -> bool:
+    """Every instance holds at least half its fair share of the services.
+
+    (Waiting for an exact share, every service held and the busiest within a
+    tenth of its share, timed out at 10,000 services on a loaded machine: the
+    last hand-overs lag, and services whose batches are all final may already
+    be released. Half a share each is enough for the kill to hit a third of the
+    work.)"""
+    if len(holders) < instances:
+        return False
+    return min(len(v) for v in holders.values()) >= services / instances / 2
+
+
+@dataclass
+class Sample:
+    """One service the victim held with work waiting at the kill."""
+
+    service_id: str
+    #: A batch of it was marked submitted without the ledger's answer at the kill.
+    mid_submission: bool
+    #: The batch left mid-submission, if any.
+    left: str | None = None
+    #: Seconds from the kill to the first write another instance made for it.
+    resumed_s: float | None = None
+    #: Seconds from the kill to the new claim (its ``claimed_at``).
+    claimed_s: float | None = None
+    #: The new holders' writes for it after the kill, in order: (batch is the one
+    #: left mid-submission, what).
+    writes: list[tuple[bool, str]] = field(default_factory=list)
+
+
+@dataclass
+class FailoverRun:
+    samples: list[Sample]
+    problems: list[str]
+    #: Batches committed per second, first post to last commit.
+    rate: float
+    #: Services held per instance when the victim was frozen.
+    shares: dict[str, int]
+    victim: str
+    balanced: bool
+    #: Seconds the victim ran cut off from the ledger before the freeze (0: no cut).
+    cut_s: float
+    posts_dropped: int
+    #: Each gateway's submission slots (0: the default).
+    slots: int
+    committed_at_kill: int
+    elapsed_s: float
+
+
+_FIRST_WRITES = """
+SELECT service_id, min(at) FROM write_log
+WHERE service_id = ANY(%(s)s) AND writer <> %(v)s GROUP BY service_id
+"""
+
+
+def _left_mid_submission(url: str, services: list[str]) -> dict[str, str]:
+    """Per service, the batch marked submitted without the ledger's answer (see
+    docs/ha.md, "Two-phase expiry": status None, Unknown or Delayed)."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT service_id, batch_id FROM batches WHERE service_id = ANY(%s) AND submitted"
+            " AND NOT final AND (status IS NULL OR status IN ('Unknown', 'Delayed'))",
+            (services,),
+        ).fetchall()
+    return {s: b for s, b in rows}
+
+
+def _cut_off(url: str, victim_id: str, cut: LedgerCut, slots: int, timeout_s: float) -> float:
+    """Cut the victim off its ledger and let it run until its submission ``slots``
+    are full of batches without an answer (or their count stopped growing, or
+    ``timeout_s``); returns the seconds it ran cut off."""
+    cut.cut()
+    started = time.monotonic()
+    last, steady_since = -1, started
+    while time.monotonic() - started < timeout_s:
+        held = _holders(url).get(victim_id, [])
+        work = _open(url, held)
+        mid = len(_mid_submission(url, sorted(work)))
+        now = time.monotonic()
+        if mid != last:
+            last, steady_since = mid, now
+        if mid and (mid >= min(slots, len(work)) or now - steady_since >= 0.5):
+            break
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
 def measure_failover(
-    workdir: Path, services: int, batches: int, commit_delay_ms: int
-) -> tuple[dict[str, tuple[float, bool]], int, list[str], float]:
-    """Per resumed service: (seconds, was mid-submission); victim services; problems;
-    batches committed per second over the whole run (first post to last commit)."""
+    workdir: Path,
+    services: int,
+    batches: int,
+    commit_delay_ms: int,
+    *,
+    cut: bool = True,
+    kill_at: int | None = None,
+    balance_timeout_s: float = 180.0,
+    resume_timeout_s: float = 60.0,
+) -> FailoverRun:
+    """Three gateways, the busiest SIGKILLed mid-run; per service it held with work
+    waiting, how long until another instance claimed it and acted for it.
+
+    ``cut``: every gateway reaches the node through a :class:`LedgerCut`; the
+    victim is cut off just before the kill, so some of its services are left
+    mid-submission (the slow path) and the rest not (the fast path)."""
     name, url = _database()
     _migrate(url)
     install_fence_audit(url)
-    cluster = Cluster(workdir, url, env={})
+    install_write_log(url)
+    # With the cut, a gateway's submission slots fill with batches left without an
+    # answer: half a share of slots leaves about half the victim's services with
+    # work mid-submission (the slow path) and the rest not (the fast path). The
+    # default (256) where a share is larger.
+    slots = min(256, max(2, services // 6))
+    cluster = Cluster(workdir, url, env={"LEDGERQ_SUBMITTER_SLOTS": str(slots)} if cut else {})
+    cuts: dict[str, LedgerCut] = {}
     try:
-        cluster.start_node("--commit-delay-ms", str(commit_delay_ms))
+        node = cluster.start_node("--commit-delay-ms", str(commit_delay_ms))
         for gw in ("a", "b", "c"):
-            cluster.start_gateway(gw)
+            relay = LedgerCut(node.url) if cut else None
+            proc = cluster.start_gateway(gw, ledger_url=relay.url if relay else None)
+            if relay:
+                cuts[proc.name] = relay
         workload = Workload(services, batches)
         started = time.monotonic()
-        items = []
-        for service_id, made in workload.batches.items():
-            items.append((service_id, made[0][1]))
-        _post_parallel(cluster, items)
-        # Let the claims balance (the defaults hand over after claim TTL); under
-        # a loaded machine the last few hand-overs may lag: a tenth off is enough.
+        _post_parallel(cluster, [(s, made[0][1]) for s, made in workload.batches.items()])
         settings = ClaimSettings()
-        _wait(
-            lambda: (
-                len(_holders(url)) == 3
-                and sum(map(len, _holders(url).values())) == services
-                and max(map(len, _holders(url).values())) <= -(-services // 3) * 1.1 + 1
-            ),
-            180,
-            "three instances sharing the services",
-        )
+        deadline = time.monotonic() + balance_timeout_s
+        balanced = False
+        while time.monotonic() < deadline and not balanced:
+            balanced = _balanced(_holders(url), services)
+            time.sleep(0.2)
         # The rest of each service's batches in one ordered BatchList per
-        # service, posted while the work flows; the kill comes mid-run, once a
-        # quarter of those batches are committed (posting goes on to the others).
+        # service, posted while the work flows; the kill comes mid-run, once
+        # ``kill_at`` batches are committed (posting goes on to the others).
         poster = threading.Thread(
             target=_post_parallel, args=(cluster, _lists(workload, 1)), daemon=True
         )
         poster.start()
-        kill_at = services + (services * batches - services) // 4
-        _wait(lambda: _committed(url) >= kill_at, 600, f"{kill_at} batches committed")
+        if kill_at is None:
+            kill_at = services + (services * batches - services) // 4
+        _wait(lambda: _committed(url) >= kill_at, 900, f"{kill_at} batches committed")
         holders = _holders(url)
         victim_id = max(holders, key=lambda k: len(holders[k]))
         victim = next(g for g in cluster.gateways.values() if g.name == victim_id)
+        cut_s = _cut_off(url, victim_id, cuts[victim_id], slots, 3.0) if cut else 0.0
         victim.stop()  # freeze it first, so what it has in flight is what it dies with
         killed_ms = time.time_ns() // 1_000_000
+        start_write_log(url, killed_ms)
+        holders = _holders(url)
+        committed_at_kill = _committed(url)
         # Its services with work waiting at the kill: each is a sample (one whose
         # next batch is only posted after the kill would time the posting).
-        victim_services = sorted(_open(url, _holders(url).get(victim_id, [])))
-        in_flight = _mid_submission(url, victim_services)
+        victim_services = sorted(_open(url, holders.get(victim_id, [])))
+        left = _left_mid_submission(url, victim_services)
         victim.kill()
-        wait_s = (settings.slow_ttl_ms + 15_000) / 1000
-        deadline = time.monotonic() + wait_s
-        resumed: dict[str, float] = {}
-        while time.monotonic() < deadline and len(resumed) < len(victim_services):
+        samples = {s: Sample(s, s in left, left.get(s)) for s in victim_services}
+        deadline = time.monotonic() + settings.slow_ttl_ms / 1000 + resume_timeout_s
+        while time.monotonic() < deadline and any(
+            x.resumed_s is None or x.claimed_s is None for x in samples.values()
+        ):
             with psycopg.connect(url) as conn:
                 # The first thing another instance did for the service after the
-                # kill: submit its next batch, or record the ledger's answer about
-                # the batch the victim had submitted (the victim is dead: any write
-                # after the kill is another instance's).
-                rows = conn.execute(
-                    "SELECT service_id, min(at) FROM ("
-                    " SELECT service_id, created_at AS at FROM submissions"
-                    " WHERE service_id = ANY(%(s)s) AND created_at > %(k)s"
-                    " UNION ALL SELECT service_id, updated_at FROM batch_statuses"
-                    " WHERE service_id = ANY(%(s)s) AND updated_at > %(k)s) AS a"
-                    " GROUP BY service_id",
-                    {"s": victim_services, "k": killed_ms},
+                # kill: submit a batch, or record the ledger's answer about one
+                # (the victim is dead: any write after the kill is another's).
+                writes = conn.execute(
+                    _FIRST_WRITES, {"s": victim_services, "v": victim_id}
                 ).fetchall()
-            for service_id, at in rows:
-                resumed[service_id] = (at - killed_ms) / 1000
+                claims = conn.execute(
+                    "SELECT service_id, claimed_at FROM service_id_claims"
+                    " WHERE service_id = ANY(%(s)s) AND claimant IS NOT NULL"
+                    " AND claimant <> %(v)s AND claimed_at > %(k)s",
+                    {"s": victim_services, "v": victim_id, "k": killed_ms},
+                ).fetchall()
+            for service_id, at in writes:
+                samples[service_id].resumed_s = (at - killed_ms) / 1000
+            for service_id, at in claims:
+                x = samples[service_id]
+                if x.claimed_s is None:
+                    x.claimed_s = (at - killed_ms) / 1000
             time.sleep(0.05)
-        poster.join(600)
+        poster.join(900)
         total = services * batches
-        _wait(lambda: _committed(url) >= total, 600, "every batch committed")
-        rate = total / (time.monotonic() - started)
-        assert cluster.node is not None
-        problems = check_invariants(url, cluster.node.url, workload)
-        return (
-            {s: (t, s in in_flight) for s, t in resumed.items()},
-            len(victim_services),
-            problems,
-            rate,
+        _wait(lambda: _committed(url) >= total, 900, "every batch committed")
+        elapsed = time.monotonic() - started
+        problems = check_invariants(url, node.url, workload)
+        for _, writer, service_id, batch_id, what in write_log(url):
+            x = samples.get(service_id)
+            if x is not None and writer != victim_id:
+                x.writes.append((batch_id == x.left, what))
+        return FailoverRun(
+            samples=list(samples.values()),
+            problems=problems,
+            rate=total / elapsed,
+            shares={k: len(v) for k, v in sorted(holders.items())},
+            victim=victim_id,
+            balanced=balanced,
+            cut_s=cut_s,
+            posts_dropped=cuts[victim_id].posts_dropped if cut else 0,
+            slots=slots if cut else 0,
+            committed_at_kill=committed_at_kill,
+            elapsed_s=elapsed,
         )
     finally:
         cluster.close()
+        for relay in cuts.values():
+            relay.close()
         _drop(name)
 
 
@@ -291,122 +434,275 @@ def _samples(kind: str, times: list[float]) -> str:
     )
 
 
+def _path_rows(samples: list[Sample], target: float) -> list[list[object]]:
+    def row(kind: str, group: list[Sample]) -> list[object]:
+        times = sorted(x.resumed_s for x in group if x.resumed_s is not None)
+        claimed = sorted(x.claimed_s for x in group if x.claimed_s is not None)
+        if not group:
+            return [kind, 0, "-", "-", "-", "-", "-", "-"]
+        if not times:
+            return [kind, len(group), "-", "-", "-", "-", f"0 / {len(group)}", "-"]
+        return [
+            kind,
+            len(group),
+            f"{min(times):.2f} s",
+            f"{statistics.median(times):.2f} s",
+            f"{report.percentile(times, 95):.2f} s",
+            f"{max(times):.2f} s",
+            f"{sum(t <= target for t in times)} / {len(group)}",
+            (f"{statistics.median(claimed):.2f} / {max(claimed):.2f} s" if claimed else "not seen"),
+        ]
+
+    return [
+        row("fast (nothing mid-submission)", [x for x in samples if not x.mid_submission]),
+        row("slow (a batch mid-submission)", [x for x in samples if x.mid_submission]),
+    ]
+
+
+def _counts(items: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return "; ".join(f"{what} ({n})" for what, n in sorted(counts.items(), key=lambda c: -c[1]))
+
+
+def _evidence(samples: list[Sample]) -> str:
+    """What the new holders wrote after the kill (the write log), per path: how the
+    path shows beyond the store's state at the freeze."""
+    fast = [x for x in samples if not x.mid_submission]
+    slow = [x for x in samples if x.mid_submission]
+    parts = []
+    if fast:
+        parts.append(
+            "fast path, the new holder's first write for the service: "
+            + _counts([x.writes[0][1] if x.writes else "none seen" for x in fast])
+        )
+    if slow:
+
+        def status_first(x: Sample) -> bool:
+            about_left = [what for same, what in x.writes if same]
+            return bool(about_left) and not about_left[0].startswith("marked submitted")
+
+        asked = [x for x in slow if x.writes and x.writes[0][0] and status_first(x)]
+        blind = [
+            x
+            for x in slow
+            if any(same for same, _ in x.writes)
+            and next(w for same, w in x.writes if same).startswith("marked submitted")
+        ]
+        answers = [next(w for same, w in x.writes if same) for x in asked]
+        resent = sum(any(same and w == "marked submitted" for same, w in x.writes) for x in slow)
+        parts.append(
+            f"slow path: for {len(asked)} of {len(slow)} services the new holder's first "
+            "write was a status of the batch left mid-submission, i.e. the ledger was asked "
+            f"before anything was sent ({_counts(answers)}); {resent} of those batches were "
+            "then marked submitted again (resent under the same id: the ledger had answered "
+            f"UNKNOWN), and {len(blind)} were marked submitted before any status was written"
+        )
+    return ". ".join(parts) + "." if parts else ""
+
+
+def failover_markdown(
+    run: FailoverRun,
+    services: int,
+    batches: int,
+    commit_delay_ms: int,
+    settings: ClaimSettings,
+    cut: bool,
+) -> list[str]:
+    target = (settings.claim_ttl_ms + 1_000) / 1000
+    fast = sorted(
+        x.resumed_s for x in run.samples if not x.mid_submission and x.resumed_s is not None
+    )
+    slow = sorted(x.resumed_s for x in run.samples if x.mid_submission and x.resumed_s is not None)
+    never = sum(x.resumed_s is None for x in run.samples)
+    how = (
+        f"Just before the kill the victim was cut off from the node for {run.cut_s:.1f} s "
+        "while it went on running (`bench/_cluster.py`, `LedgerCut`): no answer, status or "
+        "event reached it, and the POSTs it sent on every other connection did not reach the "
+        f"node ({run.posts_dropped} dropped), so the batches it marked submitted meanwhile were "
+        "left without the ledger's answer — the slow path, forced. "
+        if cut
+        else "No cut: the slow path is only sampled if the kill happens to find a batch mid-POST. "
+    )
+    shares = ", ".join(f"{k} {v:,}" for k, v in run.shares.items())
+    return [
+        f"**Failover** — {services:,} services × {batches} ordered intkey batches, node commit "
+        f"delay {commit_delay_ms} ms, 3 gateways on one PostgreSQL; each service's first batch "
+        "posted, then (once each gateway held at least half its share"
+        f"{'' if run.balanced else ' — not reached within the wait, the run went on'}) the "
+        "rest, and the busiest gateway "
+        f"({run.victim}) SIGKILLed (frozen first) once {run.committed_at_kill:,} batches were "
+        f"committed, posting going on to the others. Services held at the kill: {shares}. "
+        + how
+        + f"The victim held {len(run.samples):,} services with a batch not final "
+        f"({sum(x.mid_submission for x in run.samples):,} of them mid-submission). "
+        "Per such service: the time from the kill until another gateway's first write "
+        "for it — the submission of a batch, or the ledger's answer about one — and until "
+        "its new claim (`claimed_at`):",
+        "",
+        report.table(
+            [
+                "path",
+                "services",
+                "min",
+                "median",
+                "p95",
+                "max",
+                f"≤ TTL + 1 s ({target:.0f} s)",
+                "claim moved: median / max",
+            ],
+            _path_rows(run.samples, target),
+        ),
+        "",
+        _samples("fast", fast),
+        _samples("slow", slow),
+        *(
+            [f"* {never} services saw no write by another gateway within the wait."]
+            if never
+            else []
+        ),
+        "",
+        "Which path a sample took is read from the store at the freeze, before the kill: "
+        "a service is *mid-submission* if one of its batches is marked submitted without the "
+        "ledger's answer (status none, Unknown or Delayed, not final; docs/ha.md, "
+        '"Two-phase expiry"). It shows again in what the survivors wrote first: '
+        + _evidence(run.samples)
+        + " Fast path: the claim lapses at its first expiry (the TTL, counted from the "
+        "victim's last renewal, so up to 5 s after the kill), the survivors claim it and go "
+        "on with the service's batches. Slow path: the claim lapses at the second expiry "
+        "(TTL + 10 %), and the new holder first asks the ledger about the batch left "
+        "mid-submission (a status is written: the ledger's, or Unknown, after which the same "
+        'batch is resent) — docs/ha.md, "Safety", says why this needs no longer second expiry.',
+        "",
+        "Invariants after the run (all committed, exactly once, in order, no fenced write "
+        f"landed): {'held' if not run.problems else 'VIOLATED: ' + '; '.join(run.problems[:5])}."
+        f" The whole run took {run.elapsed_s:.0f} s, first post to last commit (balancing wait "
+        f"and kill included): {run.rate:.0f} batches/s.",
+    ]
+
+
 @click.command()
 @click.option("--services", default=60, show_default=True, help="Services in the failover run.")
 @click.option("--batches", default=60, show_default=True, help="Batches per service (failover).")
 @click.option("--commit-delay-ms", default=50, show_default=True, help="Node commit delay.")
+@click.option(
+    "--cut/--no-cut",
+    default=True,
+    show_default=True,
+    help="Cut the victim off its ledger just before the kill (forces slow-path samples).",
+)
+@click.option(
+    "--kill-at",
+    type=int,
+    default=None,
+    help="Kill once this many batches are committed [default: the first batches and a "
+    "quarter of the rest].",
+)
+@click.option(
+    "--balance-timeout", default=180.0, show_default=True, help="Seconds to wait for the share."
+)
+@click.option("--throughput/--no-throughput", default=True, show_default=True)
 @click.option("--tp-services", default=100, show_default=True, help="Services (throughput).")
 @click.option("--tp-batches", default=20, show_default=True, help="Batches per service.")
+@click.option(
+    "--section", default="failover", show_default=True, help="BENCHMARKS.md section to write."
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep the processes' logs here (default: a temporary directory, removed).",
+)
 @click.option("--write/--no-write", default=True, show_default=True, help="Update BENCHMARKS.md.")
 def command(
     services: int,
     batches: int,
     commit_delay_ms: int,
+    cut: bool,
+    kill_at: int | None,
+    balance_timeout: float,
+    throughput: bool,
     tp_services: int,
     tp_batches: int,
+    section: str,
+    workdir: Path | None,
     write: bool,
 ) -> None:
     """Failover time after SIGKILL, and throughput with 1-3 gateways on PostgreSQL."""
     settings = ClaimSettings()
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="ledgerq-failover-") as tmp:
-        work = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ledgerq-fo-")))
+        else:
+            work = workdir
+            work.mkdir(parents=True, exist_ok=True)
         report.console.print("failover: 3 gateways, default claim timings, SIGKILL the busiest")
-        resumed, held, problems, run_rate = measure_failover(
-            work, services, batches, commit_delay_ms
+        run = measure_failover(
+            work,
+            services,
+            batches,
+            commit_delay_ms,
+            cut=cut,
+            kill_at=kill_at,
+            balance_timeout_s=balance_timeout,
         )
+        load_mid = os.getloadavg()
         rates = {}
-        for k in (1, 2, 3):
-            report.console.print(f"throughput: {k} gateway(s)")
-            rates[k] = measure_throughput(work, k, tp_services, tp_batches)
+        if throughput:
+            for k in (1, 2, 3):
+                report.console.print(f"throughput: {k} gateway(s)")
+                rates[k] = measure_throughput(work, k, tp_services, tp_batches)
     load_after = os.getloadavg()
-    target = (settings.claim_ttl_ms + 1_000) / 1000
-    fast = sorted(t for t, busy in resumed.values() if not busy)
-    slow = sorted(t for t, busy in resumed.values() if busy)
-
-    def row(kind: str, times: list[float]) -> list[object]:
-        if not times:
-            return [kind, 0, "-", "-", "-", "-", "-"]
-        return [
-            kind,
-            len(times),
-            f"{min(times):.2f} s",
-            f"{statistics.median(times):.2f} s",
-            f"{report.percentile(times, 95):.2f} s",
-            f"{max(times):.2f} s",
-            f"{sum(t <= target for t in times)} / {len(times)}",
-        ]
 
     lines = [
         f"Claim timings: renew {settings.renew_interval_ms} ms, TTL (first expiry) "
         f"{settings.claim_ttl_ms} ms, second expiry {settings.slow_ttl_ms} ms, grace "
         f"{settings.grace_ms} ms (the defaults). Machine load average (1, 5, 15 min) before: "
-        f"{', '.join(f'{x:.1f}' for x in load_before)}; after: "
-        f"{', '.join(f'{x:.1f}' for x in load_after)} (a machine shared with other work).",
+        f"{', '.join(f'{x:.1f}' for x in load_before)}; after the failover run: "
+        f"{', '.join(f'{x:.1f}' for x in load_mid)} (its own gateways, PostgreSQL and node on "
+        "the 2 cores; a machine shared with other work).",
         "",
-        f"**Failover** — {services} services × {batches} ordered intkey batches, node commit "
-        f"delay {commit_delay_ms} ms, 3 gateways; the rest of each service's batches posted "
-        "while the first ones run, and "
-        "the busiest gateway SIGKILLed once a quarter of those are committed, holding "
-        f"{held} services with work waiting ({len(resumed)} resumed). Time from the kill "
-        "until another gateway records the submission of each of those services' next "
-        "batch or the ledger's answer about the batch the victim had submitted "
-        "(whichever comes first):",
-        "",
-        report.table(
-            ["path", "services", "min", "median", "p95", "max", f"≤ TTL + 1 s ({target:.0f} s)"],
-            [
-                row("fast (nothing mid-submission)", fast),
-                row("slow (a batch mid-submission)", slow),
-            ],
-        ),
-        "",
-        _samples("fast", fast),
-        _samples("slow", slow),
-        "",
-        "Fast path: the claim lapses at its first expiry (the TTL, counted from the victim's "
-        "last renewal, so up to 5 s after the kill), the survivors wake up for that moment, "
-        "claim, and queue the service's next batch. Slow path: the victim died between marking "
-        "a batch submitted and the ledger's answer; the claim lapses at the second expiry "
-        "(TTL + 10 %), then the new holder asks the ledger about that batch before anything "
-        'else (docs/ha.md, "Safety", says why this needs no longer second expiry).',
-        "Invariants after the run (all committed, exactly once, in order, no fenced write "
-        f"landed): {'held' if not problems else 'VIOLATED: ' + '; '.join(problems)}. "
-        f"The whole run, first post to last commit (balancing wait and kill included): "
-        f"{run_rate:.0f} batches/s.",
-        "",
-        f"**Throughput** — {tp_services} services × {tp_batches} batches posted round-robin "
-        "across the gateways, one PostgreSQL, one node process (no commit delay):",
-        "",
-        report.table(
-            [
-                "gateways",
-                "batches/s (first post → last commit)",
-                "CPU s per 1,000 batches: gateways",
-                "PostgreSQL",
-                "node",
-            ],
-            [
-                [
-                    k,
-                    f"{t.batches_s:.0f}",
-                    f"{t.gateways_cpu:.2f}",
-                    f"{t.postgres_cpu:.2f}",
-                    f"{t.node_cpu:.2f}",
-                ]
-                for k, t in rates.items()
-            ],
-        ),
-        "",
-        "CPU: user + system time of the gateway processes, of the PostgreSQL server processes "
-        "serving the run's database (read from /proc), and of the node, per 1,000 batches.",
-        "",
-        "On this 2-core machine every gateway process competes for the same cores with "
-        "PostgreSQL and the node, so more gateways add contention, not capacity: instances "
-        "are for availability here. The gateway's own throughput is measured by "
-        "`ledgerq bench e2e`.",
+        *failover_markdown(run, services, batches, commit_delay_ms, settings, cut),
     ]
+    if throughput:
+        lines += [
+            "",
+            f"**Throughput** — {tp_services} services × {tp_batches} batches posted round-robin "
+            "across the gateways, one PostgreSQL, one node process (no commit delay); load "
+            f"average after: {', '.join(f'{x:.1f}' for x in load_after)}:",
+            "",
+            report.table(
+                [
+                    "gateways",
+                    "batches/s (first post → last commit)",
+                    "CPU s per 1,000 batches: gateways",
+                    "PostgreSQL",
+                    "node",
+                ],
+                [
+                    [
+                        k,
+                        f"{t.batches_s:.0f}",
+                        f"{t.gateways_cpu:.2f}",
+                        f"{t.postgres_cpu:.2f}",
+                        f"{t.node_cpu:.2f}",
+                    ]
+                    for k, t in rates.items()
+                ],
+            ),
+            "",
+            "CPU: user + system time of the gateway processes, of the PostgreSQL server "
+            "processes serving the run's database (read from /proc), and of the node, per "
+            "1,000 batches.",
+            "",
+            "On this 2-core machine every gateway process competes for the same cores with "
+            "PostgreSQL and the node, so more gateways add contention, not capacity: instances "
+            "are for availability here. The gateway's own throughput is measured by "
+            "`ledgerq bench e2e`.",
+        ]
     markdown = "\n".join(lines)
     click.echo(markdown)
     if write:
-        report.write_section("failover", markdown, command="ledgerq bench failover")
+        report.write_section(section, markdown)

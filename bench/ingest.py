@@ -124,13 +124,12 @@ def _client(
 
 
 def _load(
-    url: str, requests: list[bytes], clients: int, conns: int, warmup: float, seconds: float
+    url: str, requests: list[bytes], clients: int, conns: int, start: float, stop: float
 ) -> tuple[int, int, int, float]:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
-    start = time.time() + warmup
-    stop = start + seconds
+    seconds, warmup = stop - start, max(start - time.time(), 0.0)
     share = len(requests) // clients
     procs = [
         ctx.Process(
@@ -176,11 +175,19 @@ async def _run(
     try:
         url = await proc.start(timeout_s=120)
         pids = _tree(proc.pid)
-        cpu0 = _cpu(pids)
-        accepted, other, sent, client_cpu = await asyncio.to_thread(
-            _load, url, requests, clients, conns, warmup, seconds
+        start = time.time() + warmup
+        stop = start + seconds
+        load = asyncio.ensure_future(
+            asyncio.to_thread(_load, url, requests, clients, conns, start, stop)
         )
-        cpu1 = _cpu(pids)
+        # CPU is read over the counted window only (not the warm-up), for the
+        # gateway's processes, every PostgreSQL process, and the whole machine.
+        await asyncio.sleep(max(start - time.time(), 0))
+        postgres = _postgres_pids()
+        before = (_cpu(pids), _cpu(postgres), _machine_busy_s())
+        await asyncio.sleep(max(stop - time.time(), 0))
+        after = (_cpu(pids), _cpu(postgres), _machine_busy_s())
+        accepted, other, sent, client_cpu = await load
     finally:
         await proc.stop()
         hole.close()
@@ -188,9 +195,30 @@ async def _run(
         "posts_s": accepted / seconds,
         "other": other,
         "sent": sent,
-        "server_cpu_s": cpu1 - cpu0,
+        "server_cpu_s": after[0] - before[0],
+        "postgres_cpu_s": after[1] - before[1],
+        "machine_cpu_s": after[2] - before[2],
         "client_cpu_s": client_cpu,
     }
+
+
+def _postgres_pids() -> list[int]:
+    """Every PostgreSQL server process on the machine (backends, WAL writer, ...)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "comm").read_text().strip() in ("postgres", "postmaster"):
+                    out.append(int(entry.name))
+    return out
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy, all cores (/proc/stat: user, nice,
+    system, irq, softirq; not idle, iowait or time stolen by the hypervisor)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu(pids: list[int]) -> float:
@@ -297,6 +325,8 @@ def command(
                     f"{statistics.median(rates):,.0f}",
                     f"{statistics.median(g['server_cpu_s'] for g in runs) / seconds:.2f}",
                     f"{statistics.median(g['client_cpu_s'] for g in runs) / wall:.2f}",
+                    f"{statistics.median(g['postgres_cpu_s'] for g in runs) / seconds:.2f}",
+                    f"{statistics.median(g['machine_cpu_s'] for g in runs) / seconds:.2f}",
                     sum(int(g["other"]) for g in runs),
                     f"{ratio:.2f} ×" if workers == 2 else "",
                 ]
@@ -308,7 +338,11 @@ def command(
             f"{SERVICES:,} services, {clients} load-generator process(es) × {connections} "
             f"keep-alive connections (closed loop; `wrk` not installed), {warmup:.0f} s warm-up "
             f"then {seconds:.0f} s counted, a fresh database per run, runs alternated. The load "
-            "generator shares the two cores with the gateway (its CPU is shown). Machine load "
+            "generator shares the two cores with the gateway. CPU in cores over the counted "
+            "seconds (user + system, /proc): the gateway's processes (supervisor and workers), "
+            "the load generator (over warm-up and counted seconds), every PostgreSQL server "
+            "process, and the whole machine busy (/proc/stat: everything, other work on the "
+            "machine included; not idle, iowait or stolen time). Machine load "
             f"average (1, 5, 15 min) before: {', '.join(f'{x:.1f}' for x in load_before)}; "
             f"after: {', '.join(f'{x:.1f}' for x in load_after)} — a machine shared with other "
             "engineers' tests and benchmarks.",
@@ -321,6 +355,8 @@ def command(
                     "median",
                     "gateway CPU (cores)",
                     "load-generator CPU (cores)",
+                    "PostgreSQL CPU (cores)",
+                    f"machine busy (cores, of {os.cpu_count()})",
                     "non-202",
                     "2 ÷ 1 workers (target ≥ 1.7)",
                 ],

@@ -1,0 +1,124 @@
+"""The failover bench's harness: the ledger cut that forces slow-path samples, and the
+share it waits for before the kill."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+from collections.abc import Iterator
+from typing import ClassVar
+
+import pytest
+
+from bench._cluster import LedgerCut
+from bench.failover import _balanced
+
+
+class _Ledger(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    posted: ClassVar[list[bytes]] = []
+
+    def do_GET(self) -> None:
+        self._answer(b"got")
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.posted.append(body)
+        self._answer(b"accepted")
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(202 if self.command == "POST" else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def ledger() -> Iterator[str]:
+    _Ledger.posted = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ledger)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    return sock
+
+
+def _request(sock: socket.socket, method: str, body: bytes = b"") -> None:
+    sock.sendall(
+        f"{method} /batches HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+
+def _answer(sock: socket.socket, timeout_s: float) -> bytes:
+    sock.settimeout(timeout_s)
+    data = b""
+    try:
+        while not data.endswith((b"got", b"accepted")):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except TimeoutError:
+        pass
+    return data
+
+
+def _wait_posted(count: int) -> None:
+    for _ in range(100):
+        if len(_Ledger.posted) >= count:
+            return
+        threading.Event().wait(0.02)
+
+
+def test_relays_both_ways_until_cut_then_withholds_answers_and_half_the_posts(
+    ledger: str,
+) -> None:
+    cut = LedgerCut(ledger)
+    try:
+        even, odd = _connect(cut.url), _connect(cut.url)
+        _request(even, "GET")
+        assert _answer(even, 5).endswith(b"got")
+        _request(odd, "POST", b"before")
+        assert _answer(odd, 5).endswith(b"accepted")
+        assert _Ledger.posted == [b"before"]
+
+        cut.cut()
+        _request(even, "POST", b"reaches the ledger")
+        _request(odd, "POST", b"never reaches it")
+        _wait_posted(2)
+        # Connection 0 (even): the POST goes through, its answer does not come back.
+        assert _Ledger.posted == [b"before", b"reaches the ledger"]
+        assert _answer(even, 0.5) == b""
+        # Connection 1 (odd): the POST is dropped, so no answer either.
+        assert _answer(odd, 0.2) == b""
+        assert cut.posts_dropped == 1
+        assert cut.chunks_withheld >= 1
+        # A new connection after the cut: reads get no answer.
+        late = _connect(cut.url)
+        _request(late, "GET")
+        assert _answer(late, 0.5) == b""
+        for sock in (even, odd, late):
+            sock.close()
+    finally:
+        cut.close()
+
+
+def test_balanced_needs_every_instance_at_half_its_share() -> None:
+    services = [f"s{i}" for i in range(90)]
+    even = {"a": services[:30], "b": services[30:60], "c": services[60:]}
+    assert _balanced(even, 90)
+    assert _balanced({"a": services[:50], "b": services[50:75], "c": services[75:]}, 90)
+    assert not _balanced({"a": services[:70], "b": services[70:80], "c": services[80:]}, 90)
+    assert not _balanced({"a": services[:45], "b": services[45:]}, 90)
