@@ -184,9 +184,9 @@ async def _run(
         # gateway's processes, every PostgreSQL process, and the whole machine.
         await asyncio.sleep(max(start - time.time(), 0))
         postgres = _postgres_pids()
-        before = (_cpu(pids), _cpu(postgres), _machine_busy_s())
+        before = (_cpu_by_pid(pids), _cpu_by_pid(postgres), _machine_busy_s())
         await asyncio.sleep(max(stop - time.time(), 0))
-        after = (_cpu(pids), _cpu(postgres), _machine_busy_s())
+        after = (_cpu_by_pid(pids), _cpu_by_pid(postgres), _machine_busy_s())
         accepted, other, sent, client_cpu = await load
     finally:
         await proc.stop()
@@ -195,11 +195,25 @@ async def _run(
         "posts_s": accepted / seconds,
         "other": other,
         "sent": sent,
-        "server_cpu_s": after[0] - before[0],
-        "postgres_cpu_s": after[1] - before[1],
+        "server_cpu_s": _delta(before[0], after[0]),
+        "postgres_cpu_s": _delta(before[1], after[1]),
         "machine_cpu_s": after[2] - before[2],
         "client_cpu_s": client_cpu,
     }
+
+
+def _cpu_by_pid(pids: list[int]) -> dict[int, float]:
+    out = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            out[pid] = cpu_seconds(pid)
+    return out
+
+
+def _delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU used between the two readings by the processes alive at both (one that
+    exited meanwhile is missed rather than counted negative)."""
+    return sum(after[p] - before[p] for p in before.keys() & after.keys())
 
 
 def _postgres_pids() -> list[int]:
