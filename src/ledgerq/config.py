@@ -260,7 +260,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "decode_priority",
         _priority,
-        "10",
+        "idle",
         "CPU priority of the decoding processes: idle, normal or a nice value 0-19",
     ),
     Key("http.keepalive_s", _positive(float), 15.0, "close a connection idle this long (s)"),

@@ -7,7 +7,7 @@ the GIL (protobuf parsing holds it), and a few hostile posts at once slow
 the whole gateway. So bodies of at least ``pool_bytes`` go to ``slots``
 worker **processes** (:class:`ledgerq.procpool.WorkerPool`: started on first
 use, dying with the gateway) at a lower scheduling priority
-(``decode_priority``, by default nice 10): under load the pipeline's own
+(``decode_priority``, by default ``idle``: ``SCHED_IDLE``): under load the pipeline's own
 processes get the CPU first, the decoding waits. More posts than slots wait
 their turn (an ``asyncio.Semaphore``), without blocking anything else.
 Refusals are the codec's :class:`~ledgerq.errors.InvalidBatchError` either
@@ -31,7 +31,7 @@ from ledgerq.procpool import Priority, WorkerPool
 #: single-transaction batches; below, the round trip costs more than it saves).
 POOL_BYTES = 64 * 1024
 #: The workers' default scheduling priority (``decode_priority``).
-DEFAULT_PRIORITY = Priority.parse("10")
+DEFAULT_PRIORITY = Priority.parse("idle")
 
 
 class BatchListDecoder:
