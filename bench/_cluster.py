@@ -118,6 +118,24 @@ BEGIN
     RETURN NULL;
 END
 $$;
+CREATE OR REPLACE FUNCTION write_log_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF ledgerq_now_ms() < (SELECT at FROM write_log_since) THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.claimant IS NOT NULL AND NEW.claimant IS DISTINCT FROM OLD.claimant THEN
+        INSERT INTO write_log (service_id, batch_id, what)
+            VALUES (NEW.service_id, '', 'claimed');
+    ELSIF NEW.claimant IS NULL AND OLD.claimant IS NOT NULL THEN
+        INSERT INTO write_log (service_id, batch_id, what)
+            VALUES (NEW.service_id, '', 'unclaimed ' || OLD.claimant);
+    END IF;
+    RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS write_log_claims ON service_id_claims;
+CREATE TRIGGER write_log_claims AFTER UPDATE ON service_id_claims
+    FOR EACH ROW EXECUTE FUNCTION write_log_claim();
 DROP TRIGGER IF EXISTS write_log_statuses ON batch_statuses;
 CREATE TRIGGER write_log_statuses AFTER INSERT OR UPDATE ON batch_statuses
     FOR EACH ROW EXECUTE FUNCTION write_log_record();
@@ -132,7 +150,8 @@ CREATE TRIGGER write_log_batches AFTER UPDATE ON batches
 
 def install_write_log(pg_url: str) -> None:
     """Log, from :func:`start_write_log` on, every write of a batch's state (marked
-    submitted, its status, the ledger's answers, submissions) with its time and writer
+    submitted, its status, the ledger's answers, submissions) and every claim taken or
+    voided, with its time (``clock_timestamp()``, when the row was written) and writer
     (the instance's ``application_name``): what each instance did, in order."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(_WRITE_LOG.encode())
