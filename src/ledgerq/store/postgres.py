@@ -133,6 +133,10 @@ class PostgresBackend:
             open=False,
             timeout=pool_timeout_s,
             kwargs={
+                # Transactions are opened explicitly (``transaction``); a short
+                # read runs without one, so it costs one round trip per
+                # statement instead of BEGIN and COMMIT around them.
+                "autocommit": True,
                 "connect_timeout": max(1, int(pool_timeout_s)),
                 "options": f"-c statement_timeout={int(statement_timeout_ms)}"
                 f" -c idle_in_transaction_session_timeout={int(idle_in_transaction_ms)}",
@@ -182,7 +186,19 @@ class PostgresBackend:
         write: bool,
         short: bool = False,
     ) -> T:
-        """``body(session)`` in one transaction."""
+        """``body(session)`` in one transaction; a ``short`` read statement by
+        statement, each in its own (autocommit).
+
+        A short read is a few indexed rows (a round of woken services, the
+        batches it picked, a status): without BEGIN and COMMIT it takes two
+        round trips fewer. Its statements may see different snapshots; each
+        reads rows the previous one named (a batch's transactions, its
+        receipts), which do not change while the batch is tracked (a batch
+        removed by ``clean_stale_records`` in between comes without them).
+        """
+        if short and not write:
+            async with self._connection() as conn:
+                return await body(_Session(conn, self))
         async with self.transaction(write=write) as session:
             return await body(session)
 
