@@ -36,7 +36,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -102,9 +102,9 @@ class _Guard(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.on_lost: set[Callable[[], None]] = set()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        # A stream transport; uvloop's are not subclasses of asyncio.Transport.
+        transport = self.transport = cast(asyncio.Transport, base)
         if self.counter.open >= self.counter.limits.max_connections:
             self.refused = True
             self.counter.refused += 1
