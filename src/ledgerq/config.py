@@ -104,6 +104,13 @@ def _int(value: Any) -> int:
     return int(value)
 
 
+def _event_loop(value: str) -> str:
+    kind = str(value).strip().lower()
+    if kind not in ("uvloop", "asyncio"):
+        raise ConfigError(f"event_loop must be uvloop or asyncio, not {value!r}")
+    return kind
+
+
 def _log_level(value: str) -> str:
     level = str(value).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -225,6 +232,12 @@ KEYS: tuple[Key, ...] = (
     Key("ledger", _ledger, "node", "node (in-process), sawtooth+http://H:P or splinter+http://H:P"),
     Key("bind", _bind, "127.0.0.1:8080", "HOST:PORT the gateway listens on"),
     Key("workers", _non_negative(_int), 0, "gateway processes behind the port (0: one per core)"),
+    Key(
+        "event_loop",
+        _event_loop,
+        "uvloop",
+        "uvloop (asyncio's if not installed) or asyncio",
+    ),
     Key("node.data_dir", str, "", "in-process node data directory (default: next to the db)"),
     Key("node.shards", _positive(_int), 4, "in-process node shard count"),
     Key("node.ephemeral", _bool, False, "in-process node forgets pending batches on restart"),

@@ -154,6 +154,7 @@ def serve(
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     from ledgerq.commands.node import tune_gc
+    from ledgerq.gateway.loop import run
     from ledgerq.gateway.run import run_gateway
     from ledgerq.gateway.workers import resolve_workers
 
@@ -163,7 +164,10 @@ def serve(
             asyncio.run(_supervise(settings, count))
             return
         tune_gc()
-        asyncio.run(run_gateway(settings, install_signals=True, on_started=_announce))
+        run(
+            run_gateway(settings, install_signals=True, on_started=_announce),
+            settings["event_loop"],
+        )
     except LedgerqError as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:

@@ -35,6 +35,7 @@ def main() -> None:
     from ledgerq import failpoints
     from ledgerq.claims import generate_instance_id
     from ledgerq.commands.node import tune_gc
+    from ledgerq.gateway.loop import run as run_on_loop
     from ledgerq.gateway.run import run_gateway
     from ledgerq.gateway.service import Gateway
     from ledgerq.gateway.workers import EXIT_START_FAILED, WorkerSpec
@@ -69,7 +70,7 @@ def main() -> None:
     try:
         failpoints.configure()
         tune_gc()
-        asyncio.run(run())
+        run_on_loop(run(), settings["event_loop"])
     except LedgerqError as exc:
         print(f"Error: worker {spec.index}: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_START_FAILED if not started else 1)

@@ -7,13 +7,15 @@ and parked status reads never take a connection a POST needs: one for
 submissions (``pool_size`` connections) and one for status reads, event
 streams and websockets (unbounded here: the follower bounds its parked reads
 with ``monitor.max_parked``). Every request carries its own ``ClientTimeout``
-so no await can hang.
+so no await can hang (the same immutable ``ClientTimeout`` is shared by
+every request with the same limits).
 """
 
 from __future__ import annotations
 
 import contextlib
 import email.utils
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -50,6 +52,12 @@ class HttpTimeouts:
     submit: float = 10.0
     status_margin: float = 5.0
     pool_size: int = 256
+
+
+@functools.lru_cache(maxsize=64)
+def client_timeout(total: float, connect: float) -> aiohttp.ClientTimeout:
+    """One (immutable) timeout object per distinct value, not one per request."""
+    return aiohttp.ClientTimeout(total=total, connect=connect)
 
 
 def new_session(timeouts: HttpTimeouts, *, limit: int | None = None) -> aiohttp.ClientSession:
@@ -161,7 +169,7 @@ async def post_batch(
             url,
             data=body,
             headers={"Content-Type": "application/octet-stream"},
-            timeout=aiohttp.ClientTimeout(total=timeouts.submit, connect=timeouts.connect),
+            timeout=client_timeout(timeouts.submit, timeouts.connect),
         ) as resp:
             payload = await resp.read()
             status = resp.status
@@ -200,7 +208,7 @@ async def read_statuses(
     The error's ``cause`` names the kind of failure (``HTTP 404``, ``timeout``,
     ``connection failed``), so that a burst of the same failure is one problem.
     """
-    timeout = aiohttp.ClientTimeout(total=wait_s + timeouts.status_margin, connect=timeouts.connect)
+    timeout = client_timeout(wait_s + timeouts.status_margin, timeouts.connect)
     try:
         async with session.request(method, url, timeout=timeout, **request) as resp:
             body = await resp.read()

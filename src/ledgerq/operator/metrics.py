@@ -205,6 +205,15 @@ class GatewayMetrics:
         self.claims_held = Gauge(
             "ledgerq_claims_held", "Service claims this instance holds.", registry=r
         )
+        # Labelled children looked up once: ``labels()`` costs a lock and a
+        # tuple per call, and these are counted several times per batch.
+        self._stage_submit = self.stage.labels("submit")
+        self._stage_queued = self.stage.labels("queued")
+        self._stage_ledger = self.stage.labels("ledger")
+        self.polls_ok = self.polls.labels("ok")
+        self.polls_error = self.polls.labels("error")
+        self._attempts_by: dict[str, Any] = {}
+        self._reported_by: dict[str, Any] = {}
         self._created: dict[str, int] = {}
         self._posted: dict[str, int] = {}
         self._accepted_window = _Window(THROUGHPUT_WINDOW_S)
@@ -228,24 +237,32 @@ class GatewayMetrics:
         self._accepted_window.add(now // 1000, n)
 
     def posted(self, batch_id: str, result: SubmitResult, seconds: float) -> None:
-        self.attempts.labels(response_label(result)).inc()
-        self.stage.labels("submit").observe(seconds)
+        label = response_label(result)
+        attempts = self._attempts_by.get(label)
+        if attempts is None:
+            attempts = self._attempts_by[label] = self.attempts.labels(label)
+        attempts.inc()
+        self._stage_submit.observe(seconds)
         if batch_id not in self._posted:
             now = self.clock()
             _remember(self._posted, batch_id, now)
             created = self._created.get(batch_id)
             if created is not None:
-                self.stage.labels("queued").observe(max(0, now - created) / 1000)
+                self._stage_queued.observe(max(0, now - created) / 1000)
 
     def status_reported(self, batch_id: str, status: BatchStatus) -> None:
-        self.reported.labels(status.name.value).inc()
+        name = status.name.value
+        reported = self._reported_by.get(name)
+        if reported is None:
+            reported = self._reported_by[name] = self.reported.labels(name)
+        reported.inc()
         if not status.is_final:
             return
         now = self.clock()
         self._final_window.add(now // 1000)
         posted = self._posted.pop(batch_id, None)
         if posted is not None:
-            self.stage.labels("ledger").observe(max(0, now - posted) / 1000)
+            self._stage_ledger.observe(max(0, now - posted) / 1000)
         created = self._created.pop(batch_id, None)
         if created is not None:
             self.e2e.observe(max(0, now - created) / 1000)
@@ -391,9 +408,9 @@ class InstrumentedLedger:
         try:
             statuses = await self.inner.batch_statuses(service_id, batch_ids, wait_s=wait_s)
         except Exception:
-            self.metrics.polls.labels("error").inc()
+            self.metrics.polls_error.inc()
             raise
-        self.metrics.polls.labels("ok").inc()
+        self.metrics.polls_ok.inc()
         for s in statuses:
             self.metrics.status_reported(s.batch_id, s.status)
         return statuses

@@ -77,10 +77,9 @@ follower asks the ledger about that batch at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import FencedOffError
@@ -153,6 +152,41 @@ def _receipts(status: BatchStatus) -> list[TransactionReceipt]:
     return []
 
 
+class _InOrder:
+    """The per-batch write lock of :meth:`Recorder._in_order`: ``order`` maps a
+    batch id to ``[lock, users]`` while any write of it is under way. A plain
+    class rather than a generator-based context manager: it is entered on
+    every write of every batch."""
+
+    __slots__ = ("_batch_id", "_entry", "_order")
+
+    def __init__(self, order: dict[str, list[Any]], batch_id: str) -> None:
+        self._order = order
+        self._batch_id = batch_id
+        entry = order.get(batch_id)
+        if entry is None:
+            entry = order[batch_id] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        self._entry = entry
+
+    def _leave(self) -> None:
+        entry = self._entry
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._order[self._batch_id]
+
+    async def __aenter__(self) -> None:
+        try:
+            await self._entry[0].acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._entry[0].release()
+        self._leave()
+
+
 class Recorder:
     def __init__(
         self, store: StatusWriter, *, clock: Clock = now_ms, fences: FenceSource | None = None
@@ -168,7 +202,7 @@ class Recorder:
         # Per batch: a lock and how many writes use it. This process's writes
         # of one batch land in the order they were made (a group commit would
         # otherwise let a later one overtake an earlier one still in flight).
-        self._order: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._order: dict[str, list[Any]] = {}
 
     def add_unlock_listener(self, listener: UnlockListener) -> None:
         """``listener(service_id)`` after a write that lets the service move on."""
@@ -207,8 +241,7 @@ class Recorder:
         fence = self._acting.pop((batch.service_id, batch.batch_id), None)
         return fence if fence is not None else self._fence(batch.service_id)
 
-    @contextlib.asynccontextmanager
-    async def _in_order(self, batch_id: str) -> AsyncIterator[None]:
+    def _in_order(self, batch_id: str) -> _InOrder:
         """Hold ``batch_id``'s writes in the order they were made.
 
         An ``UNKNOWN`` answer whose write is still in flight when the queue
@@ -218,15 +251,7 @@ class Recorder:
         resend. (Taken without yielding when free, so the order is the order
         of the calls.)
         """
-        lock, users = self._order.setdefault(batch_id, (asyncio.Lock(), [0]))
-        users[0] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if users[0] == 0:
-                del self._order[batch_id]
+        return _InOrder(self._order, batch_id)
 
     def _unlocked(self, service_id: str) -> None:
         for listener in self._listeners:
