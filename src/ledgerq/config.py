@@ -111,6 +111,13 @@ def _event_loop(value: str) -> str:
     return kind
 
 
+def _ledger_client(value: str) -> str:
+    kind = str(value).strip().lower()
+    if kind not in ("lean", "aiohttp"):
+        raise ConfigError(f"ledger_client must be lean or aiohttp, not {value!r}")
+    return kind
+
+
 def _log_level(value: str) -> str:
     level = str(value).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -290,6 +297,12 @@ KEYS: tuple[Key, ...] = (
         str,
         "",
         "bearer token the gateway sends to an HTTP ledger (a `ledgerq node`'s node.token; secret)",
+    ),
+    Key(
+        "ledger_client",
+        _ledger_client,
+        "lean",
+        "HTTP client of a Sawtooth ledger's POSTs and status reads: lean or aiohttp",
     ),
     Key("ledger_timeout.connect_s", _positive(float), 3.0, "ledger connect timeout (s)"),
     Key("ledger_timeout.submit_s", _positive(float), 10.0, "ledger POST timeout (s)"),

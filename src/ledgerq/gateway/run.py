@@ -84,6 +84,7 @@ async def open_ledger(settings: Settings, stack: AsyncExitStack) -> LedgerClient
         HttpTimeouts(
             connect=settings["ledger_timeout.connect_s"],
             submit=settings["ledger_timeout.submit_s"],
+            lean=settings["ledger_client"] == "lean",
         ),
         token=settings["ledger_token"],
     )

@@ -34,6 +34,7 @@ from ledgerq.ledgers.base import (
     Unjudged,
     Unreachable,
 )
+from ledgerq.ledgers.lean import ConnectFailed, LeanOrigin
 
 #: Whether a 4xx answer to a POST is the ledger's judgement of the batch:
 #: ``judged(status, body)``.
@@ -52,6 +53,9 @@ class HttpTimeouts:
     submit: float = 10.0
     status_margin: float = 5.0
     pool_size: int = 256
+    #: Submissions and status reads of a Sawtooth ledger on the lean client
+    #: (:mod:`ledgerq.ledgers.lean`); False: on aiohttp's.
+    lean: bool = True
 
 
 @functools.lru_cache(maxsize=64)
@@ -84,6 +88,7 @@ class HttpSessions:
         self._headers = {"Authorization": authorization} if authorization else {}
         self._submit: aiohttp.ClientSession | None = None
         self._status: aiohttp.ClientSession | None = None
+        self._lean: dict[tuple[str, bool], LeanOrigin] = {}
 
     @property
     def submit(self) -> aiohttp.ClientSession:
@@ -99,11 +104,28 @@ class HttpSessions:
             self._status.headers.update(self._headers)
         return self._status
 
+    def lean(self, base_url: str, *, submit: bool) -> LeanOrigin:
+        """The lean client's connections to ``base_url``: the submissions'
+        (``pool_size`` connections) or the status reads' (unbounded)."""
+        key = (base_url, submit)
+        origin = self._lean.get(key)
+        if origin is None or origin.closed:
+            origin = self._lean[key] = LeanOrigin(
+                base_url,
+                connect_timeout_s=self._timeouts.connect,
+                limit=self._timeouts.pool_size if submit else 0,
+                headers=self._headers,
+            )
+        return origin
+
     async def close(self) -> None:
         for session in (self._submit, self._status):
             if session is not None:
                 await session.close()
         self._submit = self._status = None
+        for origin in self._lean.values():
+            await origin.close()
+        self._lean.clear()
 
 
 def retry_after_ms(value: str | None, now_s: float) -> int | None:
@@ -182,6 +204,13 @@ async def post_batch(
     except aiohttp.ClientError as exc:
         # Reset or disconnected once the request may have been written.
         return Ambiguous(f"connection to {url} failed mid-request: {exc!r}")
+    return classify_post(url, status, payload, retry_after, judged)
+
+
+def classify_post(
+    url: str, status: int, payload: bytes, retry_after: str | None, judged: Judge
+) -> SubmitResult:
+    """What the ledger's answer to a POST of a batch says (see :func:`post_batch`)."""
     if 200 <= status < 300:
         return Accepted(status)
     if status in (429, 503):
@@ -193,6 +222,66 @@ async def post_batch(
             return Rejected(status, error_message(payload, status))
         return Unjudged(status, f"{url} answered {status}: {error_message(payload, status)}")
     return Ambiguous(f"{url} answered {status}: {error_message(payload, status)}", status)
+
+
+async def post_batch_lean(
+    origin: LeanOrigin,
+    target: str,
+    body: bytes,
+    timeouts: HttpTimeouts,
+    judged: Judge = sawtooth_judged,
+) -> SubmitResult:
+    """:func:`post_batch` on the lean client (:mod:`ledgerq.ledgers.lean`):
+    the same outcomes for the same answers and failures."""
+    url = origin.url(target)
+    try:
+        answer = await origin.request(
+            "POST",
+            target,
+            body=body,
+            content_type="application/octet-stream",
+            total_s=timeouts.submit,
+        )
+    except ConnectFailed as exc:
+        # Connecting failed: the request was never sent.
+        return Unreachable(f"cannot connect to {url}: {exc}")
+    except TimeoutError:
+        return Ambiguous(f"no answer from {url} within {timeouts.submit:g}s")
+    except OSError as exc:
+        # Reset, disconnected or answered garbage once the request may have been written.
+        return Ambiguous(f"connection to {url} failed mid-request: {exc!r}")
+    return classify_post(url, answer.status, answer.body, answer.headers.get("retry-after"), judged)
+
+
+async def read_statuses_lean(
+    origin: LeanOrigin,
+    method: str,
+    target: str,
+    wait_s: float,
+    timeouts: HttpTimeouts,
+    *,
+    body: bytes | None = None,
+    content_type: str | None = None,
+) -> bytes:
+    """:func:`read_statuses` on the lean client: the same errors and causes."""
+    url = origin.url(target)
+    total = wait_s + timeouts.status_margin
+    try:
+        answer = await origin.request(
+            method, target, body=body, content_type=content_type, total_s=total
+        )
+    except TimeoutError as exc:
+        raise LedgerError(f"no answer from {url} within {total:g} s", cause="timeout") from exc
+    except OSError as exc:
+        raise LedgerError(
+            f"cannot read batch statuses from {url}: {exc!r}", cause="connection failed"
+        ) from exc
+    if answer.status != 200:
+        raise LedgerError(
+            f"{url} answered {answer.status}: {error_message(answer.body, answer.status)}",
+            cause=f"HTTP {answer.status}",
+        )
+    return answer.body
 
 
 async def read_statuses(

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import math
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
@@ -27,7 +28,14 @@ import aiohttp
 from ledgerq.backoff import Backoff
 from ledgerq.errors import LedgerError
 from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, SubmitResult, batch_list_bytes
-from ledgerq.ledgers.http import HttpSessions, HttpTimeouts, post_batch, read_statuses
+from ledgerq.ledgers.http import (
+    HttpSessions,
+    HttpTimeouts,
+    post_batch,
+    post_batch_lean,
+    read_statuses,
+    read_statuses_lean,
+)
 from ledgerq.ledgers.status import parse_status_list, sawtooth_status
 
 log = logging.getLogger(__name__)
@@ -75,6 +83,9 @@ class SawtoothClient:
 
     async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
         body = batch_list_bytes([serialized_batch])
+        if self.timeouts.lean:
+            origin = self._sessions.lean(self.base_url, submit=True)
+            return await post_batch_lean(origin, "/batches", body, self.timeouts)
         return await post_batch(self.session, f"{self.base_url}/batches", body, self.timeouts)
 
     async def batch_statuses(
@@ -87,8 +98,27 @@ class SawtoothClient:
             # A bare ``wait`` means the server maximum; always send a number.
             params["wait"] = str(max(1, math.ceil(wait_s)))
         url = f"{self.base_url}/batch_statuses"
-        if len(batch_ids) <= _GET_LIMIT:
+        few = len(batch_ids) <= _GET_LIMIT
+        if few:
             params["id"] = ",".join(batch_ids)
+        if self.timeouts.lean:
+            origin = self._sessions.lean(self.base_url, submit=False)
+            target = "/batch_statuses"
+            if params:
+                target += "?" + urllib.parse.urlencode(params, safe=",")
+            if few:
+                body = await read_statuses_lean(origin, "GET", target, wait_s, self.timeouts)
+            else:
+                body = await read_statuses_lean(
+                    origin,
+                    "POST",
+                    target,
+                    wait_s,
+                    self.timeouts,
+                    body=json.dumps(list(batch_ids)).encode(),
+                    content_type="application/json",
+                )
+        elif few:
             body = await read_statuses(
                 self.status_session, "GET", url, wait_s, self.timeouts, params=params
             )
