@@ -365,3 +365,45 @@ async def test_what_aiohttp_refuses_before_any_handler_is_json_too() -> None:
     finally:
         await runner.cleanup()
         await store.close()
+
+
+async def test_a_large_post_whose_client_leaves_while_it_waits_is_not_decoded() -> None:
+    store = await open_store("memory://")
+    api = GatewayApi(store, decode_slots=1)
+    runner = web.AppRunner(api.app())
+    await runner.setup()
+    site = GuardedSite(runner, HttpLimits(), "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    signer = Signer.generate()
+    body = encode_batch_list(
+        [make_intkey_batch(signer, [("set", f"k{i}", i)]).serialized for i in range(600)]
+    )
+    assert len(body) >= POOL_BYTES
+    try:
+        await api.decoder._turns.acquire()  # another post is being decoded
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /batches?service_id=s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/octet-stream\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
+        await writer.drain()
+        await until(lambda: api.decoder.waiting == 1)  # in, waiting its turn
+        writer.close()  # the client gives up
+        await until(lambda: site.counter.open == 0)
+        api.decoder._turns.release()
+        await until(lambda: api.decoder.abandoned == 1)
+        assert api.decoder.pooled == 0  # nothing decoded
+        assert not api.decoder.pool.started
+        assert not (await store.list_batches(limit=10)).batches  # nothing stored
+        # A client that stays gets its answer as before.
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                f"http://127.0.0.1:{port}/batches?service_id=s", data=body, headers=OCTET
+            ) as r:
+                assert r.status == 202
+        assert api.decoder.pooled == 1
+    finally:
+        await runner.cleanup()
+        await store.close()

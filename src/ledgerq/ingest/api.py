@@ -69,7 +69,7 @@ from ledgerq.errors import (
     StoreInputError,
     StoreUnavailableError,
 )
-from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder
+from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone
 from ledgerq.ingest.errors import error_body, json_errors
 from ledgerq.ingest.guard import guard_middleware, on_disconnect
 from ledgerq.model import (
@@ -544,7 +544,9 @@ class GatewayApi:
         try:
             if service_id is not None:
                 self.check_service_id(service_id)
-            batches = await self._decode(body, service_id)
+            batches = await self._decode(request, body, service_id)
+        except ClientGone as exc:
+            return _error(408, "Request Timeout", str(exc), "client_gone")  # read by no one
         except InvalidBatchError as exc:
             if exc.rule == "too_large":
                 return _too_large(self.max_body_bytes)
@@ -564,11 +566,19 @@ class GatewayApi:
         self.on_accepted(stored)
         return _status_link(request, stored, service_id)
 
-    async def _decode(self, body: bytes, service_id: str | None) -> Sequence[TrackingBatch]:
+    async def _decode(
+        self, request: web.Request, body: bytes, service_id: str | None
+    ) -> Sequence[TrackingBatch]:
         """The list's batches, decoded and verified: small bodies on the event
         loop, large ones in worker processes, ``decode_slots`` at a time
-        (:mod:`ledgerq.ingest.decoding`)."""
-        return await self.decoder.decode(body, service_id)
+        (:mod:`ledgerq.ingest.decoding`); a post whose client leaves while it
+        waits its turn is dropped (:class:`ClientGone`)."""
+        left = asyncio.Event()
+        stop_hearing = on_disconnect(request, left.set)
+        try:
+            return await self.decoder.decode(body, service_id, gone=left.is_set)
+        finally:
+            stop_hearing()
 
     async def _stop_decoding(self, _app: web.Application) -> None:
         await self.changes.aclose()

@@ -9,7 +9,10 @@ worker **processes** (:class:`ledgerq.procpool.WorkerPool`: started on first
 use, dying with the gateway) at a lower scheduling priority
 (``decode_priority``, by default ``idle``: ``SCHED_IDLE``): under load the pipeline's own
 processes get the CPU first, the decoding waits. More posts than slots wait
-their turn (an ``asyncio.Semaphore``), without blocking anything else.
+their turn (an ``asyncio.Semaphore``), without blocking anything else; a
+post whose client goes away while it waits is dropped when its turn comes
+(nothing decoded, nothing stored: the client got no ``202``, so it posts
+again if it still means to).
 Refusals are the codec's :class:`~ledgerq.errors.InvalidBatchError` either
 way, raised in the caller.
 
@@ -21,7 +24,7 @@ stall was tens of milliseconds, on a process less.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ledgerq.codec import parse_batch_list
 from ledgerq.model import TrackingBatch
@@ -32,6 +35,10 @@ from ledgerq.procpool import Priority, WorkerPool
 POOL_BYTES = 64 * 1024
 #: The workers' default scheduling priority (``decode_priority``).
 DEFAULT_PRIORITY = Priority.parse("idle")
+
+
+class ClientGone(Exception):
+    """The client of a waiting post went away: nothing was decoded, nothing is stored."""
 
 
 class BatchListDecoder:
@@ -50,14 +57,34 @@ class BatchListDecoder:
         self.pool = WorkerPool(slots, priority=priority)
         #: Bodies decoded in the pool (for tests and metrics).
         self.pooled = 0
+        #: Bodies dropped because their client left while they waited their turn.
+        self.abandoned = 0
+        #: Bodies waiting for their turn now.
+        self.waiting = 0
 
-    async def decode(self, body: bytes, service_id: str | None) -> Sequence[TrackingBatch]:
-        """The list's verified batches for ``service_id`` (raises ``InvalidBatchError``)."""
+    async def decode(
+        self, body: bytes, service_id: str | None, *, gone: Callable[[], bool] = lambda: False
+    ) -> Sequence[TrackingBatch]:
+        """The list's verified batches for ``service_id`` (raises ``InvalidBatchError``).
+
+        ``gone``: whether the client has gone away; checked when the body's
+        turn comes, so that a post abandoned while it waited costs no
+        decoding (raises :class:`ClientGone`)."""
         if len(body) < self.pool_bytes:
             return parse_batch_list(body, service_id, max_bytes=self.max_bytes)
-        async with self._turns:
+        self.waiting += 1
+        try:
+            await self._turns.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            if gone():
+                self.abandoned += 1
+                raise ClientGone("the client went away before its BatchList's turn to be verified")
             self.pooled += 1
             return await self.pool.run(parse_batch_list_in_worker, body, service_id, self.max_bytes)
+        finally:
+            self._turns.release()
 
     def close(self) -> None:
         self.pool.close()
