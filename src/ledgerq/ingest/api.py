@@ -367,6 +367,8 @@ MAX_DATA_CHANGE_ID_LENGTH = 256
 
 def _id_problem(i: str) -> str | None:
     """Why ``i`` cannot name a batch (None if it can)."""
+    if _BATCH_ID.fullmatch(i):
+        return None  # the common case first: a status request checks up to max_status_ids
     shown = i if len(i) <= 140 else i[:16] + "…"
     if i.startswith(DATA_CHANGE_PREFIX):
         dc = i[len(DATA_CHANGE_PREFIX) :]
@@ -376,8 +378,6 @@ def _id_problem(i: str) -> str | None:
             f"{shown!r} is not a data change id: write dc: and 1 to "
             f"{MAX_DATA_CHANGE_ID_LENGTH} printable characters"
         )
-    if _BATCH_ID.fullmatch(i):
-        return None
     return (
         f"{shown!r} is not a batch id: batch ids are 128 lowercase hex characters "
         "(or dc:<data change id>)"
