@@ -8,9 +8,10 @@ pre-signs its share, then posts ``--chunk`` batches per request with
 
 * throughput: committed transactions per second over REST, first POST to
   last commit, and per tenth of the run;
-* memory: the node's RSS (and its anonymous part, the heap: RSS also counts
-  the store's file pages the kernel maps in, which it can drop at will) at
-  10 % of the batches and at the end;
+* memory: the node's RSS at every tenth of the batches, and its two parts
+  apart: anonymous memory (the heap) and file pages mapped in (the store's
+  pages read through LMDB's memory map: the page cache, which the kernel can
+  drop at will);
 * restart: after ``kill -9`` at the end, the time until the node listens
   again (store opened, journal tail replayed), and after a clean stop.
 """
@@ -36,6 +37,7 @@ from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
 
 LEDGERQ = str(Path(sys.executable).parent / "ledgerq")
+_FIELDS = ("VmRSS", "RssAnon", "RssFile")
 
 
 def _sign(args: tuple[int, int, int, int]) -> tuple[list[bytes], list[str]]:
@@ -96,13 +98,14 @@ class NodeProcess:
             raise RuntimeError(f"the node exited with {self.proc.wait()}")
         self.ready_s = time.perf_counter() - self.started
 
-    def memory(self) -> tuple[float, float]:
-        """RSS and its anonymous part, MiB."""
+    def memory(self) -> tuple[float, float, float]:
+        """RSS, its anonymous part (the heap) and its file-backed part, MiB."""
         fields = {}
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             name, _, value = line.partition(":")
             fields[name] = value.strip()
-        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["RssAnon"].split()[0]) / 1024
+        rss, anon, file = (int(fields[k].split()[0]) / 1024 for k in _FIELDS)
+        return rss, anon, file
 
     def stop(self, sig: int) -> None:
         self.proc.send_signal(sig)
@@ -142,15 +145,17 @@ def command(batches: int, chunk: int, concurrency: int, clients: int, write: boo
         start = time.perf_counter()
         for p in posters:
             p.start()
-        marks: list[tuple[int, float, float, float]] = []  # height, seconds, rss, anon
+        marks: list[tuple[int, float, float, float, float]] = []  # height, s, rss, anon, file
         tenth = max(1, total // 10)
         next_mark = tenth
         while True:
             height = asyncio.run(_height(node.url))
             if height >= next_mark or height >= total:
-                rss, anon = node.memory()
-                marks.append((height, time.perf_counter() - start, rss, anon))
-                console.print(f"{height:,} committed, {rss:.0f} MiB RSS ({anon:.0f} anon)")
+                rss, anon, file = node.memory()
+                marks.append((height, time.perf_counter() - start, rss, anon, file))
+                console.print(
+                    f"{height:,} committed, {rss:.0f} MiB RSS ({anon:.0f} anon, {file:.0f} file)"
+                )
                 next_mark += tenth
             if height >= total:
                 break
@@ -165,7 +170,7 @@ def command(batches: int, chunk: int, concurrency: int, clients: int, write: boo
         node.stop(signal.SIGKILL)
         killed = NodeProcess(Path(tmp))
         after_kill = killed.ready_s
-        rss_restart, anon_restart = killed.memory()
+        rss_restart, anon_restart, _ = killed.memory()
         killed.stop(signal.SIGTERM)
         clean = NodeProcess(Path(tmp))
         after_clean = clean.ready_s
@@ -173,7 +178,10 @@ def command(batches: int, chunk: int, concurrency: int, clients: int, write: boo
         disk = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file()) / 2**20
     first, last = marks[0], marks[-1]
     steady = (last[0] - first[0]) / max(1e-9, last[1] - first[1])
-    rows = [[f"{h:,}", f"{s:.0f}", f"{h / s:,.0f}", f"{r:.0f}", f"{a:.0f}"] for h, s, r, a in marks]
+    rows = [
+        [f"{h:,}", f"{s:.0f}", f"{h / s:,.0f}", f"{r:.0f}", f"{a:.0f}", f"{f:.0f}"]
+        for h, s, r, a, f in marks
+    ]
     markdown = (
         f"`ledgerq node` with a data directory, fed {total:,} single-transaction intkey batches "
         f"(each sets a new name: the state grows with the history) over REST by {clients} "
@@ -181,12 +189,13 @@ def command(batches: int, chunk: int, concurrency: int, clients: int, write: boo
         f"{concurrency} POSTs in flight per client. Node, clients and everything else on the "
         f"machine share its cores. Load average (1 min) before/after: {load_before:.1f}/"
         f"{os.getloadavg()[0]:.1f}.\n\n"
-        + table(["committed", "s", "tx/s so far", "RSS MiB", "anon MiB"], rows)
+        + table(["committed", "s", "tx/s so far", "RSS MiB", "anon MiB", "file MiB"], rows)
         + f"\n\n* REST throughput from the first tenth to the end: **{steady:,.0f} tx/s** "
         f"(first POST to last commit, client start-up included: {total / elapsed:,.0f} tx/s).\n"
-        f"* RSS growth from {first[0]:,} to {last[0]:,} batches: "
-        f"**{last[2] - first[2]:+.0f} MiB** (anonymous memory {last[3] - first[3]:+.0f} MiB; "
-        "the rest is the store's file pages the kernel maps in and may drop).\n"
+        f"* Growth from {first[0]:,} to {last[0]:,} batches: RSS **{last[2] - first[2]:+.0f} "
+        f"MiB**, of which anonymous memory (the heap) **{last[3] - first[3]:+.0f} MiB** and "
+        f"file pages mapped in (the store read through its memory map, the page cache) "
+        f"{last[4] - first[4]:+.0f} MiB.\n"
         f"* Restart after `kill -9` at the end: listening again in **{after_kill:.2f} s** "
         f"(RSS then {rss_restart:.0f} MiB, {anon_restart:.0f} anon); after a clean stop: "
         f"{after_clean:.2f} s.\n"

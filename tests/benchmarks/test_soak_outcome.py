@@ -25,6 +25,7 @@ def _observed(reorder: bool = False, twice: bool = False) -> tuple[Soak, EventWa
         watcher.events[ids[0]].append((9.0, "COMMITTED"))
     for t in range(16):
         soak.memory["node"].append((t * 2.0, 100.0 + (t if t >= 8 else 0) * 10))
+        soak.heap["node"].append((t * 2.0, 50.0 + (t if t >= 8 else 0)))
     return soak, watcher
 
 
@@ -43,3 +44,4 @@ def test_reorders_double_executions_wrong_keys_and_memory_growth_show() -> None:
     assert out.executed_twice == 1
     assert out.wrong_keys == 1
     assert out.memory_growth["node"] > 64
+    assert out.heap_growth["node"] == 13.5  # median of 62..65 against 50
