@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from ledgerq.node.disk import CommitRecord, Store, StoredBatch
 from ledgerq.node.ordering.messages import KVSDatum, KVSKey
@@ -77,6 +78,10 @@ class CommittedView:
         self._idle = asyncio.Event()
         self._idle.set()
         self.failure: BaseException | None = None
+        # One thread for every write: LMDB's page buffers are allocated and freed in
+        # it, so they live in one malloc arena instead of in whichever of the default
+        # executor's threads ran each write (each thread its own arena).
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="node-store-writer")
 
     # --- adding (the commit stage) ----------------------------------------------
 
@@ -164,7 +169,8 @@ class CommittedView:
         # A thread cannot be stopped: when the writer is cancelled mid-write, the
         # write still finishes (and is accounted for) before the cancellation goes on,
         # so nothing closes the store under a write transaction.
-        work = asyncio.ensure_future(asyncio.to_thread(self._write_chunks, new))
+        loop = asyncio.get_running_loop()
+        work = asyncio.ensure_future(loop.run_in_executor(self._thread, self._write_chunks, new))
         cancelled = False
         while not work.done():
             try:
@@ -211,6 +217,10 @@ class CommittedView:
         while self._writing is not None:
             await self._idle.wait()
         await self._write()
+
+    def close(self) -> None:
+        """Stop the writer's thread (once nothing is being written)."""
+        self._thread.shutdown(wait=True)
 
 
 def _merge(old: _Unwritten, new: _Unwritten) -> _Unwritten:

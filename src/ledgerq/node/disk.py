@@ -31,7 +31,10 @@ data directory.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import struct
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -51,6 +54,65 @@ _U64 = struct.Struct(">Q")
 _COMMITTED, _INVALID = 0, 1
 #: Virtual size of the memory map (LMDB's ceiling for the file, not memory used).
 DEFAULT_MAP_SIZE = 256 << 30
+_MADV_DONTNEED = 4  # Linux
+
+
+class MappedPages:
+    """Unmaps, from this process, the store's file pages its reads mapped in.
+
+    LMDB reads through a read-only shared memory map of ``data.mdb``; every
+    page a read or a write's B-tree descent touches stays mapped and counts in
+    the process's RSS (as file pages, ``RssFile``) until the kernel takes it
+    back, so the node's RSS grows with the store while its heap does not.
+    ``madvise(MADV_DONTNEED)`` on a shared file mapping drops the process's
+    page-table entries only: the pages stay in the page cache, their contents
+    are the file's, and the next access maps them again (a minor fault).
+    Linux only; elsewhere :meth:`release` does nothing.
+    """
+
+    def __init__(self, data_file: Path) -> None:
+        self._range: tuple[int, int] | None = None
+        self._madvise = None
+        if not sys.platform.startswith("linux"):
+            return
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            madvise = libc.madvise
+        except (OSError, AttributeError):
+            return
+        madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        madvise.restype = ctypes.c_int
+        self._madvise = madvise
+        self._range = _mapping_of(data_file)
+        self.released = 0  # calls that succeeded
+
+    def release(self) -> None:
+        if self._range is None or self._madvise is None:
+            return
+        start, end = self._range
+        if self._madvise(start, end - start, _MADV_DONTNEED) == 0:
+            self.released += 1
+
+
+def _mapping_of(data_file: Path) -> tuple[int, int] | None:
+    """The address range of this process's mapping of ``data_file`` (the largest)."""
+    try:
+        wanted = os.stat(data_file)
+        found: tuple[int, int] | None = None
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) < 6 or not fields[1].startswith("r"):
+                    continue
+                major, minor = (int(x, 16) for x in fields[3].split(":"))
+                if int(fields[4]) != wanted.st_ino or os.makedev(major, minor) != wanted.st_dev:
+                    continue
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                if found is None or high - low > found[1] - found[0]:
+                    found = (low, high)
+        return found
+    except (OSError, ValueError):
+        return None
 
 
 class CommitRecord(NamedTuple):
@@ -168,6 +230,7 @@ class LmdbStore:
                     f"ledgerq reads format {STORE_FORMAT}"
                 )
         self._read = env.begin()
+        self._pages = MappedPages(path / "data.mdb")
 
     def _refresh(self) -> None:
         """See the latest write (a read transaction is a snapshot)."""
@@ -251,6 +314,8 @@ class LmdbStore:
                 txn.put(b"events", _U64.pack(last), db=meta)
             failpoint("node_store_write")
         failpoint("node_store_written")
+        # The pages this write and the reads since the last one mapped in: out of RSS.
+        self._pages.release()
 
     def after_write(self) -> None:
         """On the event loop, once :meth:`write` returned: let reads see it."""

@@ -714,6 +714,7 @@ class Node:
         finally:
             if self._journal is not None:
                 self._journal.close()
+            self.committed.close()
             self.store.close()
             if self._lock is not None:
                 self._lock.release()
