@@ -459,11 +459,52 @@ async def test_the_next_cycle_comes_when_a_foreign_claim_can_expire(db: str) -> 
         assert b.pause_ms() == 401
         clock.advance(401)
         assert (await b.cycle()).voided == ("idle",)
-        # The claim mid-submission can only go at its second expiry.
+        # The claim mid-submission can only go at its second expiry; first, a
+        # follow-up cycle a tenth of an interval after the one run for the expiry.
         assert b.next_expiry == T0 + 5_500
-        assert b.pause_ms() == 500
-        clock.advance(500)
+        assert b.pause_ms() == 100
+        clock.advance(100)
+        assert (await b.cycle()).voided == ()
+        assert b.pause_ms() == 400  # the follow-up was not for an expiry: no other
+        clock.advance(400)
         assert (await b.cycle()).voided == ("busy",)
+
+
+async def test_services_voided_by_an_instance_at_its_share_are_taken_at_once(db: str) -> None:
+    # b and c both wake for a's expiry. c (below its share) runs its cycle while
+    # b's maintenance holds a's claim rows (c skips them); b, at its share,
+    # voids them and takes none. c's follow-up cycle, a tenth of an interval
+    # later, takes them — not c's next renewal a whole interval later.
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    c = manager(db, "c", clock)
+    async with a, b, c:
+        await b.register_services(["b1", "b2", "b3"])
+        await b.cycle()
+        await a.register_services(["a1", "a2", "a3"])
+        await a.cycle()
+        await c.cycle()
+        await b.cycle()
+        assert set(a.claimed_services()) == {"a1", "a2", "a3"}
+        assert set(b.claimed_services()) == {"b1", "b2", "b3"}
+        assert c.claimed_services() == frozenset()
+        clock.advance(4_000)  # a stopped renewing; b and c renew
+        await b.cycle()
+        await c.cycle()
+        assert b.next_expiry == c.next_expiry == T0 + 5_000
+        clock.advance(1_001)  # a's lease has just passed
+        with psycopg.connect(db) as busy:  # b's maintenance, under way
+            busy.execute("SELECT 1 FROM service_id_claims WHERE claimant = 'a' FOR UPDATE")
+            assert (await c.cycle()).voided == ()
+        assert c.claimed_services() == frozenset()
+        report = await b.cycle()
+        assert set(report.voided) == {"a1", "a2", "a3"}
+        assert report.claimed == ()  # b holds its share (ceil(6 / 2) = 3)
+        assert c.pause_ms() == 100  # c looks again a tenth of an interval later
+        clock.advance(100)
+        assert set((await c.cycle()).claimed) == {"a1", "a2", "a3"}
+        assert c.pause_ms() == 1_000
 
 
 async def test_claim_rows_of_idle_services_are_forgotten_and_come_back(db: str) -> None:

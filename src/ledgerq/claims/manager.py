@@ -155,6 +155,8 @@ class ClaimManager:
         self._wake = asyncio.Event()
         #: When the next foreign claim may expire (ms); run() wakes up for it.
         self.next_expiry: int | None = None
+        #: The last cycle ran for a foreign expiry: the next one comes sooner.
+        self._follow_up = False
         #: When the next clean-up of idle services' claim rows is due (ms).
         self._next_cleanup: int | None = None
         self._stopping = False
@@ -223,11 +225,21 @@ class ClaimManager:
         One renewal interval, or less when another instance's claim expires
         sooner: a dead instance's services are then voided as its claims
         expire, not up to an interval later.
+
+        After a cycle that ran for such an expiry, one more comes a tenth of
+        an interval later: every live instance wakes for the same expiry, and
+        the one whose maintenance voids the claims may be at its fair share
+        and take none of them, while an instance below its share ran its
+        cycle a moment before the void committed (or skipped the rows the
+        other had locked). Without the follow-up, those services would wait
+        a renewal interval (1 s, seen in ``bench failover``) for a claimant.
         """
         now = self._clock() if now is None else now
         pause = self.settings.renew_interval_ms
         if self.next_expiry is not None:
             pause = min(pause, max(self.next_expiry - now, 0) + 1)
+        if self._follow_up:
+            pause = min(pause, max(self.settings.renew_interval_ms // 10, 1))
         return pause
 
     # -- what this instance holds ----------------------------------------
@@ -287,6 +299,7 @@ class ClaimManager:
         failpoint("claim_cycle")
         now = self._clock() if now is None else now
         errors: list[StoreError] = []
+        self._follow_up = self.next_expiry is not None and now >= self.next_expiry
 
         async def step(name: str, fn: Callable[[Conn], Awaitable[T]], default: T) -> T:
             try:
