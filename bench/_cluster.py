@@ -118,24 +118,24 @@ BEGIN
     RETURN NULL;
 END
 $$;
-CREATE OR REPLACE FUNCTION write_log_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION write_log_claims() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF ledgerq_now_ms() < (SELECT at FROM write_log_since) THEN
         RETURN NULL;
     END IF;
-    IF NEW.claimant IS NOT NULL AND NEW.claimant IS DISTINCT FROM OLD.claimant THEN
-        INSERT INTO write_log (service_id, batch_id, what)
-            VALUES (NEW.service_id, '', 'claimed');
-    ELSIF NEW.claimant IS NULL AND OLD.claimant IS NOT NULL THEN
-        INSERT INTO write_log (service_id, batch_id, what)
-            VALUES (NEW.service_id, '', 'unclaimed ' || OLD.claimant);
-    END IF;
+    INSERT INTO write_log (service_id, batch_id, what)
+    SELECT n.service_id, '',
+           CASE WHEN n.claimant IS NOT NULL THEN 'claimed' ELSE 'unclaimed ' || o.claimant END
+    FROM new_rows AS n JOIN old_rows AS o USING (service_id)
+    WHERE n.claimant IS DISTINCT FROM o.claimant;
     RETURN NULL;
 END
 $$;
+-- One statement-level trigger per claim statement (thousands of rows at once).
 DROP TRIGGER IF EXISTS write_log_claims ON service_id_claims;
 CREATE TRIGGER write_log_claims AFTER UPDATE ON service_id_claims
-    FOR EACH ROW EXECUTE FUNCTION write_log_claim();
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION write_log_claims();
 DROP TRIGGER IF EXISTS write_log_statuses ON batch_statuses;
 CREATE TRIGGER write_log_statuses AFTER INSERT OR UPDATE ON batch_statuses
     FOR EACH ROW EXECUTE FUNCTION write_log_record();
