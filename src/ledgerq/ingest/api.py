@@ -54,7 +54,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from typing import Any, Protocol
-from urllib.parse import urlencode
+from urllib.parse import quote_plus, urlencode
 
 from aiohttp import web
 
@@ -896,11 +896,13 @@ def _workers(workers: Sequence[Any]) -> list[dict[str, Any]]:
 def _status_link(
     request: web.Request, batches: Sequence[TrackingBatch], service_id: str | None
 ) -> web.Response:
-    ids = ",".join(b.batch_id for b in batches)
-    query = {"id": ids} if service_id is None else {"id": ids, "service_id": service_id}
-    return web.json_response(
-        {"link": f"{_base(request)}/batch_statuses?{urlencode(query)}"}, status=202
-    )
+    # What urlencode({"id": ",".join(ids)}) gives, without quoting a list of
+    # hex ids character by character (a long list cost 4 ms): each id is
+    # quoted alone (at once when it needs nothing), the commas as %2C.
+    query = "id=" + "%2C".join(quote_plus(b.batch_id, safe="") for b in batches)
+    if service_id is not None:
+        query += "&" + urlencode({"service_id": service_id})
+    return web.json_response({"link": f"{_base(request)}/batch_statuses?{query}"}, status=202)
 
 
 def _too_large(limit: int) -> web.Response:
