@@ -161,6 +161,8 @@ class Submitter:
         self.settings = settings or SubmitterSettings()
         self._sleep = sleep
         self._in_flight: dict[str, str] = {}  # batch id -> service id
+        #: Submissions in progress per service (the services of ``_in_flight``).
+        self._busy: dict[str, int] = {}
         #: Batch ids being submitted right now (live; the follower leaves them alone).
         self.held_batches: set[str] = set()
         #: Called with a batch id as a submission takes it, before anything is
@@ -193,7 +195,7 @@ class Submitter:
                 for batch in batches:
                     if self._stopping.is_set():
                         break
-                    busy = batch.service_id in self._in_flight.values()
+                    busy = batch.service_id in self._busy
                     if batch.batch_id in self._in_flight or (
                         busy and not self._parallel(batch.service_id)
                     ):
@@ -202,6 +204,7 @@ class Submitter:
                             self._released(batch)
                         continue
                     self._in_flight[batch.batch_id] = batch.service_id
+                    self._busy[batch.service_id] = self._busy.get(batch.service_id, 0) + 1
                     self.held_batches.add(batch.batch_id)
                     for listener in self.take_listeners:
                         listener(batch.batch_id)
@@ -212,7 +215,7 @@ class Submitter:
         fetch = asyncio.ensure_future(
             self._source.next_batches(
                 limit,
-                exclude=frozenset(self._in_flight.values()),
+                exclude=frozenset(self._busy),
                 timeout_s=self.settings.poll_timeout_s,
                 exclude_batches=frozenset(self._in_flight),
             )
@@ -261,6 +264,11 @@ class Submitter:
             if not recorded and self._released is not None:
                 self._released(batch)
             del self._in_flight[batch.batch_id]
+            left = self._busy[batch.service_id] - 1
+            if left:
+                self._busy[batch.service_id] = left
+            else:
+                del self._busy[batch.service_id]
             self.held_batches.discard(batch.batch_id)
             self._slot_free.set()
             log.info(
