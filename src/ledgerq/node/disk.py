@@ -35,7 +35,6 @@ import ctypes
 import os
 import struct
 import sys
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -56,8 +55,6 @@ _COMMITTED, _INVALID = 0, 1
 #: Virtual size of the memory map (LMDB's ceiling for the file, not memory used).
 DEFAULT_MAP_SIZE = 256 << 30
 _MADV_DONTNEED = 4  # Linux
-#: Commits written between two releases of the mapped pages inside one transaction.
-_RELEASE_EVERY = 250
 
 
 class MappedPages:
@@ -86,7 +83,6 @@ class MappedPages:
         madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
         madvise.restype = ctypes.c_int
         self._madvise = madvise
-        self._file = data_file
         self._range = _mapping_of(data_file)
         self.released = 0  # calls that succeeded
 
@@ -94,45 +90,8 @@ class MappedPages:
         if self._range is None or self._madvise is None:
             return
         start, end = self._range
-        try:  # no page beyond the file's end is mapped: leave the rest of the map alone
-            size = os.stat(self._file).st_size
-        except OSError:
-            size = end - start
-        length = min(end - start, (size + 4095) // 4096 * 4096)
-        if length and self._madvise(start, length, _MADV_DONTNEED) == 0:
+        if self._madvise(start, end - start, _MADV_DONTNEED) == 0:
             self.released += 1
-
-
-class HeapTrim:
-    """Gives the C heap's free pages back to the system, at most every ``every_s``.
-
-    glibc keeps memory that was freed inside its heaps (one per thread that
-    allocated: the event loop, the store writer, the decoding pool's result
-    thread) until the top of a heap is free; pages in the middle stay resident.
-    ``malloc_trim(0)`` returns every free page of every heap. Linux (glibc)
-    only; elsewhere :meth:`maybe` does nothing.
-    """
-
-    def __init__(self, every_s: float = 1.0) -> None:
-        self.every_s = every_s
-        self._last = 0.0
-        self._trim = None
-        if sys.platform.startswith("linux"):
-            try:
-                trim = ctypes.CDLL(None).malloc_trim
-            except (OSError, AttributeError):
-                return
-            trim.argtypes = (ctypes.c_size_t,)
-            trim.restype = ctypes.c_int
-            self._trim = trim
-
-    def maybe(self) -> None:
-        if self._trim is None:
-            return
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
-            self._last = now
-            self._trim(0)
 
 
 def _mapping_of(data_file: Path) -> tuple[int, int] | None:
@@ -272,7 +231,6 @@ class LmdbStore:
                 )
         self._read = env.begin()
         self._pages = MappedPages(path / "data.mdb")
-        self._trim = HeapTrim()
 
     def _refresh(self) -> None:
         """See the latest write (a read transaction is a snapshot)."""
@@ -333,10 +291,7 @@ class LmdbStore:
         with self._env.begin(write=True) as txn:
             state, batches, txns, blocks = self._state, self._batches, self._txns, self._blocks
             last = None
-            for count, record in enumerate(records, 1):
-                if count % _RELEASE_EVERY == 0:
-                    # A transaction of random keys reads a leaf per key through the map.
-                    self._pages.release()
+            for record in records:
                 last = record.num
                 kind, invalid = _status_value(record.status)
                 fp = record.fingerprint
@@ -361,7 +316,6 @@ class LmdbStore:
         failpoint("node_store_written")
         # The pages this write and the reads since the last one mapped in: out of RSS.
         self._pages.release()
-        self._trim.maybe()
 
     def after_write(self) -> None:
         """On the event loop, once :meth:`write` returned: let reads see it."""
