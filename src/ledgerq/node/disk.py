@@ -35,7 +35,8 @@ import ctypes
 import os
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -55,6 +56,8 @@ _COMMITTED, _INVALID = 0, 1
 #: Virtual size of the memory map (LMDB's ceiling for the file, not memory used).
 DEFAULT_MAP_SIZE = 256 << 30
 _MADV_DONTNEED = 4  # Linux
+#: Least time between two releases of the store's mapped pages.
+RELEASE_EVERY_S = 1.0
 
 
 class MappedPages:
@@ -68,11 +71,27 @@ class MappedPages:
     page-table entries only: the pages stay in the page cache, their contents
     are the file's, and the next access maps them again (a minor fault).
     Linux only; elsewhere :meth:`release` does nothing.
+
+    A release costs the pages' next reads a fault each, so :meth:`release`
+    unmaps at most once every ``every_s`` (by ``clock``), and not at all while
+    :attr:`held` (a restart's replay: each replayed record reads tens of KiB of
+    store pages that the next records read again).
     """
 
-    def __init__(self, data_file: Path) -> None:
+    def __init__(
+        self,
+        data_file: Path,
+        *,
+        every_s: float = RELEASE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._range: tuple[int, int] | None = None
         self._madvise = None
+        self.every_s = every_s
+        self._clock = clock
+        self._last: float | None = None
+        self.held = False
+        self.released = 0  # calls that succeeded
         if not sys.platform.startswith("linux"):
             return
         try:
@@ -87,8 +106,13 @@ class MappedPages:
         self.released = 0  # calls that succeeded
 
     def release(self) -> None:
-        if self._range is None or self._madvise is None:
+        """After a write: unmap, unless held or the last release is too recent."""
+        if self._range is None or self._madvise is None or self.held:
             return
+        now = self._clock()
+        if self._last is not None and now - self._last < self.every_s:
+            return
+        self._last = now
         start, end = self._range
         if self._madvise(start, end - start, _MADV_DONTNEED) == 0:
             self.released += 1
@@ -148,6 +172,7 @@ class Store(Protocol):
     def get_block(self, num: int) -> CommitRecord | None: ...
     def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None: ...
     def after_write(self) -> None: ...
+    def hold_unmapping(self, held: bool) -> None: ...
     def blocks_from(self, num: int, *, reverse: bool = False) -> Iterator[CommitRecord]: ...
     def close(self) -> None: ...
 
@@ -314,12 +339,17 @@ class LmdbStore:
                 txn.put(b"events", _U64.pack(last), db=meta)
             failpoint("node_store_write")
         failpoint("node_store_written")
-        # The pages this write and the reads since the last one mapped in: out of RSS.
+        # The pages this write and the reads since the last release mapped in: out of
+        # RSS (at most once a second, never during a restart's replay).
         self._pages.release()
 
     def after_write(self) -> None:
         """On the event loop, once :meth:`write` returned: let reads see it."""
         self._refresh()
+
+    def hold_unmapping(self, held: bool) -> None:
+        """Keep the store's mapped pages (``held``) or release them again after writes."""
+        self._pages.held = held
 
     def import_legacy(
         self,
@@ -416,6 +446,9 @@ class MemoryStore:
         self._meta = Meta(applied, events, batch_high)
 
     def after_write(self) -> None:
+        return None
+
+    def hold_unmapping(self, held: bool) -> None:
         return None
 
     def close(self) -> None:

@@ -207,16 +207,21 @@ class Node:
             return
         delay, self.ledger.commit_delay_ms = self.ledger.commit_delay_ms, 0
         replayed = 0
-        for record in journal.replay(self.store.meta().applied):
-            batch = decode_batch(record.batch, verify=False)
-            self._pending_ids.add(batch.header_signature)
-            self._push(_Admitted(batch, record.resubmission, _refusal(record)), journaled=True)
-            replayed += 1
-            if replayed % COMMIT_PART == 0:
-                self.machine.run()
-                await self._commit_ready()
-        self.machine.run()
-        await self._commit_ready()
+        # Replayed records read the same store pages again and again: keep them mapped.
+        self.store.hold_unmapping(True)
+        try:
+            for record in journal.replay(self.store.meta().applied):
+                batch = decode_batch(record.batch, verify=False)
+                self._pending_ids.add(batch.header_signature)
+                self._push(_Admitted(batch, record.resubmission, _refusal(record)), journaled=True)
+                replayed += 1
+                if replayed % COMMIT_PART == 0:
+                    self.machine.run()
+                    await self._commit_ready()
+            self.machine.run()
+            await self._commit_ready()
+        finally:
+            self.store.hold_unmapping(False)
         self.ledger.commit_delay_ms = delay
         journal.open_segment()
         self._segment_first = journal.last_seq + 1

@@ -1,16 +1,24 @@
-"""The store's mapped file pages leave the node's RSS after each write (Linux)."""
+"""The store's mapped file pages leave the node's RSS after a write (Linux): at most
+once a second, and never while a restart replays the journal."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from ledgerq.node.disk import CommitRecord, LmdbStore
+from ledgerq.codec import Signer
+from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.node import Node
+from ledgerq.node import node as node_module
+from ledgerq.node.disk import CommitRecord, LmdbStore, MappedPages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+SIGNER = Signer.generate()
 
 
 def _mapped_kib(start: int) -> int:
@@ -45,6 +53,7 @@ def _records(first: int, count: int) -> list[CommitRecord]:
 
 def test_reads_map_pages_in_and_a_write_maps_them_out(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path / "store")
+    store._pages.every_s = 0.0
     try:
         found = store._pages._range
         assert found is not None, "the data file's mapping was not found in /proc/self/maps"
@@ -64,3 +73,102 @@ def test_reads_map_pages_in_and_a_write_maps_them_out(tmp_path: Path) -> None:
         assert store.get_batch(store.get_block(5_000).batch_id) is not None  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+def _store_with_pages_mapped(path: Path, clock: list[float]) -> tuple[LmdbStore, int]:
+    store = LmdbStore(path)
+    store._pages._clock = lambda: clock[0]
+    found = store._pages._range
+    assert found is not None, "the data file's mapping was not found in /proc/self/maps"
+    for first in range(1, 6_001, 2_000):
+        store.write(_records(first, 2_000), first + 1_999, 0)
+        store.after_write()
+    for num in range(1, 6_001):
+        assert store.get_block(num) is not None
+    return store, found[0]
+
+
+def test_the_pages_are_released_at_most_once_an_interval(tmp_path: Path) -> None:
+    clock = [100.0]
+    store, start = _store_with_pages_mapped(tmp_path / "store", clock)
+    try:
+        assert store._pages.released == 1  # the first write released; the next two not
+        before = _mapped_kib(start)
+        assert before > 4 * 1024
+        clock[0] += 0.5  # within the interval of the first release: kept
+        store.write(_records(6_001, 10), 6_010, 0)
+        assert store._pages.released == 1
+        assert _mapped_kib(start) > before / 2
+        clock[0] += 0.6  # 1.1 s after it: released
+        store.write(_records(6_011, 10), 6_020, 0)
+        assert store._pages.released == 2
+        assert _mapped_kib(start) < before / 4
+    finally:
+        store.close()
+
+
+def test_held_pages_stay_mapped_until_let_go(tmp_path: Path) -> None:
+    clock = [100.0]
+    store, start = _store_with_pages_mapped(tmp_path / "store", clock)
+    try:
+        before = _mapped_kib(start)
+        store.hold_unmapping(True)
+        clock[0] += 10
+        store.write(_records(6_001, 10), 6_010, 0)
+        assert store._pages.released == 1
+        assert _mapped_kib(start) > before / 2
+        store.hold_unmapping(False)
+        store.write(_records(6_011, 10), 6_020, 0)
+        assert store._pages.released == 2
+        assert _mapped_kib(start) < before / 4
+    finally:
+        store.close()
+
+
+async def test_a_restart_keeps_the_pages_mapped_while_it_replays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = tmp_path / "live"
+    node = await Node.open(live, snapshot_every=10**6, store_interval_s=3600)
+    batches = [make_intkey_batch(SIGNER, [("set", f"p{i}", i)]) for i in range(12)]
+    try:
+        await node.submit(batches[:4])
+        await node.batch_statuses([b.header_signature for b in batches[:4]], wait=10)
+        await node.snapshot()
+        await node.submit(batches[4:])  # only in the journal
+        infos = await node.batch_statuses([b.header_signature for b in batches], wait=10)
+        assert {i.status for i in infos.values()} == {"COMMITTED"}
+        shutil.copytree(live, tmp_path / "image")
+    finally:
+        await node.close()
+    # Replay writes to the store after every replayed record.
+    monkeypatch.setattr(node_module, "COMMIT_PART", 1)
+    commit_ready = Node._commit_ready
+    writes_while_replaying: list[bool] = []
+    opening = [True]
+
+    async def commit_and_write(self: Node) -> None:
+        await commit_ready(self)
+        if opening[0]:
+            await self.committed.drain()
+
+    release = MappedPages.release
+
+    def spy(self: MappedPages) -> None:
+        if opening[0]:
+            writes_while_replaying.append(True)
+        release(self)
+
+    monkeypatch.setattr(Node, "_commit_ready", commit_and_write)
+    monkeypatch.setattr(MappedPages, "release", spy)
+    again = await Node.open(tmp_path / "image")
+    opening[0] = False
+    try:
+        pages = again.store._pages  # type: ignore[attr-defined]
+        assert len(writes_while_replaying) >= 8  # the store was written during replay
+        assert pages.released == 0  # and none of those writes unmapped a page
+        assert pages.held is False  # let go once replayed
+        infos = await again.batch_statuses([b.header_signature for b in batches], wait=10)
+        assert {i.status for i in infos.values()} == {"COMMITTED"}
+    finally:
+        await again.close()
