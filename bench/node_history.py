@@ -89,7 +89,10 @@ class NodeProcess:
             text=True,
         )
         assert self.proc.stderr is not None
+        self.startup: list[str] = []  # the node's own account of its start-up phases
         for line in self.proc.stderr:
+            if "start-up:" in line:
+                self.startup.append(line.split("start-up:", 1)[1].strip())
             found = re.search(r"listening on (http://\S+)", line)
             if found:
                 self.url = found.group(1)
@@ -170,10 +173,12 @@ def command(batches: int, chunk: int, concurrency: int, clients: int, write: boo
         node.stop(signal.SIGKILL)
         killed = NodeProcess(Path(tmp))
         after_kill = killed.ready_s
+        kill_phases = "; ".join(killed.startup) or "not logged"
         rss_restart, anon_restart, _ = killed.memory()
         killed.stop(signal.SIGTERM)
         clean = NodeProcess(Path(tmp))
         after_clean = clean.ready_s
+        clean_phases = "; ".join(clean.startup) or "not logged"
         clean.stop(signal.SIGTERM)
         disk = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file()) / 2**20
     first, last = marks[0], marks[-1]
@@ -199,6 +204,8 @@ def command(batches: int, chunk: int, concurrency: int, clients: int, write: boo
         f"* Restart after `kill -9` at the end: listening again in **{after_kill:.2f} s** "
         f"(RSS then {rss_restart:.0f} MiB, {anon_restart:.0f} anon); after a clean stop: "
         f"{after_clean:.2f} s.\n"
+        f"* The node's start-up phases after `kill -9`: {kill_phases}; after a clean stop: "
+        f"{clean_phases}.\n"
         f"* Data directory at the end: {disk:,.0f} MiB.\n"
     )
     console.print(markdown)
