@@ -112,13 +112,23 @@ class WorkerPool:
 _PR_SET_PDEATHSIG = 1
 
 
-def _start_worker(parent_pid: int, priority: Priority) -> None:
-    """In a worker, first: die with the parent, then lower the priority."""
+def die_with(parent_pid: int) -> None:
+    """SIGKILL the calling process when its parent dies (Linux), starting now.
+
+    Exits at once if the parent is already gone (it died before the call
+    could watch it). Used by the pool's workers and by ``serve --workers``'s
+    gateway processes.
+    """
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:
-        os._exit(1)  # the parent died before we could watch it
+        os._exit(1)
+
+
+def _start_worker(parent_pid: int, priority: Priority) -> None:
+    """In a worker, first: die with the parent, then lower the priority."""
+    die_with(parent_pid)
     set_priority(priority)
 
 

@@ -11,24 +11,11 @@ serve``, dies with its supervisor, and tells it when it serves.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import os
-import signal
 import sys
 
 from ledgerq.errors import LedgerqError
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with(supervisor_pid: int) -> None:
-    """SIGKILL this process when its supervisor dies (Linux), starting now."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != supervisor_pid:
-        os._exit(1)  # the supervisor died before we could watch it
+from ledgerq.procpool import die_with
 
 
 def main() -> None:
@@ -42,7 +29,7 @@ def main() -> None:
     from ledgerq.logs import configure_logging
 
     spec = WorkerSpec.from_json(sys.stdin.read())
-    _die_with(spec.supervisor_pid)
+    die_with(spec.supervisor_pid)
     if spec.values["db"].startswith(("postgresql://", "postgres://")):
         # Each worker is an instance: fix its id now, and name its PostgreSQL
         # sessions after it (pg_stat_activity then shows which worker is which).
