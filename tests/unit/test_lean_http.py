@@ -224,3 +224,52 @@ async def test_sawtooth_client_on_either_http_client(raw, lean: bool) -> None:  
     assert f"{ids[0]},{ids[1]}" in get or f"{ids[0]}%2C{ids[1]}" in get
     post = server.requests[2]
     assert post.startswith(b"POST /batch_statuses") and b"application/json" in post
+
+
+async def test_interim_answers_are_skipped(raw) -> None:  # type: ignore[no-untyped-def]
+    server = await raw(lambda _req: b"HTTP/1.1 100 Continue\r\n\r\n" + _ok(b"done"))
+    origin = LeanOrigin(server.url, connect_timeout_s=1)
+    answer = await origin.request("POST", "/batches", total_s=2, body=b"x")
+    assert (answer.status, answer.body) == (200, b"done")
+    await origin.close()
+
+
+async def test_bytes_after_the_answer_keep_it_but_not_the_connection(raw) -> None:  # type: ignore[no-untyped-def]
+    server = await raw(lambda _req: _ok(b"one") + _ok(b"two"))
+    origin = LeanOrigin(server.url, connect_timeout_s=1)
+    assert (await origin.request("GET", "/x", total_s=2)).body == b"one"
+    assert (await origin.request("GET", "/x", total_s=2)).body == b"one"
+    assert server.connections == 2  # the first connection was not reused
+    await origin.close()
+
+
+async def test_oversized_and_malformed_answers_fail_as_request_failed(
+    raw, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    from ledgerq.ledgers import lean
+
+    monkeypatch.setattr(lean, "MAX_HEAD", 1024)
+    monkeypatch.setattr(lean, "MAX_BODY", 100)
+    answers = iter(
+        [
+            b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 4096 + b"\r\n\r\n",
+            _ok(b"z" * 101),
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n65\r\n"
+            + b"z" * 101
+            + b"\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: nope\r\n\r\n",
+            b"HTTP/1.1 2x0 OK\r\n\r\n",
+        ]
+    )
+    server = await raw(lambda _req: next(answers))
+    origin = LeanOrigin(server.url, connect_timeout_s=1)
+    for expected in (
+        "headers are too long",
+        "out of bounds",
+        "too long",
+        "well-formed",
+        "well-formed",
+    ):
+        with pytest.raises(RequestFailed, match=expected):
+            await origin.request("GET", "/x", total_s=2)
+    await origin.close()

@@ -6,9 +6,10 @@ header multidicts, cookies, tracing hooks, its response machinery); a
 submission and its status read are two requests per batch, the largest share
 of the gateway's CPU per committed batch (``docs/gateway.md``, "CPU per
 batch"). This client does only what those requests need, on keep-alive
-connections: it writes one request, parses the status line, the headers and a
-body framed by ``Content-Length``, ``Transfer-Encoding: chunked`` or the end
-of the connection, and hands the connection back to its pool when the answer
+connections: it writes one request, has httptools (llhttp, the HTTP parser of
+Node.js and uvicorn) parse the answer — status line, headers, a body framed by
+``Content-Length`` or ``Transfer-Encoding: chunked``, or one that ends with
+the connection — and hands the connection back to its pool when the answer
 allows it (HTTP/1.1 without ``Connection: close``).
 
 Failures keep the distinctions the submitter's classification rests on:
@@ -30,6 +31,8 @@ import ssl
 import urllib.parse
 from collections import deque
 from dataclasses import dataclass
+
+import httptools
 
 #: Largest answer read (a status list of ``max_ids`` ids is a few hundred KiB).
 MAX_BODY = 64 << 20
@@ -54,14 +57,27 @@ class Answer:
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection: one request at a time."""
+    """One keep-alive connection: one request at a time.
+
+    The answer is parsed by httptools (llhttp, the parser of Node.js and
+    uvicorn): status line, headers, a body framed by ``Content-Length`` or
+    ``Transfer-Encoding: chunked``, interim ``1xx`` answers skipped. Only a
+    body that ends with the connection (neither header) is completed here, at
+    end of file, which llhttp cannot see through httptools.
+    """
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self._buf = bytearray()
         self._answer: asyncio.Future[Answer] | None = None
-        self._head: tuple[int, dict[str, str]] | None = None
-        self._body_at = 0
+        self._parser: httptools.HttpResponseParser | None = None
+        self._status = 0
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._size = 0
+        self._head_seen = 0
+        self._unparsed = 0
+        self._headers_done = False
+        self._done = False
         self.reusable = False
         self.lost = False
 
@@ -71,32 +87,39 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if self._answer is None or self._answer.done():
+        answer = self._answer
+        if answer is None or answer.done() or self._parser is None:
             # Bytes nobody asked for: not a connection to reuse.
             self.lost = True
             self._close()
             return
-        self._buf += data
+        if not self._headers_done:
+            self._unparsed += len(data)
         try:
-            answer = self._parse(eof=False)
-        except RequestFailed as exc:
-            self._fail(exc)
+            self._parser.feed_data(data)
+        except Exception as exc:  # every parser failure is one outcome: see _failure
+            if self._done:
+                # Bytes after a complete answer: keep the answer, not the connection.
+                answer.set_result(Answer(self._status, self._headers, b"".join(self._body)))
+                self._close()
+                return
+            self._fail(_failure(exc))
             return
-        if answer is not None:
-            self._answer.set_result(answer)
+        if not self._headers_done and self._unparsed > MAX_HEAD:
+            # No end of the headers in sight (a status line or a header that never ends).
+            self._fail(RequestFailed("the answer's headers are too long"))
+        elif self._done and not answer.done():
+            answer.set_result(Answer(self._status, self._headers, b"".join(self._body)))
 
     def eof_received(self) -> bool | None:
         self.reusable = False
-        if self._answer is not None and not self._answer.done():
-            try:
-                answer = self._parse(eof=True)
-            except RequestFailed as exc:
-                self._fail(exc)
+        answer = self._answer
+        if answer is not None and not answer.done():
+            if self._headers_done and not self._framed():
+                # Neither Content-Length nor chunked: the body ends with the connection.
+                answer.set_result(Answer(self._status, self._headers, b"".join(self._body)))
             else:
-                if answer is not None:
-                    self._answer.set_result(answer)
-                else:
-                    self._fail(RequestFailed("the ledger closed the connection mid-answer"))
+                self._fail(RequestFailed("the ledger closed the connection mid-answer"))
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -105,12 +128,62 @@ class _Connection(asyncio.Protocol):
         if self._answer is not None and not self._answer.done():
             self._fail(RequestFailed(f"connection lost before the answer: {exc!r}"))
 
+    # -- parser callbacks (httptools) ------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._done:
+            raise RequestFailed("the ledger sent more than one answer")
+        self._headers = {}
+        self._body = []
+        self._size = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_seen += len(name) + len(value) + 4
+        if self._head_seen > MAX_HEAD:
+            raise RequestFailed("the answer's headers are too long")
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1").strip()
+
+    def on_headers_complete(self) -> None:
+        assert self._parser is not None
+        self._status = self._parser.get_status_code()
+        if self._status >= 200:
+            self._headers_done = True
+            length = self._headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > MAX_BODY:
+                raise RequestFailed(f"Content-Length {length} out of bounds")
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > MAX_BODY:
+            raise RequestFailed("the answer is too long")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        assert self._parser is not None
+        if self._status < 200:
+            return  # an interim answer (100 Continue): the real one follows
+        self._done = True
+        self.reusable = self._parser.should_keep_alive()
+
+    def _framed(self) -> bool:
+        return (
+            "content-length" in self._headers
+            or "chunked" in self._headers.get("transfer-encoding", "").lower()
+            or self._status in (204, 304)
+        )
+
     # -- requests ------------------------------------------------------------------
 
     def send(self, request: bytes) -> asyncio.Future[Answer]:
         assert self.transport is not None
-        self._buf.clear()
-        self._head = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._headers = {}
+        self._body = []
+        self._size = 0
+        self._head_seen = 0
+        self._unparsed = 0
+        self._headers_done = False
+        self._done = False
         self.reusable = False
         self._answer = asyncio.get_running_loop().create_future()
         self.transport.write(request)
@@ -129,113 +202,20 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         self._close()
 
-    # -- parsing ---------------------------------------------------------------------
 
-    def _parse(self, *, eof: bool) -> Answer | None:
-        buf = self._buf
-        while self._head is None:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD:
-                    raise RequestFailed("the answer's headers are too long")
-                return None
-            version, status, headers = _parse_head(bytes(buf[:end]))
-            del buf[: end + 4]
-            if 100 <= status < 200:
-                continue  # an interim answer (100 Continue): the real one follows
-            self._head = (status, headers)
-            self._keep = _keep_alive(version, headers)
-        status, headers = self._head
-        body, done = self._body(status, headers, eof)
-        if not done:
-            return None
-        self.reusable = self._keep and not eof and not buf
-        return Answer(status, headers, body)
-
-    _keep = False
-
-    def _body(self, status: int, headers: dict[str, str], eof: bool) -> tuple[bytes, bool]:
-        buf = self._buf
-        if status in (204, 304):
-            return b"", True
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            return _chunked(buf)
-        length = headers.get("content-length")
-        if length is not None:
-            try:
-                n = int(length)
-            except ValueError:
-                raise RequestFailed(f"bad Content-Length {length!r}") from None
-            if n < 0 or n > MAX_BODY:
-                raise RequestFailed(f"Content-Length {n} out of bounds")
-            if len(buf) < n:
-                return b"", False
-            body = bytes(buf[:n])
-            del buf[:n]
-            return body, True
-        # Neither: the body ends with the connection.
-        self._keep = False
-        if len(buf) > MAX_BODY:
-            raise RequestFailed("the answer is too long")
-        if not eof:
-            return b"", False
-        body = bytes(buf)
-        buf.clear()
-        return body, True
-
-
-def _parse_head(head: bytes) -> tuple[bytes, int, dict[str, str]]:
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise RequestFailed(f"not an HTTP/1.x answer: {lines[0][:100]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep:
-            raise RequestFailed(f"malformed header line {line[:100]!r}")
-        headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
-    return parts[0], int(parts[1]), headers
-
-
-def _keep_alive(version: bytes, headers: dict[str, str]) -> bool:
-    connection = headers.get("connection", "").lower()
-    if version == b"HTTP/1.0":
-        return "keep-alive" in connection
-    return "close" not in connection
-
-
-def _chunked(buf: bytearray) -> tuple[bytes, bool]:
-    """A complete chunked body from the start of ``buf`` (consumed), or not yet."""
-    out = bytearray()
-    at = 0
-    while True:
-        end = buf.find(b"\r\n", at)
-        if end < 0:
-            return b"", False
-        size_text = bytes(buf[at:end]).split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise RequestFailed(f"bad chunk size {size_text[:20]!r}") from None
-        if size < 0 or len(out) + size > MAX_BODY:
-            raise RequestFailed("the answer is too long")
-        at = end + 2
-        if size == 0:
-            # Trailers (usually none), then an empty line.
-            while True:
-                end = buf.find(b"\r\n", at)
-                if end < 0:
-                    return b"", False
-                empty = end == at
-                at = end + 2
-                if empty:
-                    del buf[:at]
-                    return bytes(out), True
-        if len(buf) < at + size + 2:
-            return b"", False
-        out += buf[at : at + size]
-        at += size + 2
+def _failure(exc: Exception) -> Exception:
+    """What a failure while parsing an answer is to the submitter: ``RequestFailed``."""
+    if isinstance(exc, httptools.HttpParserCallbackError):
+        cause = exc.__context__ or exc.__cause__
+        if isinstance(cause, RequestFailed):
+            return cause
+    if isinstance(exc, RequestFailed):
+        return exc
+    if isinstance(exc, httptools.HttpParserUpgrade):
+        return RequestFailed("the ledger switched protocols")
+    if isinstance(exc, httptools.HttpParserError):
+        return RequestFailed(f"not a well-formed HTTP/1.x answer: {exc}")
+    return RequestFailed(f"the answer could not be read: {exc!r}")
 
 
 def _expire(answer: asyncio.Future[Answer]) -> None:
