@@ -49,7 +49,9 @@ class NodeProcess:
             env=env,
         )
         assert self.proc.stderr is not None
+        self.startup: list[str] = []  # what the node logged before it listened
         for line in self.proc.stderr:  # blocks until the node says where it listens
+            self.startup.append(line)
             match = re.search(r"listening on (http://\S+)", line)
             if match:
                 self.url = match.group(1)
@@ -124,6 +126,30 @@ def test_sigkill_and_restart_keeps_everything(tmp_path: Path, procs: list[NodePr
     assert second.statuses([later.header_signature]) == ["COMMITTED"]
     assert second.value("n") == 21
     second.kill()
+
+
+def test_sigterm_as_soon_as_it_listens_stops_cleanly_and_keeps_the_replay(
+    tmp_path: Path, procs: list[NodeProcess]
+) -> None:
+    first = NodeProcess(tmp_path, "--snapshot-every", "1000000")
+    procs.append(first)
+    batches = [make_intkey_batch(SIGNER, [("set", f"t{i}", i)]) for i in range(30)]
+    post(first, batches)
+    assert set(first.statuses([b.header_signature for b in batches])) == {"COMMITTED"}
+    first.kill()  # the journal may hold records the store does not
+    for restart in range(2):
+        again = NodeProcess(tmp_path)
+        procs.append(again)
+        again.proc.send_signal(signal.SIGTERM)  # the instant it says it listens
+        assert again.proc.wait(30) == 0  # a clean stop, not death by the signal
+        assert again.proc.stderr is not None
+        again.proc.stderr.close()
+        if restart:  # the first stop wrote what its replay committed: nothing to replay
+            assert not [line for line in again.startup if "recovered" in line]
+    last = NodeProcess(tmp_path)
+    procs.append(last)
+    assert last.value("t29") == 29
+    last.kill()
 
 
 def _children(pid: int) -> set[int]:

@@ -192,6 +192,14 @@ def check_bind(host: str, settings: Settings) -> None:
 async def _serve(
     host: str, port: int, data_dir: Path | None, options: dict[str, Any], settings: Settings
 ) -> None:
+    # Handle SIGINT/SIGTERM before anything else: a stop asked for during start-up (or
+    # the instant the node says it listens) closes the node cleanly once it has opened,
+    # writing what its replay committed, instead of killing it by the default action.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
     node = await Node.open(data_dir, **options)
     scabbard = ScabbardServices(
         data_dir,
@@ -216,11 +224,6 @@ async def _serve(
     bound = runner.addresses[0] if runner.addresses else (host, port)
     # Tests read this line to learn the port when binding port 0.
     click.echo(f"ledgerq node listening on http://{bound[0]}:{bound[1]}", err=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
