@@ -385,6 +385,10 @@ def command(
         "Definitions: `bench/_metrics.py`.",
         "",
     ]
+    name, heading = section_for(chosen, on, sizes, failure_size)
+    # The plots are the full run's (docs/img/compare-*.png): a partial run's
+    # section has its tables only.
+    full = name == "compare"
     images = []
     for ledger, md in tables.items():
         label = (
@@ -394,7 +398,8 @@ def command(
             else "**`ledgerq node`** (with its `/events` stream)"
         )
         text += [label, "", md, ""]
-        images += _plots(ledger, results[ledger])
+        if full:
+            images += _plots(ledger, results[ledger])
     if md_fail:
         text += [
             "Failure case, on `ledgerq node`: two worker processes per system (two "
@@ -405,7 +410,7 @@ def command(
             md_fail,
             "",
         ]
-        images += _failure_plot(failures)
-    text += [f"![{name}](img/{name})" for name in images]
-    name, heading = section_for(chosen, on, sizes, failure_size)
+        if full:
+            images += _failure_plot(failures)
+    text += [f"![{image}](img/{image})" for image in images]
     report.write_section(name, "\n".join(text), heading=heading)

@@ -38,7 +38,9 @@ async def _status(http: aiohttp.ClientSession, url: str, bid: str, wait: str = "
 async def test_commits_in_order_and_judges_reorders(http: aiohttp.ClientSession) -> None:
     set_, inc = (make_intkey_batch(SIGNER, [op]) for op in (("set", "k", 0), ("inc", "k", 1)))
     early = make_intkey_batch(SIGNER, [("inc", "other", 1)])  # before any set: a reorder
-    async with FaultLedger(FaultPlan(commit_delay_ms=5)) as ledger:
+    # Commits a second after accepting: long enough that the read right after
+    # the POST sees PENDING however busy the machine is.
+    async with FaultLedger(FaultPlan(commit_delay_ms=1000)) as ledger:
         assert await _post(http, ledger.url, set_) == 202
         assert await _status(http, ledger.url, set_.header_signature) == "PENDING"
         assert await _status(http, ledger.url, set_.header_signature, "5") == "COMMITTED"
