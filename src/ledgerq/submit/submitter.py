@@ -237,7 +237,11 @@ class Submitter:
 
     async def _submit(self, batch: TrackingBatch) -> None:
         started = time.monotonic()
-        log.debug("submission started batch=%s service=%s", batch.batch_id[:16], batch.service_id)
+        # One line here and one when it ends, per batch, at INFO: the HA chaos
+        # tests read them to know which POSTs a frozen gateway had under way
+        # (bench._cluster.frozen_mid_post). A busy gateway's operator who does
+        # not want them sets log_level = "warning".
+        log.info("submission started batch=%s service=%s", batch.batch_id[:16], batch.service_id)
         outcome: Outcome | None = None
         recorded = False
         try:
@@ -271,16 +275,7 @@ class Submitter:
                 del self._busy[batch.service_id]
             self.held_batches.discard(batch.batch_id)
             self._slot_free.set()
-            # One line per batch at INFO would be the bulk of a busy gateway's
-            # log (and of its CPU): a plain first-try acceptance is DEBUG,
-            # anything else (retries, refusals, ambiguity, errors) INFO.
-            plain = (
-                outcome is not None
-                and outcome.attempts == 1
-                and isinstance(outcome.result, Accepted)
-            )
-            log.log(
-                logging.DEBUG if plain else logging.INFO,
+            log.info(
                 "submission finished batch=%s service=%s result=%s attempts=%s in %.1f ms",
                 batch.batch_id[:16],
                 batch.service_id,
