@@ -69,7 +69,14 @@ class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self._answer: asyncio.Future[Answer] | None = None
+        self._reset()
+        #: None until a request is sent: bytes before it are nobody's.
         self._parser: httptools.HttpResponseParser | None = None
+        self.lost = False
+
+    def _reset(self) -> None:
+        """Before each request: a new parser, nothing of the last answer."""
+        self._parser = httptools.HttpResponseParser(self)
         self._status = 0
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
@@ -79,7 +86,6 @@ class _Connection(asyncio.Protocol):
         self._headers_done = False
         self._done = False
         self.reusable = False
-        self.lost = False
 
     # -- protocol ----------------------------------------------------------------
 
@@ -176,15 +182,7 @@ class _Connection(asyncio.Protocol):
 
     def send(self, request: bytes) -> asyncio.Future[Answer]:
         assert self.transport is not None
-        self._parser = httptools.HttpResponseParser(self)
-        self._headers = {}
-        self._body = []
-        self._size = 0
-        self._head_seen = 0
-        self._unparsed = 0
-        self._headers_done = False
-        self._done = False
-        self.reusable = False
+        self._reset()
         self._answer = asyncio.get_running_loop().create_future()
         self.transport.write(request)
         return self._answer
