@@ -103,7 +103,6 @@ class MappedPages:
         madvise.restype = ctypes.c_int
         self._madvise = madvise
         self._range = _mapping_of(data_file)
-        self.released = 0  # calls that succeeded
 
     def release(self) -> None:
         """After a write: unmap, unless held or the last release is too recent."""
