@@ -15,6 +15,7 @@ Driver errors are translated here: connection failures become
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -33,6 +34,11 @@ from ledgerq.store.sqlstore import ConflictError, Params, Row
 #: Advisory lock key space of ledgerq: (this, hashtext(...)).
 ADVISORY_CLASS_SERVICE = 0x6C71_0001
 ADVISORY_CLASS_MIGRATE = 0x6C71_0002
+
+#: A comma-joined list of values that go into an array literal unquoted.
+_PLAIN_TEXTS = re.compile(r"[0-9A-Za-z_.:-]+(?:,[0-9A-Za-z_.:-]+)*")
+#: ... except an element spelling NULL, which the literal would read as NULL.
+_NULL_ELEMENT = re.compile(r"(?:^|,)null(?:,|$)", re.IGNORECASE)
 
 # Column types of the binary COPY rows (see copy_batches / copy_transactions).
 _BATCH_TYPES = ["int8", "text", "text", "text", "text", "bool", "bytea", "int8", "int8"]
@@ -289,10 +295,23 @@ class PostgresBackend:
             found[seq] = max(found.get(seq, 0), blocker)
         return found
 
-    def seqs_param(self, seqs: Sequence[int]) -> list[int]:
-        return list(seqs)
+    def seqs_param(self, seqs: Sequence[int]) -> str:
+        # An array literal, cast by the query (``::bigint[]``): psycopg's
+        # list dumper costs about 5 us of Python per element.
+        return "{" + ",".join(map(str, map(int, seqs))) + "}"
 
-    def texts_param(self, values: Sequence[str]) -> list[str]:
+    def texts_param(self, values: Sequence[str]) -> str | list[str]:
+        """An array literal when no value needs quoting (batch ids, the usual
+        service ids): about 4 times cheaper than psycopg's list dumper, which
+        checks every element for quoting (0.6 ms for 100 batch ids); else the
+        list itself."""
+        joined = ",".join(values)
+        if (
+            _PLAIN_TEXTS.fullmatch(joined)
+            and joined.count(",") == len(values) - 1  # no value holds a comma
+            and not _NULL_ELEMENT.search(joined)
+        ):
+            return "{" + joined + "}"
         return list(values)
 
     def keys_param(self, keys: Sequence[tuple[str, str]]) -> dict[str, Any]:
