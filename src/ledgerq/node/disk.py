@@ -35,8 +35,7 @@ import ctypes
 import os
 import struct
 import sys
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -56,8 +55,8 @@ _COMMITTED, _INVALID = 0, 1
 #: Virtual size of the memory map (LMDB's ceiling for the file, not memory used).
 DEFAULT_MAP_SIZE = 256 << 30
 _MADV_DONTNEED = 4  # Linux
-#: Least time between two releases of the store's mapped pages.
-RELEASE_EVERY_S = 1.0
+#: Store operations (a read, a commit's puts) between two releases of the mapped pages.
+RELEASE_EVERY_TOUCHES = 256
 
 
 class MappedPages:
@@ -69,28 +68,31 @@ class MappedPages:
     back, so the node's RSS grows with the store while its heap does not.
     ``madvise(MADV_DONTNEED)`` on a shared file mapping drops the process's
     page-table entries only: the pages stay in the page cache, their contents
-    are the file's, and the next access maps them again (a minor fault).
-    Linux only; elsewhere :meth:`release` does nothing.
+    are the file's (dirty ones stay dirty), and the next access maps them
+    again (a minor fault). Linux only; elsewhere nothing is released.
 
-    A release costs the pages' next reads a fault each, so :meth:`release`
-    unmaps at most once every ``every_s`` (by ``clock``), and not at all while
-    :attr:`held` (a restart's replay: each replayed record reads tens of KiB of
-    store pages that the next records read again).
+    How much one access maps is not one page: a fault maps the neighbours
+    already in the page cache too (the kernel's fault-around, 64 KiB), and a
+    page written with ``pwrite`` may sit in a large folio (up to 2 MiB on
+    ext4), which a fault maps whole; ``MADV_RANDOM`` (LMDB's ``NORDAHEAD``)
+    stops neither. A random key's lookup in a store of a million batches
+    maps 64 KiB–2 MiB, so a time-based release bounds nothing: the node
+    mapped the whole store (900 MiB) within a second. Releases are therefore
+    counted in store operations: :meth:`touch` after every read and every
+    commit written, and a release once ``every`` operations added up (about
+    25 MiB mapped at most; a release of that costs tens of microseconds, the
+    refaults of the B-trees' upper pages a few microseconds per operation).
+    Nothing is released while :attr:`held` (a restart's replay: each
+    replayed record reads tens of KiB of store pages that the next records
+    read again); letting go releases at once.
     """
 
-    def __init__(
-        self,
-        data_file: Path,
-        *,
-        every_s: float = RELEASE_EVERY_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, data_file: Path, *, every: int = RELEASE_EVERY_TOUCHES) -> None:
         self._range: tuple[int, int] | None = None
         self._madvise = None
-        self.every_s = every_s
-        self._clock = clock
-        self._last: float | None = None
-        self.held = False
+        self.every = every
+        self._touched = 0
+        self._held = False
         self.released = 0  # calls that succeeded
         if not sys.platform.startswith("linux"):
             return
@@ -104,14 +106,27 @@ class MappedPages:
         self._madvise = madvise
         self._range = _mapping_of(data_file)
 
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    @held.setter
+    def held(self, held: bool) -> None:
+        was, self._held = self._held, held
+        if was and not held:
+            self.release()
+
+    def touch(self, operations: int = 1) -> None:
+        """Count store operations (from any thread); release once ``every`` added up."""
+        self._touched += operations
+        if self._touched >= self.every:
+            self.release()
+
     def release(self) -> None:
-        """After a write: unmap, unless held or the last release is too recent."""
-        if self._range is None or self._madvise is None or self.held:
+        """Unmap every page of the store mapped in, unless held."""
+        self._touched = 0
+        if self._range is None or self._madvise is None or self._held:
             return
-        now = self._clock()
-        if self._last is not None and now - self._last < self.every_s:
-            return
-        self._last = now
         start, end = self._range
         if self._madvise(start, end - start, _MADV_DONTNEED) == 0:
             self.released += 1
@@ -266,10 +281,12 @@ class LmdbStore:
     def meta(self) -> Meta:
         txn, db = self._read, self._meta
         values = [txn.get(k, db=db) for k in (b"applied", b"events", b"batch_high")]
+        self._pages.touch()
         return Meta(*(0 if v is None else _U64.unpack(v)[0] for v in values))
 
     def get_state(self, address: KVSKey) -> KVSDatum | None:
         value = self._read.get(bytes.fromhex(address), db=self._state)
+        self._pages.touch()
         return None if value is None else bytes(value)
 
     def state_page(self, prefix: str, start: str, limit: int) -> list[tuple[KVSKey, KVSDatum]]:
@@ -290,10 +307,12 @@ class LmdbStore:
                 out.append((address, bytes(value)))
                 if len(out) >= limit:
                     break
+        self._pages.touch(1 + len(out) // 64)
         return out
 
     def get_batch(self, batch_id: str) -> StoredBatch | None:
         value = self._read.get(bytes.fromhex(batch_id), db=self._batches)
+        self._pages.touch()
         if value is None:
             return None
         value = bytes(value)
@@ -303,10 +322,12 @@ class LmdbStore:
 
     def get_txn(self, tx_id: str) -> tuple[int, int] | None:
         value = self._read.get(bytes.fromhex(tx_id), db=self._txns)
+        self._pages.touch()
         return None if value is None else _TXN.unpack(value)
 
     def get_block(self, num: int) -> CommitRecord | None:
         value = self._read.get(_U64.pack(num), db=self._blocks)
+        self._pages.touch()
         return None if value is None else decode_block(num, bytes(value))
 
     # --- writing (a thread) -------------------------------------------------------
@@ -315,6 +336,7 @@ class LmdbStore:
         with self._env.begin(write=True) as txn:
             state, batches, txns, blocks = self._state, self._batches, self._txns, self._blocks
             last = None
+            pages = self._pages
             for record in records:
                 last = record.num
                 kind, invalid = _status_value(record.status)
@@ -331,6 +353,8 @@ class LmdbStore:
                         txn.put(bytes.fromhex(tid), _TXN.pack(record.num, index), db=txns)
                     for address, datum in record.writes:
                         txn.put(bytes.fromhex(address), datum, db=state)
+                # A batch id and its transactions' ids and addresses: a random page each.
+                pages.touch(1 + len(record.tx_ids) + len(record.writes))
             meta = self._meta
             txn.put(b"applied", _U64.pack(applied), db=meta)
             txn.put(b"batch_high", _U64.pack(batch_high), db=meta)
@@ -338,16 +362,13 @@ class LmdbStore:
                 txn.put(b"events", _U64.pack(last), db=meta)
             failpoint("node_store_write")
         failpoint("node_store_written")
-        # The pages this write and the reads since the last release mapped in: out of
-        # RSS (at most once a second, never during a restart's replay).
-        self._pages.release()
 
     def after_write(self) -> None:
         """On the event loop, once :meth:`write` returned: let reads see it."""
         self._refresh()
 
     def hold_unmapping(self, held: bool) -> None:
-        """Keep the store's mapped pages (``held``) or release them again after writes."""
+        """Keep the store's mapped pages (``held``) or release them again as it is used."""
         self._pages.held = held
 
     def import_legacy(
@@ -397,6 +418,7 @@ class LmdbStore:
                     return
                 items = cursor.iternext()
             for key, value in items:
+                self._pages.touch()
                 yield decode_block(_U64.unpack(key)[0], bytes(value))
 
 

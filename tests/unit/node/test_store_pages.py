@@ -1,5 +1,5 @@
-"""The store's mapped file pages leave the node's RSS after a write (Linux): at most
-once a second, and never while a restart replays the journal."""
+"""The store's mapped file pages leave the node's RSS (Linux): once a number of store
+operations added up, and never while a restart replays the journal."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from ledgerq.codec import Signer
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.node import Node
 from ledgerq.node import node as node_module
-from ledgerq.node.disk import CommitRecord, LmdbStore, MappedPages
+from ledgerq.node.disk import CommitRecord, LmdbStore
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -51,23 +52,34 @@ def _records(first: int, count: int) -> list[CommitRecord]:
     return out
 
 
-def test_reads_map_pages_in_and_a_write_maps_them_out(tmp_path: Path) -> None:
-    store = LmdbStore(tmp_path / "store")
-    store._pages.every_s = 0.0
-    try:
-        found = store._pages._range
-        assert found is not None, "the data file's mapping was not found in /proc/self/maps"
-        for first in range(1, 6_001, 2_000):
-            store.write(_records(first, 2_000), first + 1_999, 0)
-            store.after_write()
-        for num in range(1, 6_001):  # every block page, through the map
-            assert store.get_block(num) is not None
-        before = _mapped_kib(found[0])
-        assert before > 4 * 1024  # megabytes of the store mapped in by the reads
-        store.write(_records(6_001, 10), 6_010, 0)
+def _store_with_pages_mapped(path: Path) -> tuple[LmdbStore, int]:
+    store = LmdbStore(path)
+    store._pages.every = 10**9  # nothing released while the pages are mapped in
+    found = store._pages._range
+    assert found is not None, "the data file's mapping was not found in /proc/self/maps"
+    for first in range(1, 6_001, 2_000):
+        store.write(_records(first, 2_000), first + 1_999, 0)
         store.after_write()
-        after = _mapped_kib(found[0])
-        assert after < before / 4
+    for num in range(1, 6_001):  # every block page, through the map
+        assert store.get_block(num) is not None
+    return store, found[0]
+
+
+def test_operations_map_pages_in_and_enough_of_them_map_them_out(tmp_path: Path) -> None:
+    store, start = _store_with_pages_mapped(tmp_path / "store")
+    try:
+        assert store._pages.released == 0
+        before = _mapped_kib(start)
+        assert before > 4 * 1024  # megabytes of the store mapped in by the reads
+        store._pages.every = 100
+        store._pages._touched = 0
+        for num in range(1, 100):  # 99 operations: kept
+            store.get_block(num)
+        assert store._pages.released == 0
+        assert _mapped_kib(start) > before / 2
+        store.get_block(100)  # the 100th: released
+        assert store._pages.released == 1
+        assert _mapped_kib(start) < before / 4
         # Still readable: the pages come back from the page cache.
         assert store.get_block(3).num == 3  # type: ignore[union-attr]
         assert store.get_batch(store.get_block(5_000).batch_id) is not None  # type: ignore[union-attr]
@@ -75,51 +87,34 @@ def test_reads_map_pages_in_and_a_write_maps_them_out(tmp_path: Path) -> None:
         store.close()
 
 
-def _store_with_pages_mapped(path: Path, clock: list[float]) -> tuple[LmdbStore, int]:
-    store = LmdbStore(path)
-    store._pages._clock = lambda: clock[0]
-    found = store._pages._range
-    assert found is not None, "the data file's mapping was not found in /proc/self/maps"
-    for first in range(1, 6_001, 2_000):
-        store.write(_records(first, 2_000), first + 1_999, 0)
-        store.after_write()
-    for num in range(1, 6_001):
-        assert store.get_block(num) is not None
-    return store, found[0]
-
-
-def test_the_pages_are_released_at_most_once_an_interval(tmp_path: Path) -> None:
-    clock = [100.0]
-    store, start = _store_with_pages_mapped(tmp_path / "store", clock)
+def test_a_write_counts_its_commits_operations(tmp_path: Path) -> None:
+    store, start = _store_with_pages_mapped(tmp_path / "store")
     try:
-        assert store._pages.released == 1  # the first write released; the next two not
         before = _mapped_kib(start)
-        assert before > 4 * 1024
-        clock[0] += 0.5  # within the interval of the first release: kept
-        store.write(_records(6_001, 10), 6_010, 0)
+        store._pages.every = 30
+        store._pages._touched = 0
+        store.write(_records(6_001, 9), 6_009, 0)  # 3 each (batch, transaction, address): 27
+        assert store._pages.released == 0
+        store.write(_records(6_010, 1), 6_010, 0)  # 30
         assert store._pages.released == 1
-        assert _mapped_kib(start) > before / 2
-        clock[0] += 0.6  # 1.1 s after it: released
-        store.write(_records(6_011, 10), 6_020, 0)
-        assert store._pages.released == 2
         assert _mapped_kib(start) < before / 4
     finally:
         store.close()
 
 
 def test_held_pages_stay_mapped_until_let_go(tmp_path: Path) -> None:
-    clock = [100.0]
-    store, start = _store_with_pages_mapped(tmp_path / "store", clock)
+    store, start = _store_with_pages_mapped(tmp_path / "store")
     try:
         before = _mapped_kib(start)
+        store._pages.every = 10
         store.hold_unmapping(True)
-        clock[0] += 10
         store.write(_records(6_001, 10), 6_010, 0)
-        assert store._pages.released == 1
+        for num in range(1, 100):
+            store.get_block(num)
+        assert store._pages.released == 0
         assert _mapped_kib(start) > before / 2
-        store.hold_unmapping(False)
-        store.write(_records(6_011, 10), 6_020, 0)
-        assert store._pages.released == 2
+        store.hold_unmapping(False)  # let go: released at once
+        assert store._pages.released == 1
         assert _mapped_kib(start) < before / 4
     finally:
         store.close()
@@ -152,22 +147,26 @@ async def test_a_restart_keeps_the_pages_mapped_while_it_replays(
         if opening[0]:
             await self.committed.drain()
 
-    release = MappedPages.release
+    write = LmdbStore.write
+    released_while_replaying: list[int] = []
 
-    def spy(self: MappedPages) -> None:
+    def spy(self: LmdbStore, *args: Any) -> None:
+        self._pages.every = 1  # any operation would release, were the pages not held
+        write(self, *args)
         if opening[0]:
             writes_while_replaying.append(True)
-        release(self)
+            released_while_replaying.append(self._pages.released)
 
     monkeypatch.setattr(Node, "_commit_ready", commit_and_write)
-    monkeypatch.setattr(MappedPages, "release", spy)
+    monkeypatch.setattr(LmdbStore, "write", spy)
     again = await Node.open(tmp_path / "image")
     opening[0] = False
     try:
         pages = again.store._pages  # type: ignore[attr-defined]
         assert len(writes_while_replaying) >= 8  # the store was written during replay
-        assert pages.released == 0  # and none of those writes unmapped a page
-        assert pages.held is False  # let go once replayed
+        assert set(released_while_replaying) == {0}  # none of those writes unmapped a page
+        assert pages.released >= 1  # letting go once replayed did
+        assert pages.held is False
         infos = await again.batch_statuses([b.header_signature for b in batches], wait=10)
         assert {i.status for i in infos.values()} == {"COMMITTED"}
     finally:
