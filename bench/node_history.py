@@ -1,8 +1,9 @@
 """``ledgerq bench node_history``: the node process over a long history, fed over REST.
 
 A real ``ledgerq node`` process with a data directory is fed ``--batches``
-intkey batches (each ``set``s a name of its own, so the state grows with
-history) over ``POST /batches`` by one client process per core (each
+intkey batches of ``--txns`` transactions (each ``set``s a name of its own,
+so the state grows with history) over ``POST /batches`` by one client
+process per core (each
 pre-signs its share, then posts ``--chunk`` batches per request with
 ``--concurrency`` requests in flight). Measured:
 
@@ -40,13 +41,15 @@ LEDGERQ = str(Path(sys.executable).parent / "ledgerq")
 _FIELDS = ("VmRSS", "RssAnon", "RssFile")
 
 
-def _sign(args: tuple[int, int, int, int]) -> tuple[list[bytes], list[str]]:
-    client, first, count, chunk = args
+def _sign(args: tuple[int, int, int, int, int]) -> tuple[list[bytes], list[str]]:
+    client, first, count, chunk, txns = args
     signer = Signer.generate()
     bodies, last_ids = [], []
     for start in range(first, first + count, chunk):
         batches = [
-            make_intkey_batch(signer, [("set", f"h{client}-{i}", i % 1000)])
+            make_intkey_batch(
+                signer, [("set", f"h{client}-{i}-{j}", i % 1000) for j in range(txns)]
+            )
             for i in range(start, min(start + chunk, first + count))
         ]
         bodies.append(encode_batch_list(batches))
@@ -128,15 +131,29 @@ async def _height(url: str) -> int:
 @click.option("--chunk", default=500, show_default=True, help="Batches per POST.")
 @click.option("--concurrency", default=4, show_default=True, help="POSTs in flight per client.")
 @click.option("--clients", default=os.cpu_count() or 1, show_default=True)
+@click.option(
+    "--txns",
+    default=1,
+    show_default=True,
+    help="Transactions per batch (Sawtooth clients put many in one batch).",
+)
+@click.option(
+    "--section",
+    default="node-history",
+    show_default=True,
+    help="The BENCHMARKS.md section to write.",
+)
 @click.option("--write/--no-write", default=True, show_default=True)
-def command(batches: int, chunk: int, concurrency: int, clients: int, write: bool) -> None:
+def command(
+    batches: int, chunk: int, concurrency: int, clients: int, txns: int, section: str, write: bool
+) -> None:
     """RSS over a long history, restart time, REST throughput with one client per core."""
     load_before = os.getloadavg()[0]
     share = batches // clients
     ctx = multiprocessing.get_context("spawn")
     t0 = time.perf_counter()
     with ctx.Pool(clients) as pool:
-        signed = pool.map(_sign, [(c, c * share, share, chunk) for c in range(clients)])
+        signed = pool.map(_sign, [(c, c * share, share, chunk, txns) for c in range(clients)])
     console.print(f"signed {share * clients:,} batches in {time.perf_counter() - t0:.0f} s")
     total = share * clients
     with tempfile.TemporaryDirectory(prefix="ledgerq-history-") as tmp:
@@ -184,19 +201,21 @@ def command(batches: int, chunk: int, concurrency: int, clients: int, write: boo
     first, last = marks[0], marks[-1]
     steady = (last[0] - first[0]) / max(1e-9, last[1] - first[1])
     rows = [
-        [f"{h:,}", f"{s:.0f}", f"{h / s:,.0f}", f"{r:.0f}", f"{a:.0f}", f"{f:.0f}"]
+        [f"{h:,}", f"{s:.0f}", f"{h * txns / s:,.0f}", f"{r:.0f}", f"{a:.0f}", f"{f:.0f}"]
         for h, s, r, a, f in marks
     ]
     markdown = (
-        f"`ledgerq node` with a data directory, fed {total:,} single-transaction intkey batches "
-        f"(each sets a new name: the state grows with the history) over REST by {clients} "
+        f"`ledgerq node` with a data directory, fed {total:,} intkey batches of {txns} "
+        f"transaction(s) (each sets a new name: the state grows with the history) over REST "
+        f"by {clients} "
         f"client processes (one per core, batches pre-signed), {chunk} batches per POST, "
         f"{concurrency} POSTs in flight per client. Node, clients and everything else on the "
         f"machine share its cores. Load average (1 min) before/after: {load_before:.1f}/"
         f"{os.getloadavg()[0]:.1f}.\n\n"
         + table(["committed", "s", "tx/s so far", "RSS MiB", "anon MiB", "file MiB"], rows)
-        + f"\n\n* REST throughput from the first tenth to the end: **{steady:,.0f} tx/s** "
-        f"(first POST to last commit, client start-up included: {total / elapsed:,.0f} tx/s).\n"
+        + f"\n\n* REST throughput from the first tenth to the end: **{steady * txns:,.0f} tx/s** "
+        f"({steady:,.0f} batches/s; first POST to last commit, client start-up included: "
+        f"{total * txns / elapsed:,.0f} tx/s).\n"
         f"* Growth from {first[0]:,} to {last[0]:,} batches: RSS **{last[2] - first[2]:+.0f} "
         f"MiB**, of which anonymous memory (the heap) **{last[3] - first[3]:+.0f} MiB** and "
         f"file pages mapped in (the store read through its memory map, the page cache) "
@@ -210,4 +229,4 @@ def command(batches: int, chunk: int, concurrency: int, clients: int, write: boo
     )
     console.print(markdown)
     if write:
-        write_section("node-history", markdown)
+        write_section(section, markdown)
