@@ -97,3 +97,21 @@ async def test_every_sqlite_connection_uses_the_configured_synchronous(
         found = await store._backend.pragma("synchronous")  # type: ignore[attr-defined]
         assert found == {"write": expected, "read": expected, "checkpoint": expected}
         assert (await store._backend.pragma("journal_mode"))["write"] == "wal"  # type: ignore[attr-defined]
+
+
+async def test_sqlite_list_in_flight_reads_the_busy_index_not_the_table(tmp_path: Path) -> None:
+    """The follower reads the batches in flight every poll interval: a walk
+    over every batch ever tracked would grow with the history."""
+    from ledgerq.store.sqlite import SqliteBackend
+
+    async with await open_store(f"sqlite:///{tmp_path / 'plan.sqlite3'}") as store:
+        await store.add_batches([make_batch() for _ in range(20)])
+        backend = store._backend  # type: ignore[attr-defined]
+        assert isinstance(backend, SqliteBackend)
+        sql = backend.queries["list_in_flight"]
+        plan = await backend.call(
+            lambda c: c.execute(f"EXPLAIN QUERY PLAN {sql}", {"limit": 10}).fetchall()
+        )
+        details = [row[3] for row in plan]
+        assert any("batches_busy_idx" in d for d in details), details
+        assert "SCAN b" not in details, details

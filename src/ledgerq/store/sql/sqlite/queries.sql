@@ -582,10 +582,13 @@ LIMIT coalesce(:limit, -1);
 -- after Unknown or Delayed), lean (no blobs, no errors). The predicate
 -- repeats batches_busy_idx's, so only busy batches are read.
 -- name: list_in_flight
+-- INDEXED BY: without it the planner walks the whole table in seq order
+-- (ORDER BY seq is the rowid's order) rather than sort the few busy rows;
+-- the follower runs this every poll interval.
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
        X'', b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, NULL, NULL
-FROM batches b
+FROM batches b INDEXED BY batches_busy_idx
 WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
   AND (b.status = 'Pending' OR b.submitted)
 ORDER BY b.seq
