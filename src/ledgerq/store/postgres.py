@@ -37,8 +37,6 @@ ADVISORY_CLASS_MIGRATE = 0x6C71_0002
 
 #: A comma-joined list of values that go into an array literal unquoted.
 _PLAIN_TEXTS = re.compile(r"[0-9A-Za-z_.:-]+(?:,[0-9A-Za-z_.:-]+)*")
-#: ... except an element spelling NULL, which the literal would read as NULL.
-_NULL_ELEMENT = re.compile(r"(?:^|,)null(?:,|$)", re.IGNORECASE)
 
 # Column types of the binary COPY rows (see copy_batches / copy_transactions).
 _BATCH_TYPES = ["int8", "text", "text", "text", "text", "bool", "bytea", "int8", "int8"]
@@ -309,7 +307,8 @@ class PostgresBackend:
         if (
             _PLAIN_TEXTS.fullmatch(joined)
             and joined.count(",") == len(values) - 1  # no value holds a comma
-            and not _NULL_ELEMENT.search(joined)
+            # an element spelling NULL would be read as NULL
+            and not any(len(v) == 4 and v.lower() == "null" for v in values)
         ):
             return "{" + joined + "}"
         return list(values)
