@@ -15,7 +15,16 @@ database    key                          value
 ``batches`` batch id (64 bytes)          block number, fingerprint, outcome
 ``txns``    transaction id (64 bytes)    block number, index in its batch
 ``blocks``  block number (8 bytes, BE)   CBOR ``[batch id, outcome, batch, writes]``
+``filter``  block index (4 bytes, BE)    64 bytes of the key filter
 ==========  ===========================  =========================================
+
+The ``filter`` database holds a :class:`~ledgerq.node.idfilter.KeyFilter` of
+every batch id, transaction id and address stored: a lookup of a key never
+stored (every new batch and transaction, every new name) is answered from
+memory, without a read of the store. A write puts the filter blocks it
+changed in its own transaction, so the stored filter covers the stored keys
+after any crash. A store written before the filter existed gets one, built
+from its keys, the first time it is opened.
 
 :meth:`LmdbStore.write` applies one group of commits, and moves ``applied``,
 in **one** LMDB transaction: a commit and its state changes reach the store
@@ -45,12 +54,14 @@ import lmdb
 from ledgerq.errors import NodeDataError
 from ledgerq.failpoints import failpoint
 from ledgerq.node.commit import INVALID, FinalStatus
+from ledgerq.node.idfilter import BLOCK_BYTES, DEFAULT_BLOCKS, KeyFilter
 from ledgerq.node.ordering.messages import InvalidTx, KVSDatum, KVSKey, TxFingerprint
 
 STORE_FORMAT = 1
 _BATCH = struct.Struct(">QqqB")  # block, fingerprint (batch, tx; -1: none), outcome kind
 _TXN = struct.Struct(">QH")
 _U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
 _COMMITTED, _INVALID = 0, 1
 #: Virtual size of the memory map (LMDB's ceiling for the file, not memory used).
 DEFAULT_MAP_SIZE = 256 << 30
@@ -239,7 +250,9 @@ def decode_block(num: int, data: bytes) -> CommitRecord:
 class LmdbStore:
     """The store in an LMDB environment at ``path`` (created if missing)."""
 
-    def __init__(self, path: Path, *, map_size: int = DEFAULT_MAP_SIZE) -> None:
+    def __init__(
+        self, path: Path, *, map_size: int = DEFAULT_MAP_SIZE, filter_blocks: int = DEFAULT_BLOCKS
+    ) -> None:
         path.mkdir(parents=True, exist_ok=True)
         try:
             self._env = lmdb.open(
@@ -259,6 +272,7 @@ class LmdbStore:
         self._batches = env.open_db(b"batches")
         self._txns = env.open_db(b"txns")
         self._blocks = env.open_db(b"blocks")
+        self._filter_db = env.open_db(b"filter")
         with env.begin(write=True) as txn:
             found = txn.get(b"format", db=self._meta)
             if found is None:
@@ -268,8 +282,39 @@ class LmdbStore:
                     f"the node store in {path} has format {_U64.unpack(found)[0]}, this "
                     f"ledgerq reads format {STORE_FORMAT}"
                 )
+        self._filter = self._load_filter(filter_blocks)
         self._read = env.begin()
         self._pages = MappedPages(path / "data.mdb")
+
+    def _load_filter(self, blocks: int) -> KeyFilter:
+        """The stored key filter; built from the stored keys if there is none (or one
+        of another size)."""
+        with self._env.begin() as txn:
+            found = txn.get(b"filter_blocks", db=self._meta)
+            if found is not None and _U64.unpack(found)[0] == blocks:
+                keys = KeyFilter(blocks)
+                for key, value in txn.cursor(db=self._filter_db):
+                    keys.set_block(_U32.unpack(key)[0], bytes(value))
+                return keys
+        keys = KeyFilter(blocks)
+        with self._env.begin(write=True) as txn:
+            txn.drop(self._filter_db, delete=False)
+            for db in (self._batches, self._txns, self._state):
+                for key in txn.cursor(db=db).iternext(values=False):
+                    keys.add(bytes(key))
+            self._put_blocks(txn, keys, range(blocks), skip_empty=True)
+            txn.put(b"filter_blocks", _U64.pack(blocks), db=self._meta)
+        return keys
+
+    def _put_blocks(
+        self, txn: Any, keys: KeyFilter, blocks: Iterable[int], *, skip_empty: bool = False
+    ) -> None:
+        empty = bytes(BLOCK_BYTES)
+        for index in sorted(blocks):
+            value = keys.block(index)
+            if skip_empty and value == empty:
+                continue
+            txn.put(_U32.pack(index), value, db=self._filter_db)
 
     def _refresh(self) -> None:
         """See the latest write (a read transaction is a snapshot)."""
@@ -285,7 +330,10 @@ class LmdbStore:
         return Meta(*(0 if v is None else _U64.unpack(v)[0] for v in values))
 
     def get_state(self, address: KVSKey) -> KVSDatum | None:
-        value = self._read.get(bytes.fromhex(address), db=self._state)
+        key = bytes.fromhex(address)
+        if not self._filter.may_contain(key):
+            return None
+        value = self._read.get(key, db=self._state)
         self._pages.touch()
         return None if value is None else bytes(value)
 
@@ -311,7 +359,10 @@ class LmdbStore:
         return out
 
     def get_batch(self, batch_id: str) -> StoredBatch | None:
-        value = self._read.get(bytes.fromhex(batch_id), db=self._batches)
+        key = bytes.fromhex(batch_id)
+        if not self._filter.may_contain(key):
+            return None
+        value = self._read.get(key, db=self._batches)
         self._pages.touch()
         if value is None:
             return None
@@ -321,7 +372,10 @@ class LmdbStore:
         return StoredBatch(block, _fp(fb, ft), _status_of(kind, invalid))
 
     def get_txn(self, tx_id: str) -> tuple[int, int] | None:
-        value = self._read.get(bytes.fromhex(tx_id), db=self._txns)
+        key = bytes.fromhex(tx_id)
+        if not self._filter.may_contain(key):
+            return None
+        value = self._read.get(key, db=self._txns)
         self._pages.touch()
         return None if value is None else _TXN.unpack(value)
 
@@ -333,6 +387,7 @@ class LmdbStore:
     # --- writing (a thread) -------------------------------------------------------
 
     def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
+        keys, changed = self._filter, set()
         with self._env.begin(write=True) as txn:
             state, batches, txns, blocks = self._state, self._batches, self._txns, self._blocks
             last = None
@@ -346,15 +401,24 @@ class LmdbStore:
                 )
                 if invalid:
                     value += cbor2.dumps(invalid)
-                txn.put(bytes.fromhex(record.batch_id), value, db=batches)
+                key = bytes.fromhex(record.batch_id)
+                txn.put(key, value, db=batches)
+                changed.add(keys.add(key))
                 txn.put(_U64.pack(record.num), encode_block(record), db=blocks, append=True)
                 if kind == _COMMITTED:
                     for index, tid in enumerate(record.tx_ids):
-                        txn.put(bytes.fromhex(tid), _TXN.pack(record.num, index), db=txns)
+                        key = bytes.fromhex(tid)
+                        txn.put(key, _TXN.pack(record.num, index), db=txns)
+                        changed.add(keys.add(key))
                     for address, datum in record.writes:
-                        txn.put(bytes.fromhex(address), datum, db=state)
+                        key = bytes.fromhex(address)
+                        txn.put(key, datum, db=state)
+                        changed.add(keys.add(key))
                 # A batch id and its transactions' ids and addresses: a random page each.
                 pages.touch(1 + len(record.tx_ids) + len(record.writes))
+            # The filter's changed blocks, with the keys that changed them.
+            self._put_blocks(txn, keys, changed)
+            pages.touch(len(changed) // 16)
             meta = self._meta
             txn.put(b"applied", _U64.pack(applied), db=meta)
             txn.put(b"batch_high", _U64.pack(batch_high), db=meta)
@@ -382,15 +446,20 @@ class LmdbStore:
         batch_high: int,
     ) -> None:
         """Load what an earlier node's snapshot held (no blocks: number 0)."""
+        keys, changed = self._filter, set()
         with self._env.begin(write=True) as txn:
             for address, datum in state.items():
                 txn.put(bytes.fromhex(address), datum, db=self._state)
+                changed.add(keys.add(bytes.fromhex(address)))
             for batch_id, status in statuses.items():
                 kind, invalid = _status_value(status)
                 value = _BATCH.pack(0, -1, -1, kind) + (cbor2.dumps(invalid) if invalid else b"")
                 txn.put(bytes.fromhex(batch_id), value, db=self._batches)
+                changed.add(keys.add(bytes.fromhex(batch_id)))
             for tid in transactions:
                 txn.put(bytes.fromhex(tid), _TXN.pack(0, 0), db=self._txns)
+                changed.add(keys.add(bytes.fromhex(tid)))
+            self._put_blocks(txn, keys, changed)
             for key, number in ((b"applied", applied), (b"events", events)):
                 txn.put(key, _U64.pack(number), db=self._meta)
             txn.put(b"batch_high", _U64.pack(batch_high), db=self._meta)
