@@ -52,7 +52,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote_plus, urlencode
 
@@ -72,6 +72,8 @@ from ledgerq.errors import (
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone
 from ledgerq.ingest.errors import error_body, json_errors
 from ledgerq.ingest.guard import guard_middleware, on_disconnect
+from ledgerq.ingest.longpoll import Changes as Changes
+from ledgerq.ingest.longpoll import TooManyWaitersError as TooManyWaitersError
 from ledgerq.model import (
     NO_SERVICE,
     BatchStatus,
@@ -90,8 +92,6 @@ MAX_WAIT_S = 300
 #: Status requests reading the store at once (the others wait their turn;
 #: beyond max_waiters waiting, 429).
 STATUS_READS = 2
-#: Least time between two reads for parked status requests.
-REFRESH_INTERVAL_S = 0.05
 #: Request keys the security middlewares set (:mod:`ledgerq.operator.security`):
 #: the caller's token scope, and the base URL links are built from.
 # (aiohttp's typed RequestKey where it exists: it warns on plain string keys.)
@@ -176,161 +176,8 @@ class ClaimsView(Protocol):
     async def claims_for(self, service_ids: Sequence[str]) -> dict[str, ClaimInfo]: ...
 
 
-class TooManyWaitersError(Exception):
-    """Every long-poll slot is taken."""
-
-
-BatchReader = Callable[[Collection[str]], Awaitable[list[TrackingBatch]]]
-
-
-class _Waiter:
-    __slots__ = ("event", "found", "pending")
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-        #: Asked id → batch, updated in place as the batches change.
-        self.found: dict[str, TrackingBatch] = {}
-        #: Batch id → the id it was asked by, for the batches not final yet.
-        self.pending: dict[str, str] = {}
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("refreshing parked status requests failed", exc_info=task.exception())
-
-
-class Changes:
-    """Where long-polling status requests wait for their batches to be final.
-
-    A parked request registers the batches it still waits for. When a service
-    changes (:meth:`notify`), the batches waited for in it are read again —
-    once for every parked request together, in one query, one read at a time
-    (notifications arriving meanwhile are folded into the next read) — and
-    each request is handed its batches' new states and woken only when all of
-    its batches are final. So the work per change does not grow with the
-    number of parked requests, and a change wakes no request it does not
-    finish. Reads are at least :data:`REFRESH_INTERVAL_S` apart (an answer
-    may come that much later than the change), and only batches whose state
-    changed are handed out. At most ``max_waiters`` requests are parked (:meth:`park` raises
-    :class:`TooManyWaitersError` beyond).
-    """
-
-    def __init__(self, max_waiters: int = 1_000) -> None:
-        self.max_waiters = max_waiters
-        #: Reads batches by id (set by the API to its store's).
-        self.reader: BatchReader | None = None
-        #: Queries made to refresh parked requests.
-        self.reads = 0
-        self._parked: set[_Waiter] = set()
-        self._by_service: dict[str, dict[str, set[_Waiter]]] = {}
-        self._dirty: set[str] = set()
-        self._refresher: asyncio.Task[None] | None = None
-        self._last_read = 0.0
-        #: The state last handed out per watched batch.
-        self._seen: dict[str, tuple[Any, bool]] = {}
-
-    @property
-    def parked(self) -> int:
-        return len(self._parked)
-
-    def notify(self, service_id: str | None = None) -> None:
-        """A batch of ``service_id`` changed (``None``: any service)."""
-        if service_id is None:
-            self._dirty.update(self._by_service)
-        elif service_id in self._by_service:
-            self._dirty.add(service_id)
-        if self._dirty and self.reader is not None and self._refresher is None:
-            self._refresher = asyncio.get_running_loop().create_task(self._refresh())
-            self._refresher.add_done_callback(_log_failure)
-
-    @contextlib.contextmanager
-    def park(self) -> Iterator[_Waiter]:
-        if len(self._parked) >= self.max_waiters:
-            raise TooManyWaitersError
-        waiter = _Waiter()
-        self._parked.add(waiter)
-        try:
-            yield waiter
-        finally:
-            for batch_id in list(waiter.pending):
-                self._unwatch(waiter, waiter.found[waiter.pending[batch_id]])
-            self._parked.discard(waiter)
-
-    def watch(self, waiter: _Waiter, found: dict[str, TrackingBatch], ids: Sequence[str]) -> None:
-        """Wait for the batches ``found[i]`` of ``ids``; ``found`` is kept up to date.
-        Their services are read again at once: nothing changed since ``found``
-        was read is missed."""
-        waiter.found = found
-        for i in ids:
-            batch = found[i]
-            waiter.pending[batch.batch_id] = i
-            by_batch = self._by_service.setdefault(batch.service_id, {})
-            by_batch.setdefault(batch.batch_id, set()).add(waiter)
-            self.notify(batch.service_id)
-
-    def _unwatch(self, waiter: _Waiter, batch: TrackingBatch) -> None:
-        waiter.pending.pop(batch.batch_id, None)
-        by_batch = self._by_service.get(batch.service_id)
-        if by_batch is None:
-            return
-        waiters = by_batch.get(batch.batch_id)
-        if waiters is not None:
-            waiters.discard(waiter)
-            if not waiters:
-                del by_batch[batch.batch_id]
-                self._seen.pop(batch.batch_id, None)
-        if not by_batch:
-            del self._by_service[batch.service_id]
-
-    async def wait(self, waiter: _Waiter, timeout_s: float) -> None:
-        """Until every batch of ``waiter`` is final, or ``timeout_s``."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(waiter.event.wait(), timeout_s)
-
-    async def _refresh(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._dirty and self.reader is not None:
-                # Changes arriving meanwhile are folded into the next read.
-                await asyncio.sleep(max(0.0, self._last_read + REFRESH_INTERVAL_S - loop.time()))
-                self._last_read = loop.time()
-                services, self._dirty = self._dirty, set()
-                ids = [b for s in services for b in self._by_service.get(s, {})]
-                if not ids:
-                    continue
-                self.reads += 1
-                try:
-                    batches = await self.reader(ids)
-                except StoreError as exc:
-                    # Parked requests answer what they have when their wait ends.
-                    log.warning("cannot read batches for parked status requests: %s", exc)
-                    continue
-                for batch in batches:
-                    self._deliver(batch)
-        finally:
-            self._refresher = None
-
-    def _deliver(self, batch: TrackingBatch) -> None:
-        waiting = self._by_service.get(batch.service_id, {}).get(batch.batch_id)
-        if not waiting:
-            return
-        state = (batch.status_name, batch.submitted)
-        if self._seen.get(batch.batch_id) == state:
-            return  # unchanged since the last read: nothing to hand out
-        self._seen[batch.batch_id] = state
-        for waiter in list(waiting):
-            waiter.found[waiter.pending[batch.batch_id]] = batch
-            if batch.is_final:
-                self._unwatch(waiter, batch)
-                if not waiter.pending:
-                    waiter.event.set()
-
-    async def aclose(self) -> None:
-        refresher = self._refresher
-        if refresher is not None:
-            refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await refresher
+class _StatusQueueFull(Exception):
+    """``max_waiters`` status requests are waiting for a store read already."""
 
 
 def _lock_reason(s: ServiceInfo, strategy: str) -> str | None:
@@ -641,7 +488,11 @@ class GatewayApi:
         scope = scope_of(request)
         if service_id and not scope.covers(service_id):
             return _out_of_scope(scope, service_id, "read")
-        if self._status_queue >= self.changes.max_waiters:
+        try:
+            found = await self._status_read(ids, service_id, scope)
+            if wait_s > 0 and _pending(ids, found):
+                await self._wait_final(request, ids, found, wait_s, service_id, scope)
+        except _StatusQueueFull:
             return _error(
                 429,
                 "Too Many Requests",
@@ -649,17 +500,6 @@ class GatewayApi:
                 "too_many_status_requests",
                 headers={"Retry-After": "1"},
             )
-        try:
-            # A few status reads at a time: the store's connections stay free
-            # for the pipeline, whatever the number of status requests.
-            self._status_queue += 1
-            try:
-                async with self._status_reads:
-                    found = await self._read_map(ids, service_id, scope, lean=True)
-            finally:
-                self._status_queue -= 1
-            if wait_s > 0 and _pending(ids, found):
-                await self._wait_final(request, ids, found, wait_s)
         except TooManyWaitersError:
             return _error(
                 429,
@@ -699,23 +539,68 @@ class GatewayApi:
             )
         return [i.strip() for i in ids]
 
+    async def _status_read(
+        self, ids: Sequence[str], service_id: str | None, scope: Scope
+    ) -> dict[str, TrackingBatch]:
+        """What a status answer says of ``ids``: batches seen final by any
+        request come from the shared cache (:class:`~ledgerq.ingest.longpoll.FinalCache`),
+        the others from one store read — a few requests' reads at a time,
+        so the store's connections stay free for the pipeline whatever the
+        number of status requests (:class:`_StatusQueueFull` beyond
+        ``max_waiters`` waiting for theirs)."""
+        found: dict[str, TrackingBatch] = {}
+        final = self.changes.final
+        rest = []
+        for i in ids:
+            cached = final.get(i)
+            if cached is None:
+                rest.append(i)
+            elif (service_id is None or cached.service_id == service_id) and scope.covers(
+                cached.service_id
+            ):
+                found[i] = cached
+            # else: a final batch this request may not see, now as ever
+        if not rest:
+            return found
+        if self._status_queue >= self.changes.max_waiters:
+            raise _StatusQueueFull
+        self._status_queue += 1
+        try:
+            async with self._status_reads:
+                read = await self._read_map(rest, service_id, scope, lean=True)
+        finally:
+            self._status_queue -= 1
+        final.add_all(read.values())
+        found.update(read)
+        return found
+
     async def _wait_final(
         self,
         request: web.Request,
         ids: Sequence[str],
         found: dict[str, TrackingBatch],
         wait_s: float,
+        service_id: str | None,
+        scope: Scope,
     ) -> None:
-        """Park until every batch of ``ids`` is final or ``wait_s`` has passed
-        (``found`` is updated in place by :class:`Changes`); a client that goes
-        away ends the wait."""
-        with self.changes.park() as waiter:
+        """Park until no batch of ``ids`` is pending or ``wait_s`` has passed
+        (``found`` is updated in place by :class:`Changes`, module
+        :mod:`ledgerq.ingest.longpoll`); a client that goes away ends the
+        wait. A wait that runs out reads the ids not final again: the answer
+        is the store's, even if a wake-up was lost."""
+        with self.changes.park(service_id, scope) as waiter:
             stop_hearing = on_disconnect(request, waiter.event.set)
             try:
-                self.changes.watch(waiter, found, _pending(ids, found))
-                await self.changes.wait(waiter, wait_s)
+                self.changes.watch(
+                    waiter, found, _pending(ids, found), [i for i in ids if i not in found]
+                )
+                done = await self.changes.wait(waiter, wait_s)
             finally:
                 stop_hearing()
+        if not done:
+            open_ids = [i for i in ids if i not in found or not found[i].is_final]
+            with contextlib.suppress(StoreError, _StatusQueueFull):
+                found.update(await self._status_read(open_ids, service_id, scope))
 
     async def _read(self, ids: Sequence[str], service_id: str | None) -> list[TrackingBatch | None]:
         found = await self._read_map(ids, service_id)
