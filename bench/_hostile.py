@@ -35,6 +35,7 @@ import io
 import multiprocessing
 import os
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -81,6 +82,15 @@ class HostileReport:
     outcomes: dict[str, collections.Counter[str]] = field(
         default_factory=lambda: collections.defaultdict(collections.Counter)
     )
+
+    #: Every long-poll answer: (wall-clock time it came, seconds it took).
+    poll_log: list[tuple[float, float]] = field(default_factory=list)
+
+    def polls_between(self, began: float, ended: float) -> tuple[int, int]:
+        """Long-poll answers that came between two wall-clock times, and how
+        many of them within a second of asking (nothing to wait for)."""
+        within = [took for at, took in self.poll_log if began <= at <= ended]
+        return len(within), sum(1 for took in within if took < 1.0)
 
     def count(self, kind: str, outcome: str) -> None:
         self.outcomes[kind][outcome] += 1
@@ -162,6 +172,8 @@ class HostileLoad:
         self._session: aiohttp.ClientSession | None = None
         #: Set once every slow connection and long-poll has been opened once.
         self.started = asyncio.Event()
+        #: Every long-poll answer: (wall-clock time it came, seconds it took).
+        self.poll_log: list[tuple[float, float]] = []
         self._opened = 0
 
     async def start(self) -> None:
@@ -262,6 +274,7 @@ class HostileLoad:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 outcome = f"failed: {type(exc).__name__}"
             self.report.count("long-poll", outcome)
+            self.poll_log.append((time.time(), loop.time() - began))
             if outcome == "429" or loop.time() - began < 1.0:
                 await asyncio.sleep(1.0)
 
@@ -326,6 +339,9 @@ class FlowResult:
     elapsed_s: float
     batches: int
     report: HostileReport | None
+    #: Wall-clock times of the first POST and of the last batch final.
+    began: float = 0.0
+    ended: float = 0.0
 
     @property
     def batches_per_s(self) -> float:
@@ -355,7 +371,12 @@ def _run_load(
         started.set()
         await asyncio.to_thread(stop.wait)
         report = await load.stop()
-        out.put({kind: dict(outcomes) for kind, outcomes in report.outcomes.items()})
+        out.put(
+            (
+                {kind: dict(outcomes) for kind, outcomes in report.outcomes.items()},
+                load.poll_log,
+            )
+        )
 
     asyncio.run(main())
 
@@ -405,12 +426,12 @@ class LoadProcess:
     async def stop(self, timeout_s: float = 300) -> HostileReport:
         self._stop.set()
         try:
-            outcomes = await asyncio.to_thread(self._out.get, True, timeout_s)
+            outcomes, polls = await asyncio.to_thread(self._out.get, True, timeout_s)
         finally:
             await asyncio.to_thread(self._proc.join, 30)
             if self._proc.is_alive():
                 self._proc.kill()
-        report = HostileReport()
+        report = HostileReport(poll_log=polls)
         for kind, counts in outcomes.items():
             report.outcomes[kind].update(counts)
         return report
@@ -430,16 +451,17 @@ async def flow(
     if load is not None:
         await load.start(timeout_s)
     loop = asyncio.get_running_loop()
-    began = loop.time()
+    began, wall_began = loop.time(), time.time()
     await post_workload(urls, workload, token)
     total = len(workload.all_ids())
     counts = await asyncio.to_thread(wait_all_final, pg_url, total, timeout_s)
     elapsed = loop.time() - began
+    wall_ended = time.time()
     report = await load.stop() if load is not None else None
     final = sum(counts.get(s, 0) for s in ("Committed", "Valid", "Invalid"))
     if final < total:
         raise RuntimeError(f"only {final} of {total} batches final within {timeout_s} s: {counts}")
-    return FlowResult(elapsed, total, report)
+    return FlowResult(elapsed, total, report, wall_began, wall_ended)
 
 
 def claims_voided(logs: Sequence[str]) -> int:

@@ -77,6 +77,12 @@ def _phase(
                 problems = check_invariants(db, cluster.ledger.url, workload)
                 voided = claims_voided([g.log_path.read_text(errors="replace") for g in gateways])
                 summary = result.report.summary() if result.report is not None else ""
+                if result.report is not None:
+                    answered, at_once = result.report.polls_between(result.began, result.ended)
+                    summary += (
+                        f"; during the flow ({result.elapsed_s:.1f} s) {answered} long-poll "
+                        f"answers, {at_once} of them within a second of asking"
+                    )
                 if result.report is not None and result.report.unclear():
                     problems.append(f"unclear answers: {result.report.unclear()}")
                 return result.batches_per_s, summary, voided, problems
