@@ -470,41 +470,93 @@ async def test_the_next_cycle_comes_when_a_foreign_claim_can_expire(db: str) -> 
         assert (await b.cycle()).voided == ("busy",)
 
 
-async def test_services_voided_by_an_instance_at_its_share_are_taken_at_once(db: str) -> None:
-    # b and c both wake for a's expiry. c (below its share) runs its cycle while
-    # b's maintenance holds a's claim rows (c skips them); b, at its share,
-    # voids them and takes none. c's follow-up cycle, a tenth of an interval
-    # later, takes them — not c's next renewal a whole interval later.
+def winners(url: str, services: list[str], instances: list[str]) -> dict[str, str]:
+    """Each service's rendezvous winner among ``instances``, as claims.sql picks it."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT s, (SELECT i FROM unnest(%s::TEXT[]) AS i"
+            "           ORDER BY hashtext(s || '/' || i) DESC, i LIMIT 1)"
+            " FROM unnest(%s::TEXT[]) AS s",
+            (instances, services),
+        ).fetchall()
+    return {s: w for s, w in rows}
+
+
+async def test_survivors_split_a_dead_instances_claims_and_each_takes_its_part_at_once(
+    db: str,
+) -> None:
+    # b and c both wake for a's expiry. Each takes over, in its own
+    # maintenance, exactly the expired claims whose rendezvous winner it is
+    # (whatever its share, and whatever the other has locked meanwhile): the
+    # two never skip each other's rows, and nothing waits for a later cycle.
     clock = ManualClock(T0)
     a = manager(db, "a", clock)
     b = manager(db, "b", clock)
     c = manager(db, "c", clock)
+    theirs = [f"a{i:02d}" for i in range(40)]
     async with a, b, c:
+        await a.register_services(theirs)
+        await a.cycle()
         await b.register_services(["b1", "b2", "b3"])
         await b.cycle()
-        await a.register_services(["a1", "a2", "a3"])
-        await a.cycle()
         await c.cycle()
-        await b.cycle()
-        assert set(a.claimed_services()) == {"a1", "a2", "a3"}
-        assert set(b.claimed_services()) == {"b1", "b2", "b3"}
-        assert c.claimed_services() == frozenset()
+        await a.cycle()
+        assert a.claimed_services() == frozenset(theirs)
+        expected = winners(db, theirs, ["b", "c"])
+        assert set(expected.values()) == {"b", "c"}  # both get some (40 services)
         clock.advance(4_000)  # a stopped renewing; b and c renew
         await b.cycle()
         await c.cycle()
         assert b.next_expiry == c.next_expiry == T0 + 5_000
         clock.advance(1_001)  # a's lease has just passed
-        with psycopg.connect(db) as busy:  # b's maintenance, under way
-            busy.execute("SELECT 1 FROM service_id_claims WHERE claimant = 'a' FOR UPDATE")
-            assert (await c.cycle()).voided == ()
-        assert c.claimed_services() == frozenset()
+        gained: list[frozenset[str]] = []
+        c.add_listener(lambda g, _lost: gained.append(g))
+        with psycopg.connect(db) as busy:  # b's maintenance, under way, holds its part
+            busy.execute(
+                "SELECT 1 FROM service_id_claims WHERE service_id = ANY(%s) FOR UPDATE",
+                ([s for s, w in expected.items() if w == "b"],),
+            )
+            report = await c.cycle()
+        mine = {s for s, w in expected.items() if w == "c"}
+        assert set(report.voided) == mine
+        assert gained[0] == mine  # heard before the rest of the cycle ran
         report = await b.cycle()
-        assert set(report.voided) == {"a1", "a2", "a3"}
-        assert report.claimed == ()  # b holds its share (ceil(6 / 2) = 3)
-        assert c.pause_ms() == 100  # c looks again a tenth of an interval later
-        clock.advance(100)
-        assert set((await c.cycle()).claimed) == {"a1", "a2", "a3"}
-        assert c.pause_ms() == 1_000
+        assert set(report.voided) == {s for s, w in expected.items() if w == "b"}
+        owners = claimants(db)
+        assert {s: owners[s] for s in theirs} == expected
+        assert b.claimed_services() | c.claimed_services() >= set(theirs)
+
+
+async def test_a_dead_instances_claim_its_winner_leaves_falls_to_anyone(db: str) -> None:
+    # The rendezvous winner of an expired claim may itself be paused (lease
+    # still valid, no cycle). One renewal interval past the claim's second
+    # expiry any live instance takes it.
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    c = manager(db, "c", clock)
+    theirs = [f"a{i:02d}" for i in range(40)]
+    async with a, b, c:
+        await a.register_services(theirs)
+        await a.cycle()
+        await b.cycle()
+        await c.cycle()
+        expected = winners(db, theirs, ["b", "c"])
+        for_c = {s for s, w in expected.items() if w == "c"}
+        # a stops renewing; c renews once more and then stops running cycles
+        # (its lease stays valid for 5 s), b goes on.
+        clock.advance(4_000)
+        await b.cycle()
+        await c.cycle()
+        clock.advance(1_001)
+        report = await b.cycle()
+        assert set(report.voided) == set(theirs) - for_c
+        slow = a.settings.slow_ttl_ms
+        clock.advance(slow - 5_001 + a.settings.renew_interval_ms - 1)
+        assert (await b.cycle()).voided == ()  # c's part: c's lease is still valid
+        clock.advance(1)
+        assert set((await b.cycle()).voided) == for_c
+        assert set(claimants(db).values()) == {"b"}
 
 
 async def test_claim_rows_of_idle_services_are_forgotten_and_come_back(db: str) -> None:

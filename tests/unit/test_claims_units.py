@@ -72,8 +72,8 @@ def test_parse_queries_splits_on_name_headers() -> None:
 
 def test_every_claim_step_has_its_query() -> None:
     assert {
-        "void_candidates",
-        "void_expired",
+        "take_candidates",
+        "take_expired",
         "heartbeat",
         "claim_share",
         "hand_over_need",

@@ -1,22 +1,28 @@
 """Service claims: which gateway instance works on which service (PostgreSQL).
 
 Each instance runs one :class:`ClaimManager`. Every renewal period it runs a
-*claim cycle* of four steps, each its own short transaction:
+*claim cycle* of these steps, each its own short transaction:
 
-1. **maintenance** — void other instances' expired claims with the two-phase
-   rule: once the first expiry passed if the service has nothing
-   mid-submission (a batch marked submitted and not yet acknowledged by the
-   ledger: status None, Unknown or Delayed), once the second expiry passed
-   whatever it was doing; forget long-silent instances; now and then delete
-   the claim rows of services with nothing left to do;
-2. **renew** — the instance's own row: its heartbeat and its *lease*. A claim
+1. **take over** — other instances' expired claims, with the two-phase rule:
+   once the first expiry passed if the service has nothing mid-submission (a
+   batch marked submitted and not yet acknowledged by the ledger: status
+   None, Unknown or Delayed), once the second expiry passed whatever it was
+   doing. Each expired claim goes to one live instance, its *rendezvous
+   winner* (``claims.sql``), which voids it and claims it again in one
+   statement: survivors of a dead instance split its services between them
+   without contending for the same rows, each in one cycle, and the pipeline
+   hears of them as soon as that transaction commits;
+2. **maintenance** — when the next foreign claim may expire (the next cycle
+   comes then), forget long-silent instances; now and then delete the claim
+   rows of services with nothing left to do;
+3. **renew** — the instance's own row: its heartbeat and its *lease*. A claim
    expires at the later of its own expiry (set when it was taken) and its
    holder's lease, so this one row renews every claim the *database* says
    the instance holds (never what it remembers);
-3. **claim** — unclaimed services up to the fair share ``ceil(S/K)`` of S
+4. **claim** — unclaimed services up to the fair share ``ceil(S/K)`` of S
    services among K live instances (heartbeat within ``liveness_ms``), plus
    every service left unclaimed past ``grace_ms`` whatever the share;
-4. **hand over** — claims beyond the floor share ``floor(S/K)`` on services
+5. **hand over** — claims beyond the floor share ``floor(S/K)`` on services
    with nothing in flight, as many as instances below the floor share lack,
    so a newly started instance gets its share within a few periods; claims
    younger than ``liveness_ms`` stay, so nothing bounces between instances;
@@ -44,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -160,6 +167,8 @@ class ClaimManager:
         #: When the next clean-up of idle services' claim rows is due (ms).
         self._next_cleanup: int | None = None
         self._stopping = False
+        #: How late (s) the current cycle started against its schedule.
+        self._late_s = 0.0
 
     @property
     def instance_id(self) -> str:
@@ -215,9 +224,14 @@ class ClaimManager:
                 await self.cycle()
             except StoreError as exc:
                 log.warning("claim cycle of %s failed: %s", self.instance_id, exc)
+            pause = self.pause_ms() / 1000
+            began = time.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.pause_ms() / 1000)
+                await asyncio.wait_for(self._wake.wait(), timeout=pause)
+            woken = self._wake.is_set()
             self._wake.clear()
+            # How much later than asked the loop let the next cycle start.
+            self._late_s = 0.0 if woken else max(time.monotonic() - began - pause, 0.0)
 
     def pause_ms(self, now: int | None = None) -> int:
         """How long :meth:`run` waits before the next cycle.
@@ -291,7 +305,7 @@ class ClaimManager:
     # -- the claim cycle --------------------------------------------------
 
     async def cycle(self, now: int | None = None) -> CycleReport:
-        """Run maintenance, renew, claim and hand over once, at ``now``.
+        """Run take-over, maintenance, renew, claim and hand over once, at ``now``.
 
         Every step is attempted even when an earlier one failed (renewal
         matters most); the first failure is raised at the end.
@@ -301,15 +315,24 @@ class ClaimManager:
         errors: list[StoreError] = []
         self._follow_up = self.next_expiry is not None and now >= self.next_expiry
 
+        took: dict[str, float] = {}
+        started = time.monotonic()
+
         async def step(name: str, fn: Callable[[Conn], Awaitable[T]], default: T) -> T:
+            began = time.monotonic()
             try:
                 return await self._session.transact(name, fn)
             except StoreError as exc:
                 errors.append(exc)
                 return default
+            finally:
+                took[name] = time.monotonic() - began
 
         none: tuple[str, ...] = ()
-        voided = await step("maintenance", lambda c: self._maintain(c, now), none)
+        # Expired claims first, in a transaction of their own: the pipeline
+        # hears of them as soon as it commits.
+        voided = self._took_over(await step("take over", lambda c: self._take_over(c, now), []))
+        await step("maintenance", lambda c: self._maintain(c, now), None)
         forgotten = none
         if self._next_cleanup is None or now >= self._next_cleanup:
             forgotten = await step("clean-up", lambda c: self._clean_up(c, now), none)
@@ -321,9 +344,27 @@ class ClaimManager:
         if handed is not None:
             released, held = handed
             self._set_held(held)
+        self._log_slow_cycle(time.monotonic() - started, took, len(voided))
         if errors:
             raise errors[0]
         return CycleReport(now, voided, claimed, released, len(self._held.epochs), forgotten)
+
+    def _log_slow_cycle(self, total_s: float, took: Mapping[str, float], taken: int) -> None:
+        """A cycle longer than half a renewal interval is worth a line: it
+        delays failover (docs/ha.md, "Failover time") and, past an interval,
+        renewals."""
+        late = self._late_s
+        self._late_s = 0.0
+        if (total_s + late) * 1000 < self.settings.renew_interval_ms / 2:
+            return
+        log.info(
+            "claim cycle of %s took %.0f ms (%s; %d taken over), started %.0f ms late",
+            self.instance_id,
+            total_s * 1000,
+            ", ".join(f"{name} {s * 1000:.0f} ms" for name, s in took.items()),
+            taken,
+            late * 1000,
+        )
 
     async def release(self, now: int | None = None) -> tuple[str, ...]:
         """Give back every claim and leave the live set (clean shutdown)."""
@@ -386,26 +427,58 @@ class ClaimManager:
 
     # -- the steps ---------------------------------------------------------
 
-    async def _maintain(self, conn: Conn, now: int) -> tuple[str, ...]:
+    async def _take_over(self, conn: Conn, now: int) -> list[Row]:
         fetch = self._session.fetch
-        rows: list[Row] = []
-        # The first statement locks what may be void; the second decides on
-        # a snapshot taken once those rows are locked (see claims.sql).
-        candidates = [r["service_id"] for r in await fetch(conn, "void_candidates", now=now)]
-        if candidates:
-            rows = await fetch(conn, "void_expired", now=now, service_ids=candidates)
-        (nxt,) = await fetch(conn, "next_foreign_expiry", now=now)
+        # The first statement locks what may be taken over; the second decides
+        # on a snapshot taken once those rows are locked (see claims.sql).
+        candidates = [
+            r["service_id"]
+            for r in await fetch(
+                conn, "take_candidates", now=now, fallback_ms=self.settings.renew_interval_ms
+            )
+        ]
+        if not candidates:
+            return []
+        return await fetch(conn, "take_expired", now=now, service_ids=candidates, **self._ttls())
+
+    async def _maintain(self, conn: Conn, now: int) -> None:
+        (nxt,) = await self._session.fetch(conn, "next_foreign_expiry", now=now)
         self.next_expiry = nxt["at"]
         await self._session.execute(
             conn, "forget_instances", now=now, forget_ms=self.settings.forget_instance_ms
         )
+
+    def _took_over(self, rows: list[Row]) -> tuple[str, ...]:
+        """Log the claims maintenance took over and hold them at once.
+
+        The pipeline hears of them now, not after the rest of the cycle
+        (renewal, claiming, hand-over): a dead instance's services resume
+        sooner. They are held under the lease as last read, which the new
+        claims outlast (their own expiry was set just now).
+        """
+        if not rows:
+            return ()
+        by_holder: dict[tuple[str, bool], int] = {}
         for r in rows:
+            key = (r["previous_claimant"], bool(r["slow_path"]))
+            by_holder[key] = by_holder.get(key, 0) + 1
+        for (holder, slow), n in sorted(by_holder.items()):
+            # One line per holder and path, not per service (thousands at
+            # once when an instance dies); "voided claim" is what tools grep.
             log.info(
-                "voided claim on %s held by %s (%s path)",
-                r["service_id"],
-                r["previous_claimant"],
-                "slow" if r["slow_path"] else "fast",
+                "voided claim(s) on %d services held by %s (%s path), taken over",
+                n,
+                holder,
+                "slow" if slow else "fast",
             )
+        if log.isEnabledFor(logging.DEBUG):
+            for r in rows:
+                log.debug("took over %s from %s", r["service_id"], r["previous_claimant"])
+        held = self._held
+        if held.lease is not None:
+            epochs = dict(held.epochs)
+            epochs.update({r["service_id"]: r["epoch"] for r in rows})
+            self._set_held(_Held.of(epochs, held.lease))
         return tuple(sorted(r["service_id"] for r in rows))
 
     async def _clean_up(self, conn: Conn, now: int) -> tuple[str, ...]:

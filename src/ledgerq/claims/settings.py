@@ -3,9 +3,9 @@
 All durations are integer milliseconds. The defaults aim at failover within
 seconds on a LAN next to PostgreSQL:
 
-* ``renew_interval_ms`` (1 s): one claim cycle (maintenance, renew, claim,
-  hand over) per interval. Each cycle is four short transactions on a small
-  table, so the database load is about four statements a second per instance.
+* ``renew_interval_ms`` (1 s): one claim cycle (take-over, maintenance,
+  renew, claim, hand over) per interval. Each cycle is five short
+  transactions on small tables, about ten statements a second per instance.
 * ``claim_ttl_ms`` (5 s), the first expiry: a holder that has not renewed for
   this long, and has nothing mid-submission on the service, loses the claim
   (fast path). Failover of an idle or between-batches service therefore takes

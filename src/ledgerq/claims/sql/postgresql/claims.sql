@@ -13,35 +13,58 @@
 -- taken) and its holder's lease (gateway_instances.expiry_1/2, renewed by
 -- every heartbeat): greatest() ignores a NULL lease.
 
--- name: void_candidates
--- Maintenance, first statement: lock the claims of other instances whose
+-- name: take_candidates
+-- Take-over, first statement: lock the claims of other instances whose
 -- lease and own first expiry passed, and the holder's row (share: its
 -- renewal waits until this transaction ends; an instance renewing right now
--- is skipped).
+-- is skipped) -- only those that fall to this instance. Each expired claim
+-- goes to its rendezvous winner: of the instances whose lease is valid, the
+-- one with the highest hashtext(service || '/' || instance). Every live
+-- instance computes the same split (a dead holder's lease has passed for all
+-- of them), so survivors waking for the same expiry lock disjoint rows and
+-- none skips the rows another is taking. A claim its winner left alone for a
+-- renewal interval past its second expiry (the winner is paused or lagging)
+-- falls to anyone. This instance counts among the live ones whatever its
+-- lease (it renews in this cycle; the claims it takes carry their own
+-- expiry): one whose lease lapsed while it was paused may take what another
+-- takes too, and the second statement's re-check makes the later one a no-op.
+WITH live AS (
+    SELECT instance_id FROM gateway_instances WHERE expiry_1 > %(now)s
+    UNION
+    SELECT %(me)s::TEXT
+)
 SELECT c.service_id
 FROM gateway_instances AS i
 JOIN service_id_claims AS c ON c.claimant = i.instance_id
 WHERE i.instance_id <> %(me)s
   AND coalesce(i.expiry_1, 0) <= %(now)s
   AND c.expiry_1 <= %(now)s
+  AND (
+        greatest(c.expiry_2, i.expiry_2) <= %(now)s - %(fallback_ms)s
+     OR (SELECT l.instance_id FROM live AS l
+         ORDER BY hashtext(c.service_id || '/' || l.instance_id) DESC, l.instance_id
+         LIMIT 1) = %(me)s
+  )
 ORDER BY c.service_id
 FOR UPDATE OF c SKIP LOCKED
 FOR SHARE OF i SKIP LOCKED;
 
--- name: void_expired
--- Maintenance, second statement (a new snapshot, taken once the rows are
--- locked, so it sees every write that committed before): void those claims
--- once past the second expiry, or past the first when the service has nothing
--- mid-submission (a batch marked submitted that the ledger has not
--- acknowledged: status None, or Unknown/Delayed being resubmitted). Pending
--- batches do not hold a claim: the ledger has them and the next holder's
--- monitor follows them.
+-- name: take_expired
+-- Take-over, second statement (a new snapshot, taken once the rows are
+-- locked, so it sees every write that committed before): take those claims
+-- over -- void and claimed again by this instance in one statement, with a
+-- new epoch -- once past the second expiry, or past the first when the
+-- service has nothing mid-submission (a batch marked submitted that the
+-- ledger has not acknowledged: status None, or Unknown/Delayed being
+-- resubmitted). Pending batches do not hold a claim: the ledger has them and
+-- the new holder's monitor follows them.
 UPDATE service_id_claims AS c
-SET claimant = NULL,
-    expiry_1 = NULL,
-    expiry_2 = NULL,
-    claimed_at = NULL,
-    unclaimed_since = %(now)s,
+SET claimant = %(me)s,
+    epoch = nextval('service_id_claims_epoch_seq'),
+    expiry_1 = %(now)s + %(ttl_ms)s,
+    expiry_2 = %(now)s + %(slow_ttl_ms)s,
+    claimed_at = %(now)s,
+    unclaimed_since = NULL,
     updated_at = %(now)s
 FROM service_id_claims AS old
 JOIN gateway_instances AS i ON i.instance_id = old.claimant
@@ -59,7 +82,7 @@ WHERE old.service_id = c.service_id
                AND NOT b.final
                AND (b.status IS NULL OR b.status IN ('Unknown', 'Delayed')))
   )
-RETURNING c.service_id, old.claimant AS previous_claimant,
+RETURNING c.service_id, c.epoch, old.claimant AS previous_claimant,
           greatest(old.expiry_2, i.expiry_2) <= %(now)s AS slow_path;
 
 -- name: next_foreign_expiry
