@@ -4,6 +4,7 @@ release, retries. Time moves through an injected clock; nothing sleeps."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import psycopg
 import psycopg.errors
@@ -432,15 +433,27 @@ async def test_run_cycles_until_stopped_and_wake_runs_a_cycle_early(db: str) -> 
         db, "a", clock, renew_interval_ms=600_000, claim_ttl_ms=1_200_000, slow_ttl_ms=1_200_000
     )
     changes: asyncio.Queue[frozenset[str]] = asyncio.Queue()
-    a.add_listener(lambda gained, _lost: changes.put_nowait(gained))
+    heard_on: list[tuple[threading.Thread, asyncio.AbstractEventLoop]] = []
+
+    def listener(gained: frozenset[str], _lost: frozenset[str]) -> None:
+        heard_on.append((threading.current_thread(), asyncio.get_running_loop()))
+        changes.put_nowait(gained)
+
+    a.add_listener(listener)
     async with a:
         task = asyncio.create_task(a.run())
         await a.register_services(["s1"])  # registering wakes the loop as well
         assert await asyncio.wait_for(changes.get(), 30) == {"s1"}
         await a.register_services(["s2"])
         assert await asyncio.wait_for(changes.get(), 30) == {"s2"}
+        # The cycles ran on the claim thread, the listeners on this loop.
+        assert a._thread is not None and a._thread is not threading.current_thread()
+        assert heard_on == [(threading.current_thread(), asyncio.get_running_loop())] * 2
+        assert a.fence_for("s2") is not None
         a.stop()
         await asyncio.wait_for(task, 30)
+    assert not a._thread.is_alive()
+    assert a.claimed_services() == frozenset()  # released on close
 
 
 async def test_the_next_cycle_comes_when_a_foreign_claim_can_expire(db: str) -> None:

@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -160,6 +161,12 @@ class ClaimManager:
         self._session = ClaimSession(url, self.settings)
         self._held = _NOTHING
         self._wake = asyncio.Event()
+        #: The loop :meth:`run` was called on (listeners are called there),
+        #: and the claim thread's loop, session and thread while it runs.
+        self._home: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread_session: ClaimSession | None = None
+        self._thread: threading.Thread | None = None
         #: When the next foreign claim may expire (ms); run() wakes up for it.
         self.next_expiry: int | None = None
         #: The last cycle ran for a foreign expiry: the next one comes sooner.
@@ -167,6 +174,8 @@ class ClaimManager:
         #: When the next clean-up of idle services' claim rows is due (ms).
         self._next_cleanup: int | None = None
         self._stopping = False
+        self._ended_retries = 0
+        self._ended_deadlocks = 0
         #: How late (s) the current cycle started against its schedule.
         self._late_s = 0.0
 
@@ -177,12 +186,31 @@ class ClaimManager:
     @property
     def retries(self) -> int:
         """Transactions retried after a serialization failure or deadlock."""
-        return self._session.retries
+        return self._session.retries + self._thread_retries
 
     @property
     def deadlocks(self) -> int:
         """Deadlocks PostgreSQL reported to this manager's transactions."""
-        return self._session.deadlocks
+        return self._session.deadlocks + self._thread_deadlocks
+
+    @property
+    def _thread_retries(self) -> int:
+        session = self._thread_session
+        return self._ended_retries + (session.retries if session is not None else 0)
+
+    @property
+    def _thread_deadlocks(self) -> int:
+        session = self._thread_session
+        return self._ended_deadlocks + (session.deadlocks if session is not None else 0)
+
+    @property
+    def _cs(self) -> ClaimSession:
+        """The session of the claim cycle: the claim thread's own connection
+        while :meth:`run` runs there, the caller's otherwise."""
+        session = self._thread_session
+        if session is not None and threading.current_thread() is self._thread:
+            return session
+        return self._session
 
     # -- lifecycle --------------------------------------------------------
 
@@ -195,6 +223,10 @@ class ClaimManager:
     async def close(self) -> None:
         """Release every claim (best effort) and close the connection."""
         self.stop()
+        thread = self._thread
+        if thread is not None:
+            # Its last cycle must end before the claims are given back.
+            await asyncio.to_thread(thread.join, self.settings.db_timeout_ms * 4 / 1000)
         try:
             await self.release()
         except StoreError as exc:
@@ -204,11 +236,19 @@ class ClaimManager:
     def stop(self) -> None:
         """Make :meth:`run` return after the current cycle."""
         self._stopping = True
-        self._wake.set()
+        self._set_wake()
 
     def wake(self) -> None:
         """Run the next cycle now (e.g. when a new service appeared)."""
-        self._wake.set()
+        self._set_wake()
+
+    def _set_wake(self) -> None:
+        loop = self._loop
+        if loop is None or threading.current_thread() is self._thread:
+            self._wake.set()
+            return
+        with contextlib.suppress(RuntimeError):  # the claim thread's loop closed
+            loop.call_soon_threadsafe(self._wake.set)
 
     def set_address(self, address: str | None) -> None:
         """Where this instance's API listens; written with the next heartbeat."""
@@ -218,20 +258,64 @@ class ClaimManager:
         self._listeners.append(listener)
 
     async def run(self) -> None:
-        """Run a claim cycle every ``renew_interval_ms`` until :meth:`stop`."""
-        while not self._stopping:
-            try:
-                await self.cycle()
-            except StoreError as exc:
-                log.warning("claim cycle of %s failed: %s", self.instance_id, exc)
-            pause = self.pause_ms() / 1000
-            began = time.monotonic()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=pause)
-            woken = self._wake.is_set()
-            self._wake.clear()
-            # How much later than asked the loop let the next cycle start.
-            self._late_s = 0.0 if woken else max(time.monotonic() - began - pause, 0.0)
+        """Run a claim cycle every ``renew_interval_ms`` until :meth:`stop`.
+
+        The cycles run on a thread of their own, with their own event loop and
+        connection: on a gateway whose loop is busy with submissions, every
+        round trip of a cycle waited for the loop (a single-row renewal took
+        up to a second on a loaded 2-core machine, and taking over a dead
+        instance's services came that much later). The state the gateway
+        reads (:meth:`held`, :meth:`fence_for`, …) is replaced whole by the
+        thread; listeners are called on the loop that called ``run``.
+        """
+        if self._thread is not None:
+            raise RuntimeError("ClaimManager.run() is already running")
+        self._home = asyncio.get_running_loop()
+        thread = threading.Thread(
+            target=self._thread_main,
+            name=f"claims-{self.instance_id}"[:64],
+            daemon=True,
+        )
+        self._thread = thread
+        thread.start()
+        try:
+            while thread.is_alive():
+                await asyncio.to_thread(thread.join, 0.5)
+        finally:
+            # Cancelled (the gateway stopping): end the thread's loop too;
+            # close() waits for it before giving the claims back.
+            self.stop()
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._run_cycles())
+        except Exception:  # pragma: no cover - a bug; the claims lapse, others take over
+            log.exception("the claim thread of %s failed", self.instance_id)
+
+    async def _run_cycles(self) -> None:
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        session = self._thread_session = ClaimSession(self.url, self.settings)
+        try:
+            while not self._stopping:
+                try:
+                    await self.cycle()
+                except StoreError as exc:
+                    log.warning("claim cycle of %s failed: %s", self.instance_id, exc)
+                pause = self.pause_ms() / 1000
+                began = time.monotonic()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=pause)
+                woken = self._wake.is_set()
+                self._wake.clear()
+                # How much later than asked the loop let the next cycle start.
+                self._late_s = 0.0 if woken else max(time.monotonic() - began - pause, 0.0)
+        finally:
+            self._loop = None
+            self._ended_retries += session.retries
+            self._ended_deadlocks += session.deadlocks
+            self._thread_session = None
+            await session.drop()
 
     def pause_ms(self, now: int | None = None) -> int:
         """How long :meth:`run` waits before the next cycle.
@@ -321,7 +405,7 @@ class ClaimManager:
         async def step(name: str, fn: Callable[[Conn], Awaitable[T]], default: T) -> T:
             began = time.monotonic()
             try:
-                return await self._session.transact(name, fn)
+                return await self._cs.transact(name, fn)
             except StoreError as exc:
                 errors.append(exc)
                 return default
@@ -428,7 +512,7 @@ class ClaimManager:
     # -- the steps ---------------------------------------------------------
 
     async def _take_over(self, conn: Conn, now: int) -> list[Row]:
-        fetch = self._session.fetch
+        fetch = self._cs.fetch
         # The first statement locks what may be taken over; the second decides
         # on a snapshot taken once those rows are locked (see claims.sql).
         candidates = [
@@ -442,9 +526,9 @@ class ClaimManager:
         return await fetch(conn, "take_expired", now=now, service_ids=candidates, **self._ttls())
 
     async def _maintain(self, conn: Conn, now: int) -> None:
-        (nxt,) = await self._session.fetch(conn, "next_foreign_expiry", now=now)
+        (nxt,) = await self._cs.fetch(conn, "next_foreign_expiry", now=now)
         self.next_expiry = nxt["at"]
-        await self._session.execute(
+        await self._cs.execute(
             conn, "forget_instances", now=now, forget_ms=self.settings.forget_instance_ms
         )
 
@@ -483,7 +567,7 @@ class ClaimManager:
 
     async def _clean_up(self, conn: Conn, now: int) -> tuple[str, ...]:
         params = {"now": now, "forget_ms": self.settings.forget_service_ms}
-        fetch = self._session.fetch
+        fetch = self._cs.fetch
         idle = [
             r["service_id"]
             for r in await fetch(conn, "idle_candidates", limit=CLEANUP_LIMIT, **params)
@@ -496,12 +580,10 @@ class ClaimManager:
         return tuple(sorted(r["service_id"] for r in rows))
 
     async def _renew(self, conn: Conn, now: int) -> None:
-        await self._session.execute(
-            conn, "heartbeat", now=now, address=self._address, **self._ttls()
-        )
+        await self._cs.execute(conn, "heartbeat", now=now, address=self._address, **self._ttls())
 
     async def _claim(self, conn: Conn, now: int) -> tuple[str, ...]:
-        rows = await self._session.fetch(
+        rows = await self._cs.fetch(
             conn,
             "claim_share",
             now=now,
@@ -512,7 +594,7 @@ class ClaimManager:
         return tuple(sorted(r["service_id"] for r in rows))
 
     async def _hand_over(self, conn: Conn, now: int) -> tuple[tuple[str, ...], _Held]:
-        fetch = self._session.fetch
+        fetch = self._cs.fetch
         liveness = self.settings.effective_liveness_ms
         (need,) = await fetch(conn, "hand_over_need", now=now, liveness_ms=liveness)
         released: list[Row] = []
@@ -537,12 +619,12 @@ class ClaimManager:
 
     async def _read_held(self, conn: Conn) -> _Held:
         """What the database says this instance holds; read in full only when it changed."""
-        (digest,) = await self._session.fetch(conn, "held_digest")
+        (digest,) = await self._cs.fetch(conn, "held_digest")
         lease = digest["lease"]
         known = self._held
         if digest["n"] == len(known.epochs) and digest["epochs"] == known.epoch_sum:
             return _Held(known.epochs, lease, known.services, known.epoch_sum)
-        rows = await self._session.fetch(conn, "held")
+        rows = await self._cs.fetch(conn, "held")
         return _Held.of({r["service_id"]: r["epoch"] for r in rows}, lease)
 
     def _ttls(self) -> dict[str, int]:
@@ -552,9 +634,15 @@ class ClaimManager:
         before, after = self._held.services, held.services
         self._held = held
         gained, lost = after - before, before - after
-        if gained or lost:
-            for listener in self._listeners:
+        if not (gained or lost):
+            return
+        home = self._home
+        for listener in self._listeners:
+            if home is None or threading.current_thread() is not self._thread:
                 listener(gained, lost)
+            else:
+                with contextlib.suppress(RuntimeError):  # the home loop closed
+                    home.call_soon_threadsafe(listener, gained, lost)
 
     async def _connection(self) -> Conn:
         """The claim session's connection (tests drop it to see it replaced)."""
