@@ -14,14 +14,27 @@ state of the node is copied into it) and stops with
 
 Refusals are the same either way: the codec's
 :class:`~ledgerq.errors.InvalidBatchError`, raised in the caller.
+
+The decoded batches cross back pickled. The codec's frozen slotted
+dataclasses pickle through ``dataclasses``' generic ``__getstate__`` and
+``__setstate__``, which look up the fields of every object (about 20 µs
+per transaction each way, measured); this module registers reducers that
+pickle them as their constructor's arguments instead (about half of it),
+in the node's process and in the workers, which import it to run
+:func:`_decode`.
 """
 
 from __future__ import annotations
 
+import copyreg
+import dataclasses
+import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ledgerq.codec import DEFAULT_MAX_BYTES, ParsedBatch, decode_batch_list
+from ledgerq.codec.parsed import ParsedTransaction, TransactionHeader
 from ledgerq.procpool import WorkerPool
 
 #: Bodies at least this large go to the pool (about 40 single-transaction batches).
@@ -58,3 +71,16 @@ class BatchDecoder:
 
 def _decode(body: bytes, max_bytes: int) -> Sequence[ParsedBatch]:
     return decode_batch_list(body, max_bytes=max_bytes)
+
+
+def _reducer(cls: type) -> Callable[[Any], tuple[type, tuple[Any, ...]]]:
+    values = operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))
+
+    def reduce(obj: Any) -> tuple[type, tuple[Any, ...]]:
+        return cls, values(obj)
+
+    return reduce
+
+
+for _cls in (ParsedBatch, ParsedTransaction, TransactionHeader):
+    copyreg.pickle(_cls, _reducer(_cls))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from ledgerq.codec import Signer, decode_batch_list, encode_batch_list
@@ -30,3 +32,12 @@ async def test_large_bodies_are_verified_in_the_pool_with_the_same_outcome() -> 
         assert list(await BatchDecoder(pool_bytes=10**6).decode(small)) == batches[:1]
     finally:
         decoder.close()
+
+
+def test_decoded_batches_pickle_back_equal() -> None:
+    signer = Signer.generate()
+    batches = [
+        make_intkey_batch(signer, [("set", f"p{i}", i), ("inc", f"p{i}", 1)]) for i in range(3)
+    ]
+    parsed = decode_batch_list(encode_batch_list(batches))
+    assert pickle.loads(pickle.dumps(parsed)) == parsed
