@@ -35,6 +35,7 @@ from ledgerq.node.committed import CommittedView
 from ledgerq.node.datadir import DataDirLock, lock_data_dir
 from ledgerq.node.disk import CommitRecord, LmdbStore, MemoryStore, Store
 from ledgerq.node.families import FamilyRegistry, default_registry
+from ledgerq.node.idfilter import DEFAULT_BLOCKS
 from ledgerq.node.journal import Journal, Record
 from ledgerq.node.ordering.machine import OrderingMachine
 from ledgerq.node.ordering.messages import (
@@ -76,6 +77,7 @@ class Node:
         replay_limit: int,
         dedupe_window: int,
         store_interval_s: float,
+        filter_blocks: int,
         clock: Clock,
         registry: FamilyRegistry,
     ) -> None:
@@ -88,7 +90,7 @@ class Node:
         self._lock: DataDirLock | None = None
         store: Store
         if data_dir is not None:
-            store = LmdbStore(data_dir / "store")
+            store = LmdbStore(data_dir / "store", filter_blocks=filter_blocks)
             import_snapshot(data_dir, store)
         else:
             store = MemoryStore()
@@ -161,6 +163,7 @@ class Node:
         max_held: int = 10_000,
         held_expiry_s: float = 300.0,
         max_waiters: int = 10_000,
+        filter_blocks: int = DEFAULT_BLOCKS,
         clock: Clock = now_ms,
         registry: FamilyRegistry | None = None,
     ) -> Node:
@@ -182,6 +185,7 @@ class Node:
                 replay_limit=replay_limit,
                 dedupe_window=dedupe_window,
                 store_interval_s=store_interval_s,
+                filter_blocks=filter_blocks,
                 clock=clock,
                 registry=registry or default_registry(),
             )

@@ -37,6 +37,10 @@ MAX_NAME = 64
 _TYPES = {COMMITTED: "Committed", INVALID: "Invalid", PENDING: "Pending"}
 
 
+#: Key filter blocks of a scabbard service's node (1 MiB; see ``ledgerq.node.idfilter``).
+SCABBARD_FILTER_BLOCKS = 1 << 14
+
+
 class ScabbardServices:
     """Nodes by service id, opened on demand, capped, closed when idle."""
 
@@ -50,6 +54,8 @@ class ScabbardServices:
         **node_options: Any,
     ) -> None:
         self._data_dir = data_dir
+        # Many of them may be open: a key filter of 1 MiB each, not the main node's 16.
+        node_options.setdefault("filter_blocks", SCABBARD_FILTER_BLOCKS)
         self._options = node_options
         self._nodes: dict[str, Node] = {}
         self._used: dict[str, float] = {}
