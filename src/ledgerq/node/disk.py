@@ -15,16 +15,23 @@ database    key                          value
 ``batches`` batch id (64 bytes)          block number, fingerprint, outcome
 ``txns``    transaction id (64 bytes)    block number, index in its batch
 ``blocks``  block number (8 bytes, BE)   CBOR ``[batch id, outcome, batch, writes]``
-``filter``  block index (4 bytes, BE)    64 bytes of the key filter
+``filter``  chunk number (4 bytes, BE)   64 KiB of the key filter
 ==========  ===========================  =========================================
 
-The ``filter`` database holds a :class:`~ledgerq.node.idfilter.KeyFilter` of
-every batch id, transaction id and address stored: a lookup of a key never
-stored (every new batch and transaction, every new name) is answered from
-memory, without a read of the store. A write puts the filter blocks it
-changed in its own transaction, so the stored filter covers the stored keys
-after any crash. A store written before the filter existed gets one, built
-from its keys, the first time it is opened.
+The ``filter`` database holds a checkpoint of the
+:class:`~ledgerq.node.idfilter.KeyFilter` of every batch id, transaction id
+and address stored: a lookup of a key never stored (every new batch and
+transaction, every new name) is answered from memory, without a read of the
+store. The filter lives in memory; a write adds its keys to it and, once
+``FILTER_CHECKPOINT`` blocks were written since the last checkpoint, puts
+the chunks that changed since, with the block number they cover
+(``filter_through`` in ``meta``), in the same transaction. Opening the
+store loads the checkpoint and adds the keys of the blocks after it (read in
+order from ``blocks``), so the filter covers every stored key after any
+crash. A store written before the filter existed gets one, built from its
+keys, the first time it is opened. (Putting the changed filter blocks in
+every write, as first done, rewrote most of the filter's pages at each
+write: about 10 MiB per store transaction.)
 
 :meth:`LmdbStore.write` applies one group of commits, and moves ``applied``,
 in **one** LMDB transaction: a commit and its state changes reach the store
@@ -62,6 +69,11 @@ _BATCH = struct.Struct(">QqqB")  # block, fingerprint (batch, tx; -1: none), out
 _TXN = struct.Struct(">QH")
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
+#: Bytes per stored chunk of the key filter.
+FILTER_CHUNK = 64 * 1024
+#: Blocks written between two checkpoints of the key filter (what an open reads again).
+FILTER_CHECKPOINT = 20_000
+_BLOCKS_PER_CHUNK = FILTER_CHUNK // BLOCK_BYTES
 _COMMITTED, _INVALID = 0, 1
 #: Virtual size of the memory map (LMDB's ceiling for the file, not memory used).
 DEFAULT_MAP_SIZE = 256 << 30
@@ -287,34 +299,51 @@ class LmdbStore:
         self._pages = MappedPages(path / "data.mdb")
 
     def _load_filter(self, blocks: int) -> KeyFilter:
-        """The stored key filter; built from the stored keys if there is none (or one
-        of another size)."""
+        """The key filter: its checkpoint plus the blocks after it; built from the
+        stored keys if there is none (or one of another size)."""
+        keys = KeyFilter(blocks)
+        self._filter_dirty: set[int] = set()
         with self._env.begin() as txn:
             found = txn.get(b"filter_blocks", db=self._meta)
-            if found is not None and _U64.unpack(found)[0] == blocks:
-                keys = KeyFilter(blocks)
+            through = txn.get(b"filter_through", db=self._meta)
+            if found is not None and through is not None and _U64.unpack(found)[0] == blocks:
                 for key, value in txn.cursor(db=self._filter_db):
-                    keys.set_block(_U32.unpack(key)[0], bytes(value))
+                    keys.set_chunk(_U32.unpack(key)[0] * FILTER_CHUNK, bytes(value))
+                self._filter_through = _U64.unpack(through)[0]
+                cursor = txn.cursor(db=self._blocks)
+                if cursor.set_range(_U64.pack(self._filter_through + 1)):
+                    for key, value in cursor:
+                        record = decode_block(_U64.unpack(key)[0], bytes(value))
+                        self._add_keys(keys, record)
+                        self._filter_through = record.num
                 return keys
-        keys = KeyFilter(blocks)
         with self._env.begin(write=True) as txn:
-            txn.drop(self._filter_db, delete=False)
             for db in (self._batches, self._txns, self._state):
                 for key in txn.cursor(db=db).iternext(values=False):
                     keys.add(bytes(key))
-            self._put_blocks(txn, keys, range(blocks), skip_empty=True)
+            events = txn.get(b"events", db=self._meta)
+            self._filter_through = 0 if events is None else _U64.unpack(events)[0]
+            self._checkpoint_filter(txn, keys, everything=True)
             txn.put(b"filter_blocks", _U64.pack(blocks), db=self._meta)
         return keys
 
-    def _put_blocks(
-        self, txn: Any, keys: KeyFilter, blocks: Iterable[int], *, skip_empty: bool = False
-    ) -> None:
-        empty = bytes(BLOCK_BYTES)
-        for index in sorted(blocks):
-            value = keys.block(index)
-            if skip_empty and value == empty:
-                continue
-            txn.put(_U32.pack(index), value, db=self._filter_db)
+    def _add_keys(self, keys: KeyFilter, record: CommitRecord) -> None:
+        dirty = self._filter_dirty
+        dirty.add(keys.add(bytes.fromhex(record.batch_id)) // _BLOCKS_PER_CHUNK)
+        if isinstance(record.status, str) and record.status != INVALID:
+            for tid in record.tx_ids:
+                dirty.add(keys.add(bytes.fromhex(tid)) // _BLOCKS_PER_CHUNK)
+            for address, _ in record.writes:
+                dirty.add(keys.add(bytes.fromhex(address)) // _BLOCKS_PER_CHUNK)
+
+    def _checkpoint_filter(self, txn: Any, keys: KeyFilter, *, everything: bool = False) -> None:
+        """Put the filter's chunks changed since the last checkpoint (in ``txn``)."""
+        chunks = len(keys.bits) // FILTER_CHUNK or 1
+        size = min(FILTER_CHUNK, len(keys.bits))
+        for index in range(chunks) if everything else sorted(self._filter_dirty):
+            txn.put(_U32.pack(index), keys.chunk(index * size, size), db=self._filter_db)
+        txn.put(b"filter_through", _U64.pack(self._filter_through), db=self._meta)
+        self._filter_dirty.clear()
 
     def _refresh(self) -> None:
         """See the latest write (a read transaction is a snapshot)."""
@@ -387,7 +416,7 @@ class LmdbStore:
     # --- writing (a thread) -------------------------------------------------------
 
     def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
-        keys, changed = self._filter, set()
+        keys = self._filter
         with self._env.begin(write=True) as txn:
             state, batches, txns, blocks = self._state, self._batches, self._txns, self._blocks
             last = None
@@ -401,24 +430,21 @@ class LmdbStore:
                 )
                 if invalid:
                     value += cbor2.dumps(invalid)
-                key = bytes.fromhex(record.batch_id)
-                txn.put(key, value, db=batches)
-                changed.add(keys.add(key))
+                txn.put(bytes.fromhex(record.batch_id), value, db=batches)
                 txn.put(_U64.pack(record.num), encode_block(record), db=blocks, append=True)
                 if kind == _COMMITTED:
                     for index, tid in enumerate(record.tx_ids):
-                        key = bytes.fromhex(tid)
-                        txn.put(key, _TXN.pack(record.num, index), db=txns)
-                        changed.add(keys.add(key))
+                        txn.put(bytes.fromhex(tid), _TXN.pack(record.num, index), db=txns)
                     for address, datum in record.writes:
-                        key = bytes.fromhex(address)
-                        txn.put(key, datum, db=state)
-                        changed.add(keys.add(key))
+                        txn.put(bytes.fromhex(address), datum, db=state)
+                # Before the commit: the filter may hold more than the store, never less.
+                self._add_keys(keys, record)
                 # A batch id and its transactions' ids and addresses: a random page each.
                 pages.touch(1 + len(record.tx_ids) + len(record.writes))
-            # The filter's changed blocks, with the keys that changed them.
-            self._put_blocks(txn, keys, changed)
-            pages.touch(len(changed) // 16)
+            if last is not None and last - self._filter_through >= FILTER_CHECKPOINT:
+                self._filter_through = last
+                pages.touch(len(self._filter_dirty))
+                self._checkpoint_filter(txn, keys)
             meta = self._meta
             txn.put(b"applied", _U64.pack(applied), db=meta)
             txn.put(b"batch_high", _U64.pack(batch_high), db=meta)
@@ -446,20 +472,21 @@ class LmdbStore:
         batch_high: int,
     ) -> None:
         """Load what an earlier node's snapshot held (no blocks: number 0)."""
-        keys, changed = self._filter, set()
+        keys = self._filter
         with self._env.begin(write=True) as txn:
             for address, datum in state.items():
                 txn.put(bytes.fromhex(address), datum, db=self._state)
-                changed.add(keys.add(bytes.fromhex(address)))
+                keys.add(bytes.fromhex(address))
             for batch_id, status in statuses.items():
                 kind, invalid = _status_value(status)
                 value = _BATCH.pack(0, -1, -1, kind) + (cbor2.dumps(invalid) if invalid else b"")
                 txn.put(bytes.fromhex(batch_id), value, db=self._batches)
-                changed.add(keys.add(bytes.fromhex(batch_id)))
+                keys.add(bytes.fromhex(batch_id))
             for tid in transactions:
                 txn.put(bytes.fromhex(tid), _TXN.pack(0, 0), db=self._txns)
-                changed.add(keys.add(bytes.fromhex(tid)))
-            self._put_blocks(txn, keys, changed)
+                keys.add(bytes.fromhex(tid))
+            self._filter_through = events
+            self._checkpoint_filter(txn, keys, everything=True)
             for key, number in ((b"applied", applied), (b"events", events)):
                 txn.put(key, _U64.pack(number), db=self._meta)
             txn.put(b"batch_high", _U64.pack(batch_high), db=self._meta)

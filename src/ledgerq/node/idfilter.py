@@ -20,10 +20,10 @@ single-transaction batches: a batch id, a transaction id and an address
 each), about 5 % at 20 million, and a false positive costs only the disk
 read the filter saves otherwise.
 
-The filter lives in the store (:mod:`ledgerq.node.disk`), one LMDB value
-per block, and each store write puts the blocks it changed in the same
-transaction as the keys: the stored filter always covers the stored keys,
-whatever the moment of a crash.
+The store (:mod:`ledgerq.node.disk`) keeps a checkpoint of it with the
+block number it covers; opening the store adds the keys of the blocks
+written after it, so the filter covers the stored keys whatever the moment
+of a crash.
 """
 
 from __future__ import annotations
@@ -83,8 +83,10 @@ class KeyFilter:
             h >>= 9
         return True
 
-    def block(self, index: int) -> bytes:
-        return bytes(self.bits[index * BLOCK_BYTES : (index + 1) * BLOCK_BYTES])
+    def chunk(self, start: int, size: int) -> bytes:
+        return bytes(self.bits[start : start + size])
 
-    def set_block(self, index: int, data: bytes) -> None:
-        self.bits[index * BLOCK_BYTES : (index + 1) * BLOCK_BYTES] = data
+    def set_chunk(self, start: int, data: bytes) -> None:
+        if start + len(data) > len(self.bits):
+            raise ValueError(f"{len(data)} bytes at {start}: past the filter's end")
+        self.bits[start : start + len(data)] = data

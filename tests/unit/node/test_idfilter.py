@@ -7,9 +7,11 @@ import os
 from pathlib import Path
 
 import lmdb
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ledgerq.node import disk
 from ledgerq.node.disk import CommitRecord, LmdbStore
 from ledgerq.node.idfilter import KeyFilter
 
@@ -89,3 +91,26 @@ def test_a_store_without_a_filter_gets_one_built_from_its_keys(tmp_path: Path) -
         assert all(bigger.get_txn(r.tx_ids[0]) is not None for r in records)
     finally:
         bigger.close()
+
+
+def test_the_keys_after_the_last_checkpoint_come_back_from_the_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(disk, "FILTER_CHECKPOINT", 100)
+    store = LmdbStore(tmp_path / "store", filter_blocks=256)
+    records = [_record(n) for n in range(1, 251)]
+    try:
+        for first in range(0, 250, 50):
+            store.write(records[first : first + 50], first + 50, 1)
+        assert store._filter_through == 200  # checkpointed at 100 and 200, not since
+    finally:
+        store._env.close()  # as a crash: no clean close
+    again = LmdbStore(tmp_path / "store", filter_blocks=256)
+    try:
+        assert again._filter_through == 250
+        for record in records:
+            assert again.get_batch(record.batch_id) is not None
+            assert again.get_txn(record.tx_ids[0]) == (record.num, 0)
+            assert again.get_state(record.writes[0][0]) == b"value"
+    finally:
+        again.close()
