@@ -51,7 +51,7 @@ from ledgerq.node.snapshot import import_snapshot
 log = logging.getLogger(__name__)
 
 #: Most commits handed to the committed view at once (and so in one store transaction).
-COMMIT_PART = 2_000
+COMMIT_PART = 500
 
 #: The ``resubmission`` stamp of a request the node decided to order again: later than
 #: any ordering, so the worker's rule ("not if ordered after the stamp") lets it through.
