@@ -115,3 +115,22 @@ async def test_sqlite_list_in_flight_reads_the_busy_index_not_the_table(tmp_path
         details = [row[3] for row in plan]
         assert any("batches_busy_idx" in d for d in details), details
         assert "SCAN b" not in details, details
+
+
+async def test_sqlite_short_reads_between_writes_see_each_and_leave_nothing_open(
+    tmp_path: Path,
+) -> None:
+    """A short read while no write is under way runs on the writing
+    connection (its cache holds what the writes touched): it sees the last
+    commit and ends its read transaction, so the next write can begin."""
+    from ledgerq.store.sqlite import SqliteBackend
+
+    async with await open_store(f"sqlite:///{tmp_path / 'rw2.sqlite3'}") as store:
+        [b] = await store.add_batches([make_batch()])
+        backend = store._backend  # type: ignore[attr-defined]
+        assert isinstance(backend, SqliteBackend)
+        for attempt in range(1, 4):
+            await store.change_batch_to_submitted(b.batch_header, b.service_id, now=attempt)
+            seen = await store.get_batch(b.batch_header, b.service_id)
+            assert seen is not None and seen.attempts == attempt
+            assert not await backend.call(lambda c: c.in_transaction)

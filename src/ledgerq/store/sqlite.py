@@ -429,6 +429,13 @@ class SqliteBackend:
         back when it raises.
         """
         connection = self._writer if write else self._reader
+        if short and not write and self.options.inline and not self._writer.lock.locked():
+            # A short read runs inline either way; on the idle writing
+            # connection it finds the pages the last writes touched in that
+            # connection's cache, where the reading connection, whose cache
+            # every write elsewhere invalidates, reads them again from the
+            # files. (It waits for nothing: the lock is free.)
+            connection = self._writer
 
         def transaction(conn: sqlite3.Connection) -> T:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
