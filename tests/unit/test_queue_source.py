@@ -389,3 +389,21 @@ async def test_next_batches_waits_for_a_wake_up_then_gives_up(
     src.wake("a")
     got = await asyncio.wait_for(waiter, 10)
     assert [x.batch_id for x in got] == [first]
+
+
+async def test_a_cancelled_wait_leaves_nothing_behind_and_wakes_still_reach_others(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    src = source(store, clock, poll_interval=3_600)
+    gone = asyncio.create_task(src.get(max_wait=3_600))
+    kept = asyncio.create_task(src.get(max_wait=3_600))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    (first,) = store.add("a")
+    src.wake("a")
+    batch = await asyncio.wait_for(kept, 10)
+    assert batch is not None and batch.batch_id == first
+    assert not src._waiters  # every wait took its future and timer away

@@ -57,7 +57,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
@@ -89,6 +88,11 @@ class _Hold:
     #: A parallel service's: excluded from its rounds, so a round's silence
     #: about it says nothing.
     excluded: bool
+
+
+def _settle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _key(batch: TrackingBatch) -> _Key:
@@ -143,7 +147,10 @@ class QueueSource:
         # passed, wake-ups missed); otherwise woken services are enough.
         self._full_due = True
         self._last_full: int | None = None
-        self._event = asyncio.Event()
+        # Wake-ups: a flag cleared before each look (so one that comes during
+        # a query is not lost) and the futures of callers waiting for one.
+        self._woke = False
+        self._waiters: set[asyncio.Future[None]] = set()
         self._lock = asyncio.Lock()
         self.rounds = 0
 
@@ -174,7 +181,9 @@ class QueueSource:
             self._woken.add(service_id)
         else:
             self._full_due = True
-        self._event.set()
+        self._woke = True
+        for waiter in self._waiters:
+            _settle(waiter)
 
     async def get(self, max_wait: float | None = None) -> TrackingBatch | None:
         """The next batch, waiting up to ``max_wait`` seconds (``None``: for ever)."""
@@ -214,7 +223,7 @@ class QueueSource:
         deadline = None if max_wait is None else loop.time() + max_wait
         while True:
             # Cleared before looking, so a wake-up during the query is not lost.
-            self._event.clear()
+            self._woke = False
             batches, deferred = await self._take(limit, exclude, exclude_batches)
             if batches:
                 return batches
@@ -224,11 +233,26 @@ class QueueSource:
                 if remaining <= 0:
                     return []
                 wait = min(wait, remaining)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), wait)
+            await self._pause(wait)
             if deferred:
                 # Let the caller ask again with its up-to-date ``exclude``.
                 return []
+
+    async def _pause(self, wait: float) -> None:
+        """Until a wake-up, or ``wait`` seconds. A future and a timer: run once
+        per batch handed out, ``asyncio.wait_for`` would add a task, a second
+        future and their callbacks."""
+        if self._woke:
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_later(wait, _settle, waiter)
+        self._waiters.add(waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiters.discard(waiter)
 
     async def _take(
         self,
