@@ -48,7 +48,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ledgerq.backoff import Backoff, Jitter, equal_jitter
 from ledgerq.errors import ConfigError, LedgerqError
@@ -171,6 +171,7 @@ class Submitter:
         self.take_listeners: list[Callable[[str], None]] = []
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._stopped: asyncio.Future[None] | None = None
         self.submitted_total = 0
 
     @property
@@ -181,9 +182,12 @@ class Submitter:
     def stop(self) -> None:
         """Take no new batches; :meth:`run` returns once in-flight ones are recorded."""
         self._stopping.set()
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(None)
         self._slot_free.set()
 
     async def run(self) -> None:
+        self._stopped = None  # made on this run's loop by the first _next
         async with asyncio.TaskGroup() as tasks:
             while not self._stopping.is_set():
                 free = self.settings.slots - len(self._in_flight)
@@ -211,7 +215,20 @@ class Submitter:
                     tasks.create_task(self._submit(batch))
 
     async def _next(self, limit: int) -> Sequence[TrackingBatch]:
-        # Stop must not wait for the source's timeout: race the two.
+        exclude = frozenset(self._busy)
+        exclude_batches = frozenset(self._in_flight)
+        try:
+            # Work at hand (most calls, under load) is taken without a task
+            # and a race: the source looks once and does not wait.
+            ready = await self._source.next_batches(
+                limit, exclude=exclude, timeout_s=0.0, exclude_batches=exclude_batches
+            )
+        except LedgerqError as exc:
+            return await self._unreadable(exc)
+        if ready or self._stopping.is_set():
+            return ready
+        # Stop must not wait for the source's timeout: race the two. (The
+        # exclusions again: a submission may have ended meanwhile.)
         fetch = asyncio.ensure_future(
             self._source.next_batches(
                 limit,
@@ -220,20 +237,25 @@ class Submitter:
                 exclude_batches=frozenset(self._in_flight),
             )
         )
-        stop = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
+        if self._stopped is None:
+            # One future for the whole run, not a task per call.
+            self._stopped = asyncio.get_running_loop().create_future()
+            if self._stopping.is_set():
+                self._stopped.set_result(None)
+        racing: set[asyncio.Future[Any]] = {fetch, self._stopped}
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         if not fetch.done():
             fetch.cancel()
             return ()
         try:
             return fetch.result()
         except LedgerqError as exc:
-            log.warning("cannot read the queue: %s; retrying", exc)
-            await self._sleep(self.settings.poll_timeout_s)
-            return ()
+            return await self._unreadable(exc)
+
+    async def _unreadable(self, exc: LedgerqError) -> Sequence[TrackingBatch]:
+        log.warning("cannot read the queue: %s; retrying", exc)
+        await self._sleep(self.settings.poll_timeout_s)
+        return ()
 
     async def _submit(self, batch: TrackingBatch) -> None:
         started = time.monotonic()
