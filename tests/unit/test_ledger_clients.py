@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from urllib.parse import urlencode
 
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ledgerq.errors import ConfigError, LedgerError
 from ledgerq.ledgers import (
@@ -464,3 +467,18 @@ async def test_an_event_line_of_any_size_never_ends_the_stream(
         assert first.batch_id == "b3" and first.event_id == "3"
     finally:
         await client.close()
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["wait", "id"]),
+        st.text(min_size=0, max_size=60)
+        | st.lists(st.text(alphabet="0123456789abcdef", min_size=1, max_size=128)).map(",".join),
+    )
+)
+def test_the_status_query_is_urlencodes(params: dict[str, str]) -> None:
+    """The status read's query skips urlencode's per-character quoting for
+    plain values (hex ids) and gives the same string for any value."""
+    from ledgerq.ledgers.sawtooth import _query
+
+    assert _query(params) == urlencode(params, safe=",")
