@@ -610,3 +610,26 @@ async def test_claim_rows_of_idle_services_are_forgotten_and_come_back(db: str) 
         await b.cycle()
         await a.cycle()
         assert claimants(db)["done"] in ("a", "b")
+
+
+async def test_cancelling_run_ends_the_claim_thread_before_the_claims_are_released(
+    db: str,
+) -> None:
+    # The gateway cancels its extra tasks on the way out; the claim thread
+    # must end before close() gives the claims back, or a last cycle could
+    # claim for an instance row that is gone.
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    gained: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+    a.add_listener(lambda g, _lost: gained.put_nowait(g))
+    await a.register_services(["s1", "s2"])
+    task = asyncio.create_task(a.run())
+    assert await asyncio.wait_for(gained.get(), 30) == {"s1", "s2"}
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await a.close()
+    assert a._thread is not None and not a._thread.is_alive()
+    assert set(claimants(db).values()) == {None}
+    with psycopg.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM gateway_instances").fetchone() == (0,)
