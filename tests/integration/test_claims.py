@@ -633,3 +633,38 @@ async def test_cancelling_run_ends_the_claim_thread_before_the_claims_are_releas
     assert set(claimants(db).values()) == {None}
     with psycopg.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM gateway_instances").fetchone() == (0,)
+
+
+async def test_services_with_work_are_taken_over_first_in_a_small_transaction(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dead instance's claims move in transactions of TAKE_FIRST, then
+    # TAKE_MORE, claims: those of services with a batch waiting first, so
+    # their work resumes before thousands of idle services are moved. One
+    # mid-submission (slow path) waits for the second expiry and does not
+    # hold the rest up.
+    from ledgerq.claims import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "TAKE_FIRST", 2)
+    monkeypatch.setattr(manager_module, "TAKE_MORE", 3)
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    services = [f"s{i}" for i in range(10)]
+    async with a, b:
+        await a.register_services(services)
+        await a.cycle()
+        await b.cycle()
+        put_batch(db, "s7", "w7")
+        put_batch(db, "s8", "w8")
+        put_batch(db, "s5", "m5", submitted=True)  # mid-submission
+        heard: list[frozenset[str]] = []
+        b.add_listener(lambda g, _lost: heard.append(g))
+        clock.advance(a.settings.claim_ttl_ms)
+        report = await b.cycle()
+        assert heard[0] == {"s7", "s8"}
+        assert [len(g) for g in heard] == [2, 3, 3, 1]
+        assert set(report.voided) == set(services) - {"s5"}
+        clock.advance(a.settings.slow_ttl_ms - a.settings.claim_ttl_ms)
+        assert (await b.cycle()).voided == ("s5",)
+        assert set(claimants(db).values()) == {"b"}

@@ -54,6 +54,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 from ledgerq.claims.session import ClaimSession, Conn, Row
@@ -71,6 +72,12 @@ ChangeListener = Callable[[frozenset[str], frozenset[str]], None]
 
 #: Claim rows of idle services deleted per clean-up, at most.
 CLEANUP_LIMIT = 1_000
+#: Expired claims taken over in a cycle's first take-over transaction (those
+#: of services with work come first), then per further transaction, and how
+#: many transactions at most (the next cycle takes the rest).
+TAKE_FIRST = 256
+TAKE_MORE = 4_096
+TAKE_ROUNDS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,7 +422,17 @@ class ClaimManager:
         none: tuple[str, ...] = ()
         # Expired claims first, in a transaction of their own: the pipeline
         # hears of them as soon as it commits.
-        voided = self._took_over(await step("take over", lambda c: self._take_over(c, now), []))
+        voided: tuple[str, ...] = ()
+        limit = TAKE_FIRST
+        nothing: tuple[int, list[Row]] = (0, [])
+        for _ in range(TAKE_ROUNDS):
+            found, rows = await step(
+                "take over", partial(self._take_over, now=now, limit=limit), nothing
+            )
+            voided += self._took_over(rows)
+            if found < limit or not rows:
+                break
+            limit = TAKE_MORE
         await step("maintenance", lambda c: self._maintain(c, now), None)
         forgotten = none
         if self._next_cleanup is None or now >= self._next_cleanup:
@@ -511,19 +528,25 @@ class ClaimManager:
 
     # -- the steps ---------------------------------------------------------
 
-    async def _take_over(self, conn: Conn, now: int) -> list[Row]:
+    async def _take_over(self, conn: Conn, now: int, limit: int) -> tuple[int, list[Row]]:
+        """Up to ``limit`` expired claims taken over: (candidates locked, rows taken)."""
         fetch = self._cs.fetch
         # The first statement locks what may be taken over; the second decides
         # on a snapshot taken once those rows are locked (see claims.sql).
         candidates = [
             r["service_id"]
             for r in await fetch(
-                conn, "take_candidates", now=now, fallback_ms=self.settings.renew_interval_ms
+                conn,
+                "take_candidates",
+                now=now,
+                fallback_ms=self.settings.renew_interval_ms,
+                limit=limit,
             )
         ]
         if not candidates:
-            return []
-        return await fetch(conn, "take_expired", now=now, service_ids=candidates, **self._ttls())
+            return 0, []
+        rows = await fetch(conn, "take_expired", now=now, service_ids=candidates, **self._ttls())
+        return len(candidates), rows
 
     async def _maintain(self, conn: Conn, now: int) -> None:
         (nxt,) = await self._cs.fetch(conn, "next_foreign_expiry", now=now)

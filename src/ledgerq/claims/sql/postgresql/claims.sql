@@ -28,24 +28,45 @@
 -- lease (it renews in this cycle; the claims it takes carry their own
 -- expiry): one whose lease lapsed while it was paused may take what another
 -- takes too, and the second statement's re-check makes the later one a no-op.
-WITH live AS (
-    SELECT instance_id FROM gateway_instances WHERE expiry_1 > %(now)s
-    UNION
-    SELECT %(me)s::TEXT
+-- At most `limit` rows at a time (the caller comes back for more), those of
+-- services with work waiting first.
+WITH others AS MATERIALIZED (
+    SELECT coalesce(array_agg(instance_id::TEXT), '{}') AS ids
+    FROM gateway_instances
+    WHERE expiry_1 > %(now)s AND instance_id <> %(me)s
 )
 SELECT c.service_id
-FROM gateway_instances AS i
+FROM others
+CROSS JOIN gateway_instances AS i
 JOIN service_id_claims AS c ON c.claimant = i.instance_id
 WHERE i.instance_id <> %(me)s
   AND coalesce(i.expiry_1, 0) <= %(now)s
   AND c.expiry_1 <= %(now)s
   AND (
         greatest(c.expiry_2, i.expiry_2) <= %(now)s - %(fallback_ms)s
-     OR (SELECT l.instance_id FROM live AS l
-         ORDER BY hashtext(c.service_id || '/' || l.instance_id) DESC, l.instance_id
-         LIMIT 1) = %(me)s
+        -- No live instance outranks this one (higher hash; on a tie, the
+        -- smaller id): this one is the winner.
+     OR NOT EXISTS (
+             SELECT 1 FROM unnest(others.ids) AS o(id)
+             WHERE (hashtext(c.service_id || '/' || o.id), %(me)s::TEXT)
+                 > (hashtext(c.service_id || '/' || %(me)s), o.id))
   )
-ORDER BY c.service_id
+  -- What take_expired will take (it checks again, on a later snapshot).
+  AND (
+        greatest(c.expiry_2, i.expiry_2) <= %(now)s
+     OR NOT EXISTS (
+             SELECT 1 FROM batches AS b
+             WHERE b.service_id = c.service_id
+               AND b.submitted
+               AND NOT b.final
+               AND (b.status IS NULL OR b.status IN ('Unknown', 'Delayed')))
+  )
+-- Services with work waiting first (a batch not final): taken in a first,
+-- small transaction, their work resumes before the idle ones are moved.
+ORDER BY NOT EXISTS (SELECT 1 FROM queue_heads AS h
+                     WHERE h.service_id = c.service_id AND h.head_seq IS NOT NULL),
+         c.service_id
+LIMIT %(limit)s
 FOR UPDATE OF c SKIP LOCKED
 FOR SHARE OF i SKIP LOCKED;
 
