@@ -6,6 +6,7 @@ runs out. Asserted by counting reads and wake-ups, never by the clock."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Collection
 from dataclasses import replace
 
@@ -16,10 +17,10 @@ from ledgerq.codec import Signer
 from ledgerq.codec.decode import to_tracking_batch
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.errors import StoreUnavailableError
-from ledgerq.ingest.api import GatewayApi
+from ledgerq.ingest.api import GatewayApi, status_body, status_entry
 from ledgerq.ingest.longpoll import Changes, FinalCache
 from ledgerq.ledgers.base import LedgerBatchStatus
-from ledgerq.model import Committed, TrackingBatch, Valid
+from ledgerq.model import Committed, Invalid, InvalidTransaction, TrackingBatch, Valid
 from ledgerq.record.recorder import Recorder
 from ledgerq.scopes import Scope
 from ledgerq.store import open_store
@@ -250,3 +251,39 @@ async def _one(store: CountingStore, batch_id: str) -> TrackingBatch:
     (batch,) = await store.inner.get_batch_statuses_by_id([batch_id])
     result: TrackingBatch = batch
     return result
+
+
+def test_the_status_body_is_the_entries_as_json_final_ones_encoded_once() -> None:
+    cache = FinalCache()
+    done = replace(_batch("a", 0), batch_status=Committed())
+    bad = replace(
+        _batch("a", 1),
+        batch_status=Invalid(
+            transactions=(InvalidTransaction("t" * 128, 'say "no"\n', b"\x00\xff"),)
+        ),
+    )
+    pending, by_dc = _batch("a", 2), replace(_batch("b", 0), data_change_id="x")
+    valid = replace(_batch("c", 0), batch_status=Valid())
+    cache.add_all([done, bad, valid])
+    found = {
+        done.batch_id: done,
+        bad.batch_id: bad,
+        pending.batch_id: pending,
+        "dc:x": by_dc,
+        valid.batch_id: valid,
+    }
+    ids = [
+        done.batch_id,
+        bad.batch_id,
+        "f" * 128,
+        pending.batch_id,
+        "dc:x",
+        'dc:"q',
+        valid.batch_id,
+    ]
+    link = '/batch_statuses?id=a&x="y"'
+    expected = {"data": [status_entry(i, found.get(i)) for i in ids], "link": link}
+    for _ in range(2):  # encoded, then from the cache
+        assert json.loads(status_body(ids, found, link, cache)) == expected
+    assert cache.encoded(done.batch_id) is not None and cache.encoded(bad.batch_id) is not None
+    assert cache.encoded(valid.batch_id) is None  # not settled, never cached

@@ -68,35 +68,52 @@ class TooManyWaitersError(Exception):
 class FinalCache:
     """Batches in a state that never changes, by batch id, the least recently
     used dropped beyond ``size``; kept without their bodies (a status answer
-    does not need them)."""
+    does not need them), with their status entry once encoded."""
 
     def __init__(self, size: int = FINAL_CACHE_SIZE) -> None:
         self.size = size
-        self._batches: OrderedDict[str, TrackingBatch] = OrderedDict()
+        #: Batch id → [batch, its encoded status entry or None].
+        self._entries: OrderedDict[str, list[Any]] = OrderedDict()
         self.hits = 0
 
     def __len__(self) -> int:
-        return len(self._batches)
+        return len(self._entries)
+
+    @staticmethod
+    def settled(batch: TrackingBatch) -> bool:
+        return batch.status_name in _SETTLED
 
     def add(self, batch: TrackingBatch) -> None:
-        if batch.status_name not in _SETTLED or batch.batch_id in self._batches:
+        if batch.status_name not in _SETTLED or batch.batch_id in self._entries:
             return
         if batch.serialized_batch or batch.transactions:
             batch = dataclasses.replace(batch, serialized_batch=b"", transactions=())
-        self._batches[batch.batch_id] = batch
-        if len(self._batches) > self.size:
-            self._batches.popitem(last=False)
+        self._entries[batch.batch_id] = [batch, None]
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
 
     def add_all(self, batches: Iterable[TrackingBatch]) -> None:
         for b in batches:
             self.add(b)
 
     def get(self, batch_id: str) -> TrackingBatch | None:
-        batch = self._batches.get(batch_id)
-        if batch is not None:
-            self._batches.move_to_end(batch_id)
-            self.hits += 1
+        entry = self._entries.get(batch_id)
+        if entry is None:
+            return None
+        self._entries.move_to_end(batch_id)
+        self.hits += 1
+        batch: TrackingBatch = entry[0]
         return batch
+
+    def encoded(self, batch_id: str) -> str | None:
+        """The batch's status entry as the API encoded it, if it did."""
+        entry = self._entries.get(batch_id)
+        return None if entry is None else entry[1]
+
+    def keep_encoded(self, batch_id: str, encoded: str) -> None:
+        entry = self._entries.get(batch_id)
+        if entry is not None:
+            entry[1] = encoded
 
 
 class Waiter:
