@@ -314,8 +314,10 @@ class HostileLoad:
             await asyncio.sleep(0.5)
 
 
-async def post_workload(urls: Sequence[str], workload: Workload, token: str | None) -> None:
-    """Each service's batches as one ordered list, services spread over ``urls``."""
+async def post_workload(urls: Sequence[str], workload: Workload, token: str | None) -> float:
+    """Each service's batches as one ordered list, services spread over
+    ``urls``; returns the seconds it took."""
+    began = time.monotonic()
     headers = {"Content-Type": "application/octet-stream"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
@@ -332,6 +334,7 @@ async def post_workload(urls: Sequence[str], workload: Workload, token: str | No
                     raise RuntimeError(
                         f"POST of {service_id} answered {r.status}: {await r.text()}"
                     )
+    return time.monotonic() - began
 
 
 @dataclass
@@ -342,6 +345,20 @@ class FlowResult:
     #: Wall-clock times of the first POST and of the last batch final.
     began: float = 0.0
     ended: float = 0.0
+    #: Seconds from the first POST to the last answered.
+    posting_s: float = 0.0
+
+    def poll_timeline(self) -> str:
+        """Long-poll answers in each second of the flow: waited/at once."""
+        if self.report is None:
+            return ""
+        seconds = int(self.ended - self.began) + 1
+        waited, at_once = [0] * seconds, [0] * seconds
+        for at, took in self.report.poll_log:
+            if self.began <= at <= self.ended:
+                k = int(at - self.began)
+                (at_once if took < 1.0 else waited)[k] += 1
+        return " ".join(f"{w}/{a}" for w, a in zip(waited, at_once, strict=True))
 
     @property
     def batches_per_s(self) -> float:
@@ -452,7 +469,7 @@ async def flow(
         await load.start(timeout_s)
     loop = asyncio.get_running_loop()
     began, wall_began = loop.time(), time.time()
-    await post_workload(urls, workload, token)
+    posting_s = await post_workload(urls, workload, token)
     total = len(workload.all_ids())
     counts = await asyncio.to_thread(wait_all_final, pg_url, total, timeout_s)
     elapsed = loop.time() - began
@@ -461,7 +478,7 @@ async def flow(
     final = sum(counts.get(s, 0) for s in ("Committed", "Valid", "Invalid"))
     if final < total:
         raise RuntimeError(f"only {final} of {total} batches final within {timeout_s} s: {counts}")
-    return FlowResult(elapsed, total, report, wall_began, wall_ended)
+    return FlowResult(elapsed, total, report, wall_began, wall_ended, posting_s)
 
 
 def claims_voided(logs: Sequence[str]) -> int:

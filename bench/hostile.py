@@ -81,7 +81,9 @@ def _phase(
                     answered, at_once = result.report.polls_between(result.began, result.ended)
                     summary += (
                         f"; during the flow ({result.elapsed_s:.1f} s) {answered} long-poll "
-                        f"answers, {at_once} of them within a second of asking"
+                        f"answers, {at_once} of them within a second of asking; posting took "
+                        f"{result.posting_s:.1f} s; answers per second of the flow, waited/at "
+                        f"once: {result.poll_timeline()}"
                     )
                 if result.report is not None and result.report.unclear():
                     problems.append(f"unclear answers: {result.report.unclear()}")
