@@ -69,6 +69,7 @@ from ledgerq.errors import (
     StoreInputError,
     StoreUnavailableError,
 )
+from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone
 from ledgerq.ingest.errors import error_body, json_errors
 from ledgerq.ingest.guard import guard_middleware, on_disconnect
@@ -175,10 +176,6 @@ class ClaimsView(Protocol):
     async def list_instances(self, now: int | None = None) -> list[InstanceInfo]: ...
 
     async def claims_for(self, service_ids: Sequence[str]) -> dict[str, ClaimInfo]: ...
-
-
-class _StatusQueueFull(Exception):
-    """``max_waiters`` status requests are waiting for a store read already."""
 
 
 def _lock_reason(s: ServiceInfo, strategy: str) -> str | None:
@@ -373,8 +370,6 @@ class GatewayApi:
         self.decoder = BatchListDecoder(
             max_bytes=max_body_bytes, slots=decode_slots, priority=decode_priority
         )
-        self._status_reads = asyncio.Semaphore(STATUS_READS)
-        self._status_queue = 0
         self.ledger_problem = ledger_problem
         self.store = store
         self.strategy_of = strategy_of
@@ -388,6 +383,12 @@ class GatewayApi:
         self.max_body_bytes = max_body_bytes
         self.changes = changes or Changes()
         self.changes.reader = lambda ids: self.store.get_batch_statuses_by_id(ids)
+        #: Status requests' reads: STATUS_READS at a time, combined.
+        self.status_reads = CombinedReads(
+            lambda ids: self.store.get_batch_statuses_by_id(ids),
+            slots=STATUS_READS,
+            max_queued=self.changes.max_waiters,
+        )
         self.clock = clock
 
     def app(self) -> web.Application:
@@ -465,6 +466,7 @@ class GatewayApi:
 
     async def _stop_decoding(self, _app: web.Application) -> None:
         await self.changes.aclose()
+        await self.status_reads.aclose()
         await asyncio.to_thread(self.decoder.close)
 
     async def _conflict(
@@ -529,11 +531,12 @@ class GatewayApi:
             found = await self._status_read(ids, service_id, scope)
             if wait_s > 0 and _pending(ids, found):
                 await self._wait_final(request, ids, found, wait_s, service_id, scope)
-        except _StatusQueueFull:
+        except StatusQueueFull:
             return _error(
                 429,
                 "Too Many Requests",
-                f"{self._status_queue} status requests are waiting for a read already; retry later",
+                f"{self.status_reads.queued} status requests are waiting for a read already; "
+                "retry later",
                 "too_many_status_requests",
                 headers={"Retry-After": "1"},
             )
@@ -583,10 +586,9 @@ class GatewayApi:
     ) -> dict[str, TrackingBatch]:
         """What a status answer says of ``ids``: batches seen final by any
         request come from the shared cache (:class:`~ledgerq.ingest.longpoll.FinalCache`),
-        the others from one store read — a few requests' reads at a time,
-        so the store's connections stay free for the pipeline whatever the
-        number of status requests (:class:`_StatusQueueFull` beyond
-        ``max_waiters`` waiting for theirs)."""
+        the others from the store, read together with other requests' ids
+        (:mod:`ledgerq.ingest.combined`; :class:`StatusQueueFull` beyond
+        ``max_waiters`` requests waiting for theirs)."""
         found: dict[str, TrackingBatch] = {}
         final = self.changes.final
         everything = scope.sees_everything
@@ -602,14 +604,7 @@ class GatewayApi:
             # else: a final batch this request may not see, now as ever
         if not rest:
             return found
-        if self._status_queue >= self.changes.max_waiters:
-            raise _StatusQueueFull
-        self._status_queue += 1
-        try:
-            async with self._status_reads:
-                read = await self._read_map(rest, service_id, scope, lean=True)
-        finally:
-            self._status_queue -= 1
+        read = await self._read_map(rest, service_id, scope, lean=True)
         final.add_all(read.values())
         found.update(read)
         return found
@@ -639,7 +634,7 @@ class GatewayApi:
                 stop_hearing()
         if not done:
             open_ids = [i for i in ids if i not in found or not found[i].is_final]
-            with contextlib.suppress(StoreError, _StatusQueueFull):
+            with contextlib.suppress(StoreError, StatusQueueFull):
                 found.update(await self._status_read(open_ids, service_id, scope))
 
     async def _read(self, ids: Sequence[str], service_id: str | None) -> list[TrackingBatch | None]:
@@ -657,9 +652,14 @@ class GatewayApi:
         ``lean``: what a status answer needs, without the transactions."""
         found: dict[str, TrackingBatch] = {}
         batch_ids = [i for i in ids if not i.startswith(DATA_CHANGE_PREFIX)]
-        if batch_ids:
-            read = self.store.get_batch_statuses_by_id if lean else self.store.get_batches_by_id
-            for b in await read(batch_ids):
+        if batch_ids and lean:
+            by_id = await self.status_reads.read(batch_ids)
+            for i in batch_ids:
+                b = by_id.get(i)
+                if b is not None and (service_id is None or b.service_id == service_id):
+                    found[i] = b
+        elif batch_ids:
+            for b in await self.store.get_batches_by_id(batch_ids):
                 if service_id is None or b.service_id == service_id:
                     found[b.batch_id] = b
         for i in ids:
