@@ -162,7 +162,13 @@ async def run_gateway(
 
             extra.append(advertise())
         if settings.db.startswith(("postgresql://", "postgres://")):
-            wakeups = PgWakeups(settings.db, lambda s: gateway.wake(s, relay=False))
+            wakeups = PgWakeups(
+                settings.db,
+                lambda s: gateway.wake(s, relay=False),
+                # Wake-ups lost while the listener was away: parked status
+                # requests look at all their batches again.
+                on_resync=gateway.changes.notify,
+            )
             gateway.add_wakeups(wakeups)
             extra.append(wakeups.run())
         if install_signals:

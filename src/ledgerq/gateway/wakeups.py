@@ -10,7 +10,10 @@ Publishing never blocks the caller: ids are coalesced and sent by a
 background task, several per ``NOTIFY`` (newline-separated, under
 PostgreSQL's 8000-byte payload limit). Notifications from this process's
 own connection are ignored. Connection failures are logged and retried with
-backoff; until then, polling covers the gap.
+backoff; until then, polling covers the gap. Wake-ups sent while the
+listener was away are lost: once it listens again it calls ``on_resync``,
+whose owner looks again at everything it waits for (the parked status
+requests: :meth:`ledgerq.ingest.longpoll.Changes.notify` with no service).
 """
 
 from __future__ import annotations
@@ -48,9 +51,17 @@ def chunk_payloads(service_ids: list[str]) -> list[str]:
 
 
 class PgWakeups:
-    def __init__(self, url: str, on_wake: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        url: str,
+        on_wake: Callable[[str], None],
+        on_resync: Callable[[], None] | None = None,
+    ) -> None:
         self._url = url
         self._on_wake = on_wake
+        self._on_resync = on_resync
+        #: Times the listener listened again after losing its connection.
+        self.resyncs = 0
         self._pending: set[str] = set()
         self._has_pending = asyncio.Event()
         self._own_pids: set[int] = set()
@@ -79,6 +90,7 @@ class PgWakeups:
 
     async def _listen_forever(self) -> None:
         backoff = 0.1
+        lost = False
         while not self._stop.is_set():
             try:
                 conn = await self._connect()
@@ -86,6 +98,12 @@ class PgWakeups:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self.listening.set()
                     backoff = 0.1
+                    if lost:
+                        # What was sent while away is lost: look again at everything.
+                        lost = False
+                        self.resyncs += 1
+                        if self._on_resync is not None:
+                            self._on_resync()
                     while not self._stop.is_set():
                         async for note in conn.notifies(timeout=_TICK_S):
                             if note.pid in self._own_pids:
@@ -96,6 +114,7 @@ class PgWakeups:
                                     self._on_wake(service_id)
             except psycopg.Error as exc:
                 self.listening.clear()
+                lost = True
                 log.warning("wake-up listener lost PostgreSQL: %s; reconnecting", exc)
                 await self._pause(backoff)
                 backoff = min(backoff * 2, 5.0)
