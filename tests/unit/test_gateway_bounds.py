@@ -185,16 +185,18 @@ async def test_a_long_poll_wakes_only_for_its_services_and_reads_only_its_pendin
 async def test_parked_long_polls_are_capped_then_429_with_retry_after(
     served: Served, http: aiohttp.ClientSession
 ) -> None:
-    url, api, _, _ = served
+    url, api, store, _ = served
     ids = await _post(http, url, 1, "s1")
     polls = [
         asyncio.create_task(http.get(f"{url}/batch_statuses?id={ids[0]}&wait=30")) for _ in range(2)
     ]
     await until(lambda: api.changes.parked == 2)
+    reads = len(store.by_id_calls)
     async with http.get(f"{url}/batch_statuses?id={ids[0]}&wait=30") as r:
         assert r.status == 429
         assert r.headers["Retry-After"] == "1"
         assert (await r.json())["error"]["rule"] == "too_many_waiters"
+    assert len(store.by_id_calls) == reads  # refused before reading anything
     # Without wait, nothing is parked: answered at once.
     async with http.get(f"{url}/batch_statuses?id={ids[0]}") as r:
         assert r.status == 200

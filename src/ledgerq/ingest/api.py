@@ -528,6 +528,9 @@ class GatewayApi:
         if service_id and not scope.covers(service_id):
             return _out_of_scope(scope, service_id, "read")
         try:
+            if wait_s > 0 and self.changes.parked >= self.changes.max_waiters:
+                # Refused before any read: a full parking lot costs nothing more.
+                raise TooManyWaitersError
             found = await self._status_read(ids, service_id, scope)
             if wait_s > 0 and _pending(ids, found):
                 await self._wait_final(request, ids, found, wait_s, service_id, scope)
