@@ -61,7 +61,7 @@ class CommittedView:
         *,
         write_interval_s: float = 0.2,
         write_batch: int = 20_000,
-        write_chunk: int = 500,
+        write_chunk: int = 2_000,
         on_written: Callable[[int], None] | None = None,
     ) -> None:
         self.store = store

@@ -51,7 +51,9 @@ from ledgerq.node.snapshot import import_snapshot
 log = logging.getLogger(__name__)
 
 #: Most commits handed to the committed view at once (and so in one store transaction).
-COMMIT_PART = 500
+COMMIT_PART = 2_000
+#: Most commits not yet written to the store before ``submit`` answers busy.
+MAX_UNWRITTEN = 10_000
 
 #: The ``resubmission`` stamp of a request the node decided to order again: later than
 #: any ordering, so the worker's rule ("not if ordered after the stamp") lets it through.
@@ -127,6 +129,7 @@ class Node:
         self.max_held = 10_000
         self.held_expiry_ms = 300_000
         self.max_waiters = 10_000
+        self.max_unwritten = MAX_UNWRITTEN
         self._parked = 0  # futures parked by batch_statuses(wait=)
         #: Transaction id -> held batches to look at again once a batch holding it is final.
         self._waiting_on: defaultdict[str, list[str]] = defaultdict(list)
@@ -163,6 +166,7 @@ class Node:
         max_held: int = 10_000,
         held_expiry_s: float = 300.0,
         max_waiters: int = 10_000,
+        max_unwritten: int = MAX_UNWRITTEN,
         filter_blocks: int = DEFAULT_BLOCKS,
         clock: Clock = now_ms,
         registry: FamilyRegistry | None = None,
@@ -192,6 +196,7 @@ class Node:
             node.max_held = max_held
             node.held_expiry_ms = int(held_expiry_s * 1000)
             node.max_waiters = max_waiters
+            node.max_unwritten = max_unwritten
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -293,7 +298,9 @@ class Node:
                 f"the node holds {len(self._held)} batches waiting on dependencies (limit "
                 f"{self.max_held}); resubmit once some have committed or expired"
             )
-        if self.committed.unwritten > self.max_pending:
+        # The commits not yet in the store are in memory and a restart replays them:
+        # accept no more than the store writer can keep up with.
+        if self.committed.unwritten > self.max_unwritten:
             raise NodeBusyError(
                 f"the node's store is {self.committed.unwritten} commits behind; "
                 "resubmit in a moment"

@@ -19,7 +19,7 @@ import pytest
 
 from ledgerq.codec import ParsedBatch, Signer, make_batch, make_transaction
 from ledgerq.codec.intkey import encode_payload, make_address, make_intkey_batch
-from ledgerq.errors import NodeDataError
+from ledgerq.errors import NodeBusyError, NodeDataError
 from ledgerq.node import Node, TxFingerprint
 from ledgerq.node import journal as journal_module
 from ledgerq.node.scabbard import ScabbardServices
@@ -539,5 +539,20 @@ async def test_a_large_commit_slice_reaches_the_store_in_bounded_parts(
         assert set(await statuses(node, batches)) == {"COMMITTED"}
         await node.snapshot()
         assert written == [(3, 3), (3, 6), (3, 9), (1, 10)]
+    finally:
+        await node.close()
+
+
+async def test_submit_answers_busy_while_the_store_is_too_far_behind(tmp_path: Path) -> None:
+    node = await Node.open(tmp_path, store_interval_s=3600, max_unwritten=5)
+    try:
+        first = [make_intkey_batch(SIGNER, [("set", f"u{i}", i)]) for i in range(6)]
+        await node.submit(first)
+        await node.batch_statuses([b.header_signature for b in first], wait=10)
+        assert node.committed.unwritten == 6  # committed, not yet in the store
+        with pytest.raises(NodeBusyError, match="commits behind"):
+            await node.submit([make_intkey_batch(SIGNER, [("set", "late", 1)])])
+        await node.snapshot()  # the store catches up: accepted again
+        await node.submit([make_intkey_batch(SIGNER, [("set", "late", 1)])])
     finally:
         await node.close()
