@@ -185,8 +185,14 @@ async def _run(
         await asyncio.sleep(max(start - time.time(), 0))
         postgres = _postgres_pids()
         before = (_cpu_by_pid(pids), _cpu_by_pid(postgres), _machine_busy_s())
+        waits = (
+            asyncio.ensure_future(asyncio.to_thread(_pg_waits, db, stop))
+            if db.startswith("postgresql")
+            else None
+        )
         await asyncio.sleep(max(stop - time.time(), 0))
         after = (_cpu_by_pid(pids), _cpu_by_pid(postgres), _machine_busy_s())
+        waited = await waits if waits is not None else {}
         accepted, other, sent, client_cpu = await load
     finally:
         await proc.stop()
@@ -199,7 +205,30 @@ async def _run(
         "postgres_cpu_s": _delta(before[1], after[1]),
         "machine_cpu_s": after[2] - before[2],
         "client_cpu_s": client_cpu,
+        **{f"wait:{k}": v for k, v in waited.items()},
     }
+
+
+def _pg_waits(db: str, stop: float, every_s: float = 0.02) -> dict[str, float]:
+    """What the run's PostgreSQL backends were doing, sampled until ``stop``: per
+    wait event (``CPU`` when running, not waiting), the average number of active
+    backends in it. Lock waits between the workers' transactions show here."""
+    import psycopg
+
+    counts: dict[str, int] = {}
+    samples = 0
+    with psycopg.connect(db, autocommit=True) as conn:
+        while time.time() < stop:
+            rows = conn.execute(
+                "SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU'), count(*)"
+                " FROM pg_stat_activity WHERE datname = current_database()"
+                " AND state = 'active' AND pid <> pg_backend_pid() GROUP BY 1"
+            ).fetchall()
+            samples += 1
+            for what, n in rows:
+                counts[what] = counts.get(what, 0) + int(n)
+            time.sleep(every_s)
+    return {k: v / max(samples, 1) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
 def _cpu_by_pid(pids: list[int]) -> dict[int, float]:
@@ -378,6 +407,26 @@ def command(
             ),
         ]
     )
+    waits = []
+    for store in stores:
+        for workers in (1, 2):
+            runs = results[(store, workers)]
+            keys = sorted({k for g in runs for k in g if k.startswith("wait:")})
+            if not keys:
+                continue
+            avg = {k[5:]: statistics.median(g.get(k, 0.0) for g in runs) for k in keys}
+            top = sorted(avg.items(), key=lambda kv: -kv[1])[:6]
+            waits.append(
+                f"* {store}, {workers} worker(s): "
+                + ", ".join(f"{what} {n:.2f}" for what, n in top)
+                + "."
+            )
+    if waits:
+        text += (
+            "\n\nPostgreSQL's active backends of the run's database, sampled every 20 ms over "
+            "the counted seconds: the average number running (`CPU`) or waiting, per wait "
+            "event (median of the runs):\n\n" + "\n".join(waits)
+        )
     click.echo(text)
     if write:
         report.write_section("ingest", "## Ingest with workers\n\n" + text)
