@@ -72,12 +72,9 @@ ChangeListener = Callable[[frozenset[str], frozenset[str]], None]
 
 #: Claim rows of idle services deleted per clean-up, at most.
 CLEANUP_LIMIT = 1_000
-#: Expired claims taken over in a cycle's first take-over transaction (those
-#: of services with work come first), then per further transaction, and how
-#: many transactions at most (the next cycle takes the rest).
-TAKE_FIRST = 256
-TAKE_MORE = 4_096
-TAKE_ROUNDS = 8
+#: Expired claims taken over per cycle, those of services with work first;
+#: with more, the next cycle comes at once.
+TAKE_LIMIT = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +175,8 @@ class ClaimManager:
         self.next_expiry: int | None = None
         #: The last cycle ran for a foreign expiry: the next one comes sooner.
         self._follow_up = False
+        #: The last take-over left expired claims for the next cycle.
+        self._more = False
         #: When the next clean-up of idle services' claim rows is due (ms).
         self._next_cleanup: int | None = None
         self._stopping = False
@@ -345,6 +344,8 @@ class ClaimManager:
             pause = min(pause, max(self.next_expiry - now, 0) + 1)
         if self._follow_up:
             pause = min(pause, max(self.settings.renew_interval_ms // 10, 1))
+        if self._more:
+            pause = 0
         return pause
 
     # -- what this instance holds ----------------------------------------
@@ -422,17 +423,16 @@ class ClaimManager:
         none: tuple[str, ...] = ()
         # Expired claims first, in a transaction of their own: the pipeline
         # hears of them as soon as it commits.
-        voided: tuple[str, ...] = ()
-        limit = TAKE_FIRST
         nothing: tuple[int, list[Row]] = (0, [])
-        for _ in range(TAKE_ROUNDS):
-            found, rows = await step(
-                "take over", partial(self._take_over, now=now, limit=limit), nothing
-            )
-            voided += self._took_over(rows)
-            if found < limit or not rows:
-                break
-            limit = TAKE_MORE
+        found, rows = await step(
+            "take over", partial(self._take_over, now=now, limit=TAKE_LIMIT), nothing
+        )
+        voided = self._took_over(rows)
+        # More expired claims than one take-over moves: the next cycle comes
+        # at once (its take-over again those of services with work first, so
+        # one reaching its second expiry meanwhile does not wait for the
+        # idle ones to move).
+        self._more = found >= TAKE_LIMIT and bool(rows)
         await step("maintenance", lambda c: self._maintain(c, now), None)
         forgotten = none
         if self._next_cleanup is None or now >= self._next_cleanup:

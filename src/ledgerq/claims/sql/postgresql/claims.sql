@@ -28,7 +28,7 @@
 -- lease (it renews in this cycle; the claims it takes carry their own
 -- expiry): one whose lease lapsed while it was paused may take what another
 -- takes too, and the second statement's re-check makes the later one a no-op.
--- At most `limit` rows at a time (the caller comes back for more), those of
+-- At most `limit` rows at a time (the next cycle comes at once for more), those of
 -- services with work waiting first.
 WITH others AS MATERIALIZED (
     SELECT coalesce(array_agg(instance_id::TEXT), '{}') AS ids
