@@ -155,6 +155,27 @@ async def test_a_hold_expires_when_the_store_never_records_the_hand_out(
     assert await ids(src, 1) == [first]
 
 
+async def test_holds_made_at_different_times_each_expire_after_hold_ms(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    """Holds are looked through only once the oldest may have expired; a
+    later one still expires on time after an earlier one did."""
+    (first,) = store.add("a")
+    src = source(store, clock, hold_ms=5_000)
+    assert await ids(src, 1) == [first]
+    clock.advance(2_000)
+    (second,) = store.add("b")
+    src.wake("b")
+    assert await ids(src, 1) == [second]
+    clock.advance(3_000)  # the first hold is 5 s old, the second 3 s
+    assert await ids(src, 1) == [first]
+    assert await src.next() is None
+    clock.advance(1_999)
+    assert await src.next() is None
+    clock.advance(1)  # the second hold is 5 s old now
+    assert await ids(src, 1) == [second]
+
+
 async def test_hold_defaults_to_the_delay_window(store: MemoryRounds, clock: ManualClock) -> None:
     (first,) = store.add("a")
     src = source(store, clock, delay_window_ms=2_000)

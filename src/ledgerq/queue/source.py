@@ -127,6 +127,8 @@ class QueueSource:
             raise TypeError("the parallel strategy needs a store with parallel_round")
         self._store = store
         self._strategies = strategies
+        # Every service serial (the default): no per-service strategy lookups.
+        self._all_serial = strategies.uniform is Strategy.SERIAL
         self._clock = clock
         self._delay_window_ms = delay_window_ms
         self._services = services
@@ -139,6 +141,9 @@ class QueueSource:
         self._round: deque[TrackingBatch] = deque()
         self._in_round: set[str] = set()
         self._held: dict[_Key, _Hold] = {}
+        # No hold is older than this (None: no holds): the holds are looked
+        # through for expired ones only once one may have expired.
+        self._oldest_hold: int | None = None
         self._woken: set[str] = set()
         # Seqs of round picks that came without their blobs.
         self._lean_picks: set[int] = set()
@@ -270,7 +275,11 @@ class QueueSource:
             now = self._clock()
             self._expire_holds(now)
             # Only a serial service waits for its previous batch's task to end.
-            blocked = frozenset(s for s in exclude if not self._parallel(s))
+            blocked = (
+                exclude
+                if self._all_serial
+                else frozenset(s for s in exclude if not self._parallel(s))
+            )
             if self._woken:
                 woken = self._woken
                 self._woken = woken & blocked
@@ -301,8 +310,10 @@ class QueueSource:
             self._round.extendleft(reversed(skipped))
             if any(b.seq in self._lean_picks for b in taken):
                 taken = await self._load(taken)
+            if taken and (self._oldest_hold is None or now < self._oldest_hold):
+                self._oldest_hold = now
             for batch in taken:
-                parallel = self._parallel(batch.service_id)
+                parallel = not self._all_serial and self._parallel(batch.service_id)
                 self._held[_key(batch)] = _Hold(_version(batch), now, batch.seq, parallel)
                 if parallel:
                     # Its next eligible batch, the one just handed out excluded.
@@ -395,10 +406,16 @@ class QueueSource:
         return services if allowed is None else services & set(allowed)
 
     def _expire_holds(self, now: int) -> None:
+        # Run on every pull: with hundreds of batches held, a look through
+        # them all each time cost more than the rest of the pull.
+        oldest = self._oldest_hold
+        if oldest is None or now - oldest < self._hold_ms:
+            return
         expired = [k for k, h in self._held.items() if now - h.taken_at >= self._hold_ms]
         for key in expired:
             del self._held[key]
             self._woken.add(key[0])  # look at its service again
+        self._oldest_hold = min((h.taken_at for h in self._held.values()), default=None)
 
     def _full_round_due(self, now: int) -> bool:
         return (
