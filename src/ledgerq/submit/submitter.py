@@ -172,6 +172,8 @@ class Submitter:
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self._stopped: asyncio.Future[None] | None = None
+        #: Submissions ended so far (the exclusions of a pull are then stale).
+        self._ended = 0
         self.submitted_total = 0
 
     @property
@@ -217,6 +219,7 @@ class Submitter:
     async def _next(self, limit: int) -> Sequence[TrackingBatch]:
         exclude = frozenset(self._busy)
         exclude_batches = frozenset(self._in_flight)
+        ended = self._ended
         try:
             # Work at hand (most calls, under load) is taken without a task
             # and a race: the source looks once and does not wait.
@@ -227,14 +230,17 @@ class Submitter:
             return await self._unreadable(exc)
         if ready or self._stopping.is_set():
             return ready
-        # Stop must not wait for the source's timeout: race the two. (The
-        # exclusions again: a submission may have ended meanwhile.)
+        if self._ended != ended:
+            # A submission ended meanwhile: its service is free again.
+            exclude = frozenset(self._busy)
+            exclude_batches = frozenset(self._in_flight)
+        # Stop must not wait for the source's timeout: race the two.
         fetch = asyncio.ensure_future(
             self._source.next_batches(
                 limit,
-                exclude=frozenset(self._busy),
+                exclude=exclude,
                 timeout_s=self.settings.poll_timeout_s,
-                exclude_batches=frozenset(self._in_flight),
+                exclude_batches=exclude_batches,
             )
         )
         if self._stopped is None:
@@ -296,6 +302,7 @@ class Submitter:
             else:
                 del self._busy[batch.service_id]
             self.held_batches.discard(batch.batch_id)
+            self._ended += 1
             self._slot_free.set()
             log.info(
                 "submission finished batch=%s service=%s result=%s attempts=%s in %.1f ms",
