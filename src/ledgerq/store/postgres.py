@@ -15,9 +15,13 @@ Driver errors are translated here: connection failures become
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
@@ -74,12 +78,145 @@ def _translate(exc: psycopg.Error, url: str) -> StoreError:
 PLANNED_EACH_TIME = frozenset({"queue_round_services", "parallel_round_services"})
 
 
+_PARAM = re.compile(r"%\((\w+)\)s")
+
+
+@functools.cache
+def _positional(query: str) -> tuple[str, tuple[str, ...]]:
+    """``query`` with ``$n`` for its ``%(name)s`` parameters, and their names in order."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    return _PARAM.sub(number, query), tuple(names)
+
+
+@dataclass
+class _Prepared:
+    """The statements ledgerq prepared (SQL ``PREPARE``) on one connection."""
+
+    names: set[str] = field(default_factory=set)
+    #: False after a failed message: some of its PREPAREs may have run.
+    known: bool = True
+
+
 class _Session:
-    def __init__(self, conn: psycopg.AsyncConnection[Any], backend: PostgresBackend) -> None:
+    """Runs named queries on one connection.
+
+    A write transaction of :meth:`PostgresBackend.run` is *batched*: its
+    ``BEGIN`` is not sent on its own but with its first statement, a set-based
+    write (``executemany``), whose result nobody reads, is held back until the
+    next statement or the ``COMMIT``, and :meth:`fetchall_many` sends several
+    statements at once. What is sent together goes as one simple-protocol
+    message, its parameters bound on the client: the server runs it only once
+    it has received all of it, and answers once it has run all of it, so a
+    client paused at any moment leaves its session *idle in transaction*
+    (where ``idle_in_transaction_session_timeout`` ends it and frees its
+    locks), never *active* between two statements of a message, as a
+    pipeline that is not yet synced would. One round trip per message instead
+    of one per statement; those statements are planned every time.
+    """
+
+    def __init__(
+        self, conn: psycopg.AsyncConnection[Any], backend: PostgresBackend, *, batched: bool = False
+    ) -> None:
         self.conn = conn
         self._q = backend.queries
+        self._batched = batched
+        #: Statements (client-bound) to send before the next one: BEGIN, held writes.
+        self._held: list[str] = ["BEGIN"] if batched else []
+        self._binder: psycopg.AsyncClientCursor[Any] | None = None
+        self._backend = backend
+
+    @property
+    def _prepared(self) -> _Prepared:
+        return self._backend.prepared_on(self.conn)
+
+    async def prepare(self) -> None:
+        """Learn which statements this connection has prepared, when unsure."""
+        if not self._prepared.known:
+            cur = await self.conn.execute(
+                b"SELECT name FROM pg_prepared_statements WHERE name LIKE 'lq\\_%'"
+            )
+            self._prepared.names = {str(row[0]) for row in await cur.fetchall()}
+            self._prepared.known = True
+
+    def _bind(self, name: str, params: Params) -> str:
+        """``EXECUTE`` of the query prepared under its name on this connection
+        (``PREPARE`` first when it is not yet), its parameters as literals."""
+        if self._binder is None:
+            self._binder = psycopg.AsyncClientCursor(self.conn)
+        if name in PLANNED_EACH_TIME:
+            return self._binder.mogrify(self._q[name], params)
+        sql, names = _positional(self._q[name])
+        statement = f"lq_{name}"
+        execute = self._binder.mogrify(
+            f"EXECUTE {statement}({', '.join(f'%({n})s' for n in names)})"
+            if names
+            else f"EXECUTE {statement}",
+            params,
+        )
+        if statement in self._prepared.names:
+            return execute
+        self._prepared.names.add(statement)
+        self._held.append(f"PREPARE {statement} AS {sql}")
+        return execute
+
+    async def _send(self, statements: Sequence[str]) -> list[tuple[list[Row], int]]:
+        """The held statements, then ``statements``, in one message; the rows
+        (empty for a command) and row count of each of ``statements``."""
+        texts = [*self._held, *statements]
+        skip = len(self._held)
+        self._held = []
+        cur = psycopg.AsyncClientCursor(self.conn)
+        try:
+            # A newline before each ';': a statement may end in a line comment.
+            await cur.execute("\n;\n".join(texts).encode())
+        except BaseException:
+            # Which of its PREPAREs ran is unknown: ask before the next one.
+            self._prepared.known = False
+            raise
+        out: list[tuple[list[Row], int]] = []
+        more = True
+        while more:
+            result = cur.pgresult
+            rows = (
+                await cur.fetchall()
+                if result is not None and result.status == psycopg.pq.ExecStatus.TUPLES_OK
+                else []
+            )
+            out.append((rows, cur.rowcount))
+            more = bool(cur.nextset())
+        if len(out) != len(texts):
+            raise StoreError(f"PostgreSQL answered {len(out)} results for {len(texts)} statements")
+        return out[skip:]
+
+    async def flush(self) -> None:
+        """Send the held statements now (before using ``conn`` directly)."""
+        if self._held:
+            await self._send([])
+
+    async def commit(self) -> None:
+        if self._held == ["BEGIN"]:
+            self._held = []  # nothing ran: no transaction to end
+            return
+        await self._send(["COMMIT"])
+
+    async def rollback(self) -> None:
+        self._held = []
+        if self.conn.info.transaction_status in (
+            psycopg.pq.TransactionStatus.INTRANS,
+            psycopg.pq.TransactionStatus.INERROR,
+        ):
+            await self.conn.execute(b"ROLLBACK")
 
     async def execute(self, name: str, params: Params) -> int:
+        if self._held:
+            [(_, count)] = await self._send([self._bind(name, params)])
+            return count
         cur = await self.conn.execute(self._q[name], params)
         return cur.rowcount
 
@@ -90,27 +227,48 @@ class _Session:
         # idle_in_transaction_session_timeout and keep the other instances
         # from taking its services over. A query with a set-based form
         # (``<name>_set``, arrays of columns) is sent once for all rows;
-        # others one row at a time.
+        # others one row at a time. In a batched transaction they are held
+        # back and sent with the next statement or the COMMIT.
         if not rows:
             return
-        set_query = self._q.get(f"{name}_set")
-        if set_query is None:
+        if f"{name}_set" not in self._q:
             for row in rows:
-                await self.conn.execute(self._q[name], row)
+                if self._batched:
+                    self._held.append(self._bind(name, row))
+                else:
+                    await self.conn.execute(self._q[name], row)
             return
         if name == "upsert_receipt":
             # ON CONFLICT may touch a row once per statement: last one wins.
             by_key = {(r["service_id"], r["transaction_id"]): r for r in rows}
             rows = list(by_key.values())
         columns = {key: [row[key] for row in rows] for key in rows[0]}
-        await self.conn.execute(set_query, columns)
+        if self._batched:
+            self._held.append(self._bind(f"{name}_set", columns))
+        else:
+            await self.conn.execute(self._q[f"{name}_set"], columns)
 
     async def fetchall(self, name: str, params: Params) -> list[Row]:
+        if self._held:
+            [(rows, _)] = await self._send([self._bind(name, params)])
+            return rows
         prepare = False if name in PLANNED_EACH_TIME else None
         cur = await self.conn.execute(self._q[name], params, prepare=prepare)
         return await cur.fetchall()
 
+    async def fetchall_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """Each query's rows, all sent in one message; they run in list order."""
+        if len(calls) == 1 and not self._held:
+            return [await self.fetchall(*calls[0])]
+        if not calls:
+            return []
+        results = await self._send([self._bind(name, params) for name, params in calls])
+        return [rows for rows, _ in results]
+
     async def fetchone(self, name: str, params: Params) -> Row | None:
+        if self._held:
+            [(rows, _)] = await self._send([self._bind(name, params)])
+            return rows[0] if rows else None
         cur = await self.conn.execute(self._q[name], params)
         return await cur.fetchone()
 
@@ -130,6 +288,8 @@ class PostgresBackend:
         self.url = url
         self.queries = load_queries(self.dialect)
         self._timeout = pool_timeout_s
+        self._prepared: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Prepared]
+        self._prepared = weakref.WeakKeyDictionary()
         self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             url,
             min_size=1,
@@ -146,6 +306,12 @@ class PostgresBackend:
                 f" -c idle_in_transaction_session_timeout={int(idle_in_transaction_ms)}",
             },
         )
+
+    def prepared_on(self, conn: psycopg.AsyncConnection[Any]) -> _Prepared:
+        found = self._prepared.get(conn)
+        if found is None:
+            found = self._prepared[conn] = _Prepared()
+        return found
 
     async def connect(self) -> None:
         try:
@@ -167,7 +333,13 @@ class PostgresBackend:
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         try:
             async with self._pool.connection(timeout=self._timeout) as conn:
-                yield conn
+                try:
+                    yield conn
+                except BaseException:
+                    # psycopg deallocates every prepared statement of a
+                    # connection it rolls back (ours too): ask which are left.
+                    self.prepared_on(conn).known = False
+                    raise
         except psycopg.errors.UniqueViolation as exc:
             raise ConflictError(str(exc)) from exc
         except psycopg.Error as exc:
@@ -203,20 +375,38 @@ class PostgresBackend:
         if short and not write:
             async with self._connection() as conn:
                 return await body(_Session(conn, self))
-        async with self.transaction(write=write) as session:
-            return await body(session)
+        if not write:
+            async with self.transaction(write=write) as session:
+                return await body(session)
+        async with self._connection() as conn:
+            session = _Session(conn, self, batched=True)
+            try:
+                await session.prepare()
+                result = await body(session)
+                await session.commit()
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):
+                    await session.rollback()
+                raise
+            return result
 
     async def insert_batches(self, session: Any, batches: Sequence[TrackingBatch]) -> list[int]:
         conn: psycopg.AsyncConnection[Any] = session.conn
         q = self.queries
-        await conn.execute(
-            q["lock_services"],
-            {"lock_class": ADVISORY_CLASS_SERVICE, "service_ids": [b.service_id for b in batches]},
-        )
         service_ids = [b.service_id for b in batches]
-        await conn.execute(q["lock_queue_heads"], {"service_ids": service_ids})
-        cur = await conn.execute(q["allocate_seqs"], {"count": len(batches)})
-        seqs = sorted(int(row[0]) for row in await cur.fetchall())
+        # With BEGIN, in one message: the advisory locks, then the heads.
+        *_, allocated = await session.fetchall_many(
+            [
+                (
+                    "lock_services",
+                    {"lock_class": ADVISORY_CLASS_SERVICE, "service_ids": service_ids},
+                ),
+                ("lock_queue_heads", {"service_ids": service_ids}),
+                ("allocate_seqs", {"count": len(batches)}),
+            ]
+        )
+        await session.flush()
+        seqs = sorted(int(row[0]) for row in allocated)
         blocked_by = await self._blockers(conn, batches, seqs)
         async with conn.cursor() as cur, cur.copy(q["copy_batches"]) as copy:
             copy.set_types(_BATCH_TYPES)

@@ -263,6 +263,9 @@ class _SyncSession:
         row: Row | None = self._conn.execute(self._q[name], params).fetchone()
         return row
 
+    async def fetchall_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        return [self._conn.execute(self._q[name], params).fetchall() for name, params in calls]
+
 
 class _Session:
     def __init__(self, backend: SqliteBackend, connection: _Connection) -> None:
@@ -302,6 +305,10 @@ class _Session:
         sql = self._q[name]
         row: Row | None = await self._c.call(lambda c: c.execute(sql, params).fetchone())
         return row
+
+    async def fetchall_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        sqls = [(self._q[name], params) for name, params in calls]
+        return await self._c.call(lambda c: [c.execute(q, p).fetchall() for q, p in sqls])
 
 
 class SqliteBackend:

@@ -69,6 +69,10 @@ class Session(Protocol):
 
     async def fetchone(self, name: str, params: Params) -> Row | None: ...
 
+    async def fetchall_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """Each query's rows, run in list order (PostgreSQL sends them at once)."""
+        ...
+
 
 class ConflictError(Exception):
     """A unique key was taken; the caller rolls back and names the offender."""
@@ -193,6 +197,9 @@ class _DeferredSession:
 
     async def fetchall(self, name: str, params: Params) -> list[Row]:
         return await self._session.fetchall(name, params)
+
+    async def fetchall_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        return await self._session.fetchall_many(calls)
 
     async def flush(self) -> None:
         for name in _DEFERRED_ORDER:
@@ -555,18 +562,19 @@ class SqlStore:
 
         async def body(session: Session) -> list[StoreError | None]:
             waves = _waves(steps)
-            locked = await self._lock_group(session, [_write_of(step) for _, step in steps])
             for n, wave in enumerate(waves):
                 # The writes of a wave touch distinct batches: their rows are
                 # read and locked in one query, their statements deferred
                 # and run set-based, kind by kind, in the order one write
-                # issues them.
+                # issues them. The first wave's reads also lock what the
+                # whole group makes final, first (_lock_calls).
                 deferred = _DeferredSession(session)
                 await self._prefetch(
                     session,
                     deferred,
                     [_write_of(step) for _, step in wave],
-                    states=locked if n == 0 and len(waves) == 1 else None,
+                    group=[_write_of(step) for _, step in steps] if n == 0 else None,
+                    single_wave=len(waves) == 1,
                 )
                 for i, step in wave:
                     mark = deferred.mark()
@@ -592,30 +600,42 @@ class SqlStore:
         steps.sort(key=lambda step: _write_of(step[1]).service_id + "\0" + _write_of(step[1]).id)
         return await self._backend.run(body, write=True)
 
-    async def _lock_group(
-        self, session: Session, writes: Sequence[BatchWrite]
-    ) -> dict[tuple[str, str], Row] | None:
-        """Lock what a group making batches final writes, before anything else.
+    def _lock_calls(self, writes: Sequence[BatchWrite]) -> list[tuple[str, Params]]:
+        """The statements that lock what a group making batches final writes,
+        before anything else.
 
         PostgreSQL only (SQLite has one writer). Lock order (docs/ha.md):
         the ``queue_heads`` rows of the services it finishes batches in, then
         its batch rows and the batches they block (which the release trigger
         re-points), both in key order, then (per wave) the claim rows. The
-        locked rows' states, or ``None`` when nothing was locked here.
+        last call, when there is one, is ``lock_group_rows``: the locked
+        rows' states.
         """
         finishing = sorted({w.service_id for w in writes if _makes_final(w)})
         if not finishing or self.dialect != "postgresql":
-            return None
-        await session.fetchall(
-            "lock_finishing_heads", {"service_ids": self._backend.texts_param(finishing)}
-        )
+            return []
+        calls: list[tuple[str, Params]] = [
+            ("lock_finishing_heads", {"service_ids": self._backend.texts_param(finishing)})
+        ]
         keys = sorted(
             {(w.service_id, w.id) for w in writes if not w.id.startswith(DATA_CHANGE_PREFIX)}
         )
-        if not keys:
+        if keys:
+            calls.append(("lock_group_rows", self._backend.keys_param(keys)))
+        return calls
+
+    async def _lock_group(
+        self, session: Session, writes: Sequence[BatchWrite]
+    ) -> dict[tuple[str, str], Row] | None:
+        """Run :meth:`_lock_calls`; the locked rows' states, or ``None`` when
+        no batch row was locked here."""
+        calls = self._lock_calls(writes)
+        if not calls:
             return None
-        rows = await session.fetchall("lock_group_rows", self._backend.keys_param(keys))
-        return {(r[0], r[1]): (r[1], r[2], r[3]) for r in rows}
+        results = await session.fetchall_many(calls)
+        if calls[-1][0] != "lock_group_rows":
+            return None
+        return {(r[0], r[1]): (r[1], r[2], r[3]) for r in results[-1]}
 
     async def _prefetch(
         self,
@@ -623,30 +643,45 @@ class SqlStore:
         deferred: _DeferredSession,
         writes: Sequence[BatchWrite],
         *,
-        states: dict[tuple[str, str], Row] | None = None,
+        group: Sequence[BatchWrite] | None = None,
+        single_wave: bool = False,
     ) -> None:
+        """Read and lock a wave's batch rows and claims; with ``group`` (the
+        first wave), lock what the whole group makes final before them. All
+        in one message on PostgreSQL, in lock order."""
+        calls = self._lock_calls(group) if group is not None else []
+        # The rows lock_group_rows locked are the wave's when it is the only one.
+        rows_locked = single_wave and bool(calls) and calls[-1][0] == "lock_group_rows"
         keys = sorted(
             {(w.service_id, w.id) for w in writes if not w.id.startswith(DATA_CHANGE_PREFIX)}
         )
-        if states is not None:
-            deferred.states = states
-        elif keys:
-            rows = await session.fetchall("batch_states", self._backend.keys_param(keys))
-            deferred.states = {(r[0], r[1]): (r[1], r[2], r[3]) for r in rows}
+        if keys and not rows_locked:
+            calls.append(("batch_states", self._backend.keys_param(keys)))
+        states_at = len(calls) - 1 if keys or rows_locked else None
         fences = sorted(
             {(w.service_id, w.fence.instance_id, w.fence.epoch) for w in writes if w.fence}
         )
         # Only PostgreSQL has claims; elsewhere the first fenced write refuses.
+        claims_at = None
         if fences and self.dialect == "postgresql":
-            rows = await session.fetchall(
-                "hold_claims",
-                {
-                    "service_ids": self._backend.texts_param([f[0] for f in fences]),
-                    "instance_ids": self._backend.texts_param([f[1] for f in fences]),
-                    "epochs": self._backend.seqs_param([f[2] for f in fences]),
-                },
+            calls.append(
+                (
+                    "hold_claims",
+                    {
+                        "service_ids": self._backend.texts_param([f[0] for f in fences]),
+                        "instance_ids": self._backend.texts_param([f[1] for f in fences]),
+                        "epochs": self._backend.seqs_param([f[2] for f in fences]),
+                    },
+                )
             )
-            deferred.claims = {(r[0], r[1], int(r[2])) for r in rows}
+            claims_at = len(calls) - 1
+        if not calls:
+            return
+        results = await session.fetchall_many(calls)
+        if states_at is not None:
+            deferred.states = {(r[0], r[1]): (r[1], r[2], r[3]) for r in results[states_at]}
+        if claims_at is not None:
+            deferred.claims = {(r[0], r[1], int(r[2])) for r in results[claims_at]}
 
     async def clean_stale_records(self, submitted_by: int) -> int:
         params = {"cutoff": submitted_by}
