@@ -150,8 +150,9 @@ class BatchReader(Protocol):
         ...
 
     async def get_batch_statuses_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
-        """As :meth:`get_batches_by_id`, but the transactions may be left out
-        (an ``Invalid`` batch keeps its invalid transactions)."""
+        """As :meth:`get_batches_by_id`, but the transactions and the body
+        (``serialized_batch``) may be left out (an ``Invalid`` batch keeps its
+        invalid transactions)."""
         ...
 
     async def list_batches_by_status(

@@ -799,15 +799,16 @@ class SqlStore:
         )
 
     async def get_batch_statuses_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
-        """As :meth:`get_batches_by_id` without the transactions (an ``Invalid``
-        batch keeps its invalid transactions): what a status answer needs."""
+        """As :meth:`get_batches_by_id` without the transactions and with an
+        empty ``serialized_batch`` (an ``Invalid`` batch keeps its invalid
+        transactions): what a status answer needs."""
         wanted = sorted(set(batch_ids))
         if not wanted:
             return []
 
         async def body(session: Session) -> list[TrackingBatch]:
             rows = await session.fetchall(
-                "get_batches_by_id", {"ids": self._backend.texts_param(wanted)}
+                "get_batch_statuses_by_id", {"ids": self._backend.texts_param(wanted)}
             )
             invalid_seqs = [r[0] for r in rows if r[11] == BatchStatusName.INVALID.value]
             invalid: list[Row] = []
