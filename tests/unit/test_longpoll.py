@@ -20,7 +20,14 @@ from ledgerq.errors import StoreUnavailableError
 from ledgerq.ingest.api import GatewayApi, status_body, status_entry
 from ledgerq.ingest.longpoll import Changes, FinalCache
 from ledgerq.ledgers.base import LedgerBatchStatus
-from ledgerq.model import Committed, Invalid, InvalidTransaction, TrackingBatch, Valid
+from ledgerq.model import (
+    Committed,
+    Invalid,
+    InvalidTransaction,
+    TrackingBatch,
+    Unknown,
+    Valid,
+)
 from ledgerq.record.recorder import Recorder
 from ledgerq.scopes import Scope
 from ledgerq.store import open_store
@@ -264,6 +271,7 @@ def test_the_status_body_is_the_entries_as_json_final_ones_encoded_once() -> Non
     )
     pending, by_dc = _batch("a", 2), replace(_batch("b", 0), data_change_id="x")
     valid = replace(_batch("c", 0), batch_status=Valid())
+    lost = replace(_batch('quote"d', 0), batch_status=Unknown(), submitted=True)
     cache.add_all([done, bad, valid])
     found = {
         done.batch_id: done,
@@ -271,6 +279,7 @@ def test_the_status_body_is_the_entries_as_json_final_ones_encoded_once() -> Non
         pending.batch_id: pending,
         "dc:x": by_dc,
         valid.batch_id: valid,
+        lost.batch_id: lost,
     }
     ids = [
         done.batch_id,
@@ -280,6 +289,7 @@ def test_the_status_body_is_the_entries_as_json_final_ones_encoded_once() -> Non
         "dc:x",
         'dc:"q',
         valid.batch_id,
+        lost.batch_id,
     ]
     link = '/batch_statuses?id=a&x="y"'
     expected = {"data": [status_entry(i, found.get(i)) for i in ids], "link": link}

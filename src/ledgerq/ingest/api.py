@@ -303,9 +303,10 @@ def status_body(
 ) -> str:
     """``{"data": [status_entry(i, found.get(i)) for i in ids], "link": link}``
     as JSON, each final batch's entry encoded once and kept in ``final``
-    (long-polls ask for the same batches again and again), an unknown one's
-    written directly."""
+    (long-polls ask for the same batches again and again), an unknown or
+    pending one's written directly (``ids`` are checked: a batch id is hex)."""
     parts = []
+    services: dict[str, str] = {}
     for i in ids:
         batch = found.get(i)
         if batch is None:
@@ -319,6 +320,17 @@ def status_body(
                 encoded = json.dumps(status_entry(i, batch))
                 final.keep_encoded(i, encoded)
             parts.append(encoded)
+        elif i == batch.batch_id and not isinstance(batch.batch_status, Invalid):
+            name = batch.status_name
+            service = services.get(batch.service_id)
+            if service is None:
+                service = services[batch.service_id] = json.dumps(batch.service_id)
+            parts.append(
+                f'{{"id": "{i}", "status": "{sawtooth_status(batch.batch_status)}", '
+                f'"invalid_transactions": [], "ledgerq_status": '
+                f"{'null' if name is None else json.dumps(name.value)}, "
+                f'"submitted": {"true" if batch.submitted else "false"}, "service_id": {service}}}'
+            )
         else:
             parts.append(json.dumps(status_entry(i, batch)))
     return '{"data": [' + ", ".join(parts) + '], "link": ' + json.dumps(link) + "}"
