@@ -16,13 +16,15 @@
 * ``GET /batch_statuses?id=a,b&service_id=S&wait=N`` — Sawtooth's shape
   (``{"data": [{"id", "status", "invalid_transactions"}], "link"}``): a batch
   ledgerq still holds is ``PENDING``, one it never saw ``UNKNOWN``; with
-  ``wait`` the answer waits up to N seconds (at most 300) for every batch to
-  be final. ``ledgerq_status`` gives the tracking status itself, ``service_id``
-  the batch's service. ``POST /batch_statuses`` takes the ids as a JSON
-  array. Bounded: at most ``max_status_ids`` distinct ids (repeats answered
-  once), each a batch id or ``dc:`` id (else 400), read in one query, two
-  requests' reads at a time; an unparsable ``wait`` is a 400; parked requests
-  are refreshed together by :class:`Changes` and capped (429).
+  ``wait`` the answer waits up to N seconds (at most 300) until no batch is
+  ``PENDING`` (Sawtooth's rule; :mod:`ledgerq.ingest.longpoll`).
+  ``ledgerq_status`` gives the tracking status itself, ``service_id`` the
+  batch's service. ``POST /batch_statuses`` takes the ids as a JSON array.
+  Bounded: at most ``max_status_ids`` distinct ids (repeats answered once),
+  each a batch id or ``dc:`` id (else 400); final batches answered from a
+  shared cache, the others read in one query, two reads at a time, the
+  requests waiting meanwhile read together (:mod:`ledgerq.ingest.combined`);
+  an unparsable ``wait`` is a 400; parked requests are capped (429).
 * ``GET /batches?service_id=&status=&limit=&after=`` — tracked batches in
   acceptance order, paginated by ``seq`` (``paging.next`` links the next page).
 * ``GET /batches/{id}?service_id=S`` — one batch.
