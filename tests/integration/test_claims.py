@@ -483,6 +483,12 @@ async def test_the_next_cycle_comes_when_a_foreign_claim_can_expire(db: str) -> 
         assert (await b.cycle()).voided == ("busy",)
 
 
+def heartbeats(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT instance_id, heartbeat_at FROM gateway_instances").fetchall()
+    return {i: h for i, h in rows}
+
+
 def winners(url: str, services: list[str], instances: list[str]) -> dict[str, str]:
     """Each service's rendezvous winner among ``instances``, as claims.sql picks it."""
     with psycopg.connect(url) as conn:
@@ -658,11 +664,15 @@ async def test_services_with_work_are_taken_over_first_and_the_rest_at_once_afte
         put_batch(db, "s8", "w8")
         put_batch(db, "s5", "m5", submitted=True)  # mid-submission
         clock.advance(a.settings.claim_ttl_ms)
+        full_at = clock()
         taken = [set((await b.cycle()).voided)]
         assert taken[0] == {"s7", "s8", "s0"}
         while b.pause_ms() == 0:
+            clock.advance(100)
             taken.append(set((await b.cycle()).voided))
         assert [len(t) for t in taken] == [3, 3, 3, 0]  # the last found no more
+        # Those cycles, within half a period of the full one, only took over.
+        assert heartbeats(db)["b"] == full_at
         assert set().union(*taken) == set(services) - {"s5"}
         clock.advance(a.settings.slow_ttl_ms - a.settings.claim_ttl_ms)
         assert (await b.cycle()).voided == ("s5",)

@@ -179,6 +179,8 @@ class ClaimManager:
         self._follow_up = False
         #: The last take-over left expired claims for the next cycle.
         self._more = False
+        #: When the last full cycle (not only a take-over) started (ms).
+        self._last_full: int | None = None
         #: When the next clean-up of idle services' claim rows is due (ms).
         self._next_cleanup: int | None = None
         self._stopping = False
@@ -419,7 +421,17 @@ class ClaimManager:
         failpoint("claim_cycle")
         now = self._clock() if now is None else now
         errors: list[StoreError] = []
-        self._follow_up = self.next_expiry is not None and now >= self.next_expiry
+        # A cycle that comes at once for more expired claims, soon after a
+        # full one, only takes over: the rest waits for the next full cycle
+        # (at most half a period away), and a claim reaching its second
+        # expiry meanwhile is taken a take-over later, not a cycle later.
+        only_take = (
+            self._more
+            and self._last_full is not None
+            and now - self._last_full < self.settings.renew_interval_ms // 2
+        )
+        if not only_take:
+            self._follow_up = self.next_expiry is not None and now >= self.next_expiry
 
         took: dict[str, float] = {}
         started = time.monotonic()
@@ -447,6 +459,11 @@ class ClaimManager:
         # one reaching its second expiry meanwhile does not wait for the
         # idle ones to move).
         self._more = found >= TAKE_LIMIT and bool(rows)
+        if only_take:
+            if errors:
+                raise errors[0]
+            return CycleReport(now, voided, (), (), len(self._held.epochs))
+        self._last_full = now
         await step("maintenance", lambda c: self._maintain(c, now), None)
         forgotten = none
         if self._next_cleanup is None or now >= self._next_cleanup:
