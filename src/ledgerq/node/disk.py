@@ -78,8 +78,10 @@ _COMMITTED, _INVALID = 0, 1
 #: Virtual size of the memory map (LMDB's ceiling for the file, not memory used).
 DEFAULT_MAP_SIZE = 256 << 30
 _MADV_DONTNEED = 4  # Linux
-#: Store operations (a read, a commit's puts) between two releases of the mapped pages.
-RELEASE_EVERY_TOUCHES = 256
+#: Store operations (a read, a commit's puts) between two looks at the mapped pages.
+CHECK_EVERY_TOUCHES = 32
+#: File pages mapped in since the last release that make the next look release them.
+RELEASE_ABOVE_BYTES = 16 << 20
 
 
 class MappedPages:
@@ -100,20 +102,35 @@ class MappedPages:
     ext4), which a fault maps whole; ``MADV_RANDOM`` (LMDB's ``NORDAHEAD``)
     stops neither. A random key's lookup in a store of a million batches
     maps 64 KiB–2 MiB, so a time-based release bounds nothing: the node
-    mapped the whole store (900 MiB) within a second. Releases are therefore
-    counted in store operations: :meth:`touch` after every read and every
-    commit written, and a release once ``every`` operations added up (about
-    25 MiB mapped at most; a release of that costs tens of microseconds, the
-    refaults of the B-trees' upper pages a few microseconds per operation).
+    mapped the whole store (900 MiB) within a second, and a count of
+    operations bounds it only as well as the folios' sizes allow (25–105 MiB
+    at 256 operations, growing with the store). So the kernel's own count
+    decides: :meth:`touch` after every read and every commit written, and
+    every ``every`` operations a look at the process's resident shared
+    pages (``/proc/self/statm``, a read of about 10 µs, which counts the
+    file pages mapped in); once they exceed what they were right after the
+    last release by ``limit`` bytes, a release (tens of microseconds; the
+    refaults of the B-trees' upper pages then cost a few microseconds per
+    operation). Where ``statm`` cannot be read, every look releases.
     Nothing is released while :attr:`held` (a restart's replay: each
     replayed record reads tens of KiB of store pages that the next records
     read again); letting go releases at once.
     """
 
-    def __init__(self, data_file: Path, *, every: int = RELEASE_EVERY_TOUCHES) -> None:
+    def __init__(
+        self,
+        data_file: Path,
+        *,
+        every: int = CHECK_EVERY_TOUCHES,
+        limit: int = RELEASE_ABOVE_BYTES,
+    ) -> None:
         self._range: tuple[int, int] | None = None
         self._madvise = None
         self.every = every
+        self.limit = limit
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._base = 0  # resident shared pages right after the last release
+        self._statm: int | None = None
         self._touched = 0
         self._held = False
         self.released = 0  # calls that succeeded
@@ -128,6 +145,20 @@ class MappedPages:
         madvise.restype = ctypes.c_int
         self._madvise = madvise
         self._range = _mapping_of(data_file)
+        try:
+            self._statm = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._statm = None
+        self._base = self._shared() or 0
+
+    def _shared(self) -> int | None:
+        """Resident shared pages of the process (file pages mapped in), or None."""
+        if self._statm is None:
+            return None
+        try:
+            return int(os.pread(self._statm, 128, 0).split()[2])
+        except (OSError, ValueError, IndexError):
+            return None
 
     @property
     def held(self) -> bool:
@@ -140,9 +171,16 @@ class MappedPages:
             self.release()
 
     def touch(self, operations: int = 1) -> None:
-        """Count store operations (from any thread); release once ``every`` added up."""
+        """Count store operations (from any thread); every ``every``, look and release
+        if more than ``limit`` bytes were mapped in since the last release."""
         self._touched += operations
-        if self._touched >= self.every:
+        if self._touched < self.every:
+            return
+        self._touched = 0
+        if self._range is None or self._held:
+            return
+        shared = self._shared()
+        if shared is None or (shared - self._base) * self._page > self.limit:
             self.release()
 
     def release(self) -> None:
@@ -153,6 +191,12 @@ class MappedPages:
         start, end = self._range
         if self._madvise(start, end - start, _MADV_DONTNEED) == 0:
             self.released += 1
+        self._base = self._shared() or 0
+
+    def close(self) -> None:
+        if self._statm is not None:
+            os.close(self._statm)
+            self._statm = None
 
 
 def _mapping_of(data_file: Path) -> tuple[int, int] | None:
@@ -494,6 +538,7 @@ class LmdbStore:
         self._refresh()
 
     def close(self) -> None:
+        self._pages.close()
         self._read.abort()
         self._env.sync(True)
         self._env.close()

@@ -1,5 +1,6 @@
-"""The store's mapped file pages leave the node's RSS (Linux): once a number of store
-operations added up, and never while a restart replays the journal."""
+"""The store's mapped file pages leave the node's RSS (Linux): once more than a limit
+of them were mapped in (looked at every so many store operations), and never while a
+restart replays the journal."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ def _records(first: int, count: int) -> list[CommitRecord]:
 def _store_with_pages_mapped(path: Path) -> tuple[LmdbStore, int]:
     store = LmdbStore(path)
     store._pages.every = 10**9  # nothing released while the pages are mapped in
+    store._pages.limit = 0  # then anything mapped in is over the limit
     found = store._pages._range
     assert found is not None, "the data file's mapping was not found in /proc/self/maps"
     for first in range(1, 6_001, 2_000):
@@ -80,6 +82,11 @@ def test_operations_map_pages_in_and_enough_of_them_map_them_out(tmp_path: Path)
         store.get_block(100)  # the 100th: released
         assert store._pages.released == 1
         assert _mapped_kib(start) < before / 4
+        # Under the limit: looked at, not released.
+        store._pages.limit = 1 << 40
+        for num in range(1, 201):
+            store.get_block(num)
+        assert store._pages.released == 1
         # Still readable: the pages come back from the page cache.
         assert store.get_block(3).num == 3  # type: ignore[union-attr]
         assert store.get_batch(store.get_block(5_000).batch_id) is not None  # type: ignore[union-attr]
@@ -152,6 +159,7 @@ async def test_a_restart_keeps_the_pages_mapped_while_it_replays(
 
     def spy(self: LmdbStore, *args: Any) -> None:
         self._pages.every = 1  # any operation would release, were the pages not held
+        self._pages.limit = 0
         write(self, *args)
         if opening[0]:
             writes_while_replaying.append(True)
@@ -171,3 +179,20 @@ async def test_a_restart_keeps_the_pages_mapped_while_it_replays(
         assert {i.status for i in infos.values()} == {"COMMITTED"}
     finally:
         await again.close()
+
+
+def test_the_limit_is_the_processes_resident_file_pages(tmp_path: Path) -> None:
+    store, start = _store_with_pages_mapped(tmp_path / "store")
+    try:
+        pages = store._pages
+        pages.release()
+        pages.every = 1
+        pages.limit = 8 << 20
+        released = pages.released
+        for num in range(1, 6_001):
+            store.get_block(num)
+            if num % 250 == 0:
+                assert _mapped_kib(start) < 8 * 1024 + 4 * 1024  # the limit, one read's worth
+        assert pages.released > released
+    finally:
+        store.close()
