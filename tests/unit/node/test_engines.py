@@ -205,6 +205,36 @@ def test_worker_keeps_logs_for_request_logs() -> None:
         worker.handle(KVSRead(fp(0), "k", None))
 
 
+def _logs_kept(worker: Worker, out: Outbox, count: int) -> list[int]:
+    for n in range(count):
+        worker.handle(RequestLogs(fp(n)))
+    return [n for n, (_, msg) in enumerate(out.take()) if msg.summary is not None]
+
+
+def test_worker_bounds_kept_logs_by_count_and_by_the_values_they_hold() -> None:
+    out = Outbox()
+    worker = Worker(out, 2, lambda key: 0, clock=lambda: 42, keep_logs=3, keep_log_entries=10)
+    for n in range(5):  # one value read and one written each: 3 entries per summary
+        summary = ExecutionSummary(fp(n), str(n), True, (("k", None),), (("k", b"1"),))
+        worker.handle(ExecutorFinished(fp(n), f"0.{n}", summary))
+    assert _logs_kept(worker, out, 5) == [2, 3, 4]  # the count bound: the last three
+
+    # One large summary (a batch of many transactions) pushes out older ones
+    # by the values it holds, but the newest is always kept.
+    wide = tuple((f"k{i}", b"1") for i in range(8))
+    worker.handle(ExecutorFinished(fp(5), "0.5", ExecutionSummary(fp(5), "5", True, (), wide)))
+    assert _logs_kept(worker, out, 6) == [5]
+    huge = tuple((f"k{i}", b"1") for i in range(50))
+    worker.handle(ExecutorFinished(fp(6), "0.6", ExecutionSummary(fp(6), "6", True, (), huge)))
+    assert _logs_kept(worker, out, 7) == [6]
+
+    # Small ones fill up again to the value bound, dropping the large one.
+    for n in range(7, 10):
+        summary = ExecutionSummary(fp(n), str(n), True, (("k", None),), (("k", b"1"),))
+        worker.handle(ExecutorFinished(fp(n), f"0.{n}", summary))
+    assert _logs_kept(worker, out, 10) == [7, 8, 9]
+
+
 # --- executor and supervisor -------------------------------------------------------------
 
 

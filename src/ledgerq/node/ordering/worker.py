@@ -76,6 +76,7 @@ class Worker:
         clock: Clock = now_ms,
         first_batch: int = 0,
         keep_logs: int = 100_000,
+        keep_log_entries: int = 400_000,
         history: Mapping[str, tuple[int, int]] | None = None,
         dedupe_window: int | None = None,
     ) -> None:
@@ -99,6 +100,11 @@ class Worker:
         self._logs: dict[TxFingerprint, ExecutionSummary] = {}
         self._log_order: deque[TxFingerprint] = deque()
         self._keep_logs = keep_logs
+        # A summary holds every value its batch read and wrote, so a count of
+        # summaries alone bounds nothing for batches of many transactions:
+        # the values kept are bounded too (the oldest summaries go first).
+        self._keep_log_entries = keep_log_entries
+        self._log_entries = 0
         self._handlers: dict[type, Callable[[Any], None]] = {
             TransactionRequest: self._on_request,
             ExecutorPIDAssigned: self._on_pid,
@@ -193,10 +199,21 @@ class Worker:
         self._outstanding[msg.fingerprint] -= 1
 
     def _on_finished(self, msg: ExecutorFinished) -> None:
-        self._logs[msg.fingerprint] = msg.summary
-        self._log_order.append(msg.fingerprint)
-        while len(self._log_order) > self._keep_logs:
-            self._logs.pop(self._log_order.popleft(), None)
+        summary = msg.summary
+        previous = self._logs.get(msg.fingerprint)
+        if previous is not None:
+            self._log_entries -= _log_weight(previous)
+        else:
+            self._log_order.append(msg.fingerprint)
+        self._logs[msg.fingerprint] = summary
+        self._log_entries += _log_weight(summary)
+        order = self._log_order
+        while len(order) > 1 and (
+            len(order) > self._keep_logs or self._log_entries > self._keep_log_entries
+        ):
+            dropped = self._logs.pop(order.popleft(), None)
+            if dropped is not None:
+                self._log_entries -= _log_weight(dropped)
 
     def _on_request_logs(self, msg: RequestLogs) -> None:
         self._send(msg.requester, SendLog(msg.fingerprint, self._logs.get(msg.fingerprint)))
@@ -227,3 +244,14 @@ class Worker:
         self.batch_number += 1
         self._tx_number = 0
         self._batch_start = self._clock()
+
+
+def _log_weight(summary: ExecutionSummary) -> int:
+    """What a kept summary costs, counted in the values and lines it holds."""
+    return (
+        1
+        + len(summary.values_read)
+        + len(summary.values_written)
+        + len(summary.invalid)
+        + len(summary.log)
+    )
