@@ -280,17 +280,21 @@ class ClaimManager:
         """
         if self._thread is not None:
             raise RuntimeError("ClaimManager.run() is already running")
-        self._home = asyncio.get_running_loop()
-        thread = threading.Thread(
-            target=self._thread_main,
-            name=f"claims-{self.instance_id}"[:64],
-            daemon=True,
-        )
+        home = self._home = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = home.create_future()
+
+        def main() -> None:
+            try:
+                self._thread_main()
+            finally:
+                with contextlib.suppress(RuntimeError):  # the home loop closed
+                    home.call_soon_threadsafe(_settle, ended)
+
+        thread = threading.Thread(target=main, name=f"claims-{self.instance_id}"[:64], daemon=True)
         self._thread = thread
         thread.start()
         try:
-            while thread.is_alive():
-                await asyncio.to_thread(thread.join, 0.5)
+            await ended
         finally:
             # Cancelled (the gateway stopping): end the thread's loop too;
             # close() waits for it before giving the claims back.
@@ -701,3 +705,8 @@ class ClaimManager:
     async def _connection(self) -> Conn:
         """The claim session's connection (tests drop it to see it replaced)."""
         return await self._session.connection()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
