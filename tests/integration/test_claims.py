@@ -677,3 +677,71 @@ async def test_services_with_work_are_taken_over_first_and_the_rest_at_once_afte
         clock.advance(a.settings.slow_ttl_ms - a.settings.claim_ttl_ms)
         assert (await b.cycle()).voided == ("s5",)
         assert set(claimants(db).values()) == {"b"}
+
+
+class _Heard:
+    """A take-over listener that notes what it hears, and who held the claims then."""
+
+    def __init__(self, db: str) -> None:
+        self.db = db
+        self.heard: list[tuple[str, object, dict[str, str | None]]] = []
+
+    def asking(self, batches: object) -> None:
+        self.heard.append(("asking", dict(batches), claimants(self.db)))  # type: ignore[call-overload]
+
+    def taken(self, services: frozenset[str]) -> None:
+        self.heard.append(("taken", services, claimants(self.db)))
+
+
+async def test_a_take_over_names_the_batches_left_mid_submission_before_it_moves_the_claims(
+    db: str,
+) -> None:
+    clock = ManualClock(T0)
+    a, b = manager(db, "a", clock), manager(db, "b", clock)
+    heard = _Heard(db)
+    b.add_take_over_listener(heard)
+    async with a, b:
+        await a.register_services(["busy", "again", "idle", "pending"])
+        await a.cycle()
+        await b.cycle()
+        put_batch(db, "busy", "b1", submitted=True)
+        put_batch(db, "again", "u1", submitted=True, status="Unknown")
+        put_batch(db, "pending", "p1", submitted=True, status="Pending")
+        put_batch(db, "idle", "i1")
+        for _ in range(5):
+            clock.advance(1_000)
+            await b.cycle()
+        # First expiry: the fast path moves, nothing mid-submission is named.
+        assert set(claimants(db).values()) == {"b", "a"}
+        assert heard.heard == []
+        clock.advance(a.settings.slow_ttl_ms - a.settings.claim_ttl_ms)
+        assert (await b.cycle()).voided == ("again", "busy")
+        # Named while a still held them (the ledger is asked in parallel with
+        # the claim), then taken, and held by b before anyone hears of it.
+        (ask, asked, before), (take, won, after) = heard.heard
+        assert (ask, asked) == ("asking", {"busy": ("b1",), "again": ("u1",)})
+        assert before["busy"] == before["again"] == "a"
+        assert (take, won) == ("taken", frozenset({"busy", "again"}))
+        assert after["busy"] == after["again"] == "b"
+        assert b.fence_for("busy") == Fence("b", epochs(db)["busy"])
+
+
+async def test_a_cycle_due_just_before_a_foreign_expiry_starts_at_it(db: str) -> None:
+    clock = ManualClock(T0)
+    a, b = manager(db, "a", clock), manager(db, "b", clock)
+    async with a, b:
+        await a.register_services(["s"])
+        await a.cycle()
+        await b.cycle()
+        assert b.next_expiry == T0 + a.settings.claim_ttl_ms
+        b._full_cycle_ms = 150  # as measured on a loaded machine
+        # A cycle due 200 ms before the expiry ends before it: it runs now.
+        clock.advance(a.settings.claim_ttl_ms - 250)
+        assert b.hold_ms() == 0
+        # One due 100 ms before it would still run at the expiry: it waits for it.
+        clock.advance(150)
+        assert b.hold_ms() == 101
+        # Never longer than a quarter of a renewal interval.
+        b._full_cycle_ms = 10_000
+        clock.advance(-300)
+        assert b.hold_ms() == 0

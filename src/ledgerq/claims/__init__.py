@@ -15,6 +15,7 @@ from ledgerq.claims.manager import (
     CycleReport,
     HeldClaim,
     InstanceInfo,
+    TakeOverListener,
 )
 from ledgerq.claims.settings import ClaimSettings, generate_instance_id
 
@@ -26,5 +27,6 @@ __all__ = [
     "HeldClaim",
     "InstanceInfo",
     "SingleInstanceLock",
+    "TakeOverListener",
     "generate_instance_id",
 ]

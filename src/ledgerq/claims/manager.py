@@ -55,7 +55,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from ledgerq.claims.session import ClaimSession, Conn, Row
 from ledgerq.claims.settings import ClaimSettings
@@ -69,6 +69,27 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: Called after a cycle with the services gained and the services lost.
 ChangeListener = Callable[[frozenset[str], frozenset[str]], None]
+
+
+class TakeOverListener(Protocol):
+    """Hears of the batches a take-over finds mid-submission (the slow path).
+
+    Both are called on the loop that called :meth:`ClaimManager.run` (or the
+    caller's, without it), in this order, ``taken`` before the change
+    listeners hear of the services gained.
+    """
+
+    def asking(self, batches: Mapping[str, tuple[str, ...]]) -> None:
+        """Service → batch ids left mid-submission, for claims being taken
+        over right now (not yet committed): the ledger may be asked about them
+        at once. What is recorded waits for :meth:`taken`."""
+        ...
+
+    def taken(self, services: frozenset[str]) -> None:
+        """The take-over ended: of the services ``asking`` named, these are
+        now held (the rest, none when it failed, are not)."""
+        ...
+
 
 #: Claim rows of idle services deleted per clean-up, at most.
 CLEANUP_LIMIT = 1_000
@@ -164,6 +185,7 @@ class ClaimManager:
         self._clock = clock
         self._address = address
         self._listeners: list[ChangeListener] = [on_change] if on_change else []
+        self._take_over_listeners: list[TakeOverListener] = []
         self._session = ClaimSession(url, self.settings)
         self._held = _NOTHING
         self._wake = asyncio.Event()
@@ -188,6 +210,8 @@ class ClaimManager:
         self._ended_deadlocks = 0
         #: How late (s) the current cycle started against its schedule.
         self._late_s = 0.0
+        #: How long the last full cycle took (ms).
+        self._full_cycle_ms = 0.0
 
     @property
     def instance_id(self) -> str:
@@ -267,6 +291,9 @@ class ClaimManager:
     def add_listener(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
 
+    def add_take_over_listener(self, listener: TakeOverListener) -> None:
+        self._take_over_listeners.append(listener)
+
     async def run(self) -> None:
         """Run a claim cycle every ``renew_interval_ms`` until :meth:`stop`.
 
@@ -312,6 +339,9 @@ class ClaimManager:
         session = self._thread_session = ClaimSession(self.url, self.settings)
         try:
             while not self._stopping:
+                hold = self.hold_ms()
+                if hold > 0:
+                    await asyncio.sleep(hold / 1000)
                 cycle_began = time.monotonic()
                 # Whatever woke the loop up to now, this cycle answers.
                 self._wake.clear()
@@ -367,6 +397,27 @@ class ClaimManager:
         if self._more:
             pause = 0
         return pause
+
+    def hold_ms(self, now: int | None = None) -> int:
+        """How long to wait before a cycle due now, so that a foreign claim
+        expiring while it would run is taken at its expiry.
+
+        A cycle takes over first, then maintains, renews, claims and hands
+        over: on a loaded machine that is 0.1-0.3 s, and a claim expiring in
+        the meantime (a dead instance's slow-path claims, at its second
+        expiry) waited for the cycle to end, then for the next one's
+        take-over (``bench failover``: 0.15-0.25 s after the expiry). A full
+        cycle due within its own last duration before such an expiry
+        therefore starts at the expiry (at most a quarter of a renewal
+        interval later: the lease has ``claim_ttl_ms`` to spare).
+        """
+        now = self._clock() if now is None else now
+        nxt = self.next_expiry
+        if nxt is None or nxt <= now or self._more:
+            return 0
+        ahead = nxt - now
+        reach = min(self._full_cycle_ms * 1.5 + 20, self.settings.renew_interval_ms / 4)
+        return ahead + 1 if ahead <= reach else 0
 
     # -- what this instance holds ----------------------------------------
 
@@ -454,10 +505,11 @@ class ClaimManager:
         # Expired claims first, in a transaction of their own: the pipeline
         # hears of them as soon as it commits.
         nothing: tuple[int, list[Row]] = (0, [])
+        asked: dict[str, tuple[str, ...]] = {}
         found, rows = await step(
-            "take over", partial(self._take_over, now=now, limit=TAKE_LIMIT), nothing
+            "take over", partial(self._take_over, now=now, limit=TAKE_LIMIT, asked=asked), nothing
         )
-        voided = self._took_over(rows)
+        voided = self._took_over(rows, asked)
         # More expired claims than one take-over moves: the next cycle comes
         # at once (its take-over again those of services with work first, so
         # one reaching its second expiry meanwhile does not wait for the
@@ -480,6 +532,7 @@ class ClaimManager:
         if handed is not None:
             released, held = handed
             self._set_held(held)
+        self._full_cycle_ms = (time.monotonic() - started) * 1000
         self._log_slow_cycle(time.monotonic() - started, took, len(voided))
         if errors:
             raise errors[0]
@@ -563,23 +616,40 @@ class ClaimManager:
 
     # -- the steps ---------------------------------------------------------
 
-    async def _take_over(self, conn: Conn, now: int, limit: int) -> tuple[int, list[Row]]:
-        """Up to ``limit`` expired claims taken over: (candidates locked, rows taken)."""
+    async def _take_over(
+        self, conn: Conn, now: int, limit: int, asked: dict[str, tuple[str, ...]]
+    ) -> tuple[int, list[Row]]:
+        """Up to ``limit`` expired claims taken over: (candidates locked, rows taken).
+
+        ``asked`` collects the batches the slow-path candidates left
+        mid-submission; the take-over listeners hear of them before the
+        second statement runs, so the ledger is asked while the claims are
+        taken (and :meth:`_took_over` tells them which were).
+        """
         fetch = self._cs.fetch
         # The first statement locks what may be taken over; the second decides
         # on a snapshot taken once those rows are locked (see claims.sql).
-        candidates = [
-            r["service_id"]
-            for r in await fetch(
-                conn,
-                "take_candidates",
-                now=now,
-                fallback_ms=self.settings.renew_interval_ms,
-                limit=limit,
-            )
-        ]
+        found = await fetch(
+            conn,
+            "take_candidates",
+            now=now,
+            fallback_ms=self.settings.renew_interval_ms,
+            limit=limit,
+        )
+        candidates = [r["service_id"] for r in found]
         if not candidates:
             return 0, []
+        if self._take_over_listeners and self._held.lease is not None:
+            # Without a lease (this instance's first cycle) nothing taken is
+            # held before the cycle ends: the follower's scan asks then.
+            mid = {
+                r["service_id"]: tuple(r["mid"])
+                for r in found
+                if r["mid"] and r["service_id"] not in asked
+            }
+            if mid:
+                asked.update(mid)
+                self._tell(lambda listener: listener.asking(mid))
         rows = await fetch(conn, "take_expired", now=now, service_ids=candidates, **self._ttls())
         return len(candidates), rows
 
@@ -590,15 +660,19 @@ class ClaimManager:
             conn, "forget_instances", now=now, forget_ms=self.settings.forget_instance_ms
         )
 
-    def _took_over(self, rows: list[Row]) -> tuple[str, ...]:
+    def _took_over(self, rows: list[Row], asked: Mapping[str, object]) -> tuple[str, ...]:
         """Log the claims maintenance took over and hold them at once.
 
         The pipeline hears of them now, not after the rest of the cycle
         (renewal, claiming, hand-over): a dead instance's services resume
         sooner. They are held under the lease as last read, which the new
-        claims outlast (their own expiry was set just now).
+        claims outlast (their own expiry was set just now). The take-over
+        listeners hear which of the services they were asked about are held
+        before the change listeners hear of them.
         """
         if not rows:
+            if asked:
+                self._tell(lambda listener: listener.taken(frozenset()))
             return ()
         by_holder: dict[tuple[str, bool], int] = {}
         for r in rows:
@@ -617,10 +691,18 @@ class ClaimManager:
             for r in rows:
                 log.debug("took over %s from %s", r["service_id"], r["previous_claimant"])
         held = self._held
+        won: frozenset[str] = frozenset()
         if held.lease is not None:
             epochs = dict(held.epochs)
             epochs.update({r["service_id"]: r["epoch"] for r in rows})
-            self._set_held(_Held.of(epochs, held.lease))
+            won = frozenset(asked) & frozenset(r["service_id"] for r in rows)
+            # Held (their fences readable) before any listener hears of them.
+            self._set_held(
+                _Held.of(epochs, held.lease),
+                first=lambda: self._tell(lambda listener: listener.taken(won)) if asked else None,
+            )
+        elif asked:
+            self._tell(lambda listener: listener.taken(won))
         return tuple(sorted(r["service_id"] for r in rows))
 
     async def _clean_up(self, conn: Conn, now: int) -> tuple[str, ...]:
@@ -688,9 +770,13 @@ class ClaimManager:
     def _ttls(self) -> dict[str, int]:
         return {"ttl_ms": self.settings.claim_ttl_ms, "slow_ttl_ms": self.settings.slow_ttl_ms}
 
-    def _set_held(self, held: _Held) -> None:
+    def _set_held(self, held: _Held, first: Callable[[], None] | None = None) -> None:
+        """Replace what this instance holds; ``first`` is called once it is
+        replaced, before the change listeners are."""
         before, after = self._held.services, held.services
         self._held = held
+        if first is not None:
+            first()
         gained, lost = after - before, before - after
         if not (gained or lost):
             return
@@ -701,6 +787,16 @@ class ClaimManager:
             else:
                 with contextlib.suppress(RuntimeError):  # the home loop closed
                     home.call_soon_threadsafe(listener, gained, lost)
+
+    def _tell(self, call: Callable[[TakeOverListener], None]) -> None:
+        """Call every take-over listener, on the loop :meth:`run` was called on."""
+        home = self._home
+        for listener in self._take_over_listeners:
+            if home is None or threading.current_thread() is not self._thread:
+                call(listener)
+            else:
+                with contextlib.suppress(RuntimeError):  # the home loop closed
+                    home.call_soon_threadsafe(call, listener)
 
     async def _connection(self) -> Conn:
         """The claim session's connection (tests drop it to see it replaced)."""

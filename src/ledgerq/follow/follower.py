@@ -62,7 +62,7 @@ import contextlib
 import enum
 import logging
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -145,6 +145,10 @@ class _Entry:
     task: asyncio.Task[None] | None = None
 
 
+#: A batch the follower follows (what :meth:`Follower.adopt` returns).
+Followed = _Entry
+
+
 class Follower:
     def __init__(
         self,
@@ -221,6 +225,32 @@ class Follower:
         self._drop(entry)
         if entry.task is not None:
             entry.task.cancel()
+
+    def adopt(self, batches: Iterable[tuple[str, str]]) -> list[_Entry]:
+        """Follow ``(batch_id, service_id)`` pairs whose ledger answers are
+        read elsewhere (a take-over asks while it claims): not asked here
+        unless :meth:`answered` finds no answer. Returns the entries new here."""
+        entries = []
+        for batch_id, service_id in batches:
+            if batch_id in self.followed or batch_id in self._held:
+                continue
+            entry = self.followed[batch_id] = _Entry(batch_id, service_id, Mode.ASK)
+            entries.append(entry)
+        return entries
+
+    async def answered(self, entries: Sequence[_Entry], answers: Mapping[str, BatchStatus]) -> None:
+        """Apply the answers read for :meth:`adopt`'s entries, all at once (the
+        writes go out together: one group commit); an entry without an answer
+        is asked as any other."""
+        self.asked += len(entries)
+        applies = []
+        for entry in entries:
+            answer = answers.get(entry.batch_id)
+            if answer is not None:
+                applies.append(self._apply(entry, answer))
+            elif self._is_followed(entry):
+                self._start(entry)
+        await asyncio.gather(*applies)
 
     def scan_now(self) -> None:
         """Read the store's in-flight batches now (services adopted, say)."""

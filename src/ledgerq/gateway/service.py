@@ -29,11 +29,13 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from ledgerq.claims import TakeOverListener
 from ledgerq.clock import Clock, now_ms
 from ledgerq.config import Settings
 from ledgerq.follow.follower import Follower
 from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
 from ledgerq.gateway.ha import ClaimBoundLedger
+from ledgerq.gateway.takeover import TakeOverAsks
 from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
 from ledgerq.ingest.guard import GuardedSite, HttpLimits, request_line_limit
 from ledgerq.ledgers.base import LedgerClient
@@ -79,6 +81,8 @@ class Claims(ClaimsView, Protocol):
     def wake(self) -> None: ...
 
     def add_listener(self, listener: Callable[[frozenset[str], frozenset[str]], None]) -> None: ...
+
+    def add_take_over_listener(self, listener: TakeOverListener) -> None: ...
 
 
 class Wakeups(Protocol):
@@ -178,7 +182,10 @@ class Gateway:
             ledger_problem=self._ledger_problem,
         )
         self.recorder.add_unlock_listener(self.wake)
+        #: Asks the ledger about the batches a take-over finds mid-submission.
+        self.take_over = TakeOverAsks(ledger, self.follower, max_ids=settings.monitor.max_ids)
         if claims is not None:
+            claims.add_take_over_listener(self.take_over)
             claims.add_listener(self._claims_changed)
         self._wakeups: list[Wakeups] = []
         self._running = False
@@ -293,6 +300,7 @@ class Gateway:
                 if follower is not None:
                     self.follower.stop()
                     await follower
+                self.take_over.stop()
                 for w in self._wakeups:
                     w.stop()
                 # Extras get a moment to end by themselves, then are cancelled.

@@ -30,12 +30,23 @@
 -- takes too, and the second statement's re-check makes the later one a no-op.
 -- At most `limit` rows at a time (the next cycle comes at once for more), those of
 -- services with work waiting first.
+-- `mid`: past the second expiry (the slow path), the batches left
+-- mid-submission, for the ledger to be asked about while the claim is taken
+-- (a read: what is recorded is decided under the new claim's fence).
 WITH others AS MATERIALIZED (
     SELECT coalesce(array_agg(instance_id::TEXT), '{}') AS ids
     FROM gateway_instances
     WHERE expiry_1 > %(now)s AND instance_id <> %(me)s
 )
-SELECT c.service_id
+SELECT c.service_id,
+       CASE WHEN greatest(c.expiry_2, i.expiry_2) <= %(now)s THEN ARRAY(
+           SELECT b.batch_id FROM batches AS b
+           WHERE b.service_id = c.service_id
+             AND b.submitted
+             AND NOT b.final
+             AND (b.status IS NULL OR b.status IN ('Unknown', 'Delayed'))
+           ORDER BY b.seq)
+       END AS mid
 FROM others
 CROSS JOIN gateway_instances AS i
 JOIN service_id_claims AS c ON c.claimant = i.instance_id

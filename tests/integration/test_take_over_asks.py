@@ -1,0 +1,138 @@
+"""The slow path of a take-over, against the fault ledger: the batches a dead
+instance left mid-submission are asked about in one status read while their
+claims move, the answers recorded together, and nothing the ledger holds is
+POSTed again (the fault ledger counts such a POST as a violation)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from ledgerq.clock import ManualClock
+from ledgerq.codec import Signer
+from ledgerq.codec.decode import to_tracking_batch
+from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.config import load_settings
+from ledgerq.gateway.service import Gateway
+from ledgerq.ledgers import HttpTimeouts, http_ledger_client
+from ledgerq.ledgers.base import Accepted, LedgerBatchStatus
+from ledgerq.model import BatchStatusName
+from ledgerq.store import open_store
+from ledgerq.store.base import BatchWrite
+from ledgerq.testing.fault_ledger import FaultLedger, FaultPlan
+from tests.integration.claims_helpers import T0, claimants, manager
+
+pytestmark = pytest.mark.pg
+
+SIGNER = Signer.generate()
+
+
+@pytest.mark.parametrize("commit_delay_ms", [0, 60_000])
+async def test_batches_left_mid_submission_are_asked_about_together_as_the_claims_move(
+    pg_url: str, tmp_path: Path, commit_delay_ms: int
+) -> None:
+    # "held": its first batch reached the ledger (committed at once, or still
+    # pending a minute later), "lost": its first batch never did. Each has a
+    # second batch behind it, and "idle" one queued batch (the fast path).
+    batches = {
+        (service, n): to_tracking_batch(
+            make_intkey_batch(SIGNER, [("set" if n == 1 else "inc", f"{service}-k", 1)]),
+            service,
+            created_at=T0 + n,
+        )
+        for service in ("held", "lost")
+        for n in (1, 2)
+    }
+    idle = to_tracking_batch(make_intkey_batch(SIGNER, [("set", "idle-k", 1)]), "idle", T0)
+    h1, l1 = batches["held", 1], batches["lost", 1]
+    plan = FaultPlan(commit_delay_ms=commit_delay_ms)
+    async with FaultLedger(plan) as ledger, await open_store(pg_url) as store:
+        await store.add_batches([*batches.values(), idle], now=T0)
+        settings = load_settings(
+            {"db": pg_url, "ledger": f"sawtooth+{ledger.url}", "bind": "127.0.0.1:0"},
+            environ={},
+            cwd=tmp_path,
+        )
+        client = http_ledger_client(settings.ledger, HttpTimeouts(connect=3, submit=10))
+        reads: list[tuple[str, ...]] = []
+        read = client.batch_statuses
+
+        async def spy_read(
+            service_id: str, ids: Sequence[str], *, wait_s: float = 0.0
+        ) -> tuple[LedgerBatchStatus, ...]:
+            reads.append(tuple(ids))
+            return await read(service_id, ids, wait_s=wait_s)
+
+        client.batch_statuses = spy_read  # type: ignore[method-assign]
+        groups: list[list[BatchWrite]] = []
+        apply = store.apply_writes
+
+        async def spy_apply(writes: Sequence[BatchWrite]) -> list[object]:
+            groups.append(list(writes))
+            return await apply(writes)  # type: ignore[return-value]
+
+        store.apply_writes = spy_apply  # type: ignore[method-assign]
+        clock = ManualClock(T0)
+        a, b = manager(pg_url, "a", clock), manager(pg_url, "b", clock)
+        async with a, b:
+            await a.cycle()  # a claims all three, then dies mid-submission:
+            for batch in (h1, l1):
+                await store.change_batch_to_submitted(
+                    batch.batch_id, batch.service_id, now=T0, fence=a.fence_for(batch.service_id)
+                )
+            assert await client.submit("held", h1.batch_id, h1.serialized_batch) == Accepted()
+            await b.cycle()  # b's first renewal: it holds nothing yet
+            gateway = Gateway(settings, store, client, claims=b)
+            task = asyncio.create_task(gateway.run())
+            try:
+                # b renews every second; a's services move at a's first expiry
+                # (idle, fast path) and second expiry (the slow path).
+                for step in (1_000,) * 5 + (a.settings.slow_ttl_ms - a.settings.claim_ttl_ms,):
+                    clock.advance(step)
+                    await b.cycle()
+                assert claimants(pg_url) == {"held": "b", "lost": "b", "idle": "b"}
+                want = BatchStatusName.PENDING if commit_delay_ms else BatchStatusName.COMMITTED
+                async with asyncio.timeout(60):
+                    while True:
+                        got = {
+                            bid: await store.get_batch(bid, s)
+                            for s, bid in (("held", h1.batch_id), ("lost", l1.batch_id))
+                        }
+                        lost = got[l1.batch_id]
+                        held = got[h1.batch_id]
+                        if (
+                            lost is not None
+                            # Resent under its own id: accepted (with the
+                            # ledger committing a minute later), or committed.
+                            and lost.status_name is want
+                            and held is not None
+                            and held.status_name is want
+                        ):
+                            break
+                        await asyncio.sleep(0.05)
+            finally:
+                gateway.stop()
+                await asyncio.wait_for(task, 60)
+                await client.close()
+    # Asked about in one read, both services' batches...
+    assert any({h1.batch_id, l1.batch_id} <= set(ids) for ids in reads), reads
+    assert gateway.take_over.asked == 2 and gateway.take_over.applied == 2
+    # ...the answers recorded in one transaction: "held" as the ledger has it,
+    # "lost" Unknown (then resent under its own id).
+    answered = [
+        {w.id: w.status for w in group if not w.attempt and w.id in (h1.batch_id, l1.batch_id)}
+        for group in groups
+    ]
+    together = [g for g in answered if len(g) == 2]
+    assert together, answered
+    first = together[0]
+    assert getattr(first[l1.batch_id], "name", None) is BatchStatusName.UNKNOWN
+    assert getattr(first[h1.batch_id], "name", None) is want
+    # The held batch was never POSTed again; the lost one once, by its new holder.
+    assert ledger.violations == []
+    report = ledger.report()["batches"]
+    assert report[h1.batch_id]["posts"] == 1
+    assert report[l1.batch_id]["posts"] == 1
