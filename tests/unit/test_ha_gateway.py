@@ -212,3 +212,24 @@ async def test_a_claim_bound_post_is_abandoned_when_the_claim_lapses() -> None:
     assert await ledger.batch_statuses("s", ["b1"], wait_s=1.0) == ("statuses", "s", ("b1",), 1.0)
     await ledger.close()
     assert inner.closed and ledger.description == "slow"
+
+
+async def test_a_take_over_asks_across_services_only_where_the_status_route_allows() -> None:
+    from ledgerq.gateway.ha import ClaimBoundLedger
+    from ledgerq.gateway.takeover import statuses_span_services
+    from ledgerq.ledgers import http_ledger_client
+    from ledgerq.operator import GatewayMetrics
+
+    sawtooth = http_ledger_client("sawtooth+http://127.0.0.1:8008")
+    splinter = http_ledger_client("splinter+http://127.0.0.1:8085")
+    try:
+        assert statuses_span_services(sawtooth)
+        # Splinter's status route is per scabbard service: one read each.
+        assert not statuses_span_services(splinter)
+        # Seen through the gateway's wrappers too.
+        wrapped = GatewayMetrics().instrument(ClaimBoundLedger(sawtooth, lambda _s, _b: 0))
+        assert statuses_span_services(wrapped)
+        assert not statuses_span_services(object())
+    finally:
+        await sawtooth.close()
+        await splinter.close()
