@@ -137,3 +137,30 @@ async def test_a_refused_request_fails_alone_and_the_others_land() -> None:
     (landed,) = await fine
     assert await store.get_batch(landed.batch_id, "s3") is not None
     assert (await store.list_batches(service_id="s2")).batches == ()  # nothing of the refused
+
+
+async def test_urgent_writes_form_a_group_of_their_own_beside_the_one_under_way() -> None:
+    from ledgerq.store.group import urgent
+
+    store = SlowStore()
+    writer = GroupCommitWriter(store)
+    busy = asyncio.create_task(writer.update_batch_status("a", "s", Pending()))
+    await asyncio.sleep(0)
+    queued = asyncio.create_task(writer.update_batch_status("b", "s", Pending()))
+
+    async def answers() -> None:
+        async def one(bid: str) -> None:
+            await writer.update_batch_status(bid, "s", Pending())
+            # The task's next write queues as usual.
+            await writer.update_batch_status(bid + "2", "s", Pending())
+
+        with urgent():
+            await asyncio.gather(one("u"), one("v"))
+
+    took = asyncio.create_task(answers())
+    await asyncio.sleep(0.01)
+    # Not behind "a" (committing) and "b" (waiting for it): flushed at once, together.
+    assert store.groups == [["a"], ["u", "v"]]
+    store.release.set()
+    await asyncio.gather(busy, queued, took)
+    assert store.groups[2:] == [["b"], ["u2", "v2"]]

@@ -74,9 +74,10 @@ ChangeListener = Callable[[frozenset[str], frozenset[str]], None]
 class TakeOverListener(Protocol):
     """Hears of the batches a take-over finds mid-submission (the slow path).
 
-    Both are called on the loop that called :meth:`ClaimManager.run` (or the
-    caller's, without it), in this order, ``taken`` before the change
-    listeners hear of the services gained.
+    ``asking`` is called where the cycle runs (the claim thread under
+    :meth:`ClaimManager.run`: it must not block), ``taken`` on the loop that
+    called ``run`` (or the caller's, without it), after ``asking`` and before
+    the change listeners hear of the services gained.
     """
 
     def asking(self, batches: Mapping[str, tuple[str, ...]]) -> None:
@@ -649,7 +650,8 @@ class ClaimManager:
             }
             if mid:
                 asked.update(mid)
-                self._tell(lambda listener: listener.asking(mid))
+                for listener in self._take_over_listeners:
+                    listener.asking(mid)
         rows = await fetch(conn, "take_expired", now=now, service_ids=candidates, **self._ttls())
         return len(candidates), rows
 

@@ -35,7 +35,7 @@ from ledgerq.config import Settings
 from ledgerq.follow.follower import Follower
 from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
 from ledgerq.gateway.ha import ClaimBoundLedger
-from ledgerq.gateway.takeover import TakeOverAsks
+from ledgerq.gateway.takeover import TakeOverAsks, ledger_reader
 from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
 from ledgerq.ingest.guard import GuardedSite, HttpLimits, request_line_limit
 from ledgerq.ledgers.base import LedgerClient
@@ -183,7 +183,12 @@ class Gateway:
         )
         self.recorder.add_unlock_listener(self.wake)
         #: Asks the ledger about the batches a take-over finds mid-submission.
-        self.take_over = TakeOverAsks(ledger, self.follower, max_ids=settings.monitor.max_ids)
+        self.take_over = TakeOverAsks(
+            ledger,
+            self.follower,
+            max_ids=settings.monitor.max_ids,
+            reader=ledger_reader(settings),
+        )
         if claims is not None:
             claims.add_take_over_listener(self.take_over)
             claims.add_listener(self._claims_changed)

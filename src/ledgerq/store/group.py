@@ -18,7 +18,9 @@ caller stops waiting for (cancelled) still lands.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 
 from ledgerq.errors import StoreError
 from ledgerq.model import (
@@ -35,6 +37,23 @@ from ledgerq.store.base import BatchAcceptor, BatchWrite, GroupWriter
 #: Writes applied in one transaction at most.
 DEFAULT_MAX_GROUP = 512
 
+#: Set by :func:`urgent`: the next write of the task skips the queue.
+_URGENT: contextvars.ContextVar[bool] = contextvars.ContextVar("ledgerq_urgent", default=False)
+
+
+@contextlib.contextmanager
+def urgent() -> Iterator[None]:
+    """Writes started in this context — the first of each task (tasks
+    created inside it inherit it) — form a group of their own, flushed at
+    once beside the groups under way rather than queued behind them: a
+    take-over's recorded answers, which hold a dead instance's services up,
+    do not wait for the writes of a thousand other services."""
+    token = _URGENT.set(True)
+    try:
+        yield
+    finally:
+        _URGENT.reset(token)
+
 
 class GroupCommitWriter:
     def __init__(
@@ -48,6 +67,8 @@ class GroupCommitWriter:
         self._max_group = max_group
         self._flushers = flushers
         self._queue: list[tuple[BatchWrite, asyncio.Future[None]]] = []
+        self._urgent: list[tuple[BatchWrite, asyncio.Future[None]]] = []
+        self._urgent_running = False
         self._running = 0
         self.groups = 0
         self.writes = 0
@@ -105,6 +126,15 @@ class GroupCommitWriter:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Retrieved here so a caller that stopped waiting leaves no warning.
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        if _URGENT.get():
+            # This task's later writes (and tasks it creates from now on) queue as usual.
+            _URGENT.set(False)
+            self._urgent.append((write, future))
+            if not self._urgent_running:
+                self._urgent_running = True
+                asyncio.get_running_loop().create_task(self._flush_urgent())
+            await asyncio.shield(future)
+            return
         self._queue.append((write, future))
         if self._running < self._flushers:
             self._running += 1
@@ -119,6 +149,15 @@ class GroupCommitWriter:
                 await self._apply(group)
         finally:
             self._running -= 1
+
+    async def _flush_urgent(self) -> None:
+        try:
+            while self._urgent:
+                group = self._urgent[: self._max_group]
+                del self._urgent[: self._max_group]
+                await self._apply(group)
+        finally:
+            self._urgent_running = False
 
     async def _apply(self, group: Sequence[tuple[BatchWrite, asyncio.Future[None]]]) -> None:
         self.groups += 1
