@@ -18,7 +18,7 @@ import pytest
 from ledgerq.clock import ManualClock
 from ledgerq.model import Committed, Invalid, Pending, TrackingBatch, TrackingTransaction
 from ledgerq.queue.parallel import select_parallel_round
-from ledgerq.store import BatchTrackingStore, migrate_database, open_store
+from ledgerq.store import BatchTrackingStore, BatchWrite, migrate_database, open_store
 from ledgerq.store.sqlfiles import load_migrations
 from ledgerq.store.sqlite import path_from_url, split_script
 
@@ -147,6 +147,34 @@ async def test_a_batch_stays_held_while_any_earlier_conflicting_batch_is_open(
     assert await ready(store, clock, "s") == [r.batch_header]
 
 
+async def test_blockers_made_final_in_one_group_release_together(
+    store: BatchTrackingStore, clock: ManualClock
+) -> None:
+    # Every batch writes A: each holds the next. One group write (one
+    # statement on PostgreSQL) makes b1, b2 and b3 final while b0 is open:
+    # b4 is then held by b0 alone, and free once b0 is final. In another
+    # service, the head and the two after it become final together: the
+    # next one is free at once.
+    b = await store.add_batches([batch("s", [], [A]) for _ in range(6)])
+    c = await store.add_batches([batch("t", [], [A]) for _ in range(4)])
+    await store.update_batch_status(b[0].batch_header, "s", Pending(), now=clock())
+    writes = [
+        BatchWrite(x.service_id, x.batch_header, Committed(), now=clock())
+        for x in [b[3], c[1], b[1], c[0], b[2], c[2]]
+    ]
+    assert await store.apply_writes(writes) == [None] * len(writes)
+    assert await ready(store, clock, "s") == []
+    assert await ready(store, clock, "t") == [c[3].batch_header]
+    await store.update_batch_status(b[0].batch_header, "s", Committed(), now=clock())
+    assert await ready(store, clock, "s") == [b[4].batch_header]
+    await store.apply_writes(
+        [BatchWrite("s", x.batch_header, Invalid(), now=clock()) for x in b[4:]]
+    )
+    assert await ready(store, clock, "s") == []
+    [last] = await store.add_batches([batch("s", [], [A])])
+    assert await ready(store, clock, "s") == [last.batch_header]
+
+
 async def test_prefixes_and_unknown_access_hold_what_they_cover(
     store: BatchTrackingStore, clock: ManualClock
 ) -> None:
@@ -255,3 +283,53 @@ async def test_services_show_what_is_in_flight_and_what_holds_the_next_batch(
         "depends",
         tid(first),
     )
+
+
+@pytest.mark.pg
+async def test_a_store_upgraded_to_set_based_release_keeps_its_holds(
+    store_url_factory: Callable[[str], str], clock: ManualClock
+) -> None:
+    """A store at the version before the set-based release trigger, with open
+    batches holding each other and a head already moved by the old
+    triggers, is migrated in place: what it holds is released as before."""
+    url = store_url_factory("postgresql")
+    migrations = load_migrations("postgresql")
+    release = next(m.version for m in migrations if m.name == "set_based_release")
+    bids = [f"{i:02x}".ljust(128, "c") for i in range(5)]
+    with psycopg.connect(url) as pg:
+        pg.execute(
+            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+            " applied_at BIGINT NOT NULL)"
+        )
+        for m in migrations[: release - 1]:
+            pg.execute(m.sql)  # type: ignore[arg-type]
+            pg.execute("INSERT INTO schema_version VALUES (%s, %s, 0)", (m.version, m.name))
+        seqs: list[int] = []
+        for bid in bids:
+            row = pg.execute(
+                "INSERT INTO batches (service_id, batch_id, signer_public_key, trace,"
+                " serialized_batch, created_at, blocked_by)"
+                " VALUES ('s', %s, '02', false, '\\x00', 1, %s) RETURNING seq",
+                (bid, seqs[-1] if seqs else None),
+            ).fetchone()
+            assert row is not None
+            seqs.append(row[0])
+            pg.execute("INSERT INTO batch_locks VALUES (%s, 's', 'w', %s)", (row[0], A.lower()))
+        # The old triggers release the first batch.
+        pg.execute(
+            "UPDATE batches SET status = 'Committed', final = TRUE WHERE seq = %s", (seqs[0],)
+        )
+    result = await migrate_database(url)
+    assert (result.before, result.after) == (release - 1, len(migrations))
+    async with await open_store(url, clock=clock) as store:
+        assert await ready(store, clock, "s") == [bids[1]]
+        assert await store.queue_round(now=clock(), delay_window_ms=WINDOW) == [
+            await store.get_batch(bids[1], "s")
+        ]
+        writes = [BatchWrite("s", bid, Committed(), now=clock()) for bid in bids[1:3]]
+        assert await store.apply_writes(writes) == [None, None]
+        assert await ready(store, clock, "s") == [bids[3]]
+        [picked] = await store.queue_round(now=clock(), delay_window_ms=WINDOW)
+        assert picked.batch_header == bids[3]
+        await store.update_batch_status(bids[3], "s", Committed(), now=clock())
+        assert await ready(store, clock, "s") == [bids[4]]

@@ -25,9 +25,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledgerq.clock import ManualClock
-from ledgerq.model import TrackingBatch, TrackingTransaction
+from ledgerq.model import (
+    BatchStatusName,
+    Committed,
+    Delayed,
+    Invalid,
+    Pending,
+    TrackingBatch,
+    TrackingTransaction,
+    Unknown,
+    Valid,
+)
 from ledgerq.queue.parallel import select_parallel_round
-from ledgerq.store import BatchTrackingStore, open_store
+from ledgerq.store import BatchTrackingStore, BatchWrite, open_store
 
 from .test_queue_round_property import ATTEMPTS, NOW, STATES, WINDOW, apply, everything
 
@@ -188,6 +198,82 @@ async def grow(
     rng.shuffle(rest)
     for b, spec in rest:
         await apply(store, b, spec)  # type: ignore[arg-type]
+
+
+def writes_of(b: TrackingBatch, spec: Spec) -> list[BatchWrite]:
+    """The writes ``apply`` makes for ``spec``, as ``apply_writes`` takes them."""
+    bid, sid, at = b.batch_header, b.service_id, spec.attempt
+
+    def attempt(status: BatchStatusName | None = None) -> BatchWrite:
+        return BatchWrite(sid, bid, status, attempt=True, now=at)
+
+    match spec.state:
+        case "new":
+            return []
+        case "submitted":
+            return [attempt()]
+        case "submitted-pending":
+            return [attempt(BatchStatusName.PENDING)]
+        case "pending":
+            return [BatchWrite(sid, bid, Pending(), now=at)]
+        case "unknown":
+            return [BatchWrite(sid, bid, Unknown(), now=at)]
+        case "unknown-resubmitting":
+            return [BatchWrite(sid, bid, Unknown(), now=at), attempt()]
+        case "delayed":
+            return [BatchWrite(sid, bid, Delayed(), now=at)]
+        case "delayed-resubmitting":
+            return [BatchWrite(sid, bid, Delayed(), now=at - 1), attempt()]
+        case "committed":
+            return [BatchWrite(sid, bid, Committed(), now=at)]
+        case "submitted-committed":
+            return [attempt(), BatchWrite(sid, bid, Committed(), now=at)]
+        case "valid":
+            return [BatchWrite(sid, bid, Valid(), now=at)]
+        case "invalid":
+            return [BatchWrite(sid, bid, Invalid(), now=at)]
+        case "submitted-invalid":
+            return [attempt(), BatchWrite(sid, bid, Invalid(), now=at)]
+        case other:
+            raise AssertionError(other)
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    population=st.lists(specs, min_size=1, max_size=40),
+    chunks=st.integers(1, 3),
+    group=st.integers(2, 40),
+    seed=st.integers(0, 2**16),
+)
+async def test_outcomes_written_in_groups_equal_the_reference(
+    sql_store: BatchTrackingStore, population: list[Spec], chunks: int, group: int, seed: int
+) -> None:
+    """Many batches of a service become final in one statement (a group
+    write): consecutive blockers of one batch, a blocker and the batch it
+    holds, in any order; the blockers left are those of the rule."""
+    rng = random.Random(seed)
+    step = max(1, len(population) // chunks)
+    added: list[tuple[TrackingBatch, Spec]] = []
+    for i in range(0, len(population), step):
+        part = population[i : i + step]
+        stored = await sql_store.add_batches(build(part, [b for b, _ in added]))
+        added += list(zip(stored, part, strict=True))
+        rng.shuffle(added)
+        k = rng.randint(0, len(added))
+        take, added = added[:k], added[k:]
+        writes = [w for b, spec in take for w in writes_of(b, spec)]
+        for g in range(0, len(writes), group):
+            part = writes[g : g + group]
+            assert await sql_store.apply_writes(part) == [None] * len(part)
+        await check(sql_store, rng, now=NOW)
+    writes = [w for b, spec in added for w in writes_of(b, spec)]
+    assert await sql_store.apply_writes(writes) == [None] * len(writes)
+    await check(sql_store, rng, now=NOW)
+    await check(sql_store, rng, now=NOW + WINDOW)
 
 
 @settings(

@@ -43,7 +43,7 @@ ON CONFLICT (service_id) DO NOTHING;
 
 -- The queue_heads rows of the services an add_batches call adds to, locked in
 -- key order before it looks for the new batches' blockers: a batch becoming
--- final locks the same row (ledgerq_release_locks), so the two take turns per
+-- final locks the same row (ledgerq_release), so the two take turns per
 -- service and each sees what the other committed. A new service's row starts
 -- without a head; the insert trigger on batches sets it.
 -- name: lock_queue_heads
@@ -497,7 +497,7 @@ LIMIT %(limit)s::bigint;
 -- The parallel queuer's round over every service; the same round as
 -- ledgerq.queue.parallel.select_parallel_round (docs/queuer.md). A batch is
 -- free when no earlier non-final batch of its service conflicts with it
--- (blocked_by IS NULL, kept by add_batches and ledgerq_release_locks).
+-- (blocked_by IS NULL, kept by add_batches and ledgerq_release).
 -- stalled: per service, its free Unknown or window-expired Delayed batch
 -- first in (class, seq), from the busy batches. fresh: per service without
 -- one, its first free new batch (batches_ready_idx, one probe per
@@ -621,7 +621,7 @@ FOR SHARE OF c;
 -- The rows a group that makes batches final writes, locked in key order
 -- after lock_finishing_heads and before anything else: its own batches and
 -- the non-final batches they block, which the release trigger
--- (ledgerq_release_locks) re-points when a blocker becomes final. With the
+-- (ledgerq_release) re-points when a blocker becomes final. With the
 -- service's queue_heads row held, what those batches are cannot change (a
 -- blocker is re-pointed and a batch inserted only under it), so the trigger
 -- writes rows already held, never waiting on a batch row out of order.

@@ -93,34 +93,9 @@ BEGIN
 END
 $$;
 
--- A batch became final (or not), or a non-final batch was deleted: look the
--- head up again. The row is locked first and the head read by a second
--- statement, which (READ COMMITTED, volatile function) takes a new snapshot:
--- a concurrent insert into the service has committed by then and is seen.
-CREATE FUNCTION ledgerq_queue_heads_refresh() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    INSERT INTO queue_heads AS q (service_id, head_seq) VALUES (OLD.service_id, NULL)
-    ON CONFLICT (service_id) DO UPDATE SET head_seq = q.head_seq;
-    UPDATE queue_heads
-    SET head_seq = (
-        SELECT min(seq) FROM batches WHERE service_id = OLD.service_id AND NOT final
-    )
-    WHERE service_id = OLD.service_id;
-    RETURN NULL;
-END
-$$;
-
 CREATE TRIGGER batches_queue_heads_insert AFTER INSERT ON batches
     REFERENCING NEW TABLE AS new_batches
     FOR EACH STATEMENT EXECUTE FUNCTION ledgerq_queue_heads_insert();
-CREATE TRIGGER batches_queue_heads_update AFTER UPDATE OF final ON batches
-    FOR EACH ROW WHEN (OLD.final IS DISTINCT FROM NEW.final)
-    EXECUTE FUNCTION ledgerq_queue_heads_refresh();
-CREATE TRIGGER batches_queue_heads_delete AFTER DELETE ON batches
-    FOR EACH ROW WHEN (NOT OLD.final)
-    EXECUTE FUNCTION ledgerq_queue_heads_refresh();
 
 CREATE TABLE transactions (
     service_id        VARCHAR(64) NOT NULL,
@@ -175,8 +150,8 @@ ALTER TABLE transactions ALTER COLUMN payload SET STORAGE EXTERNAL;
 --
 -- PL/pgSQL, with one generic plan kept per session: a LANGUAGE sql function
 -- that cannot be inlined is planned again in every statement that calls it,
--- and the release trigger below calls it once per batch becoming final (10-20
--- ms of planning each on the 2-core machine, docs/store.md).
+-- and the release trigger below calls it for batches it holds (10-20 ms of
+-- planning each on the 2-core machine, docs/store.md).
 CREATE FUNCTION ledgerq_blocker(p_service VARCHAR, p_seq BIGINT) RETURNS BIGINT
     LANGUAGE plpgsql STABLE
     SET plan_cache_mode = force_generic_plan
@@ -222,33 +197,90 @@ BEGIN
 END
 $$;
 
--- A batch that became final (or a non-final one deleted) holds nothing: its
--- entries go, and the batches it held look for another blocker. The service's
--- queue_heads row is locked first, as ledgerq_queue_heads_refresh does and as
--- add_batches does before it looks for the blockers of new batches: the two
--- take turns per service, and each sees what the other committed.
-CREATE FUNCTION ledgerq_release_locks() RETURNS trigger
+-- p_released (seqs of batches that became final or were deleted while open)
+-- hold nothing any more: their lock entries go and the batches they held
+-- look for another blocker; the heads of p_services (every service whose
+-- batches changed final) are looked up again. The services' queue_heads
+-- rows are locked first, in key order, as add_batches locks them before it
+-- looks for the blockers of new batches (and as a group write locks them
+-- before anything else, lock_finishing_heads): the two take turns per
+-- service. Each statement after the lock takes a new snapshot (READ
+-- COMMITTED, volatile function), so it sees what a concurrent add_batches
+-- committed while this one waited.
+--
+-- A held batch's blocker is the latest earlier open batch it conflicts
+-- with, so every other batch it conflicts with comes before that blocker:
+-- when no open batch of the service comes before it any more (the usual
+-- case, a service's head becoming final), the held batch is free without
+-- asking ledgerq_blocker.
+CREATE FUNCTION ledgerq_release(p_services TEXT[], p_released BIGINT[]) RETURNS void
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF TG_OP = 'UPDATE' AND NOT NEW.final THEN
-        RETURN NULL;
+    PERFORM 1 FROM queue_heads WHERE service_id = ANY(p_services)
+    ORDER BY service_id FOR UPDATE;
+    IF cardinality(p_released) > 0 THEN
+        DELETE FROM batch_locks WHERE seq = ANY(p_released);
+        UPDATE batches b
+        SET blocked_by = CASE
+            WHEN EXISTS (
+                SELECT 1 FROM batches e
+                WHERE e.service_id = b.service_id AND NOT e.final AND e.seq < b.blocked_by
+            ) THEN ledgerq_blocker(b.service_id, b.seq)
+        END
+        WHERE b.blocked_by = ANY(p_released) AND NOT b.final;
     END IF;
-    INSERT INTO queue_heads AS q (service_id, head_seq) VALUES (OLD.service_id, NULL)
-    ON CONFLICT (service_id) DO UPDATE SET head_seq = q.head_seq;
-    DELETE FROM batch_locks WHERE seq = OLD.seq;
-    UPDATE batches SET blocked_by = ledgerq_blocker(service_id, seq)
-    WHERE blocked_by = OLD.seq AND NOT final;
+    UPDATE queue_heads q
+    SET head_seq = h.head_seq
+    FROM (
+        SELECT s.service_id,
+               (SELECT min(b.seq) FROM batches b
+                WHERE b.service_id = s.service_id AND NOT b.final) AS head_seq
+        FROM unnest(p_services) AS s(service_id)
+    ) h
+    WHERE q.service_id = h.service_id AND q.head_seq IS DISTINCT FROM h.head_seq;
+END
+$$;
+
+-- After every UPDATE of batches: the batches whose final changed. Those
+-- that became final release what they held; the heads of their services
+-- move.
+CREATE FUNCTION ledgerq_batches_updated() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    services TEXT[];
+    released BIGINT[];
+BEGIN
+    SELECT array_agg(DISTINCT o.service_id), array_agg(o.seq) FILTER (WHERE n.final)
+    INTO services, released
+    FROM old_batches o JOIN new_batches n ON n.seq = o.seq
+    WHERE o.final IS DISTINCT FROM n.final;
+    IF services IS NOT NULL THEN
+        PERFORM ledgerq_release(services, coalesce(released, '{}'));
+    END IF;
     RETURN NULL;
 END
 $$;
 
-CREATE TRIGGER batches_release_locks_update AFTER UPDATE OF final ON batches
-    FOR EACH ROW WHEN (OLD.final IS DISTINCT FROM NEW.final)
-    EXECUTE FUNCTION ledgerq_release_locks();
-CREATE TRIGGER batches_release_locks_delete AFTER DELETE ON batches
+-- A batch deleted while open (a hand-written DELETE: cleaning deletes final
+-- batches only) releases what it held. Row by row: cleaning deletes many
+-- final batches, which a transition table would copy for nothing.
+CREATE FUNCTION ledgerq_open_batch_deleted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM ledgerq_release(ARRAY[OLD.service_id]::TEXT[], ARRAY[OLD.seq]);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER batches_release_update AFTER UPDATE ON batches
+    REFERENCING OLD TABLE AS old_batches NEW TABLE AS new_batches
+    FOR EACH STATEMENT EXECUTE FUNCTION ledgerq_batches_updated();
+CREATE TRIGGER batches_release_delete AFTER DELETE ON batches
     FOR EACH ROW WHEN (NOT OLD.final)
-    EXECUTE FUNCTION ledgerq_release_locks();
+    EXECUTE FUNCTION ledgerq_open_batch_deleted();
 
 -- No foreign key to transactions: receipts arrive for every transaction
 -- committed on the circuit, including ones this store never tracked.
