@@ -113,6 +113,15 @@ class BatchWrite:
     attempt: bool = False
     now: int | None = None
     fence: Fence | None = None
+    #: A *conditional take* (``attempt=True`` only): applied after the
+    #: group's other writes, and only if batch ``after`` of the service is
+    #: final by then and this batch is what the serial queuer would pick
+    #: (the service's first non-final batch, not submitted, without a status,
+    #: and no non-final batch of the service submitted or with a status);
+    #: otherwise refused with ``StatusTransitionError``, nothing written. The
+    #: commit → next POST merge: a final status and the next batch's
+    #: ``submitted`` in one transaction (``docs/gateway.md``).
+    after: str | None = None
 
 
 #: Errors ``apply_writes`` reports per write instead of failing the group.
@@ -224,6 +233,15 @@ class MonitorStore(Protocol):
 
 class GroupWriter(Protocol):
     """Group commit: many pipeline writes in one transaction."""
+
+    async def next_open_batch(self, service_id: str, after: str) -> TrackingBatch | None:
+        """The batch of ``service_id`` the serial queuer would pick once batch
+        ``after`` is final, fully loaded, if it is a batch never taken: the
+        service's first non-final batch other than ``after``, not submitted,
+        without a status, while no non-final batch of the service other than
+        ``after`` is submitted or has a status. ``None`` otherwise (nothing
+        left, a resubmission due, or the service locked by another batch)."""
+        ...
 
     async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
         """Apply ``writes`` in order in one transaction (one commit).

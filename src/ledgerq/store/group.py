@@ -32,7 +32,7 @@ from ledgerq.model import (
     TransactionReceipt,
 )
 from ledgerq.store import common
-from ledgerq.store.base import BatchAcceptor, BatchWrite, GroupWriter
+from ledgerq.store.base import WRITE_REFUSALS, BatchAcceptor, BatchWrite, GroupWriter
 
 #: Writes applied in one transaction at most.
 DEFAULT_MAX_GROUP = 512
@@ -69,6 +69,8 @@ class GroupCommitWriter:
         self._queue: list[tuple[BatchWrite, asyncio.Future[None]]] = []
         self._urgent: list[tuple[BatchWrite, asyncio.Future[None]]] = []
         self._urgent_running = False
+        #: Writes that must share a group with the write queued after them.
+        self._linked: set[int] = set()
         self._running = 0
         self.groups = 0
         self.writes = 0
@@ -141,21 +143,101 @@ class GroupCommitWriter:
             asyncio.get_running_loop().create_task(self._flush())
         await asyncio.shield(future)
 
+    async def next_open_batch(self, service_id: str, after: str) -> TrackingBatch | None:
+        """The store's :meth:`~ledgerq.store.base.GroupWriter.next_open_batch` (a read)."""
+        return await self._store.next_open_batch(service_id, after)
+
+    async def status_then_take(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus,
+        transaction_receipts: list[TransactionReceipt],
+        next_batch_id: str,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> bool:
+        """``update_batch_status`` of a final status, and batch ``next_batch_id``
+        recorded taken (an attempt) in the same group, if the store still finds
+        it the service's next batch then (``BatchWrite.after``). Raises what
+        the status write would; returns whether the take landed."""
+        first, take = await self.write_together(
+            [
+                BatchWrite(
+                    service_id,
+                    id,
+                    status,
+                    tuple(transaction_receipts),
+                    now=now,
+                    fence=fence,
+                ),
+                BatchWrite(service_id, next_batch_id, attempt=True, now=now, fence=fence, after=id),
+            ]
+        )
+        if first is not None:
+            raise first
+        return take is None
+
+    async def write_together(self, writes: Sequence[BatchWrite]) -> list[BaseException | None]:
+        """Queue ``writes`` into one group (one transaction, in this order among
+        themselves); return each one's error or ``None`` once it committed. A
+        failure of the whole group is raised."""
+        loop = asyncio.get_running_loop()
+        urgent = _URGENT.get()
+        if urgent:
+            _URGENT.set(False)
+        queue = self._urgent if urgent else self._queue
+        futures: list[asyncio.Future[None]] = []
+        for w in writes:
+            future: asyncio.Future[None] = loop.create_future()
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
+            if futures:
+                self._linked.add(id(futures[-1]))
+            futures.append(future)
+            queue.append((w, future))
+        if urgent and not self._urgent_running:
+            self._urgent_running = True
+            asyncio.get_running_loop().create_task(self._flush_urgent())
+        elif not urgent and self._running < self._flushers:
+            self._running += 1
+            asyncio.get_running_loop().create_task(self._flush())
+        # asyncio.wait cancels nothing: writes a caller stops waiting for still land.
+        await asyncio.wait(futures)
+        errors: list[BaseException | None] = []
+        for f in futures:
+            error = f.exception()
+            if error is not None and not isinstance(error, WRITE_REFUSALS):
+                raise error
+            errors.append(error)
+        return errors
+
+    def _next_group(
+        self, queue: list[tuple[BatchWrite, asyncio.Future[None]]]
+    ) -> list[tuple[BatchWrite, asyncio.Future[None]]]:
+        size = self._max_group
+        if self._linked:
+            # Linked writes stay in one group, past the limit if need be.
+            while size < len(queue) and id(queue[size - 1][1]) in self._linked:
+                size += 1
+        group = queue[:size]
+        del queue[:size]
+        if self._linked:
+            for _, future in group:
+                self._linked.discard(id(future))
+        return group
+
     async def _flush(self) -> None:
         try:
             while self._queue:
-                group = self._queue[: self._max_group]
-                del self._queue[: self._max_group]
-                await self._apply(group)
+                await self._apply(self._next_group(self._queue))
         finally:
             self._running -= 1
 
     async def _flush_urgent(self) -> None:
         try:
             while self._urgent:
-                group = self._urgent[: self._max_group]
-                del self._urgent[: self._max_group]
-                await self._apply(group)
+                await self._apply(self._next_group(self._urgent))
         finally:
             self._urgent_running = False
 

@@ -292,10 +292,48 @@ class MemoryStore:
             self._apply_status(rec, name, at)
         self._write_receipts(service_id, receipts, at)
 
+    def _next_open(self, service_id: str, after: str) -> _Record | None:
+        """The service's first non-final batch other than ``after`` if it was
+        never taken and nothing else of the service (``after`` aside) is busy."""
+        live = sorted(
+            (
+                r
+                for (sid, bid), r in self._s.records.items()
+                if sid == service_id and bid != after and not (r.status and r.status.is_final)
+            ),
+            key=lambda r: r.batch.seq or 0,
+        )
+        if not live or any(r.submitted or r.status is not None for r in live):
+            return None
+        return live[0]
+
+    async def next_open_batch(self, service_id: str, after: str) -> TrackingBatch | None:
+        common.check_service_id(service_id)
+        rec = self._next_open(service_id, after)
+        return None if rec is None else self._view(rec)
+
     async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
-        results: list[StoreError | None] = []
-        for w in writes:
+        results: list[StoreError | None] = [None] * len(writes)
+        # Conditional takes after every other write of the group.
+        order = [i for i, w in enumerate(writes) if w.after is None]
+        order += [i for i, w in enumerate(writes) if w.after is not None]
+        for i in order:
+            w = writes[i]
             try:
+                if w.attempt and w.after is not None:
+                    after = self._find(w.after, w.service_id)
+                    nxt = self._next_open(w.service_id, w.after)
+                    if (
+                        after is None
+                        or after.status is None
+                        or not after.status.is_final
+                        or nxt is None
+                        or nxt.batch.batch_header != w.id
+                    ):
+                        raise StatusTransitionError(
+                            f"batch {w.id} of service {w.service_id!r} is not the service's "
+                            f"next batch after {w.after}; nothing was written"
+                        )
                 if w.attempt:
                     await self.change_batch_to_submitted(
                         w.id,
@@ -320,9 +358,8 @@ class MemoryStore:
                         now=w.now,
                         fence=w.fence,
                     )
-                results.append(None)
             except WRITE_REFUSALS as exc:
-                results.append(exc)
+                results[i] = exc
         return results
 
     async def clean_stale_records(self, submitted_by: int) -> int:

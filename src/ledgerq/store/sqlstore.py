@@ -541,12 +541,38 @@ class SqlStore:
             )
         await self._write_receipts(session, service_id, attempt.receipts, attempt.at)
 
+    async def next_open_batch(self, service_id: str, after: str) -> TrackingBatch | None:
+        common.check_service_id(service_id)
+        found = await self._list(
+            "next_open_batch", {"service_id": service_id, "after": after}, short=True
+        )
+        return found[0] if found else None
+
+    async def _take_next(self, session: Session, attempt: _Attempt) -> None:
+        """A conditional take (``BatchWrite.after``), after the group's other writes."""
+        w = attempt.write
+        assert w.after is not None
+        row = await session.fetchone(
+            "next_open_check", {"service_id": w.service_id, "after": w.after}
+        )
+        after_final, first_open, busy = row if row is not None else (None, None, True)
+        if not after_final or first_open != w.id or busy:
+            raise StatusTransitionError(
+                f"batch {w.id} of service {w.service_id!r} is not the service's next batch "
+                f"after {w.after} (that one is not final, or another batch comes first or "
+                "holds the service); nothing was written"
+            )
+        await self._attempt_one(session, attempt)
+
     async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
         results: list[StoreError | None] = [None] * len(writes)
         steps: list[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]] = []
+        takes: list[tuple[int, _Attempt]] = []
         for i, w in enumerate(writes):
             try:
-                if w.attempt:
+                if w.attempt and w.after is not None:
+                    takes.append((i, self._prepare_attempt(w)))
+                elif w.attempt:
                     steps.append((i, self._prepare_attempt(w)))
                 else:
                     status = w.status
@@ -573,7 +599,10 @@ class SqlStore:
                     session,
                     deferred,
                     [_write_of(step) for _, step in wave],
-                    group=[_write_of(step) for _, step in steps] if n == 0 else None,
+                    # The takes' rows too: locked in key order with the rest.
+                    group=[_write_of(step) for _, step in steps] + [a.write for _, a in takes]
+                    if n == 0
+                    else None,
                     single_wave=len(waves) == 1,
                 )
                 for i, step in wave:
@@ -591,9 +620,15 @@ class SqlStore:
                         deferred.reset(mark)
                         results[i] = exc
                 await deferred.flush()
+            # Conditional takes see every other write of the group.
+            for i, attempt in takes:
+                try:
+                    await self._take_next(session, attempt)
+                except WRITE_REFUSALS as exc:
+                    results[i] = exc
             return results
 
-        if not steps:
+        if not steps and not takes:
             return results
         # Lock order (service, batch), as in update_batch_statuses: two groups
         # never deadlock; writes of one batch keep their order (stable sort).

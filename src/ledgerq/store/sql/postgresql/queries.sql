@@ -740,3 +740,42 @@ SET result_valid = excluded.result_valid,
     external_status = excluded.external_status,
     external_error_message = excluded.external_error_message,
     updated_at = GREATEST(excluded.updated_at, transaction_receipts.updated_at + 1);
+
+-- The commit → next POST merge (docs/gateway.md, "The commit → next POST
+-- gap"): the next open batch of a service once batch %(after)s is final,
+-- when the serial queuer's choice would be exactly that batch: the first
+-- non-final batch other than %(after)s, never taken (not submitted, no
+-- status), and no non-final batch of the service but %(after)s submitted or
+-- with a status. Nothing otherwise.
+-- name: next_open_batch
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.seq = (
+        SELECT o.seq FROM batches o
+        WHERE o.service_id = %(service_id)s AND NOT o.final AND o.batch_id <> %(after)s
+        ORDER BY o.seq LIMIT 1
+    )
+  AND b.service_id = %(service_id)s AND NOT b.submitted AND b.status IS NULL
+  AND NOT EXISTS (
+        SELECT 1 FROM batches o
+        WHERE o.service_id = %(service_id)s AND NOT o.final
+          AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> %(after)s
+    );
+
+-- Inside a group (apply_writes), after its other writes: whether batch
+-- %(batch_id)s may be recorded taken as the next batch after %(after)s:
+-- %(after)s is final, and %(batch_id)s is what the serial queuer would pick
+-- now (the first non-final batch of the service, no non-final batch
+-- submitted or with a status). One row: (after is final, first open batch
+-- id, any busy). The rows it reads are the group's, locked already.
+-- name: next_open_check
+SELECT (SELECT a.final FROM batches a
+        WHERE a.service_id = %(service_id)s AND a.batch_id = %(after)s),
+       (SELECT f.batch_id FROM batches f
+        WHERE f.service_id = %(service_id)s AND NOT f.final ORDER BY f.seq LIMIT 1),
+       EXISTS (SELECT 1 FROM batches o
+               WHERE o.service_id = %(service_id)s AND NOT o.final
+                 AND (o.submitted OR o.status IS NOT NULL));

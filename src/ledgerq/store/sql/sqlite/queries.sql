@@ -614,3 +614,41 @@ SELECT b.service_id, b.batch_id, b.status, b.submitted
 FROM json_each(:keys) AS k
 CROSS JOIN batches b
 WHERE b.service_id = json_extract(k.value, '$[0]') AND b.batch_id = json_extract(k.value, '$[1]');
+
+-- The commit → next POST merge (docs/gateway.md, "The commit → next POST
+-- gap"): the next open batch of a service once batch :after is final, when
+-- the serial queuer's choice would be exactly that batch: the first
+-- non-final batch other than :after, never taken (not submitted, no status),
+-- and no non-final batch of the service but :after submitted or with a
+-- status. Nothing otherwise.
+-- name: next_open_batch
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.seq = (
+        SELECT o.seq FROM batches o INDEXED BY batches_open_idx
+        WHERE o.service_id = :service_id AND NOT o.final AND o.batch_id <> :after
+        ORDER BY o.seq LIMIT 1
+    )
+  AND b.service_id = :service_id AND NOT b.submitted AND b.status IS NULL
+  AND NOT EXISTS (
+        SELECT 1 FROM batches o INDEXED BY batches_busy_idx
+        WHERE o.service_id = :service_id AND NOT o.final
+          AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> :after
+    );
+
+-- Inside a group (apply_writes), after its other writes: whether batch
+-- :batch_id may be recorded taken as the next batch after :after: :after is
+-- final, and :batch_id is what the serial queuer would pick now (the first
+-- non-final batch of the service, no non-final batch submitted or with a
+-- status). One row: (after is final, first open batch id, any busy).
+-- name: next_open_check
+SELECT (SELECT a.final FROM batches a
+        WHERE a.service_id = :service_id AND a.batch_id = :after),
+       (SELECT f.batch_id FROM batches f INDEXED BY batches_open_idx
+        WHERE f.service_id = :service_id AND NOT f.final ORDER BY f.seq LIMIT 1),
+       EXISTS (SELECT 1 FROM batches o INDEXED BY batches_busy_idx
+               WHERE o.service_id = :service_id AND NOT o.final
+                 AND (o.submitted OR o.status IS NOT NULL));
