@@ -18,14 +18,16 @@ process passes ``point``, it
 An entry fires once. The points follow the high-availability plan's
 PASS/DELAY/FAIL list (``docs/ha.md``):
 
-==================  =====================================================
-``claim_cycle``     start of a claim cycle (request claim / renewal)
-``submitting``      the submitter took a batch, before marking it submitted
-``before_post``     claim checked, before the POST to the ledger
-``after_response``  the ledger answered, nothing recorded yet
-``before_record``   before the outcome is written through the recorder
-``after_record``    after the outcome was written
-==================  =====================================================
+======================  =========================================================
+``claim_cycle``         start of a claim cycle (request claim / renewal)
+``submitting``          the submitter took a batch, before marking it submitted
+``taken_with_final``    a batch was recorded taken with its predecessor's final
+                        status (the commit → next POST merge), before its POST
+``before_post``         claim checked, before the POST to the ledger
+``after_response``      the ledger answered, nothing recorded yet
+``before_record``       before the outcome is written through the recorder
+``after_record``        after the outcome was written
+======================  =========================================================
 
 and in the node (``ledgerq node``, and a gateway's in-process node):
 
@@ -55,6 +57,7 @@ ENV = "LEDGERQ_FAILPOINTS"
 POINTS = (
     "claim_cycle",
     "submitting",
+    "taken_with_final",
     "before_post",
     "after_response",
     "before_record",

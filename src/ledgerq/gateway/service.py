@@ -163,6 +163,10 @@ class Gateway:
             health=self.health,
         )
         self.submitter.take_listeners.append(self.follower.resending)
+        # The commit → next POST merge (docs/gateway.md): a batch's final
+        # status and its service's next batch taken in one transaction.
+        self.submitter.may_take = self.queue.idle
+        self.recorder.set_next_taker(self.submitter, self.writer)
         self.metrics.watch_follower(self.follower)
         self.api = GatewayApi(
             store,

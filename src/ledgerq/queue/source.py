@@ -173,6 +173,17 @@ class QueueSource:
         """The store now shows ``batch`` as taken (``submitted``): its hold ends."""
         self._held.pop(_key(batch), None)
 
+    def idle(self, service_id: str) -> bool:
+        """Whether nothing of ``service_id`` is handed out (held) or queued in
+        the current round, and the service is serial: its next batch may then
+        be taken outside the source (the commit → next POST merge), which
+        skips nothing the source would have done first."""
+        if service_id in self._in_round:
+            return False
+        if not self._all_serial and self._parallel(service_id):
+            return False
+        return not any(key[0] == service_id for key in self._held)
+
     def released(self, batch: TrackingBatch) -> None:
         """``batch`` was handed out but will not be taken (the caller dropped
         it, or could not record it): its hold ends and its service is looked

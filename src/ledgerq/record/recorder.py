@@ -82,7 +82,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ledgerq.clock import Clock, now_ms
-from ledgerq.errors import FencedOffError
+from ledgerq.errors import FencedOffError, LedgerqError
 from ledgerq.ledgers.base import LedgerBatchStatus
 from ledgerq.model import (
     BatchStatus,
@@ -103,6 +103,49 @@ UnlockListener = Callable[[str], None]
 FenceSource = Callable[[str], Fence | None]
 AcceptListener = Callable[[str, str], None]
 AskListener = Callable[[str, str], None]
+
+
+class NextTake(Protocol):
+    """A submission slot reserved for a service's next batch (the submitter's)."""
+
+    def hold(self, batch: TrackingBatch) -> None:
+        """``batch`` is about to be recorded taken: nothing else may take or ask about it."""
+        ...
+
+    def start(self) -> None:
+        """The store shows the held batch taken: submit it (POST, no further write first)."""
+        ...
+
+    def cancel(self) -> None:
+        """Nothing was taken: the slot and the service are free again."""
+        ...
+
+
+class NextTaker(Protocol):
+    """Who submits a batch recorded taken with its predecessor's final status."""
+
+    def reserve(self, service_id: str) -> NextTake | None:
+        """A slot for the service's next batch, or ``None`` when the usual path
+        must decide (no slot, the service busy or not serial, stopping...)."""
+        ...
+
+
+class FusedWriter(Protocol):
+    """The store role of the commit → next POST merge (the group writer's)."""
+
+    async def next_open_batch(self, service_id: str, after: str) -> TrackingBatch | None: ...
+
+    async def status_then_take(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus,
+        transaction_receipts: list[TransactionReceipt],
+        next_batch_id: str,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> bool: ...
 
 
 class StatusWriter(Protocol):
@@ -203,6 +246,17 @@ class Recorder:
         # of one batch land in the order they were made (a group commit would
         # otherwise let a later one overtake an earlier one still in flight).
         self._order: dict[str, list[Any]] = {}
+        self._next_taker: NextTaker | None = None
+        self._fused: FusedWriter | None = None
+
+    def set_next_taker(self, taker: NextTaker, writer: FusedWriter) -> None:
+        """Merge the commit → next POST path (``docs/gateway.md``): when the
+        ledger says a batch is final, the same store transaction records the
+        service's next batch taken (if it is the serial queuer's choice and
+        ``taker`` reserves a slot for it), and ``taker`` submits it once that
+        transaction committed."""
+        self._next_taker = taker
+        self._fused = writer
 
     def add_unlock_listener(self, listener: UnlockListener) -> None:
         """``listener(service_id)`` after a write that lets the service move on."""
@@ -343,9 +397,62 @@ class Recorder:
         """
         written = Pending() if isinstance(status.status, Valid) else status.status
         try:
-            await self._write(status.batch_id, service_id, written, None, self._fence(service_id))
+            fence = self._fence(service_id)
+            if written.is_final and self._next_taker is not None:
+                await self._final_then_next(status.batch_id, service_id, written, fence)
+            else:
+                await self._write(status.batch_id, service_id, written, None, fence)
         except FencedOffError as exc:
             log.info("status of batch %s not recorded: %s", status.batch_id[:16], exc)
+
+    async def _final_then_next(
+        self, batch_id: str, service_id: str, status: BatchStatus, fence: Fence | None
+    ) -> None:
+        """Write ``status`` (final) and, in the same transaction, the service's
+        next batch taken; then hand that batch to the submitter.
+
+        Both rules of the two writes this replaces still hold, since they land
+        together: the final status is durable before the next batch is posted,
+        and the next batch's ``submitted`` before its POST. Whatever does not
+        fit (no slot, the next pick not a batch never taken, the store finding
+        another pick by the time the group runs) falls back to the usual path:
+        the final status alone, then the queue source's pick.
+        """
+        assert self._next_taker is not None and self._fused is not None
+        take = self._next_taker.reserve(service_id)
+        if take is None:
+            await self._write(batch_id, service_id, status, None, fence)
+            return
+        nxt: TrackingBatch | None = None
+        landed = False
+        try:
+            try:
+                nxt = await self._fused.next_open_batch(service_id, batch_id)
+            except LedgerqError as exc:
+                log.warning("cannot read the next batch of service %s: %s", service_id, exc)
+            if nxt is not None:
+                take.hold(nxt)
+                async with self._in_order(batch_id), self._in_order(nxt.batch_id):
+                    landed = await self._fused.status_then_take(
+                        batch_id,
+                        service_id,
+                        status,
+                        _receipts(status),
+                        nxt.batch_id,
+                        now=self._clock(),
+                        fence=fence,
+                    )
+        finally:
+            if not landed:
+                take.cancel()
+        if nxt is None:
+            await self._write(batch_id, service_id, status, None, fence)
+            return
+        if landed:
+            if fence is not None:
+                self._acting[(service_id, nxt.batch_id)] = fence
+            take.start()
+        self._unlocked(service_id)
 
     async def _write(
         self,

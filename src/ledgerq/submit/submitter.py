@@ -175,6 +175,15 @@ class Submitter:
         #: Submissions ended so far (the exclusions of a pull are then stale).
         self._ended = 0
         self.submitted_total = 0
+        #: Slots reserved for a service's next batch (``reserve``), not yet taken.
+        self._reserved = 0
+        #: The running poller's task group (None when not running).
+        self._tasks: asyncio.TaskGroup | None = None
+        #: Whether the queue source would let this serial service's next batch
+        #: be taken outside it (nothing of the service handed out or queued).
+        self.may_take: Callable[[str], bool] = lambda _service_id: True
+        #: Batches taken with their predecessor's final status (``reserve``).
+        self.taken_with_final = 0
 
     @property
     def in_flight(self) -> dict[str, str]:
@@ -188,33 +197,99 @@ class Submitter:
             self._stopped.set_result(None)
         self._slot_free.set()
 
+    def reserve(self, service_id: str) -> _NextTake | None:
+        """A slot for ``service_id``'s next batch, to be recorded taken in the
+        transaction that makes its predecessor final (the commit → next POST
+        merge: :meth:`ledgerq.record.recorder.Recorder.set_next_taker`).
+
+        ``None`` unless it is exactly what the poller would do: running and
+        not stopping, a free slot, a serial service with no submission in
+        progress, and nothing of it handed out or queued by the source. Until
+        the reservation ends, the service counts as busy (the poller takes
+        nothing of it) and the slot as used.
+        """
+        if (
+            self._tasks is None
+            or self._stopping.is_set()
+            or service_id in self._busy
+            or len(self._in_flight) + self._reserved >= self.settings.slots
+            or self._parallel(service_id)
+            or not self.may_take(service_id)
+        ):
+            return None
+        self._reserved += 1
+        self._busy[service_id] = 1
+        return _NextTake(self, service_id)
+
+    def _hold_next(self, take: _NextTake, batch: TrackingBatch) -> None:
+        # As the poller does when it takes a batch, before anything is recorded.
+        self._in_flight[batch.batch_id] = take.service_id
+        self.held_batches.add(batch.batch_id)
+        for listener in self.take_listeners:
+            listener(batch.batch_id)
+
+    def _start_next(self, take: _NextTake, batch: TrackingBatch) -> None:
+        self._reserved -= 1
+        self.taken_with_final += 1
+        try:
+            assert self._tasks is not None
+            self._tasks.create_task(self._submit(batch, recorded=True))
+        except (AssertionError, RuntimeError):
+            # The run ended meanwhile: the batch stays {submitted}, and the
+            # follower asks the ledger about it before anything resends it.
+            del self._in_flight[batch.batch_id]
+            self.held_batches.discard(batch.batch_id)
+            del self._busy[take.service_id]
+            log.warning(
+                "batch=%s service=%s taken as the submitter stopped; not posted (the "
+                "ledger is asked about it)",
+                batch.batch_id[:16],
+                batch.service_id,
+            )
+
+    def _cancel_next(self, take: _NextTake, batch: TrackingBatch | None) -> None:
+        self._reserved -= 1
+        if batch is not None:
+            del self._in_flight[batch.batch_id]
+            self.held_batches.discard(batch.batch_id)
+        del self._busy[take.service_id]
+        self._ended += 1
+        self._slot_free.set()
+
     async def run(self) -> None:
         self._stopped = None  # made on this run's loop by the first _next
-        async with asyncio.TaskGroup() as tasks:
-            while not self._stopping.is_set():
-                free = self.settings.slots - len(self._in_flight)
-                if free <= 0:
-                    self._slot_free.clear()
-                    await self._slot_free.wait()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self._tasks = tasks
+                await self._poll(tasks)
+        finally:
+            self._tasks = None
+
+    async def _poll(self, tasks: asyncio.TaskGroup) -> None:
+        while not self._stopping.is_set():
+            free = self.settings.slots - len(self._in_flight) - self._reserved
+            if free <= 0:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
+            batches = await self._next(free)
+            for batch in batches:
+                if self._stopping.is_set():
+                    break
+                busy = batch.service_id in self._busy
+                if batch.batch_id in self._in_flight or (
+                    busy and not self._parallel(batch.service_id)
+                ):
+                    # Never one batch twice, never two of a serial service.
+                    if self._released is not None:
+                        self._released(batch)
                     continue
-                batches = await self._next(free)
-                for batch in batches:
-                    if self._stopping.is_set():
-                        break
-                    busy = batch.service_id in self._busy
-                    if batch.batch_id in self._in_flight or (
-                        busy and not self._parallel(batch.service_id)
-                    ):
-                        # Never one batch twice, never two of a serial service.
-                        if self._released is not None:
-                            self._released(batch)
-                        continue
-                    self._in_flight[batch.batch_id] = batch.service_id
-                    self._busy[batch.service_id] = self._busy.get(batch.service_id, 0) + 1
-                    self.held_batches.add(batch.batch_id)
-                    for listener in self.take_listeners:
-                        listener(batch.batch_id)
-                    tasks.create_task(self._submit(batch))
+                self._in_flight[batch.batch_id] = batch.service_id
+                self._busy[batch.service_id] = self._busy.get(batch.service_id, 0) + 1
+                self.held_batches.add(batch.batch_id)
+                for listener in self.take_listeners:
+                    listener(batch.batch_id)
+                tasks.create_task(self._submit(batch))
 
     async def _next(self, limit: int) -> Sequence[TrackingBatch]:
         exclude = frozenset(self._busy)
@@ -263,7 +338,9 @@ class Submitter:
         await self._sleep(self.settings.poll_timeout_s)
         return ()
 
-    async def _submit(self, batch: TrackingBatch) -> None:
+    async def _submit(self, batch: TrackingBatch, *, recorded: bool = False) -> None:
+        """Submit ``batch``; ``recorded``: the store shows it taken already
+        (with its predecessor's final status), so the POST comes first."""
         started = time.monotonic()
         # One line here and one when it ends, per batch, at INFO: the HA chaos
         # tests read them to know which POSTs a frozen gateway had under way
@@ -271,13 +348,16 @@ class Submitter:
         # not want them sets log_level = "warning".
         log.info("submission started batch=%s service=%s", batch.batch_id[:16], batch.service_id)
         outcome: Outcome | None = None
-        recorded = False
+        taken_here = not recorded
         try:
-            failpoint("submitting")
-            await self._recorder.submitting(batch)
-            recorded = True
-            if self._taken is not None:
-                self._taken(batch)
+            if not recorded:
+                failpoint("submitting")
+                await self._recorder.submitting(batch)
+                recorded = True
+                if self._taken is not None:
+                    self._taken(batch)
+            else:
+                failpoint("taken_with_final")
             outcome = await self.attempt(batch)
             failpoint("before_record")
             await self._record(batch, outcome)
@@ -293,7 +373,7 @@ class Submitter:
                 exc,
             )
         finally:
-            if not recorded and self._released is not None:
+            if taken_here and not recorded and self._released is not None:
                 self._released(batch)
             del self._in_flight[batch.batch_id]
             left = self._busy[batch.service_id] - 1
@@ -376,3 +456,31 @@ class Submitter:
                 await self._recorder.rejected(batch, status, message)
             case Ambiguous(message=message):
                 await self._recorder.ambiguous(batch, message)
+
+
+class _NextTake:
+    """A slot :meth:`Submitter.reserve` set aside for a service's next batch
+    (:class:`ledgerq.record.recorder.NextTake`). Ends once: started or cancelled."""
+
+    __slots__ = ("_batch", "_done", "_submitter", "service_id")
+
+    def __init__(self, submitter: Submitter, service_id: str) -> None:
+        self._submitter = submitter
+        self.service_id = service_id
+        self._batch: TrackingBatch | None = None
+        self._done = False
+
+    def hold(self, batch: TrackingBatch) -> None:
+        assert self._batch is None and not self._done
+        self._batch = batch
+        self._submitter._hold_next(self, batch)
+
+    def start(self) -> None:
+        assert self._batch is not None and not self._done
+        self._done = True
+        self._submitter._start_next(self, self._batch)
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._submitter._cancel_next(self, self._batch)

@@ -216,6 +216,10 @@ class FaultLedger:
         self.batches: dict[str, BatchRecord] = {}
         self.state = IntkeyState()
         self.violations: list[Violation] = []
+        #: Per batch id, when a status read first answered about it (ms, as
+        #: ``now_ms``): a batch taken but never posted must be asked about
+        #: before it is posted (its first POST comes after this).
+        self.first_answer_ms: dict[str, float] = {}
         self.overlaps: list[Overlap] = []
         #: The most batches held pending at once.
         self.peak_pending = 0
@@ -495,6 +499,9 @@ class FaultLedger:
         if self._next_malformed > 0 or self.plan.malformed_statuses:
             self._next_malformed = max(0, self._next_malformed - 1)
             return self._malformed(ids)
+        now = self.now_ms()
+        for i in ids:
+            self.first_answer_ms.setdefault(i, now)
         data = [self._entry(i) for i in ids]
         return web.json_response({"data": data, "link": str(request.url)})
 
