@@ -167,6 +167,8 @@ class Gateway:
         # status and its service's next batch taken in one transaction.
         self.submitter.may_take = self.queue.idle
         self.recorder.set_next_taker(self.submitter, self.writer)
+        # Its service stays locked by the batch taken along: nothing to queue.
+        self.recorder.add_moved_on_listener(lambda service_id: self.wake(service_id, queue=False))
         self.metrics.watch_follower(self.follower)
         self.api = GatewayApi(
             store,
@@ -205,9 +207,11 @@ class Gateway:
     def add_wakeups(self, relay: Wakeups) -> None:
         self._wakeups.append(relay)
 
-    def wake(self, service_id: str, *, relay: bool = True) -> None:
-        """A service's state changed: look for its next batch now."""
-        self.queue.wake(service_id)
+    def wake(self, service_id: str, *, relay: bool = True, queue: bool = True) -> None:
+        """A service's state changed: look for its next batch now (``queue``),
+        and tell the status readers."""
+        if queue:
+            self.queue.wake(service_id)
         self.changes.notify(service_id)
         if relay:
             for w in self._wakeups:

@@ -99,6 +99,9 @@ from ledgerq.model import (
 
 log = logging.getLogger(__name__)
 
+#: Next batches read ahead (``Recorder.accepted``) kept at most.
+_MAX_READ_AHEAD = 100_000
+
 UnlockListener = Callable[[str], None]
 FenceSource = Callable[[str], Fence | None]
 AcceptListener = Callable[[str, str], None]
@@ -240,6 +243,7 @@ class Recorder:
         # The fence each submission in progress was taken under.
         self._acting: dict[tuple[str, str], Fence] = {}
         self._listeners: list[UnlockListener] = []
+        self._moved_on: list[UnlockListener] = []
         self._accept_listeners: list[AcceptListener] = []
         self._ask_listeners: list[AskListener] = []
         # Per batch: a lock and how many writes use it. This process's writes
@@ -248,6 +252,9 @@ class Recorder:
         self._order: dict[str, list[Any]] = {}
         self._next_taker: NextTaker | None = None
         self._fused: FusedWriter | None = None
+        #: Per batch at the ledger: its service's next batch, read ahead.
+        self._next_of: dict[str, TrackingBatch] = {}
+        self._reading: set[asyncio.Task[TrackingBatch | None]] = set()
 
     def set_next_taker(self, taker: NextTaker, writer: FusedWriter) -> None:
         """Merge the commit → next POST path (``docs/gateway.md``): when the
@@ -261,6 +268,12 @@ class Recorder:
     def add_unlock_listener(self, listener: UnlockListener) -> None:
         """``listener(service_id)`` after a write that lets the service move on."""
         self._listeners.append(listener)
+
+    def add_moved_on_listener(self, listener: UnlockListener) -> None:
+        """``listener(service_id)`` after a write that made a batch final and
+        took the service's next batch along (:meth:`set_next_taker`): the
+        service moved on but stays locked, so unlock listeners are not called."""
+        self._moved_on.append(listener)
 
     def add_accept_listener(self, listener: AcceptListener) -> None:
         """``listener(batch_id, service_id)`` once a batch is recorded ``Pending``."""
@@ -332,6 +345,30 @@ class Recorder:
         await self._write(batch.batch_id, batch.service_id, Pending(), None, fence)
         for listener in self._accept_listeners:
             listener(batch.batch_id, batch.service_id)
+        if self._fused is not None:
+            # While the batch waits at the ledger, not once it is final (the
+            # store's check at the take decides whether this is still the
+            # pick), and in a task of its own: the submission must end now,
+            # else the follower takes a quick answer for one about a batch
+            # still being submitted and drops it.
+            task = asyncio.get_running_loop().create_task(
+                self._read_next(batch.service_id, batch.batch_id)
+            )
+            self._reading.add(task)
+            task.add_done_callback(self._reading.discard)
+
+    async def _read_next(self, service_id: str, batch_id: str) -> TrackingBatch | None:
+        assert self._fused is not None
+        try:
+            nxt = await self._fused.next_open_batch(service_id, batch_id)
+        except LedgerqError as exc:
+            log.warning("cannot read the next batch of service %s: %s", service_id, exc)
+            return None
+        if nxt is not None:
+            if len(self._next_of) >= _MAX_READ_AHEAD:
+                self._next_of.clear()  # batches no longer followed here, say
+            self._next_of[batch_id] = nxt
+        return nxt
 
     async def delayed(self, batch: TrackingBatch, message: str, error_type: str = "busy") -> None:
         """Nothing was queued at the ledger (busy, unreachable, or refused unjudged):
@@ -396,17 +433,27 @@ class Recorder:
         it is not final, and the batch is followed until ``Committed``.
         """
         written = Pending() if isinstance(status.status, Valid) else status.status
+        ahead = (
+            None
+            if written.name is BatchStatusName.PENDING
+            else self._next_of.pop(status.batch_id, None)
+        )
         try:
             fence = self._fence(service_id)
             if written.is_final and self._next_taker is not None:
-                await self._final_then_next(status.batch_id, service_id, written, fence)
+                await self._final_then_next(status.batch_id, service_id, written, fence, ahead)
             else:
                 await self._write(status.batch_id, service_id, written, None, fence)
         except FencedOffError as exc:
             log.info("status of batch %s not recorded: %s", status.batch_id[:16], exc)
 
     async def _final_then_next(
-        self, batch_id: str, service_id: str, status: BatchStatus, fence: Fence | None
+        self,
+        batch_id: str,
+        service_id: str,
+        status: BatchStatus,
+        fence: Fence | None,
+        ahead: TrackingBatch | None,
     ) -> None:
         """Write ``status`` (final) and, in the same transaction, the service's
         next batch taken; then hand that batch to the submitter.
@@ -423,13 +470,12 @@ class Recorder:
         if take is None:
             await self._write(batch_id, service_id, status, None, fence)
             return
-        nxt: TrackingBatch | None = None
+        nxt = ahead
         landed = False
         try:
-            try:
-                nxt = await self._fused.next_open_batch(service_id, batch_id)
-            except LedgerqError as exc:
-                log.warning("cannot read the next batch of service %s: %s", service_id, exc)
+            if nxt is None:
+                nxt = await self._read_next(service_id, batch_id)
+                self._next_of.pop(batch_id, None)
             if nxt is not None:
                 take.hold(nxt)
                 async with self._in_order(batch_id), self._in_order(nxt.batch_id):
@@ -448,11 +494,14 @@ class Recorder:
         if nxt is None:
             await self._write(batch_id, service_id, status, None, fence)
             return
-        if landed:
-            if fence is not None:
-                self._acting[(service_id, nxt.batch_id)] = fence
-            take.start()
-        self._unlocked(service_id)
+        if not landed:
+            self._unlocked(service_id)
+            return
+        if fence is not None:
+            self._acting[(service_id, nxt.batch_id)] = fence
+        take.start()
+        for listener in self._moved_on:
+            listener(service_id)
 
     async def _write(
         self,

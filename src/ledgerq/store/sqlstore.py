@@ -11,6 +11,7 @@ Each public method is one database transaction.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -548,21 +549,44 @@ class SqlStore:
         )
         return found[0] if found else None
 
-    async def _take_next(self, session: Session, attempt: _Attempt) -> None:
-        """A conditional take (``BatchWrite.after``), after the group's other writes."""
-        w = attempt.write
-        assert w.after is not None
-        row = await session.fetchone(
-            "next_open_check", {"service_id": w.service_id, "after": w.after}
-        )
-        after_final, first_open, busy = row if row is not None else (None, None, True)
-        if not after_final or first_open != w.id or busy:
+    def _takes_param(self, takes: Sequence[BatchWrite]) -> dict[str, Any]:
+        triples = [(w.service_id, w.id, w.after or "") for w in takes]
+        if self.dialect == "postgresql":
+            return {
+                "service_ids": self._backend.texts_param([t[0] for t in triples]),
+                "batch_ids": self._backend.texts_param([t[1] for t in triples]),
+                "afters": self._backend.texts_param([t[2] for t in triples]),
+            }
+        return {"keys": json.dumps(triples)}
+
+    @staticmethod
+    def _check_take(
+        w: BatchWrite,
+        writes: Sequence[BatchWrite],
+        indexes: Sequence[int],
+        results: Sequence[StoreError | None],
+        allowed: set[tuple[str, str]],
+    ) -> None:
+        """Refuse a conditional take unless the queuer would pick its batch once
+        the group's writes landed: it was the next open batch after ``after``
+        before the group (``allowed``, read with the group's rows), and the
+        group's only other writes of the service made ``after`` final."""
+        finished = False
+        others = False
+        for j in indexes:
+            o = writes[j]
+            if o is w:
+                continue
+            if o.id == w.after and not o.attempt and _makes_final(o) and results[j] is None:
+                finished = True
+            else:
+                others = True
+        if not finished or others or (w.service_id, w.id) not in allowed:
             raise StatusTransitionError(
                 f"batch {w.id} of service {w.service_id!r} is not the service's next batch "
-                f"after {w.after} (that one is not final, or another batch comes first or "
-                "holds the service); nothing was written"
+                f"after {w.after} (that one is not made final here, or another batch comes "
+                "first or holds the service); nothing was written"
             )
-        await self._attempt_one(session, attempt)
 
     async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
         results: list[StoreError | None] = [None] * len(writes)
@@ -588,23 +612,44 @@ class SqlStore:
 
         async def body(session: Session) -> list[StoreError | None]:
             waves = _waves(steps)
+            take_writes = [a.write for _, a in takes]
+            if takes:
+                # Conditional takes join the last wave, after its writes,
+                # unless it writes one of their batches already.
+                keys = {(w.service_id, w.id) for w in take_writes}
+                if not waves or any(
+                    (_write_of(step).service_id, _write_of(step).id) in keys
+                    for _, step in waves[-1]
+                ):
+                    waves.append([])
+            allowed: set[tuple[str, str]] = set()
+            # The group's writes of each service a take is of.
+            of_service: dict[str, list[int]] = {w.service_id: [] for w in take_writes}
+            if takes:
+                for j, o in enumerate(writes):
+                    found = of_service.get(o.service_id)
+                    if found is not None:
+                        found.append(j)
             for n, wave in enumerate(waves):
                 # The writes of a wave touch distinct batches: their rows are
                 # read and locked in one query, their statements deferred
                 # and run set-based, kind by kind, in the order one write
                 # issues them. The first wave's reads also lock what the
-                # whole group makes final, first (_lock_calls).
+                # whole group makes final, first (_lock_calls), and check
+                # which takes may land (before any write of the group).
+                wave_takes = takes if n == len(waves) - 1 else []
                 deferred = _DeferredSession(session)
-                await self._prefetch(
+                checked = await self._prefetch(
                     session,
                     deferred,
-                    [_write_of(step) for _, step in wave],
+                    [_write_of(step) for _, step in wave] + [a.write for _, a in wave_takes],
                     # The takes' rows too: locked in key order with the rest.
-                    group=[_write_of(step) for _, step in steps] + [a.write for _, a in takes]
-                    if n == 0
-                    else None,
+                    group=[_write_of(step) for _, step in steps] + take_writes if n == 0 else None,
                     single_wave=len(waves) == 1,
+                    takes=take_writes if n == 0 else (),
                 )
+                if checked is not None:
+                    allowed = checked
                 for i, step in wave:
                     mark = deferred.mark()
                     try:
@@ -619,13 +664,16 @@ class SqlStore:
                     except WRITE_REFUSALS as exc:
                         deferred.reset(mark)
                         results[i] = exc
+                for i, attempt in wave_takes:
+                    mark = deferred.mark()
+                    try:
+                        w = attempt.write
+                        self._check_take(w, writes, of_service[w.service_id], results, allowed)
+                        await self._attempt_one(deferred, attempt)
+                    except WRITE_REFUSALS as exc:
+                        deferred.reset(mark)
+                        results[i] = exc
                 await deferred.flush()
-            # Conditional takes see every other write of the group.
-            for i, attempt in takes:
-                try:
-                    await self._take_next(session, attempt)
-                except WRITE_REFUSALS as exc:
-                    results[i] = exc
             return results
 
         if not steps and not takes:
@@ -680,10 +728,13 @@ class SqlStore:
         *,
         group: Sequence[BatchWrite] | None = None,
         single_wave: bool = False,
-    ) -> None:
+        takes: Sequence[BatchWrite] = (),
+    ) -> set[tuple[str, str]] | None:
         """Read and lock a wave's batch rows and claims; with ``group`` (the
         first wave), lock what the whole group makes final before them. All
-        in one message on PostgreSQL, in lock order."""
+        in one message on PostgreSQL, in lock order. With ``takes``, also
+        return which of those conditional takes' batches are the next open
+        batch of their service after their ``after`` (``next_open_checks``)."""
         calls = self._lock_calls(group) if group is not None else []
         # The rows lock_group_rows locked are the wave's when it is the only one.
         rows_locked = single_wave and bool(calls) and calls[-1][0] == "lock_group_rows"
@@ -710,13 +761,18 @@ class SqlStore:
                 )
             )
             claims_at = len(calls) - 1
+        if takes:
+            calls.append(("next_open_checks", self._takes_param(takes)))
         if not calls:
-            return
+            return None
         results = await session.fetchall_many(calls)
         if states_at is not None:
             deferred.states = {(r[0], r[1]): (r[1], r[2], r[3]) for r in results[states_at]}
         if claims_at is not None:
             deferred.claims = {(r[0], r[1], int(r[2])) for r in results[claims_at]}
+        if takes:
+            return {(r[0], r[1]) for r in results[-1]}
+        return None
 
     async def clean_stale_records(self, submitted_by: int) -> int:
         params = {"cutoff": submitted_by}

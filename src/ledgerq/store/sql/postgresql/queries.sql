@@ -765,17 +765,23 @@ WHERE b.seq = (
           AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> %(after)s
     );
 
--- Inside a group (apply_writes), after its other writes: whether batch
--- %(batch_id)s may be recorded taken as the next batch after %(after)s:
--- %(after)s is final, and %(batch_id)s is what the serial queuer would pick
--- now (the first non-final batch of the service, no non-final batch
--- submitted or with a status). One row: (after is final, first open batch
--- id, any busy). The rows it reads are the group's, locked already.
--- name: next_open_check
-SELECT (SELECT a.final FROM batches a
-        WHERE a.service_id = %(service_id)s AND a.batch_id = %(after)s),
-       (SELECT f.batch_id FROM batches f
-        WHERE f.service_id = %(service_id)s AND NOT f.final ORDER BY f.seq LIMIT 1),
-       EXISTS (SELECT 1 FROM batches o
-               WHERE o.service_id = %(service_id)s AND NOT o.final
-                 AND (o.submitted OR o.status IS NOT NULL));
+-- Inside a group (apply_writes), read with its other rows before any of its
+-- writes: which conditional takes may land. A row comes back for each
+-- (service, batch, after) whose batch is what the serial queuer would pick
+-- once `after` is final (the first non-final batch of the service other than
+-- `after`, while no non-final batch of the service other than `after` is
+-- submitted or has a status).
+-- name: next_open_checks
+SELECT k.service_id, k.batch_id
+FROM unnest(%(service_ids)s::text[], %(batch_ids)s::text[], %(afters)s::text[])
+    AS k(service_id, batch_id, after)
+WHERE k.batch_id = (
+        SELECT o.batch_id FROM batches o
+        WHERE o.service_id = k.service_id AND NOT o.final AND o.batch_id <> k.after
+        ORDER BY o.seq LIMIT 1
+    )
+  AND NOT EXISTS (
+        SELECT 1 FROM batches o
+        WHERE o.service_id = k.service_id AND NOT o.final
+          AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> k.after
+    );

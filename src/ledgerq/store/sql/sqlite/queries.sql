@@ -639,16 +639,26 @@ WHERE b.seq = (
           AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> :after
     );
 
--- Inside a group (apply_writes), after its other writes: whether batch
--- :batch_id may be recorded taken as the next batch after :after: :after is
--- final, and :batch_id is what the serial queuer would pick now (the first
--- non-final batch of the service, no non-final batch submitted or with a
--- status). One row: (after is final, first open batch id, any busy).
--- name: next_open_check
-SELECT (SELECT a.final FROM batches a
-        WHERE a.service_id = :service_id AND a.batch_id = :after),
-       (SELECT f.batch_id FROM batches f INDEXED BY batches_open_idx
-        WHERE f.service_id = :service_id AND NOT f.final ORDER BY f.seq LIMIT 1),
-       EXISTS (SELECT 1 FROM batches o INDEXED BY batches_busy_idx
-               WHERE o.service_id = :service_id AND NOT o.final
-                 AND (o.submitted OR o.status IS NOT NULL));
+-- Inside a group (apply_writes), read with its other rows before any of its
+-- writes: which conditional takes may land. :keys is a JSON array of
+-- [service_id, batch_id, after]; a row comes back for each batch that is what
+-- the serial queuer would pick once `after` is final (the first non-final
+-- batch of the service other than `after`, while no non-final batch of the
+-- service other than `after` is submitted or has a status).
+-- name: next_open_checks
+SELECT k.service_id, k.batch_id
+FROM (
+    SELECT json_extract(value, '$[0]') AS service_id, json_extract(value, '$[1]') AS batch_id,
+           json_extract(value, '$[2]') AS after
+    FROM json_each(:keys)
+) AS k
+WHERE k.batch_id = (
+        SELECT o.batch_id FROM batches o INDEXED BY batches_open_idx
+        WHERE o.service_id = k.service_id AND NOT o.final AND o.batch_id <> k.after
+        ORDER BY o.seq LIMIT 1
+    )
+  AND NOT EXISTS (
+        SELECT 1 FROM batches o INDEXED BY batches_busy_idx
+        WHERE o.service_id = k.service_id AND NOT o.final
+          AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> k.after
+    );
