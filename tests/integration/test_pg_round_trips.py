@@ -97,6 +97,50 @@ async def test_a_fenced_group_write_is_two_messages(pg_url: str, sent: Sent) -> 
             assert got is not None and got.status_name is BatchStatusName.COMMITTED
 
 
+async def test_a_final_status_with_the_next_batch_taken_is_still_two_messages(
+    pg_url: str, sent: Sent
+) -> None:
+    # The commit → next POST merge costs no round trip: the take is checked
+    # with the group's locks and written with its other writes.
+    async with await open_store(pg_url) as store:
+        services = ("s1", "s2")
+        pairs = [await store.add_batches([make_batch(s), make_batch(s)]) for s in services]
+        fence = await _claim(pg_url, list(services))
+        for first, _ in pairs:
+            await store.apply_writes(
+                [BatchWrite(first.service_id, first.batch_id, attempt=True, fence=fence)]
+            )
+            await store.apply_writes(
+                [BatchWrite(first.service_id, first.batch_id, Pending(), fence=fence)]
+            )
+        sent.messages.clear()
+        writes = []
+        for first, second in pairs:
+            writes += [
+                BatchWrite(first.service_id, first.batch_id, Committed(), fence=fence),
+                BatchWrite(
+                    first.service_id,
+                    second.batch_id,
+                    attempt=True,
+                    fence=fence,
+                    after=first.batch_id,
+                ),
+            ]
+        assert await store.apply_writes(writes) == [None] * 4
+        first_message, second_message = sent.messages
+        executed = [s for s in _statements(first_message) if s.startswith("EXECUTE")]
+        assert executed == [
+            "EXECUTE lq_lock_finishing_heads",
+            "EXECUTE lq_lock_group_rows",
+            "EXECUTE lq_hold_claims",
+            "EXECUTE lq_next_open_checks",
+        ], executed
+        assert _statements(second_message)[-1] == "COMMIT"
+        for _, second in pairs:
+            got = await store.get_batch(second.batch_id, second.service_id)
+            assert got is not None and got.submitted and got.attempts == 1
+
+
 async def test_prepared_statements_survive_psycopg_deallocating_them(pg_url: str) -> None:
     # One connection: every transaction below uses the same one.
     async with await open_store(pg_url, pg_pool_max_size=1) as store:
