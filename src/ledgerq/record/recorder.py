@@ -254,7 +254,8 @@ class Recorder:
         self._fused: FusedWriter | None = None
         #: Per batch at the ledger: its service's next batch, read ahead.
         self._next_of: dict[str, TrackingBatch] = {}
-        self._reading: set[asyncio.Task[TrackingBatch | None]] = set()
+        #: Read-aheads under way, by the id of the batch at the ledger.
+        self._reading: dict[str, asyncio.Task[TrackingBatch | None]] = {}
 
     def set_next_taker(self, taker: NextTaker, writer: FusedWriter) -> None:
         """Merge the commit → next POST path (``docs/gateway.md``): when the
@@ -354,8 +355,8 @@ class Recorder:
             task = asyncio.get_running_loop().create_task(
                 self._read_next(batch.service_id, batch.batch_id)
             )
-            self._reading.add(task)
-            task.add_done_callback(self._reading.discard)
+            self._reading[batch.batch_id] = task
+            task.add_done_callback(lambda _t: self._reading.pop(batch.batch_id, None))
 
     async def _read_next(self, service_id: str, batch_id: str) -> TrackingBatch | None:
         assert self._fused is not None
@@ -440,6 +441,10 @@ class Recorder:
         )
         try:
             fence = self._fence(service_id)
+            if written.is_final and ahead is None and status.batch_id in self._reading:
+                # Read ahead, not back yet: sooner than the usual path's two commits.
+                ahead = await asyncio.shield(self._reading[status.batch_id])
+                self._next_of.pop(status.batch_id, None)
             if written.is_final and self._next_taker is not None:
                 await self._final_then_next(status.batch_id, service_id, written, fence, ahead)
             else:
@@ -453,47 +458,41 @@ class Recorder:
         service_id: str,
         status: BatchStatus,
         fence: Fence | None,
-        ahead: TrackingBatch | None,
+        nxt: TrackingBatch | None,
     ) -> None:
-        """Write ``status`` (final) and, in the same transaction, the service's
-        next batch taken; then hand that batch to the submitter.
+        """Write ``status`` (final) and, in the same transaction, ``nxt`` (the
+        service's next batch, read ahead while this one waited at the ledger)
+        taken; then hand ``nxt`` to the submitter.
 
         Both rules of the two writes this replaces still hold, since they land
         together: the final status is durable before the next batch is posted,
         and the next batch's ``submitted`` before its POST. Whatever does not
-        fit (no slot, the next pick not a batch never taken, the store finding
-        another pick by the time the group runs) falls back to the usual path:
-        the final status alone, then the queue source's pick.
+        fit (nothing read ahead, no slot, the store finding another pick by
+        the time the group runs) falls back to the usual path: the final
+        status alone, then the queue source's pick. Nothing is read here: the
+        final status never waits for a read.
         """
         assert self._next_taker is not None and self._fused is not None
-        take = self._next_taker.reserve(service_id)
-        if take is None:
+        take = None if nxt is None else self._next_taker.reserve(service_id)
+        if nxt is None or take is None:
             await self._write(batch_id, service_id, status, None, fence)
             return
-        nxt = ahead
         landed = False
         try:
-            if nxt is None:
-                nxt = await self._read_next(service_id, batch_id)
-                self._next_of.pop(batch_id, None)
-            if nxt is not None:
-                take.hold(nxt)
-                async with self._in_order(batch_id), self._in_order(nxt.batch_id):
-                    landed = await self._fused.status_then_take(
-                        batch_id,
-                        service_id,
-                        status,
-                        _receipts(status),
-                        nxt.batch_id,
-                        now=self._clock(),
-                        fence=fence,
-                    )
+            take.hold(nxt)
+            async with self._in_order(batch_id), self._in_order(nxt.batch_id):
+                landed = await self._fused.status_then_take(
+                    batch_id,
+                    service_id,
+                    status,
+                    _receipts(status),
+                    nxt.batch_id,
+                    now=self._clock(),
+                    fence=fence,
+                )
         finally:
             if not landed:
                 take.cancel()
-        if nxt is None:
-            await self._write(batch_id, service_id, status, None, fence)
-            return
         if not landed:
             self._unlocked(service_id)
             return
