@@ -131,6 +131,26 @@ async def test_never_hands_out_a_batch_twice_before_the_store_records_it(
     assert src.held == 0  # the store caught up, the hold is gone
 
 
+async def test_a_pick_of_a_service_whose_next_batch_was_taken_elsewhere_is_dropped(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    # The round holds b's next batch, left there (the pull's limit), when
+    # that batch is recorded taken with its predecessor's final status
+    # outside the source: the pick is stale and must never be handed out.
+    a = store.add("a", 2)
+    b = store.add("b", 2)
+    src = source(store, clock)
+    assert await ids(src, 1) == [a[0]]
+    assert not src.idle("b")  # b's pick waits in the round
+    store.update(b[0], submitted=True)
+    src.taken_elsewhere(store.batches[b[0]])
+    assert src.idle("b") and src.queued == 0
+    assert await src.next() is None
+    store.update(b[0], batch_status=Committed())
+    src.wake("b")
+    assert await ids(src, 1) == [b[1]]
+
+
 async def test_hands_out_again_once_the_store_records_a_new_attempt(
     store: MemoryRounds, clock: ManualClock
 ) -> None:

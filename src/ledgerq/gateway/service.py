@@ -166,6 +166,7 @@ class Gateway:
         # The commit → next POST merge (docs/gateway.md): a batch's final
         # status and its service's next batch taken in one transaction.
         self.submitter.may_take = self.queue.idle
+        self.submitter.taken_elsewhere = self.queue.taken_elsewhere
         self.recorder.set_next_taker(self.submitter, self.writer)
         # Its service stays locked by the batch taken along: nothing to queue.
         self.recorder.add_moved_on_listener(lambda service_id: self.wake(service_id, queue=False))

@@ -184,6 +184,17 @@ class QueueSource:
             return False
         return not any(key[0] == service_id for key in self._held)
 
+    def taken_elsewhere(self, batch: TrackingBatch) -> None:
+        """``batch`` was recorded taken outside the source (with its
+        predecessor's final status): a pick of its service still in the
+        round predates that and is dropped, never handed out later."""
+        service_id = batch.service_id
+        if service_id in self._in_round:
+            kept = [b for b in self._round if b.service_id != service_id]
+            self._round.clear()
+            self._round.extend(kept)
+            self._in_round.discard(service_id)
+
     def released(self, batch: TrackingBatch) -> None:
         """``batch`` was handed out but will not be taken (the caller dropped
         it, or could not record it): its hold ends and its service is looked

@@ -182,6 +182,9 @@ class Submitter:
         #: Whether the queue source would let this serial service's next batch
         #: be taken outside it (nothing of the service handed out or queued).
         self.may_take: Callable[[str], bool] = lambda _service_id: True
+        #: Told of each batch taken with its predecessor's final status (the
+        #: queue source drops any pick of its service it still has).
+        self.taken_elsewhere: Callable[[TrackingBatch], None] = lambda _batch: None
         #: Batches taken with their predecessor's final status (``reserve``).
         self.taken_with_final = 0
 
@@ -231,6 +234,7 @@ class Submitter:
     def _start_next(self, take: _NextTake, batch: TrackingBatch) -> None:
         self._reserved -= 1
         self.taken_with_final += 1
+        self.taken_elsewhere(batch)
         try:
             assert self._tasks is not None
             self._tasks.create_task(self._submit(batch, recorded=True))
