@@ -76,7 +76,11 @@ def _phase(
                 result = asyncio.run(flow(urls, db, workload, load=load, token=TOKEN))
                 problems = check_invariants(db, cluster.ledger.url, workload)
                 voided = claims_voided([g.log_path.read_text(errors="replace") for g in gateways])
-                summary = result.report.summary() if result.report is not None else ""
+                summary = (
+                    result.report.summary()
+                    if result.report is not None
+                    else f"quiet: posting took {result.posting_s:.1f} s of {result.elapsed_s:.1f} s"
+                )
                 if result.report is not None:
                     answered, at_once = result.report.polls_between(result.began, result.ended)
                     summary += (
@@ -120,7 +124,7 @@ def command(
         slow=slow, long_polls=long_polls, poll_ids=poll_ids, large_posts=large_posts
     )
     large = broken_list(sizes.large_bytes)
-    quiet, _, quiet_voided, quiet_problems = _phase(
+    quiet, quiet_summary, quiet_voided, quiet_problems = _phase(
         pg_admin, sizes, services, per_service, False, large
     )
     loaded, summary, voided, problems = _phase(pg_admin, sizes, services, per_service, True, large)
@@ -142,7 +146,7 @@ def command(
         "route. Goal: hostile ≥ 0.8 of quiet, no claim voided, every batch committed once "
         "and in order.\n\n"
         + report.table(["run", "batches/s", "share of quiet", "claims voided", "problems"], rows)
-        + f"\n\nHostile requests by outcome: {summary}.\n"
+        + f"\n\nHostile requests by outcome: {summary}.\n\n{quiet_summary.capitalize()}.\n"
     )
     click.echo(markdown)
     if write:

@@ -25,6 +25,11 @@ What it costs — nothing while nothing changes (no periodic re-read):
   into the next read), and hands a batch's new state only to the requests
   waiting for it, and only when it changed. A request is woken only when
   its last batch is final.
+* Bounded whatever the number of parked requests: after a read of ``n``
+  ids the next waits ``n /`` :data:`REFRESH_IDS_PER_S` seconds if that is
+  longer (a few hundred watched batches changing all the time are read a
+  few times a second, not twenty), and a read about to start gives way to
+  posted batches being stored (:class:`~ledgerq.ingest.combined.WritesFirst`).
 * Final answers (``Committed``, ``Invalid``: they never change) are kept in
   a bounded cache shared by every request (:class:`FinalCache`): a request
   asking again for batches it saw final costs no read.
@@ -43,6 +48,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator,
 from typing import Any
 
 from ledgerq.errors import StoreError
+from ledgerq.ingest.combined import WritesFirst
 from ledgerq.model import BatchStatusName, TrackingBatch
 from ledgerq.scopes import FULL, Scope
 from ledgerq.store.base import DATA_CHANGE_PREFIX
@@ -51,6 +57,10 @@ log = logging.getLogger(__name__)
 
 #: Least time between two reads for parked status requests.
 REFRESH_INTERVAL_S = 0.05
+#: Batch ids the refresher reads per second at most, on average: after a
+#: read of n ids, the next waits n / REFRESH_IDS_PER_S seconds if that is
+#: longer than REFRESH_INTERVAL_S (a read of up to 100 ids is not slowed).
+REFRESH_IDS_PER_S = 2_000
 #: Final batches the answer cache holds (about 300 bytes each, bodies left out).
 FINAL_CACHE_SIZE = 100_000
 
@@ -59,6 +69,13 @@ BatchReader = Callable[[Collection[str]], Awaitable[list[TrackingBatch]]]
 #: States that never change once reached (Splinter's ``Valid`` still
 #: becomes ``Committed``, so it is not among them).
 _SETTLED = frozenset({BatchStatusName.COMMITTED, BatchStatusName.INVALID})
+
+
+def refresh_pause(ids_read: int) -> float:
+    """Seconds from the start of a refresh that read ``ids_read`` ids to the
+    next: :data:`REFRESH_INTERVAL_S`, longer for a large read, so that the
+    refresher reads at most about :data:`REFRESH_IDS_PER_S` ids a second."""
+    return max(REFRESH_INTERVAL_S, ids_read / REFRESH_IDS_PER_S)
 
 
 class TooManyWaitersError(Exception):
@@ -152,10 +169,14 @@ class Changes:
         self.max_waiters = max_waiters
         #: Reads batches by id (set by the API to its store's).
         self.reader: BatchReader | None = None
+        #: What the refresher's reads give way to (set by the API).
+        self.writes = WritesFirst(max_defer_s=0.0)
         #: Batches in a state that never changes, shared by every request.
         self.final = FinalCache(final_cache_size)
-        #: Queries made to refresh parked requests (changes and re-checks).
+        #: Queries made to refresh parked requests (changes and re-checks),
+        #: and the batch ids they asked for.
         self.reads = 0
+        self.ids_read = 0
         #: Requests woken (their wait over: no batch pending any more).
         self.woken = 0
         self._parked: set[Waiter] = set()
@@ -165,7 +186,8 @@ class Changes:
         #: are to be read again before they are woken.
         self._recheck: set[Waiter] = set()
         self._refresher: asyncio.Task[None] | None = None
-        self._last_read = 0.0
+        #: The loop time before which the refresher does not read again.
+        self._next_read = 0.0
         #: The state last handed out per watched batch.
         self._seen: dict[str, tuple[Any, bool]] = {}
 
@@ -253,22 +275,26 @@ class Changes:
         try:
             while (self._dirty or self._recheck) and self.reader is not None:
                 # Changes arriving meanwhile are folded into the next read.
-                await asyncio.sleep(max(0.0, self._last_read + REFRESH_INTERVAL_S - loop.time()))
-                self._last_read = loop.time()
+                await asyncio.sleep(max(0.0, self._next_read - loop.time()))
+                await self.writes.turn()
+                began = loop.time()
                 services, self._dirty = self._dirty, set()
                 ids = [b for s in services for b in self._by_service.get(s, {})]
+                read = len(ids)
                 if ids:
                     batches = await self._read(ids)
                     for batch in batches or ():
                         self._deliver(batch)
                 if self._recheck:
-                    await self._recheck_unknown()
+                    read += await self._recheck_unknown()
+                self._next_read = began + refresh_pause(read)
         finally:
             self._refresher = None
 
     async def _read(self, ids: Collection[str]) -> list[TrackingBatch] | None:
         assert self.reader is not None
         self.reads += 1
+        self.ids_read += len(ids)
         try:
             batches = await self.reader(ids)
         except StoreError as exc:
@@ -303,16 +329,17 @@ class Changes:
         self.woken += 1
         waiter.event.set()
 
-    async def _recheck_unknown(self) -> None:
+    async def _recheck_unknown(self) -> int:
         """Read the unknown ids of the requests whose tracked batches are all
-        final: those now pending are waited for, the others are woken."""
+        final: those now pending are waited for, the others are woken.
+        Returns the number of ids read."""
         waiters, self._recheck = self._recheck, set()
         ids = {i for w in waiters for i in w.unknown}
         batches = await self._read(ids)
         if batches is None:
             for w in waiters:
                 self._wake(w)  # answers what it has; read again as its wait ends
-            return
+            return len(ids)
         by_id = {b.batch_id: b for b in batches}
         for w in waiters:
             if w not in self._parked:
@@ -329,6 +356,7 @@ class Changes:
             w.unknown = still
             if not w.pending:
                 self._wake(w)
+        return len(ids)
 
     async def aclose(self) -> None:
         refresher = self._refresher
