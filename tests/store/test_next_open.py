@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledgerq.errors import StatusTransitionError
+from ledgerq.errors import StatusTransitionError, StoreInputError
 from ledgerq.model import BatchStatusName, Committed, Invalid, Pending, Unknown
 from ledgerq.queue.serial import select_round
 from ledgerq.store import BatchTrackingStore, BatchWrite
@@ -184,3 +184,22 @@ async def test_takes_of_many_services_in_one_group(store: BatchTrackingStore) ->
         assert got is not None and got.submitted
     got_y = await store.get_batch(y.batch_id, "busy")
     assert got_y is not None and not got_y.submitted
+
+
+async def test_next_open_batches_reads_many_services_at_once(store: BatchTrackingStore) -> None:
+    firsts = {}
+    seconds = {}
+    for s in ("s1", "s2", "s3"):
+        a, b = await store.add_batches([make_batch(s), make_batch(s)])
+        await _pending(store, s, a.batch_id)
+        firsts[s], seconds[s] = a, b
+    # s3's next batch is Unknown: nothing for it.
+    await store.update_batch_status(seconds["s3"].batch_id, "s3", Unknown(), now=NOW)
+    found = await store.next_open_batches([(s, firsts[s].batch_id) for s in ("s1", "s2", "s3")])
+    assert {s: b.batch_id for s, b in found.items()} == {
+        "s1": seconds["s1"].batch_id,
+        "s2": seconds["s2"].batch_id,
+    }
+    assert found["s1"].serialized_batch == seconds["s1"].serialized_batch
+    with pytest.raises(StoreInputError, match="one"):
+        await store.next_open_batches([("s1", "x"), ("s1", "y")])

@@ -164,3 +164,50 @@ async def test_urgent_writes_form_a_group_of_their_own_beside_the_one_under_way(
     store.release.set()
     await asyncio.gather(busy, queued, took)
     assert store.groups[2:] == [["b"], ["u2", "v2"]]
+
+
+async def test_a_final_status_and_its_take_are_never_split_across_groups() -> None:
+    store = SlowStore()
+    writer = GroupCommitWriter(store, max_group=2)
+    first = asyncio.create_task(writer.update_batch_status("a", "s", Pending()))
+    await asyncio.sleep(0)
+    # "b" fills the next group; the pair after it must not be cut in two.
+    later = asyncio.create_task(writer.update_batch_status("b", "t", Pending()))
+    pair = asyncio.create_task(writer.status_then_take("c", "u", Pending(), [], "d"))
+    await asyncio.sleep(0)
+    store.release.set()
+    await asyncio.gather(first, later)
+    assert await pair is True
+    assert store.groups == [["a"], ["b", "c", "d"]]
+
+
+class ReadStore:
+    """Records each next_open_batches call; answers when released."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[str, str]]] = []
+        self.release = asyncio.Event()
+
+    async def next_open_batches(self, pairs: Sequence[tuple[str, str]]) -> dict[str, TrackingBatch]:
+        self.calls.append(list(pairs))
+        await self.release.wait()
+        return {s: make_batch(s) for s, _ in pairs if s != "none"}
+
+
+async def test_reads_ahead_arriving_during_a_read_are_read_together() -> None:
+    store = ReadStore()
+    writer = GroupCommitWriter(store)  # type: ignore[arg-type]
+    first = asyncio.create_task(writer.next_open_batch("s1", "a"))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert store.calls == [[("s1", "a")]]  # an idle reader reads at once
+    later = [
+        asyncio.create_task(writer.next_open_batch(s, after))
+        for s, after in (("s2", "b"), ("none", "c"), ("s2", "d"))
+    ]
+    await asyncio.sleep(0)
+    store.release.set()
+    got = await asyncio.gather(first, *later)
+    # One query for the waiting ones, one pair per service: s2's second waits.
+    assert store.calls == [[("s1", "a")], [("s2", "b"), ("none", "c")], [("s2", "d")]]
+    assert [None if b is None else b.service_id for b in got] == ["s1", "s2", None, "s2"]

@@ -243,6 +243,12 @@ class GroupWriter(Protocol):
         left, a resubmission due, or the service locked by another batch)."""
         ...
 
+    async def next_open_batches(self, pairs: Sequence[tuple[str, str]]) -> dict[str, TrackingBatch]:
+        """:meth:`next_open_batch` for many ``(service_id, after)`` pairs in
+        one query, at most one pair per service (else ``StoreInputError``):
+        the batches found, by service id."""
+        ...
+
     async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
         """Apply ``writes`` in order in one transaction (one commit).
 

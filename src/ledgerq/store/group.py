@@ -71,6 +71,9 @@ class GroupCommitWriter:
         self._urgent_running = False
         #: Writes that must share a group with the write queued after them.
         self._linked: set[int] = set()
+        #: next_open_batch calls waiting for a read, and whether one is under way.
+        self._reads: list[tuple[str, str, asyncio.Future[TrackingBatch | None]]] = []
+        self._reading = False
         self._running = 0
         self.groups = 0
         self.writes = 0
@@ -144,8 +147,43 @@ class GroupCommitWriter:
         await asyncio.shield(future)
 
     async def next_open_batch(self, service_id: str, after: str) -> TrackingBatch | None:
-        """The store's :meth:`~ledgerq.store.base.GroupWriter.next_open_batch` (a read)."""
-        return await self._store.next_open_batch(service_id, after)
+        """The store's :meth:`~ledgerq.store.base.GroupWriter.next_open_batch`,
+        read together with the other calls that arrive while one read is
+        under way (``next_open_batches``: one query for all, one pair per
+        service; a second pair of a service waits for the next read)."""
+        future: asyncio.Future[TrackingBatch | None] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._reads.append((service_id, after, future))
+        if not self._reading:
+            self._reading = True
+            asyncio.get_running_loop().create_task(self._read_loop())
+        return await asyncio.shield(future)
+
+    async def _read_loop(self) -> None:
+        try:
+            while self._reads:
+                group: dict[str, tuple[str, asyncio.Future[TrackingBatch | None]]] = {}
+                later = []
+                for service_id, after, future in self._reads:
+                    if service_id in group or len(group) >= self._max_group:
+                        later.append((service_id, after, future))
+                    else:
+                        group[service_id] = (after, future)
+                self._reads = later
+                try:
+                    found = await self._store.next_open_batches(
+                        [(service_id, after) for service_id, (after, _) in group.items()]
+                    )
+                except Exception as exc:
+                    for _, future in group.values():
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for service_id, (_, future) in group.items():
+                    if not future.done():
+                        future.set_result(found.get(service_id))
+        finally:
+            self._reading = False
 
     async def status_then_take(
         self,

@@ -308,9 +308,20 @@ class MemoryStore:
         return live[0]
 
     async def next_open_batch(self, service_id: str, after: str) -> TrackingBatch | None:
-        common.check_service_id(service_id)
-        rec = self._next_open(service_id, after)
-        return None if rec is None else self._view(rec)
+        return (await self.next_open_batches([(service_id, after)])).get(service_id)
+
+    async def next_open_batches(self, pairs: Sequence[tuple[str, str]]) -> dict[str, TrackingBatch]:
+        services = [p[0] for p in pairs]
+        for service_id in services:
+            common.check_service_id(service_id)
+        if len(set(services)) != len(services):
+            raise StoreInputError("next_open_batches takes one (service, after) pair per service")
+        found = {}
+        for service_id, after in pairs:
+            rec = self._next_open(service_id, after)
+            if rec is not None:
+                found[service_id] = self._view(rec)
+        return found
 
     async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
         results: list[StoreError | None] = [None] * len(writes)

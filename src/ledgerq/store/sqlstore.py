@@ -543,11 +543,27 @@ class SqlStore:
         await self._write_receipts(session, service_id, attempt.receipts, attempt.at)
 
     async def next_open_batch(self, service_id: str, after: str) -> TrackingBatch | None:
-        common.check_service_id(service_id)
+        return (await self.next_open_batches([(service_id, after)])).get(service_id)
+
+    async def next_open_batches(self, pairs: Sequence[tuple[str, str]]) -> dict[str, TrackingBatch]:
+        services = [p[0] for p in pairs]
+        for service_id in services:
+            common.check_service_id(service_id)
+        if len(set(services)) != len(services):
+            raise StoreInputError("next_open_batches takes one (service, after) pair per service")
+        if not pairs:
+            return {}
+        if self.dialect == "postgresql":
+            params: dict[str, Any] = {
+                "service_ids": self._backend.texts_param(services),
+                "afters": self._backend.texts_param([p[1] for p in pairs]),
+            }
+        else:
+            params = {"keys": json.dumps([list(p) for p in pairs])}
         found = await self._list(
-            "next_open_batch", {"service_id": service_id, "after": after}, short=True
+            "next_open_batches", params, short=len(pairs) <= SHORT_ROUND_SERVICES
         )
-        return found[0] if found else None
+        return {b.service_id: b for b in found}
 
     def _takes_param(self, takes: Sequence[BatchWrite]) -> dict[str, Any]:
         triples = [(w.service_id, w.id, w.after or "") for w in takes]

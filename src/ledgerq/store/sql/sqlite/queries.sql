@@ -616,28 +616,38 @@ CROSS JOIN batches b
 WHERE b.service_id = json_extract(k.value, '$[0]') AND b.batch_id = json_extract(k.value, '$[1]');
 
 -- The commit → next POST merge (docs/gateway.md, "The commit → next POST
--- gap"): the next open batch of a service once batch :after is final, when
+-- gap"): per [service_id, after] of :keys (a JSON array; one pair per
+-- service), the service's next open batch once batch `after` is final, when
 -- the serial queuer's choice would be exactly that batch: the first
--- non-final batch other than :after, never taken (not submitted, no status),
--- and no non-final batch of the service but :after submitted or with a
--- status. Nothing otherwise.
--- name: next_open_batch
+-- non-final batch other than `after`, never taken (not submitted, no
+-- status), and no non-final batch of the service but `after` submitted or
+-- with a status. Nothing for the pair otherwise.
+-- name: next_open_batches
+WITH k AS (
+    SELECT json_extract(value, '$[0]') AS service_id, json_extract(value, '$[1]') AS after
+    FROM json_each(:keys)
+),
+p AS (
+    SELECT k.service_id, k.after, (
+        SELECT o.seq FROM batches o INDEXED BY batches_open_idx
+        WHERE o.service_id = k.service_id AND NOT o.final AND o.batch_id <> k.after
+        ORDER BY o.seq LIMIT 1
+    ) AS seq
+    FROM k
+)
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
        b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
-FROM batches b
+FROM p
+CROSS JOIN batches b
 LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
-WHERE b.seq = (
-        SELECT o.seq FROM batches o INDEXED BY batches_open_idx
-        WHERE o.service_id = :service_id AND NOT o.final AND o.batch_id <> :after
-        ORDER BY o.seq LIMIT 1
-    )
-  AND b.service_id = :service_id AND NOT b.submitted AND b.status IS NULL
+WHERE b.seq = p.seq AND NOT b.submitted AND b.status IS NULL
   AND NOT EXISTS (
         SELECT 1 FROM batches o INDEXED BY batches_busy_idx
-        WHERE o.service_id = :service_id AND NOT o.final
-          AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> :after
-    );
+        WHERE o.service_id = p.service_id AND NOT o.final
+          AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> p.after
+    )
+ORDER BY b.seq;
 
 -- Inside a group (apply_writes), read with its other rows before any of its
 -- writes: which conditional takes may land. :keys is a JSON array of
