@@ -46,9 +46,7 @@ SELECT c.service_id,
              AND NOT b.final
              AND (b.status IS NULL OR b.status IN ('Unknown', 'Delayed'))
            ORDER BY b.seq)
-       END AS mid,
-       NOT EXISTS (SELECT 1 FROM queue_heads AS h
-                   WHERE h.service_id = c.service_id AND h.head_seq IS NOT NULL) AS idle
+       END AS mid
 FROM others
 CROSS JOIN gateway_instances AS i
 JOIN service_id_claims AS c ON c.claimant = i.instance_id
