@@ -111,6 +111,8 @@ class TakeOverAsks:
         #: only): its batch ids, the read that answers them, when it started.
         self._asked: dict[str, tuple[tuple[str, ...], asyncio.Future[_Answers], float]] = {}
         self._tasks: set[asyncio.Future[object]] = set()
+        #: When the last read ended (time.monotonic(), whatever the thread).
+        self._read_at = 0.0
         #: Batches asked about, and answers applied, so far.
         self.asked = 0
         self.applied = 0
@@ -145,7 +147,8 @@ class TakeOverAsks:
         entries = self._follower.adopt(pairs)
         if entries:
             wanted = frozenset(b for b, _ in pairs)
-            self._keep(asyncio.ensure_future(self._apply(entries, wanted, reads, started)))
+            times = (started, time.monotonic())
+            self._keep(asyncio.ensure_future(self._apply(entries, wanted, reads, times)))
 
     def stop(self) -> None:
         for task in list(self._tasks):
@@ -193,6 +196,7 @@ class TakeOverAsks:
         answers: _Answers = {}
         for read in await asyncio.gather(*(self._read(ledger, g) for g in groups)):
             answers.update(read)
+        self._read_at = time.monotonic()
         return answers
 
     async def _read(self, ledger: LedgerClient, group: Sequence[tuple[str, str]]) -> _Answers:
@@ -214,8 +218,10 @@ class TakeOverAsks:
         entries: Sequence[Followed],
         ids: frozenset[str],
         reads: set[asyncio.Future[_Answers]],
-        began: float,
+        times: tuple[float, float],
     ) -> None:
+        """``times``: when the take-over began, when this loop heard it ended."""
+        began, heard = times
         answers: _Answers = {}
         for read in await asyncio.gather(*reads, return_exceptions=True):
             if isinstance(read, dict):
@@ -225,10 +231,15 @@ class TakeOverAsks:
         with urgent():
             await self._follower.answered(entries, answers)
         self.applied += len(answers)
+        # Where the time goes between a take-over and the first write
+        # (docs/ha.md, "Settings and failover time").
         log.info(
-            "took over %d batches left mid-submission: the ledger answered %.0f ms after the "
-            "take-over began, recorded %.0f ms later",
+            "took over %d batches left mid-submission: after the take-over began, the ledger's "
+            "answers were read in %.0f ms, the gateway's loop heard of the claims at %.0f ms "
+            "and had the answers at %.0f ms; recorded %.0f ms after that",
             len(entries),
+            (self._read_at - began) * 1000,
+            (heard - began) * 1000,
             (answered - began) * 1000,
             (time.monotonic() - answered) * 1000,
         )
