@@ -9,12 +9,13 @@ next batch's ``submitted`` before its POST.
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
-from ledgerq.errors import StatusTransitionError, StoreInputError
-from ledgerq.model import BatchStatusName, Committed, Invalid, Pending, Unknown
+from ledgerq.errors import FencedOffError, StatusTransitionError, StoreInputError
+from ledgerq.model import BatchStatusName, Committed, Fence, Invalid, Pending, Unknown
 from ledgerq.queue.serial import select_round
-from ledgerq.store import BatchTrackingStore, BatchWrite
+from ledgerq.store import BatchTrackingStore, BatchWrite, open_store
 
 from .conftest import make_batch
 
@@ -203,3 +204,40 @@ async def test_next_open_batches_reads_many_services_at_once(store: BatchTrackin
     assert found["s1"].serialized_batch == seconds["s1"].serialized_batch
     with pytest.raises(StoreInputError, match="one"):
         await store.next_open_batches([("s1", "x"), ("s1", "y")])
+
+
+@pytest.mark.pg
+async def test_a_take_under_a_claim_that_moved_on_lands_nothing(pg_url: str) -> None:
+    # Fencing (docs/ha.md): a paused instance that wakes up after its claim
+    # moved on must neither finish the batch nor take the next one.
+    async with await open_store(pg_url) as store:
+        a, b = await store.add_batches([make_batch("s"), make_batch("s")])
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute(
+                "UPDATE service_id_claims SET claimant = 'new', epoch = 2, expiry_1 = 9e15,"
+                " expiry_2 = 9e15, claimed_at = 1, unclaimed_since = NULL"
+                " WHERE service_id = 's'"
+            )
+        current, stale = Fence("new", 2), Fence("old", 1)
+        await store.apply_writes([BatchWrite("s", a.batch_id, attempt=True, fence=current)])
+        await store.apply_writes([BatchWrite("s", a.batch_id, Pending(), fence=current)])
+        results = await store.apply_writes(
+            [
+                BatchWrite("s", a.batch_id, Committed(), now=NOW, fence=stale),
+                BatchWrite("s", b.batch_id, attempt=True, now=NOW, fence=stale, after=a.batch_id),
+            ]
+        )
+        assert isinstance(results[0], FencedOffError)
+        assert isinstance(results[1], StatusTransitionError | FencedOffError)
+        got_a = await store.get_batch(a.batch_id, "s")
+        got_b = await store.get_batch(b.batch_id, "s")
+        assert got_a is not None and got_a.status_name is BatchStatusName.PENDING
+        assert got_b is not None and (got_b.submitted, got_b.attempts) == (False, 0)
+        # Under the current claim the same pair lands.
+        results = await store.apply_writes(
+            [
+                BatchWrite("s", a.batch_id, Committed(), now=NOW, fence=current),
+                BatchWrite("s", b.batch_id, attempt=True, now=NOW, fence=current, after=a.batch_id),
+            ]
+        )
+        assert results == [None, None]
