@@ -13,8 +13,16 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from harness import Proc, Workload, check_no_service_locked, gateway_proc, wait_all_final
+from harness import (
+    FAST_GATEWAY_ENV,
+    Proc,
+    Workload,
+    check_no_service_locked,
+    gateway_proc,
+    wait_all_final,
+)
 
+from ledgerq.store import open_store
 from ledgerq.testing.fault_ledger import MALFORMED_KINDS, FaultLedger, FaultPlan
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -131,3 +139,42 @@ async def test_a_wrong_url_leaves_every_batch_waiting_and_says_why(
                 assert not [r for r in (await r.json())["data"] if r["ledger_problem"]]
         finally:
             await gateway.stop()
+
+
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("pg", marks=pytest.mark.pg)])
+async def test_killed_after_a_final_status_took_the_next_batch_before_its_post(
+    tmp_path: Path, session: aiohttp.ClientSession, db: str, request: pytest.FixtureRequest
+) -> None:
+    # The gateway dies right after the transaction that made a batch final
+    # and recorded its service's next batch taken, before that batch's POST.
+    # The next instance must ask the ledger about it (UNKNOWN) before it is
+    # posted, post it once, and keep every service in order.
+    async with FaultLedger(FaultPlan(commit_delay_ms=20)) as ledger:
+        url = request.getfixturevalue("pg_url") if db == "pg" else f"sqlite:///{tmp_path}/gw.db"
+        args = ["serve", "--db", url, "--ledger", f"sawtooth+{ledger.url}", "--bind"]
+        env = {**FAST_GATEWAY_ENV, "LEDGERQ_CONFIG": ""}
+        gateway = Proc(
+            [*args, "127.0.0.1:0"],
+            tmp_path / "gateway.log",
+            env={**env, "LEDGERQ_FAILPOINTS": "taken_with_final=kill@4"},
+        )
+        try:
+            await gateway.start()
+            workload = Workload(services=6, per_service=5)
+            await workload.post(session, gateway.url, waves=1)
+            assert gateway.process is not None
+            await asyncio.wait_for(gateway.process.wait(), 60)  # killed at the failpoint
+            gateway = Proc([*args, "127.0.0.1:0"], tmp_path / "gateway2.log", env=env)
+            await gateway.start()
+            await judge(session, gateway, ledger, workload)
+            async with await open_store(url) as store:
+                listed = (await store.list_batches(limit=1000)).batches
+        finally:
+            await gateway.stop()
+        # Taken (attempts) more often than posted: the take the kill cut short.
+        cut = [b for b in listed if b.attempts > ledger.batches[b.batch_id].posts]
+        assert cut, [(b.attempts, ledger.batches[b.batch_id].posts) for b in listed]
+        for b in cut:
+            record = ledger.batches[b.batch_id]
+            assert record.posts == 1 and record.first_post_ms is not None
+            assert ledger.first_answer_ms[b.batch_id] < record.first_post_ms
