@@ -73,7 +73,7 @@ async def _post(url: str, bodies: list[bytes], last_ids: list[str], concurrency:
                     async with session.post(f"{url}/batches", data=bodies[i], headers=headers) as r:
                         if r.status == 202:
                             break
-                        if r.status != 429:
+                        if r.status not in (429, 503):  # busy: try again
                             raise RuntimeError(f"POST /batches answered {r.status}")
                     await asyncio.sleep(0.05)
                 # The window: wait for this chunk's last batch before sending another.
@@ -84,12 +84,13 @@ async def _post(url: str, bodies: list[bytes], last_ids: list[str], concurrency:
 
 
 class NodeProcess:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             [LEDGERQ, "node", "--bind", "127.0.0.1:0", "--data-dir", str(data_dir)],
             stderr=subprocess.PIPE,
             text=True,
+            env=None if env is None else {**os.environ, **env},
         )
         assert self.proc.stderr is not None
         self.startup: list[str] = []  # the node's own account of its start-up phases
@@ -143,9 +144,24 @@ async def _height(url: str) -> int:
     show_default=True,
     help="The BENCHMARKS.md section to write.",
 )
+@click.option(
+    "--tracemalloc",
+    "trace_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Trace the node's allocations; at every tenth append where its heap grew to this "
+    "file (see ledgerq.node.memdebug; slows the node down: figures not comparable).",
+)
 @click.option("--write/--no-write", default=True, show_default=True)
 def command(
-    batches: int, chunk: int, concurrency: int, clients: int, txns: int, section: str, write: bool
+    batches: int,
+    chunk: int,
+    concurrency: int,
+    clients: int,
+    txns: int,
+    section: str,
+    trace_file: Path | None,
+    write: bool,
 ) -> None:
     """RSS over a long history, restart time, REST throughput with one client per core."""
     load_before = os.getloadavg()[0]
@@ -157,7 +173,11 @@ def command(
     console.print(f"signed {share * clients:,} batches in {time.perf_counter() - t0:.0f} s")
     total = share * clients
     with tempfile.TemporaryDirectory(prefix="ledgerq-history-") as tmp:
-        node = NodeProcess(Path(tmp))
+        env = None
+        if trace_file is not None:
+            write = False
+            env = {"LEDGERQ_NODE_TRACEMALLOC": str(trace_file.resolve())}
+        node = NodeProcess(Path(tmp), env)
         posters = [
             ctx.Process(target=_post_all, args=(node.url, b, ids, concurrency)) for b, ids in signed
         ]
@@ -173,6 +193,8 @@ def command(
             if height >= next_mark or height >= total:
                 rss, anon, file = node.memory()
                 marks.append((height, time.perf_counter() - start, rss, anon, file))
+                if trace_file is not None:
+                    node.proc.send_signal(signal.SIGUSR2)
                 console.print(
                     f"{height:,} committed, {rss:.0f} MiB RSS ({anon:.0f} anon, {file:.0f} file)"
                 )

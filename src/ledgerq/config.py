@@ -395,6 +395,8 @@ OTHER_VARIABLES = frozenset(
         "LEDGERQ_TOKEN",
         "LEDGERQ_DB",
         "LEDGERQ_FAILPOINTS",
+        "LEDGERQ_NODE_TRACEMALLOC",
+        "LEDGERQ_NODE_TRACEMALLOC_FRAMES",
         "LEDGERQ_BENCH_PG",
         "LEDGERQ_TEST_PG",
     }

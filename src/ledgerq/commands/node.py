@@ -22,7 +22,7 @@ from aiohttp import web
 from ledgerq.config import Settings, load_settings
 from ledgerq.errors import ConfigError
 from ledgerq.logs import add_secret
-from ledgerq.node import Node
+from ledgerq.node import Node, memdebug
 from ledgerq.node.access import AccessPolicy, is_loopback
 from ledgerq.node.rest import RestLimits, make_app
 from ledgerq.node.scabbard import ScabbardServices
@@ -200,6 +200,9 @@ async def _serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    tracer = memdebug.from_environment()  # debugging only: LEDGERQ_NODE_TRACEMALLOC
+    if tracer is not None:
+        loop.add_signal_handler(signal.SIGUSR2, tracer.dump)
     node = await Node.open(data_dir, **options)
     scabbard = ScabbardServices(
         data_dir,
