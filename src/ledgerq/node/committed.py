@@ -5,11 +5,15 @@ The commit stage hands every group of commits to :meth:`CommittedView.add`
 (:mod:`ledgerq.node.disk`) in the background, one store transaction per
 write, at most every ``write_interval_s`` (sooner when many are waiting).
 A write of many commits is cut into store transactions of at most
-``write_chunk`` commits (unless one :meth:`add` brought more), at the
-boundaries of :meth:`add` calls (each with the journal point it covers):
-LMDB keeps, for the life of the environment, as many page buffers as the
-largest transaction dirtied, so the size of a transaction, not the age of
-the node, bounds that memory.
+``write_keys`` keys (:func:`store_keys`: a batch id, its transaction ids
+and its writes; unless one :meth:`add` brought more), at the boundaries of
+:meth:`add` calls (each with the journal point it covers). LMDB keeps, for
+the life of the environment, every page buffer a write transaction
+dirtied, as many as the largest transaction dirtied: each key lands on a
+random leaf of a B-tree, so a transaction dirties about one page per key
+once the trees have more leaves than it has keys, and the number of keys
+per transaction, not the number of commits (ten transactions per batch
+are 21 keys a commit) nor the age of the node, bounds that memory.
 Every read — state, a final status, a committed transaction, a block — looks
 at the commits not yet written first, then at the store, so a read never
 sees less than what has committed. Memory holds only those unwritten
@@ -37,11 +41,20 @@ from ledgerq.node.ordering.messages import KVSDatum, KVSKey
 
 log = logging.getLogger(__name__)
 
+#: Most keys (see :func:`store_keys`) in one store transaction, unless one add() brought more.
+STORE_TXN_KEYS = 6_000
+
+
+def store_keys(record: CommitRecord) -> int:
+    """The keys a commit puts at random places in the store's B-trees: its batch id,
+    its transaction ids and its writes (its block is appended in order)."""
+    return 1 + len(record.tx_ids) + len(record.writes)
+
 
 class _Unwritten:
     """Commits not yet written (or being written) to the store."""
 
-    __slots__ = ("applied", "batch_high", "cuts", "finals", "records", "state", "txns")
+    __slots__ = ("applied", "batch_high", "cuts", "finals", "keys", "records", "state", "txns")
 
     def __init__(self, applied: int, batch_high: int) -> None:
         self.records: list[CommitRecord] = []
@@ -50,8 +63,10 @@ class _Unwritten:
         self.txns: dict[str, tuple[int, int]] = {}
         self.applied = applied
         self.batch_high = batch_high
-        # After each add(): (records so far, applied, batch_high), where a write may be cut.
-        self.cuts: list[tuple[int, int, int]] = []
+        self.keys = 0  # store_keys() of the records
+        # After each add(): (records so far, keys so far, applied, batch_high), where a
+        # write may be cut.
+        self.cuts: list[tuple[int, int, int, int]] = []
 
 
 class CommittedView:
@@ -61,7 +76,7 @@ class CommittedView:
         *,
         write_interval_s: float = 0.2,
         write_batch: int = 20_000,
-        write_chunk: int = 2_000,
+        write_keys: int = STORE_TXN_KEYS,
         on_written: Callable[[int], None] | None = None,
     ) -> None:
         self.store = store
@@ -70,7 +85,7 @@ class CommittedView:
         self._writing: _Unwritten | None = None
         self._interval = write_interval_s
         self._write_batch = write_batch
-        self._write_chunk = write_chunk
+        self._write_keys = write_keys
         self._on_written = on_written
         self._durable = meta.applied
         self._last_written = meta.applied
@@ -89,14 +104,17 @@ class CommittedView:
         new = self._new
         new.applied = applied
         new.batch_high = max(new.batch_high, batch_high)
+        keys = new.keys
         for record in records:
+            keys += 1 + len(record.tx_ids) + len(record.writes)  # store_keys(record)
             new.records.append(record)
             new.finals[record.batch_id] = StoredBatch(record.num, record.fingerprint, record.status)
             if isinstance(record.status, str):  # COMMITTED
                 for index, tid in enumerate(record.tx_ids):
                     new.txns[tid] = (record.num, index)
                 new.state.update(record.writes)
-        new.cuts.append((len(new.records), applied, new.batch_high))
+        new.keys = keys
+        new.cuts.append((len(new.records), keys, applied, new.batch_high))
         if len(new.records) >= self._write_batch:
             self._signal.set()
 
@@ -201,16 +219,20 @@ class CommittedView:
 
     def _write_chunks(self, new: _Unwritten) -> None:
         """In the writer thread: one store transaction per chunk, each with its point."""
-        start = 0
-        last = (len(new.records), new.applied, new.batch_high)
-        pending: tuple[int, int, int] | None = None  # the latest cut not written yet
+        start = start_keys = 0
+        last = (len(new.records), new.keys, new.applied, new.batch_high)
+        pending: tuple[int, int, int, int] | None = None  # the latest cut not written yet
         for cut in new.cuts or [last]:
-            if pending is not None and pending[0] > start and cut[0] - start > self._write_chunk:
-                self.store.write(new.records[start : pending[0]], pending[1], pending[2])
-                start = pending[0]
+            if (
+                pending is not None
+                and pending[0] > start
+                and cut[1] - start_keys > self._write_keys
+            ):
+                self.store.write(new.records[start : pending[0]], pending[2], pending[3])
+                start, start_keys = pending[0], pending[1]
             pending = cut
         if pending is not None:
-            self.store.write(new.records[start : pending[0]], pending[1], pending[2])
+            self.store.write(new.records[start : pending[0]], pending[2], pending[3])
 
     async def drain(self) -> None:
         """Write everything committed so far, and wait for it."""
@@ -226,8 +248,9 @@ class CommittedView:
 def _merge(old: _Unwritten, new: _Unwritten) -> _Unwritten:
     merged = _Unwritten(new.applied, max(old.batch_high, new.batch_high))
     for layer in (old, new):
-        offset = len(merged.records)
-        merged.cuts += [(offset + n, a, b) for n, a, b in layer.cuts]
+        offset, keys = len(merged.records), merged.keys
+        merged.cuts += [(offset + n, keys + k, a, b) for n, k, a, b in layer.cuts]
+        merged.keys += layer.keys
         merged.records += layer.records
         merged.state.update(layer.state)
         merged.finals.update(layer.finals)

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 
@@ -29,9 +29,10 @@ from ledgerq.node.commit import (
     FinalStatus,
     Ledger,
     StatusEvent,
+    _Slot,
     final_info,
 )
-from ledgerq.node.committed import CommittedView
+from ledgerq.node.committed import STORE_TXN_KEYS, CommittedView
 from ledgerq.node.datadir import DataDirLock, lock_data_dir
 from ledgerq.node.disk import CommitRecord, LmdbStore, MemoryStore, Store
 from ledgerq.node.families import FamilyRegistry, default_registry
@@ -481,10 +482,11 @@ class Node:
                 self._pending_ids.discard(slot.tx_id)
         final_txs: list[str] = []
         events: list[StatusEvent] = []
-        # To the committed view in parts of at most COMMIT_PART slots, each with the
-        # journal point it covers: the store writes no larger transactions than that.
-        for start in range(0, len(ready), COMMIT_PART):
-            part = self.ledger.commit(ready[start : start + COMMIT_PART])
+        # To the committed view in parts of at most COMMIT_PART slots and STORE_TXN_KEYS
+        # keys, each with the journal point it covers: the store writes no larger
+        # transactions than that (see ledgerq.node.committed).
+        for slots in self._parts(ready):
+            part = self.ledger.commit(slots)
             records: list[CommitRecord] = []
             for event in part:
                 bid = event.info.id
@@ -522,6 +524,24 @@ class Node:
             signal.set()
         if self._held and final_txs:
             await self._admit(self._release(final_txs))
+
+    def _parts(self, ready: list[_Slot]) -> Iterator[list[_Slot]]:
+        part: list[_Slot] = []
+        keys = 0
+        for slot in ready:
+            weight = 0
+            summary = slot.summary
+            if summary is not None:  # as store_keys() will count its record
+                batch = self._inflight.get(slot.tx_id)
+                txs = 0 if batch is None else len(batch.transaction_ids)
+                weight = 1 + txs + len(summary.values_written)
+            if part and (len(part) >= COMMIT_PART or keys + weight > STORE_TXN_KEYS):
+                yield part
+                part, keys = [], 0
+            part.append(slot)
+            keys += weight
+        if part:
+            yield part
 
     async def snapshot(self) -> None:
         """Write everything committed so far to the store, and wait for it."""

@@ -22,6 +22,7 @@ from ledgerq.codec.intkey import encode_payload, make_address, make_intkey_batch
 from ledgerq.errors import NodeBusyError, NodeDataError
 from ledgerq.node import Node, TxFingerprint
 from ledgerq.node import journal as journal_module
+from ledgerq.node.disk import CommitRecord
 from ledgerq.node.scabbard import ScabbardServices
 
 SIGNER = Signer.generate()
@@ -451,7 +452,7 @@ async def test_a_large_store_write_is_cut_into_transactions_at_commit_points(
     # consistent store and the journal replays the rest.
     live = tmp_path / "live"
     node = await Node.open(live, snapshot_every=10**6, store_interval_s=3600)
-    node.committed._write_chunk = 4
+    node.committed._write_keys = 12  # four commits of 3 keys
     written: list[tuple[int, int]] = []
     write = node.store.write
 
@@ -524,7 +525,7 @@ async def test_a_large_commit_slice_reaches_the_store_in_bounded_parts(
 
     monkeypatch.setattr(node_module, "COMMIT_PART", 3)
     node = await Node.open(tmp_path, snapshot_every=10**6, store_interval_s=3600)
-    node.committed._write_chunk = 3
+    node.committed._write_keys = 9
     written: list[tuple[int, int]] = []
     write = node.store.write
 
@@ -539,6 +540,39 @@ async def test_a_large_commit_slice_reaches_the_store_in_bounded_parts(
         assert set(await statuses(node, batches)) == {"COMMITTED"}
         await node.snapshot()
         assert written == [(3, 3), (3, 6), (3, 9), (1, 10)]
+    finally:
+        await node.close()
+
+
+async def test_store_transactions_are_bounded_in_keys_not_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # LMDB keeps every page buffer a write transaction dirtied, about one per key:
+    # batches of ten transactions (21 keys each) must not make transactions ten
+    # times larger than single-transaction batches do.
+    from ledgerq.node import node as node_module
+    from ledgerq.node.committed import store_keys
+
+    monkeypatch.setattr(node_module, "STORE_TXN_KEYS", 45)
+    node = await Node.open(tmp_path, snapshot_every=10**6, store_interval_s=3600)
+    node.committed._write_keys = 45
+    written: list[int] = []
+    write = node.store.write
+
+    def spy(records: list[CommitRecord], applied: int, batch_high: int) -> None:
+        written.append(sum(store_keys(r) for r in records))
+        write(records, applied, batch_high)
+
+    monkeypatch.setattr(node.store, "write", spy)
+    batches = [
+        make_intkey_batch(SIGNER, [("set", f"k{i}-{j}", j) for j in range(10)]) for i in range(10)
+    ]
+    try:
+        await node.submit(batches)  # one commit slice of 10 commits, 210 keys
+        assert set(await statuses(node, batches)) == {"COMMITTED"}
+        await node.snapshot()
+        assert written == [42] * 5  # two commits per store transaction
+        assert node.store.meta().applied == 10
     finally:
         await node.close()
 
