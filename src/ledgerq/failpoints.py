@@ -21,6 +21,8 @@ PASS/DELAY/FAIL list (``docs/ha.md``):
 ======================  =========================================================
 ``claim_cycle``         start of a claim cycle (request claim / renewal)
 ``submitting``          the submitter took a batch, before marking it submitted
+                        (a batch taken with its predecessor's final status
+                        too: before that transaction)
 ``taken_with_final``    a batch was recorded taken with its predecessor's final
                         status (the commit → next POST merge), before its POST
 ``before_post``         claim checked, before the POST to the ledger

@@ -476,6 +476,8 @@ class _NextTake:
 
     def hold(self, batch: TrackingBatch) -> None:
         assert self._batch is None and not self._done
+        # The same step as the poller's take: before anything is recorded.
+        failpoint("submitting")
         self._batch = batch
         self._submitter._hold_next(self, batch)
 
