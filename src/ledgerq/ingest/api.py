@@ -71,7 +71,7 @@ from ledgerq.errors import (
     StoreInputError,
     StoreUnavailableError,
 )
-from ledgerq.ingest.combined import CombinedReads, StatusQueueFull, WritesFirst
+from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone
 from ledgerq.ingest.errors import error_body, json_errors
 from ledgerq.ingest.guard import guard_middleware, on_disconnect
@@ -402,15 +402,11 @@ class GatewayApi:
         self.max_body_bytes = max_body_bytes
         self.changes = changes or Changes()
         self.changes.reader = lambda ids: self.store.get_batch_statuses_by_id(ids)
-        #: What status reads give way to: posted lists being stored.
-        self.writes = WritesFirst()
-        self.changes.writes = self.writes
         #: Status requests' reads: STATUS_READS at a time, combined.
         self.status_reads = CombinedReads(
             lambda ids: self.store.get_batch_statuses_by_id(ids),
             slots=STATUS_READS,
             max_queued=self.changes.max_waiters,
-            writes=self.writes,
         )
         self.clock = clock
 
@@ -459,8 +455,7 @@ class GatewayApi:
                 return _too_large(self.max_body_bytes)
             return _error(400, "Invalid BatchList", str(exc), exc.rule)
         try:
-            with self.writes.write():  # status reads about to start wait for it
-                stored = await self.acceptor.add_batches(list(batches), now=self.clock())
+            stored = await self.acceptor.add_batches(list(batches), now=self.clock())
         except DuplicateBatchError as exc:
             try:
                 conflict = await self._conflict(batches, exc)

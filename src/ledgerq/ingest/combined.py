@@ -11,22 +11,12 @@ raises :class:`StatusQueueFull` (the API answers ``429``).
 A failed read fails every request it served (each answers as it would
 have alone); a request whose caller went away is dropped from its read's
 answer, not from the read.
-
-Status reads yield to posted batches (:class:`WritesFirst`): while the
-gateway is storing a posted list, a status read about to start — a new
-request's first read or a refresh of parked requests — waits until that
-insert is done, at most ``max_defer_s``. A flood of status requests then
-does not sit between a ``POST /batches`` and its insert's round trips to
-the store (measured under hostile load: docs/BENCHMARKS.md, "Hostile
-clients"); a status read is never held longer than ``max_defer_s`` per
-read, whatever the posting rate.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection
 
 from ledgerq.model import TrackingBatch
 
@@ -34,64 +24,13 @@ BatchReader = Callable[[Collection[str]], Awaitable[list[TrackingBatch]]]
 _Request = tuple[Collection[str], "asyncio.Future[dict[str, TrackingBatch]]"]
 
 
-#: Longest a status read waits for posted batches being stored.
-MAX_DEFER_S = 0.1
-
-
 class StatusQueueFull(Exception):
     """``max_queued`` status requests are waiting for a store read already."""
 
 
-class WritesFirst:
-    """Status reads wait while posted batches are being stored (module notes)."""
-
-    def __init__(self, max_defer_s: float = MAX_DEFER_S) -> None:
-        self.max_defer_s = max_defer_s
-        #: Inserts of posted batches under way.
-        self.writing = 0
-        #: Status reads that waited for an insert, and those that waited the
-        #: most (``max_defer_s``) and went ahead anyway.
-        self.deferred = 0
-        self.overdue = 0
-        self._done: asyncio.Event | None = None
-
-    @contextlib.contextmanager
-    def write(self) -> Iterator[None]:
-        """Around the insert of a posted list."""
-        self.writing += 1
-        try:
-            yield
-        finally:
-            self.writing -= 1
-            if self.writing == 0 and self._done is not None:
-                self._done.set()
-                self._done = None
-
-    async def turn(self) -> None:
-        """Return once no insert is under way, or ``max_defer_s`` later."""
-        if self.writing == 0:
-            return
-        self.deferred += 1
-        if self._done is None:
-            self._done = asyncio.Event()
-        try:
-            await asyncio.wait_for(self._done.wait(), self.max_defer_s)
-        except TimeoutError:
-            self.overdue += 1
-
-
 class CombinedReads:
-    def __init__(
-        self,
-        reader: BatchReader,
-        *,
-        slots: int = 2,
-        max_queued: int = 1_000,
-        writes: WritesFirst | None = None,
-    ) -> None:
+    def __init__(self, reader: BatchReader, *, slots: int = 2, max_queued: int = 1_000) -> None:
         self.reader = reader
-        #: What status reads give way to (nothing by default).
-        self.writes = writes or WritesFirst(max_defer_s=0.0)
         self.slots = slots
         self.max_queued = max_queued
         #: Queries made, and requests they served.
@@ -128,9 +67,6 @@ class CombinedReads:
         self._start()
 
     async def _read(self, requests: list[_Request]) -> None:
-        # Requests arriving while this one gives way to an insert wait for
-        # the next read (the slot is taken): they are combined there.
-        await self.writes.turn()
         live = [(ids, f) for ids, f in requests if not f.done()]
         if not live:
             return

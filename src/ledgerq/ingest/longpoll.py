@@ -28,8 +28,7 @@ What it costs — nothing while nothing changes (no periodic re-read):
 * Bounded whatever the number of parked requests: after a read of ``n``
   ids the next waits ``n /`` :data:`REFRESH_IDS_PER_S` seconds if that is
   longer (a few hundred watched batches changing all the time are read a
-  few times a second, not twenty), and a read about to start gives way to
-  posted batches being stored (:class:`~ledgerq.ingest.combined.WritesFirst`).
+  few times a second, not twenty).
 * Final answers (``Committed``, ``Invalid``: they never change) are kept in
   a bounded cache shared by every request (:class:`FinalCache`): a request
   asking again for batches it saw final costs no read.
@@ -48,7 +47,6 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator,
 from typing import Any
 
 from ledgerq.errors import StoreError
-from ledgerq.ingest.combined import WritesFirst
 from ledgerq.model import BatchStatusName, TrackingBatch
 from ledgerq.scopes import FULL, Scope
 from ledgerq.store.base import DATA_CHANGE_PREFIX
@@ -169,8 +167,6 @@ class Changes:
         self.max_waiters = max_waiters
         #: Reads batches by id (set by the API to its store's).
         self.reader: BatchReader | None = None
-        #: What the refresher's reads give way to (set by the API).
-        self.writes = WritesFirst(max_defer_s=0.0)
         #: Batches in a state that never changes, shared by every request.
         self.final = FinalCache(final_cache_size)
         #: Queries made to refresh parked requests (changes and re-checks),
@@ -276,7 +272,6 @@ class Changes:
             while (self._dirty or self._recheck) and self.reader is not None:
                 # Changes arriving meanwhile are folded into the next read.
                 await asyncio.sleep(max(0.0, self._next_read - loop.time()))
-                await self.writes.turn()
                 began = loop.time()
                 services, self._dirty = self._dirty, set()
                 ids = [b for s in services for b in self._by_service.get(s, {})]

@@ -1,7 +1,7 @@
-"""Status reads give way to posted batches being stored
-(ledgerq.ingest.combined.WritesFirst), the parked requests' refresher reads
-at a bounded rate, and status ids are checked in one pass. Asserted by
-counting reads and inserts, never by the clock."""
+"""A posted list is stored while long-polls' first reads are pending, the
+parked requests' refresher reads at a bounded rate, and status ids are
+checked in one pass. Asserted by counting reads and inserts, never by the
+clock."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import aiohttp
 import pytest
 
 from ledgerq.ingest.api import GatewayApi, _all_batch_ids, _id_problem
-from ledgerq.ingest.combined import CombinedReads, WritesFirst
 from ledgerq.ingest.longpoll import (
     REFRESH_IDS_PER_S,
     REFRESH_INTERVAL_S,
@@ -65,8 +64,6 @@ async def held() -> AsyncIterator[tuple[str, GatewayApi, HeldStore]]:
     inner = await open_store("memory://")
     store = HeldStore(inner)
     api = GatewayApi(store, acceptor=store, changes=Changes(max_waiters=100))  # type: ignore[arg-type]
-    # Long enough that no read goes ahead of an insert in this test.
-    api.writes.max_defer_s = 60.0
     url, runner = await _serve(api)
     yield url, api, store
     store.reads_open.set()
@@ -100,65 +97,6 @@ async def test_a_post_is_stored_while_long_polls_first_reads_are_pending(
     for r in answers:
         assert (await r.json())["data"][0]["status"] == "UNKNOWN"
         r.release()
-
-
-async def test_a_status_read_waits_for_the_insert_under_way(
-    held: tuple[str, GatewayApi, HeldStore], http: aiohttp.ClientSession
-) -> None:
-    url, api, store = held
-    store.reads_open.set()
-    (first,) = await _post(http, url, 1, "s1")
-    store.inserts_open.clear()
-    store.inserting.clear()
-    posting = asyncio.create_task(_post(http, url, 2, "s2"))
-    await store.inserting.wait()
-    status = asyncio.create_task(http.get(f"{url}/batch_statuses?id={first}"))
-    await until(lambda: api.writes.deferred == 1)
-    reads_before = store.reads_started
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert store.reads_started == reads_before  # not started while the insert runs
-    store.inserts_open.set()
-    assert len(await posting) == 2
-    r = await status
-    assert r.status == 200 and (await r.json())["data"][0]["status"] == "PENDING"
-    r.release()
-    # The read started only after the insert: none began while it ran.
-    began, ended = store.inserts[-1]
-    assert began == ended
-    assert store.reads_started == reads_before + 1 and api.writes.overdue == 0
-
-
-async def test_a_read_waits_for_inserts_at_most_max_defer() -> None:
-    writes = WritesFirst(max_defer_s=0.0)
-    store = FakeStore()
-    batch = _batch("s", 1)
-    store.put(batch)
-    reads = CombinedReads(store.read, writes=writes)
-    with writes.write():  # an insert that never ends while the read waits
-        got = await reads.read([batch.batch_id])
-    assert batch.batch_id in got
-    assert writes.deferred == 1 and writes.overdue == 1
-    # Without an insert under way nothing waits.
-    await reads.read([batch.batch_id])
-    assert writes.deferred == 1
-    await reads.aclose()
-
-
-async def test_the_refresher_gives_way_to_an_insert() -> None:
-    store = FakeStore()
-    changes = Changes()
-    changes.reader = store.read
-    changes.writes = WritesFirst(max_defer_s=60.0)
-    batch = _batch("s", 1)
-    store.put(batch)
-    with changes.park() as waiter:
-        with changes.writes.write():
-            changes.watch(waiter, {batch.batch_id: batch}, [batch.batch_id])
-            await until(lambda: changes.writes.deferred == 1)
-            assert store.reads == []  # the refresh waits for the insert
-        await until(lambda: len(store.reads) == 1)
-    await changes.aclose()
 
 
 def test_the_refresher_reads_a_bounded_number_of_ids_per_second() -> None:
