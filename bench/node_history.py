@@ -20,6 +20,8 @@ pre-signs its share, then posts ``--chunk`` batches per request with
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import multiprocessing
 import os
 import re
@@ -152,6 +154,14 @@ async def _height(url: str) -> int:
     help="Trace the node's allocations; at every tenth append where its heap grew to this "
     "file (see ledgerq.node.memdebug; slows the node down: figures not comparable).",
 )
+@click.option(
+    "--lock",
+    "lock_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Hold an exclusive flock on this file while measuring (after signing), e.g. "
+    "/tmp/ledgerq-bench.lock.",
+)
 @click.option("--write/--no-write", default=True, show_default=True)
 def command(
     batches: int,
@@ -161,6 +171,7 @@ def command(
     txns: int,
     section: str,
     trace_file: Path | None,
+    lock_file: Path | None,
     write: bool,
 ) -> None:
     """RSS over a long history, restart time, REST throughput with one client per core."""
@@ -171,11 +182,34 @@ def command(
     with ctx.Pool(clients) as pool:
         signed = pool.map(_sign, [(c, c * share, share, chunk, txns) for c in range(clients)])
     console.print(f"signed {share * clients:,} batches in {time.perf_counter() - t0:.0f} s")
+    with contextlib.ExitStack() as held:
+        if lock_file is not None:
+            lock = held.enter_context(lock_file.open("a"))
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            load_before = os.getloadavg()[0]
+        markdown = _measure(
+            signed, share, clients, chunk, concurrency, txns, trace_file, load_before
+        )
+    console.print(markdown)
+    if write and trace_file is None:
+        write_section(section, markdown)
+
+
+def _measure(
+    signed: list[tuple[list[bytes], list[str]]],
+    share: int,
+    clients: int,
+    chunk: int,
+    concurrency: int,
+    txns: int,
+    trace_file: Path | None,
+    load_before: float,
+) -> str:
+    ctx = multiprocessing.get_context("spawn")
     total = share * clients
     with tempfile.TemporaryDirectory(prefix="ledgerq-history-") as tmp:
         env = None
         if trace_file is not None:
-            write = False
             env = {"LEDGERQ_NODE_TRACEMALLOC": str(trace_file.resolve())}
         node = NodeProcess(Path(tmp), env)
         posters = [
@@ -249,6 +283,4 @@ def command(
         f"{clean_phases}.\n"
         f"* Data directory at the end: {disk:,.0f} MiB.\n"
     )
-    console.print(markdown)
-    if write:
-        write_section(section, markdown)
+    return markdown
