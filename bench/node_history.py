@@ -238,6 +238,7 @@ def _measure(
             if not any(p.is_alive() for p in posters) and height < total:
                 time.sleep(1)
                 if asyncio.run(_height(node.url)) < total:
+                    node.stop(signal.SIGKILL)  # leave no node behind
                     raise RuntimeError("the clients stopped before every batch committed")
             time.sleep(0.5)
         elapsed = time.perf_counter() - start
