@@ -11,6 +11,7 @@ import psycopg.errors
 import pytest
 
 from ledgerq.claims import ClaimManager, ClaimSettings
+from ledgerq.claims.queries import claim_queries
 from ledgerq.clock import ManualClock
 from ledgerq.errors import ConfigError, StoreError
 from ledgerq.model import Fence
@@ -309,6 +310,34 @@ async def test_release_on_close_hands_everything_over_at_once(db: str) -> None:
         assert conn.execute("SELECT instance_id FROM gateway_instances").fetchall() == [("a",)]
     await a.cycle()  # no grace period to wait, no share to respect
     assert set(claimants(db).values()) == {"a"}
+    await a.close()
+
+
+async def test_release_of_many_claims_has_no_join_to_misplan_on_stale_statistics(
+    db: str,
+) -> None:
+    """The table was analyzed while nobody held anything, then one instance
+    claimed thousands: the release must not hinge on the planner's estimate
+    of that instance's claims (joined on its locking CTE, it took a nested
+    loop over both, quadratic in the claims held: 10 s for 5,000)."""
+    clock = ManualClock(T0)
+    services = [f"p{i:05d}" for i in range(3_000)]
+    a = manager(db, "a", clock)
+    await a.register_services(services)
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("ANALYZE service_id_claims")
+    await a.cycle()
+    assert len(a.claimed_services()) == len(services)
+    params = {"me": "a", "now": clock(), "grace_ms": 1_000}
+    with psycopg.connect(db) as conn:
+        for name in ("lock_all", "release_all"):
+            plan = [
+                r[0] for r in conn.execute(("EXPLAIN " + claim_queries()[name]).encode(), params)
+            ]
+            assert not [line for line in plan if "Join" in line or "Nested Loop" in line], plan
+        conn.rollback()
+    assert await a.release() == tuple(services)
+    assert set(claimants(db).values()) == {None}
     await a.close()
 
 

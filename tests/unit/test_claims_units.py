@@ -83,6 +83,7 @@ def test_every_claim_step_has_its_query() -> None:
         "held",
         "idle_candidates",
         "forget_idle",
+        "lock_all",
         "release_all",
         "register_services",
     } <= set(claim_queries())

@@ -561,6 +561,7 @@ class ClaimManager:
         now = self._clock() if now is None else now
 
         async def go(conn: Conn) -> tuple[str, ...]:
+            await self._session.fetch(conn, "lock_all")
             rows = await self._session.fetch(
                 conn, "release_all", now=now, grace_ms=self.settings.grace_ms
             )
