@@ -290,3 +290,30 @@ async def test_backoff_is_jittered_between_half_and_all_of_its_nominal_delay() -
     await run_until(submitter, lambda: len(store.writes) >= 16)
     firsts = [d for d in sleeps.calls if d <= 0.1]
     assert all(0.05 <= d <= 0.1 for d in firsts) and len(set(firsts)) > 1
+
+
+async def test_a_take_started_after_the_run_ended_is_not_posted_and_frees_its_slot() -> None:
+    """The final status's group committed the next batch taken, but the
+    submitter's run ended meanwhile: nothing is posted from outside a run (the
+    batch stays taken; the follower asks the ledger about it), and the slot,
+    the service and the batch are free again."""
+    store = MemoryPipelineStore()
+    ledger = ScriptedLedger()
+    submitter, _, _ = make(store, ledger)
+    task = asyncio.create_task(submitter.run())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    take = submitter.reserve("s")
+    assert take is not None
+    nxt = batch("s", 2)
+    take.hold(nxt)
+    assert submitter.in_flight == {nxt.batch_id: "s"}
+    submitter.stop()
+    await asyncio.wait_for(task, 5)
+    take.start()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert ledger.sent == []
+    assert submitter.in_flight == {}
+    assert nxt.batch_id not in submitter.held_batches
+    assert submitter.reserve("s") is None  # not running: nothing reserved

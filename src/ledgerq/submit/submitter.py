@@ -236,9 +236,10 @@ class Submitter:
         self.taken_with_final += 1
         self.taken_elsewhere(batch)
         try:
-            assert self._tasks is not None
+            if self._tasks is None:
+                raise RuntimeError("the submitter's run ended")
             self._tasks.create_task(self._submit(batch, recorded=True))
-        except (AssertionError, RuntimeError):
+        except RuntimeError:  # no run, or its task group is shutting down
             # The run ended meanwhile: the batch stays {submitted}, and the
             # follower asks the ledger about it before anything resends it.
             del self._in_flight[batch.batch_id]
