@@ -122,7 +122,7 @@ class CommittedView:
         new.batch_high = max(new.batch_high, batch_high)
         keys = new.keys
         for record in records:
-            keys += 1 + len(record.tx_ids) + len(record.writes)  # store_keys(record)
+            keys += store_keys(record)
             new.records.append(record)
             new.finals[record.batch_id] = StoredBatch(record.num, record.fingerprint, record.status)
             if isinstance(record.status, str):  # COMMITTED

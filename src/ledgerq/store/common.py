@@ -57,6 +57,15 @@ def check_service_id(service_id: str) -> None:
     _check_text("service_id", service_id, MAX_SERVICE_ID_LENGTH)
 
 
+def check_next_open_pairs(pairs: Sequence[tuple[str, str]]) -> None:
+    """``next_open_batches``' argument: valid service ids, one pair per service."""
+    services = [service_id for service_id, _ in pairs]
+    for service_id in services:
+        check_service_id(service_id)
+    if len(set(services)) != len(services):
+        raise StoreInputError("next_open_batches takes one (service, after) pair per service")
+
+
 def check_new_batches(batches: Sequence[TrackingBatch]) -> None:
     """Refuse values the schema cannot hold and duplicates within the call."""
     batch_keys: set[str] = set()

@@ -311,11 +311,7 @@ class MemoryStore:
         return (await self.next_open_batches([(service_id, after)])).get(service_id)
 
     async def next_open_batches(self, pairs: Sequence[tuple[str, str]]) -> dict[str, TrackingBatch]:
-        services = [p[0] for p in pairs]
-        for service_id in services:
-            common.check_service_id(service_id)
-        if len(set(services)) != len(services):
-            raise StoreInputError("next_open_batches takes one (service, after) pair per service")
+        common.check_next_open_pairs(pairs)
         found = {}
         for service_id, after in pairs:
             rec = self._next_open(service_id, after)

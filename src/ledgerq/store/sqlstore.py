@@ -546,16 +546,12 @@ class SqlStore:
         return (await self.next_open_batches([(service_id, after)])).get(service_id)
 
     async def next_open_batches(self, pairs: Sequence[tuple[str, str]]) -> dict[str, TrackingBatch]:
-        services = [p[0] for p in pairs]
-        for service_id in services:
-            common.check_service_id(service_id)
-        if len(set(services)) != len(services):
-            raise StoreInputError("next_open_batches takes one (service, after) pair per service")
+        common.check_next_open_pairs(pairs)
         if not pairs:
             return {}
         if self.dialect == "postgresql":
             params: dict[str, Any] = {
-                "service_ids": self._backend.texts_param(services),
+                "service_ids": self._backend.texts_param([p[0] for p in pairs]),
                 "afters": self._backend.texts_param([p[1] for p in pairs]),
             }
         else:
