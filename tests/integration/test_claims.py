@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Mapping
 
 import psycopg
 import psycopg.errors
@@ -721,6 +722,15 @@ class _Heard:
     def taken(self, services: frozenset[str]) -> None:
         self.heard.append(("taken", services, claimants(self.db)))
 
+    def won(self, fences: Mapping[str, Fence]) -> None:
+        self.heard.append(("won", dict(fences), claimants(self.db)))
+
+    def started(self) -> None:
+        self.heard.append(("started", None, {}))
+
+    async def ended(self) -> None:
+        self.heard.append(("ended", None, {}))
+
 
 async def test_a_take_over_names_the_batches_left_mid_submission_before_it_moves_the_claims(
     db: str,
@@ -747,12 +757,15 @@ async def test_a_take_over_names_the_batches_left_mid_submission_before_it_moves
         assert (await b.cycle()).voided == ("again", "busy")
         # Named while a still held them (the ledger is asked in parallel with
         # the claim), then taken, and held by b before anyone hears of it.
-        (ask, asked, before), (take, won, after) = heard.heard
+        (ask, asked, before), (take, won, after), (win, fences, _) = heard.heard
         assert (ask, asked) == ("asking", {"busy": ("b1",), "again": ("u1",)})
         assert before["busy"] == before["again"] == "a"
         assert (take, won) == ("taken", frozenset({"busy", "again"}))
         assert after["busy"] == after["again"] == "b"
         assert b.fence_for("busy") == Fence("b", epochs(db)["busy"])
+        # Then, where the cycle ran, the fences the answers are recorded under.
+        assert win == "won"
+        assert fences == {s: Fence("b", epochs(db)[s]) for s in ("again", "busy")}
 
 
 async def test_a_cycle_due_just_before_a_foreign_expiry_starts_at_it(db: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ledgerq.claims import ClaimManager, ClaimSettings
 from ledgerq.clock import ManualClock
 from ledgerq.codec import Signer
 from ledgerq.codec.decode import to_tracking_batch
@@ -132,6 +133,87 @@ async def test_batches_left_mid_submission_are_asked_about_together_as_the_claim
     assert getattr(first[l1.batch_id], "name", None) is BatchStatusName.UNKNOWN
     assert getattr(first[h1.batch_id], "name", None) is want
     # The held batch was never POSTed again; the lost one once, by its new holder.
+    assert ledger.violations == []
+    report = ledger.report()["batches"]
+    assert report[h1.batch_id]["posts"] == 1
+    assert report[l1.batch_id]["posts"] == 1
+
+
+async def test_with_the_claim_cycles_on_their_thread_the_answers_are_recorded_there(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # As a gateway runs it: b's claim cycles on their own thread, which reads
+    # the ledger's answers and records them with a store of its own under
+    # the new claims' fences; the gateway's writer only resends what the
+    # ledger lost. Real time, short claim timings.
+    timings = {"renew_interval_ms": 200, "claim_ttl_ms": 1_000, "slow_ttl_ms": 1_200}
+    batches = {
+        (service, n): to_tracking_batch(
+            make_intkey_batch(SIGNER, [("set" if n == 1 else "inc", f"{service}-t", 1)]),
+            service,
+            created_at=T0 + n,
+        )
+        for service in ("held", "lost")
+        for n in (1, 2)
+    }
+    h1, l1 = batches["held", 1], batches["lost", 1]
+    async with (
+        FaultLedger(FaultPlan(commit_delay_ms=0)) as ledger,
+        await open_store(pg_url) as store,
+    ):
+        await store.add_batches(list(batches.values()), now=T0)
+        settings = load_settings(
+            {"db": pg_url, "ledger": f"sawtooth+{ledger.url}", "bind": "127.0.0.1:0"},
+            environ={},
+            cwd=tmp_path,
+        )
+        client = http_ledger_client(settings.ledger, HttpTimeouts(connect=3, submit=10))
+        mine: list[BatchWrite] = []
+        apply = store.apply_writes
+
+        async def spy_apply(writes: Sequence[BatchWrite]) -> list[object]:
+            mine.extend(writes)
+            return await apply(writes)  # type: ignore[return-value]
+
+        store.apply_writes = spy_apply  # type: ignore[method-assign]
+        a = ClaimManager(pg_url, ClaimSettings(instance_id="a", **timings))
+        b = ClaimManager(pg_url, ClaimSettings(instance_id="b", **timings))
+        async with a, b:
+            await a.cycle()  # a claims both, then dies mid-submission
+            for batch in (h1, l1):
+                await store.change_batch_to_submitted(
+                    batch.batch_id, batch.service_id, fence=a.fence_for(batch.service_id)
+                )
+            assert await client.submit("held", h1.batch_id, h1.serialized_batch) == Accepted()
+            await b.cycle()
+            gateway = Gateway(settings, store, client, claims=b)
+            tasks = [asyncio.create_task(gateway.run()), asyncio.create_task(b.run())]
+            try:
+                async with asyncio.timeout(60):
+                    while True:
+                        got = [
+                            await store.get_batch(x.batch_id, x.service_id)
+                            for x in batches.values()
+                        ]
+                        if all(
+                            g is not None and g.status_name is BatchStatusName.COMMITTED
+                            for g in got
+                        ):
+                            break
+                        await asyncio.sleep(0.05)
+            finally:
+                gateway.stop()
+                b.stop()
+                await asyncio.wait_for(asyncio.gather(*tasks), 60)
+                await client.close()
+        assert claimants(pg_url) == {"held": None, "lost": None}  # released at the end
+    assert gateway.take_over.asked == 2 and gateway.take_over.applied == 2
+    # The answers did not go through the gateway's writer: "held" was never
+    # written there (the claim thread recorded it Committed), "lost" only from
+    # its resend on (the claim thread recorded it Unknown).
+    assert [w for w in mine if w.id == h1.batch_id] == []
+    lost = [w for w in mine if w.id == l1.batch_id]
+    assert lost and lost[0].attempt, lost
     assert ledger.violations == []
     report = ledger.report()["batches"]
     assert report[h1.batch_id]["posts"] == 1

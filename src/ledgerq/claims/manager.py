@@ -77,7 +77,10 @@ class TakeOverListener(Protocol):
     ``asking`` is called where the cycle runs (the claim thread under
     :meth:`ClaimManager.run`: it must not block), ``taken`` on the loop that
     called ``run`` (or the caller's, without it), after ``asking`` and before
-    the change listeners hear of the services gained.
+    the change listeners hear of the services gained; ``won`` where the cycle
+    runs again, right after ``taken`` was sent (so the answers can be
+    recorded there, under the new claims' fences, without waiting for the
+    gateway's loop).
     """
 
     def asking(self, batches: Mapping[str, tuple[str, ...]]) -> None:
@@ -89,6 +92,23 @@ class TakeOverListener(Protocol):
     def taken(self, services: frozenset[str]) -> None:
         """The take-over ended: of the services ``asking`` named, these are
         now held (the rest, none when it failed, are not)."""
+        ...
+
+    def won(self, fences: Mapping[str, Fence]) -> None:
+        """Called where the cycle runs, right after :meth:`taken` was sent
+        on its way: the same services, with the fence each is now held
+        under (the take-over committed). Writes made under these fences
+        land only while this instance still holds the claims at them."""
+        ...
+
+    def started(self) -> None:
+        """The claim thread started (called on its loop, which is running):
+        open there what the take-overs will need, so they need not wait."""
+        ...
+
+    async def ended(self) -> None:
+        """The claim thread ends (called on its loop): release what was
+        opened there."""
         ...
 
 
@@ -338,6 +358,8 @@ class ClaimManager:
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         session = self._thread_session = ClaimSession(self.url, self.settings)
+        for listener in self._take_over_listeners:
+            listener.started()
         try:
             while not self._stopping:
                 hold = self.hold_ms()
@@ -368,6 +390,11 @@ class ClaimManager:
                     if gap > 0:
                         await asyncio.sleep(gap)
         finally:
+            for listener in self._take_over_listeners:
+                try:
+                    await listener.ended()
+                except Exception:  # pragma: no cover - a bug; the thread ends anyway
+                    log.exception("a take-over listener failed to end on the claim thread")
             self._loop = None
             self._ended_retries += session.retries
             self._ended_deadlocks += session.deadlocks
@@ -676,6 +703,8 @@ class ClaimManager:
         if not rows:
             if asked:
                 self._tell(lambda listener: listener.taken(frozenset()))
+                for listener in self._take_over_listeners:
+                    listener.won({})
             return ()
         by_holder: dict[tuple[str, bool], int] = {}
         for r in rows:
@@ -704,8 +733,14 @@ class ClaimManager:
                 _Held.of(epochs, held.lease),
                 first=lambda: self._tell(lambda listener: listener.taken(won)) if asked else None,
             )
+            if asked:
+                fences = {s: Fence(self.instance_id, epochs[s]) for s in sorted(won)}
+                for listener in self._take_over_listeners:
+                    listener.won(fences)
         elif asked:
             self._tell(lambda listener: listener.taken(won))
+            for listener in self._take_over_listeners:
+                listener.won({})
         return tuple(sorted(r["service_id"] for r in rows))
 
     async def _clean_up(self, conn: Conn, now: int) -> tuple[str, ...]:

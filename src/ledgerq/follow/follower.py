@@ -252,6 +252,23 @@ class Follower:
                 self._start(entry)
         await asyncio.gather(*applies)
 
+    def settled(self, entries: Sequence[_Entry], recorded: Mapping[str, BatchStatus]) -> None:
+        """:meth:`adopt`'s entries whose answers were recorded elsewhere (a
+        take-over records them where its claims moved): a pending one gets a
+        parked read, a final or ``Unknown`` one is no longer followed, one
+        without a recorded answer is asked as any other."""
+        self.asked += len(entries)
+        for entry in entries:
+            if not self._is_followed(entry):
+                continue
+            status = recorded.get(entry.batch_id)
+            if status is None:
+                self._start(entry)
+            elif status.name in _NOT_FINAL:
+                self._to_park(entry)
+            else:
+                self._drop(entry)
+
     def scan_now(self) -> None:
         """Read the store's in-flight batches now (services adopted, say)."""
         self._scan_event.set()

@@ -35,7 +35,7 @@ from ledgerq.config import Settings
 from ledgerq.follow.follower import Follower
 from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
 from ledgerq.gateway.ha import ClaimBoundLedger
-from ledgerq.gateway.takeover import TakeOverAsks, ledger_reader
+from ledgerq.gateway.takeover import TakeOverAsks, ledger_reader, store_opener
 from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
 from ledgerq.ingest.guard import GuardedSite, HttpLimits, request_line_limit
 from ledgerq.ledgers.base import LedgerClient
@@ -195,6 +195,9 @@ class Gateway:
             self.follower,
             max_ids=settings.monitor.max_ids,
             reader=ledger_reader(settings),
+            # Under HA the claim thread records the answers with a store of its own.
+            opener=None if claims is None else store_opener(settings),
+            wake=self.wake,
         )
         if claims is not None:
             claims.add_take_over_listener(self.take_over)

@@ -198,6 +198,11 @@ def _receipts(status: BatchStatus) -> list[TransactionReceipt]:
     return []
 
 
+#: The receipts recorded with a ledger status (for a writer outside the
+#: recorder: a take-over recording its answers on the claim thread).
+receipts_of = _receipts
+
+
 class _InOrder:
     """The per-batch write lock of :meth:`Recorder._in_order`: ``order`` maps a
     batch id to ``[lock, users]`` while any write of it is under way. A plain
