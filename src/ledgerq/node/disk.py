@@ -81,7 +81,7 @@ _MADV_DONTNEED = 4  # Linux
 #: Store operations (a read, a commit's puts) between two looks at the mapped pages.
 CHECK_EVERY_TOUCHES = 32
 #: File pages mapped in since the last release that make the next look release them.
-RELEASE_ABOVE_BYTES = 16 << 20
+RELEASE_ABOVE_BYTES = 8 << 20
 
 
 class MappedPages:
@@ -465,24 +465,32 @@ class LmdbStore:
             state, batches, txns, blocks = self._state, self._batches, self._txns, self._blocks
             last = None
             pages = self._pages
+            # Each key's bytes serve its put and the filter (before the commit: the
+            # filter may hold more than the store, never less); the filter's chunk of
+            # each key is marked for the next checkpoint.
+            add, dirty, put = keys.add, self._filter_dirty, txn.put
             for record in records:
-                last = record.num
+                last = num = record.num
                 kind, invalid = _status_value(record.status)
                 fp = record.fingerprint
                 value = _BATCH.pack(
-                    record.num, -1 if fp is None else fp.batch, -1 if fp is None else fp.tx, kind
+                    num, -1 if fp is None else fp.batch, -1 if fp is None else fp.tx, kind
                 )
                 if invalid:
                     value += cbor2.dumps(invalid)
-                txn.put(bytes.fromhex(record.batch_id), value, db=batches)
-                txn.put(_U64.pack(record.num), encode_block(record), db=blocks, append=True)
+                key = bytes.fromhex(record.batch_id)
+                put(key, value, db=batches)
+                dirty.add(add(key) // _BLOCKS_PER_CHUNK)
+                put(_U64.pack(num), encode_block(record), db=blocks, append=True)
                 if kind == _COMMITTED:
                     for index, tid in enumerate(record.tx_ids):
-                        txn.put(bytes.fromhex(tid), _TXN.pack(record.num, index), db=txns)
+                        key = bytes.fromhex(tid)
+                        put(key, _TXN.pack(num, index), db=txns)
+                        dirty.add(add(key) // _BLOCKS_PER_CHUNK)
                     for address, datum in record.writes:
-                        txn.put(bytes.fromhex(address), datum, db=state)
-                # Before the commit: the filter may hold more than the store, never less.
-                self._add_keys(keys, record)
+                        key = bytes.fromhex(address)
+                        put(key, datum, db=state)
+                        dirty.add(add(key) // _BLOCKS_PER_CHUNK)
                 # A batch id and its transactions' ids and addresses: a random page each.
                 pages.touch(1 + len(record.tx_ids) + len(record.writes))
             if last is not None and last - self._filter_through >= FILTER_CHECKPOINT:
@@ -496,6 +504,10 @@ class LmdbStore:
                 txn.put(b"events", _U64.pack(last), db=meta)
             failpoint("node_store_write")
         failpoint("node_store_written")
+        # The transaction's descents mapped its random leaves (most of the pages the
+        # node maps: the key filter spares the event loop's reads): unmap them now
+        # rather than leave them until the next look finds them over the limit.
+        self._pages.release()
 
     def after_write(self) -> None:
         """On the event loop, once :meth:`write` returned: let reads see it."""

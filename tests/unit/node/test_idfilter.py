@@ -33,6 +33,31 @@ def test_few_false_positives_when_lightly_filled() -> None:
     assert false < 100  # about 0.1 % expected at 10 keys per block
 
 
+def _reference_bits(blocks: int, keys: list[bytes]) -> bytearray:
+    """The filter's bit layout as first written (stored checkpoints rely on it):
+    block from the key's last 64 bits, then four 9-bit positions in that block."""
+    bits = bytearray(blocks * 64)
+    shift = blocks.bit_length() - 1
+    for key in keys:
+        h = int.from_bytes(key[-8:], "big")
+        base = (h & (blocks - 1)) * 512
+        h >>= shift
+        for _ in range(4):
+            p = base + (h & 511)
+            bits[p >> 3] |= 1 << (p & 7)
+            h >>= 9
+    return bits
+
+
+@given(st.lists(st.binary(min_size=8, max_size=64), max_size=100))
+@settings(max_examples=50)
+def test_the_bit_layout_is_that_of_stored_checkpoints(keys: list[bytes]) -> None:
+    found = KeyFilter(blocks=256)
+    for key in keys:
+        found.add(key)
+    assert found.bits == _reference_bits(256, keys)
+
+
 def _record(num: int) -> CommitRecord:
     return CommitRecord(
         num,

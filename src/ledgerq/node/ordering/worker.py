@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.node.ordering.messages import (
@@ -61,6 +61,8 @@ Send = Callable[[Address, Any], None]
 ShardIndex = Callable[[KVSKey], int]
 
 _EMPTY: frozenset[str] = frozenset()
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 
 class Worker:
@@ -93,6 +95,7 @@ class Worker:
         #: Orderings remembered: the most recent ``dedupe_window`` (None: all).
         self._dedupe_window = dedupe_window
         self._ordered_ids: deque[tuple[str, tuple[int, int]]] = deque(self._ordered.items())
+        self._ordered_dropped = 0  # deleted from _ordered since it was last compacted
         self._awaiting_executor: deque[tuple[TxFingerprint, TransactionRequest]] = deque()
         self._order: deque[TxFingerprint] = deque()  # assigned, not yet passed by seen_all
         self._outstanding: dict[TxFingerprint, int] = {}  # locks not yet acknowledged
@@ -105,6 +108,7 @@ class Worker:
         # the values kept are bounded too (the oldest summaries go first).
         self._keep_log_entries = keep_log_entries
         self._log_entries = 0
+        self._logs_dropped = 0  # deleted from _logs since it was last compacted
         self._handlers: dict[type, Callable[[Any], None]] = {
             TransactionRequest: self._on_request,
             ExecutorPIDAssigned: self._on_pid,
@@ -153,6 +157,10 @@ class Worker:
                 old, at = ids.popleft()
                 if self._ordered.get(old) == at:  # not ordered again since
                     del self._ordered[old]
+                    self._ordered_dropped += 1
+            if self._ordered_dropped > window // 2:
+                self._ordered = _compact(self._ordered)
+                self._ordered_dropped = 0
         self._send(msg.issuer, TransactionAck(tx.id, fp.batch, self._batch_start, fp))
         self._tx_number += 1
         if self._tx_number >= self._batch_size:
@@ -214,6 +222,10 @@ class Worker:
             dropped = self._logs.pop(order.popleft(), None)
             if dropped is not None:
                 self._log_entries -= _log_weight(dropped)
+                self._logs_dropped += 1
+        if self._logs_dropped > len(self._logs) // 2 + 1_000:
+            self._logs = _compact(self._logs)
+            self._logs_dropped = 0
 
     def _on_request_logs(self, msg: RequestLogs) -> None:
         self._send(msg.requester, SendLog(msg.fingerprint, self._logs.get(msg.fingerprint)))
@@ -244,6 +256,20 @@ class Worker:
         self.batch_number += 1
         self._tx_number = 0
         self._batch_start = self._clock()
+
+
+def _compact(table: dict[_K, _V]) -> dict[_K, _V]:
+    """A copy of a window's dict sized for what it holds.
+
+    A dict never reuses the slots of deleted entries: a window (inserts at
+    one end, deletes at the other) uses them up and the dict then resizes to
+    three times what it holds, so a window of 100,000 entries settles in a
+    table of 2**19 slots (about 10 MiB) — and only after one and a half
+    windows' worth of inserts, so the node's heap grew by it well after its
+    windows were full. Copied every half window, it stays at 2**18 (5 MiB);
+    a copy of 100,000 entries takes a few milliseconds.
+    """
+    return dict(table)
 
 
 def _log_weight(summary: ExecutionSummary) -> int:
