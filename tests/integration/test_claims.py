@@ -787,3 +787,45 @@ async def test_a_cycle_due_just_before_a_foreign_expiry_starts_at_it(db: str) ->
         b._full_cycle_ms = 10_000
         clock.advance(-300)
         assert b.hold_ms() == 0
+
+
+async def test_at_the_second_expiry_a_take_over_moves_the_services_with_work_alone(
+    db: str,
+) -> None:
+    # Idle services still waiting to be moved do not hold the slow path up:
+    # a take-over that finds batches left mid-submission takes only the
+    # services with work; the idle ones come in the next, at once.
+    clock = ManualClock(T0)
+    a, b = manager(db, "a", clock), manager(db, "b", clock)
+    async with a, b:
+        await a.register_services([f"s{i}" for i in range(6)])
+        await a.cycle()
+        await b.cycle()
+        put_batch(db, "s1", "m1", submitted=True)  # mid-submission
+        put_batch(db, "s2", "w2")  # work waiting
+        # b's cycles renew it; a is gone. Then straight past a's second
+        # expiry, no cycle of b at its first: the idle services are still a's.
+        for _ in range(4):
+            clock.advance(1_000)
+            await b.cycle()
+        clock.advance(a.settings.slow_ttl_ms - 4_000)
+        assert (await b.cycle()).voided == ("s1", "s2")
+        assert b.pause_ms() == 0  # the rest at once
+        clock.advance(10)
+        assert (await b.cycle()).voided == ("s0", "s3", "s4", "s5")
+        assert set(claimants(db).values()) == {"b"}
+
+
+async def test_take_overs_in_a_row_wait_for_a_second_expiry_just_ahead(db: str) -> None:
+    clock = ManualClock(T0)
+    b = manager(db, "b", clock)
+    async with b:
+        await b.cycle()
+        b.next_expiry = clock() + 100
+        b._full_cycle_ms = 0
+        b._more = True  # more expired claims wait: take-overs one after another
+        b._take_ms = 150  # the last one's duration, as measured under load
+        # The next would still run at the expiry: it starts at it.
+        assert b.hold_ms() == 101
+        b._take_ms = 40
+        assert b.hold_ms() == 0

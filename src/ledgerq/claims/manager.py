@@ -231,8 +231,9 @@ class ClaimManager:
         self._ended_deadlocks = 0
         #: How late (s) the current cycle started against its schedule.
         self._late_s = 0.0
-        #: How long the last full cycle took (ms).
+        #: How long the last full cycle, and the last take-over, took (ms).
         self._full_cycle_ms = 0.0
+        self._take_ms = 0.0
 
     @property
     def instance_id(self) -> str:
@@ -438,13 +439,20 @@ class ClaimManager:
         cycle due within its own last duration before such an expiry
         therefore starts at the expiry (at most a quarter of a renewal
         interval later: the lease has ``claim_ttl_ms`` to spare).
+
+        The same holds for the take-overs that follow one another while more
+        expired claims wait (the idle services of a dead instance, moved 500
+        at a time from its first expiry on): one due within its own last
+        duration before the second expiry waits for it, so the services left
+        mid-submission, which expire then, are not held up behind idle ones.
         """
         now = self._clock() if now is None else now
         nxt = self.next_expiry
-        if nxt is None or nxt <= now or self._more:
+        if nxt is None or nxt <= now:
             return 0
         ahead = nxt - now
-        reach = min(self._full_cycle_ms * 1.5 + 20, self.settings.renew_interval_ms / 4)
+        took = self._take_ms if self._more else self._full_cycle_ms
+        reach = min(took * 1.5 + 20, self.settings.renew_interval_ms / 4)
         return ahead + 1 if ahead <= reach else 0
 
     # -- what this instance holds ----------------------------------------
@@ -532,17 +540,18 @@ class ClaimManager:
         none: tuple[str, ...] = ()
         # Expired claims first, in a transaction of their own: the pipeline
         # hears of them as soon as it commits.
-        nothing: tuple[int, list[Row]] = (0, [])
+        nothing: tuple[bool, list[Row]] = (False, [])
         asked: dict[str, tuple[str, ...]] = {}
-        found, rows = await step(
+        more, rows = await step(
             "take over", partial(self._take_over, now=now, limit=TAKE_LIMIT, asked=asked), nothing
         )
+        self._take_ms = took["take over"] * 1000
         voided = self._took_over(rows, asked)
         # More expired claims than one take-over moves: the next cycle comes
         # at once (its take-over again those of services with work first, so
         # one reaching its second expiry meanwhile does not wait for the
         # idle ones to move).
-        self._more = found >= TAKE_LIMIT and bool(rows)
+        self._more = more and bool(rows)
         if only_take:
             if errors:
                 raise errors[0]
@@ -647,13 +656,19 @@ class ClaimManager:
 
     async def _take_over(
         self, conn: Conn, now: int, limit: int, asked: dict[str, tuple[str, ...]]
-    ) -> tuple[int, list[Row]]:
-        """Up to ``limit`` expired claims taken over: (candidates locked, rows taken).
+    ) -> tuple[bool, list[Row]]:
+        """Up to ``limit`` expired claims taken over: (more left, rows taken).
 
         ``asked`` collects the batches the slow-path candidates left
         mid-submission; the take-over listeners hear of them before the
         second statement runs, so the ledger is asked while the claims are
-        taken (and :meth:`_took_over` tells them which were).
+        taken (and :meth:`_took_over` tells them which were). When there are
+        such batches, only the services with work are taken in this
+        take-over (the idle ones locked with them are left to the next,
+        which comes at once): the answers are recorded once it commits, and
+        at the second expiry a take-over of 500 claims, mostly idle ones
+        still being moved from the first expiry, took 0.17-0.34 s on the
+        loaded machine of ``bench failover``.
         """
         fetch = self._cs.fetch
         # The first statement locks what may be taken over; the second decides
@@ -665,9 +680,14 @@ class ClaimManager:
             fallback_ms=self.settings.renew_interval_ms,
             limit=limit,
         )
+        if not found:
+            return False, []
+        more = len(found) >= limit
+        if any(r["mid"] for r in found):
+            taking = [r for r in found if r["work"] or r["mid"]]
+            more = more or len(taking) < len(found)
+            found = taking
         candidates = [r["service_id"] for r in found]
-        if not candidates:
-            return 0, []
         if self._take_over_listeners and self._held.lease is not None:
             # Without a lease (this instance's first cycle) nothing taken is
             # held before the cycle ends: the follower's scan asks then.
@@ -681,7 +701,7 @@ class ClaimManager:
                 for listener in self._take_over_listeners:
                     listener.asking(mid)
         rows = await fetch(conn, "take_expired", now=now, service_ids=candidates, **self._ttls())
-        return len(candidates), rows
+        return more, rows
 
     async def _maintain(self, conn: Conn, now: int) -> None:
         (nxt,) = await self._cs.fetch(conn, "next_foreign_expiry", now=now)

@@ -32,7 +32,8 @@
 -- services with work waiting first.
 -- `mid`: past the second expiry (the slow path), the batches left
 -- mid-submission, for the ledger to be asked about while the claim is taken
--- (a read: what is recorded is decided under the new claim's fence).
+-- (a read: what is recorded is decided under the new claim's fence); `work`:
+-- the service has a batch not final.
 WITH others AS MATERIALIZED (
     SELECT coalesce(array_agg(instance_id::TEXT), '{}') AS ids
     FROM gateway_instances
@@ -46,7 +47,9 @@ SELECT c.service_id,
              AND NOT b.final
              AND (b.status IS NULL OR b.status IN ('Unknown', 'Delayed'))
            ORDER BY b.seq)
-       END AS mid
+       END AS mid,
+       EXISTS (SELECT 1 FROM queue_heads AS h
+               WHERE h.service_id = c.service_id AND h.head_seq IS NOT NULL) AS work
 FROM others
 CROSS JOIN gateway_instances AS i
 JOIN service_id_claims AS c ON c.claimant = i.instance_id
@@ -74,9 +77,7 @@ WHERE i.instance_id <> %(me)s
   )
 -- Services with work waiting first (a batch not final): taken in a first,
 -- small transaction, their work resumes before the idle ones are moved.
-ORDER BY NOT EXISTS (SELECT 1 FROM queue_heads AS h
-                     WHERE h.service_id = c.service_id AND h.head_seq IS NOT NULL),
-         c.service_id
+ORDER BY work DESC, c.service_id
 LIMIT %(limit)s
 FOR UPDATE OF c SKIP LOCKED
 FOR SHARE OF i SKIP LOCKED;
