@@ -396,27 +396,34 @@ def json_texts(values: Sequence[str] | None) -> str | None:
 _MAX_DEPENDENCY_LENGTH = MAX_BATCH_ID_LENGTH
 
 
-def lock_rows(batch: TrackingBatch) -> list[tuple[str, str]]:
+def lock_rows(batch: TrackingBatch, access: BatchAccess | None = None) -> list[tuple[str, str]]:
     """The ``(mode, entry)`` lock rows of a new batch (``batch_locks``).
 
     ``r``/``w``: the batch's normalized reads and writes
-    (:class:`ledgerq.queue.parallel.BatchAccess`); ``d``: the transaction ids
-    it depends on outside itself.
+    (:class:`ledgerq.queue.parallel.BatchAccess`, ``access`` if the caller
+    has it); ``d``: the transaction ids it depends on outside itself.
     """
-    access = BatchAccess.of(batch)
+    if access is None:
+        access = BatchAccess.of(batch)
     rows = [("w", e) for e in access.writes] + [("r", e) for e in access.reads]
     rows += [("d", d) for d in access.after if len(d) <= _MAX_DEPENDENCY_LENGTH]
     return rows
 
 
-def dependencies_within(batches: Sequence[TrackingBatch], seqs: Sequence[int]) -> dict[int, int]:
+def dependencies_within(
+    batches: Sequence[TrackingBatch],
+    seqs: Sequence[int],
+    accesses: Sequence[BatchAccess] | None = None,
+) -> dict[int, int]:
     """For the batches of one ``add_batches`` call (``seqs`` in list order):
     seq → the latest earlier batch of the call, in the same service, holding a
-    transaction it depends on."""
+    transaction it depends on. ``accesses``: the batches' accesses, if the
+    caller has them."""
     owner: dict[tuple[str, str], int] = {}
     found: dict[int, int] = {}
-    for seq, batch in zip(seqs, batches, strict=True):
-        for dep in BatchAccess.of(batch).after:
+    for n, (seq, batch) in enumerate(zip(seqs, batches, strict=True)):
+        access = BatchAccess.of(batch) if accesses is None else accesses[n]
+        for dep in access.after:
             earlier = owner.get((batch.service_id, dep))
             if earlier is not None:
                 found[seq] = max(found.get(seq, 0), earlier)

@@ -30,6 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 from ledgerq.clock import now_ms
 from ledgerq.errors import StoreError, StoreUnavailableError
 from ledgerq.model import TrackingBatch
+from ledgerq.queue.parallel import BatchAccess
 from ledgerq.store import common
 from ledgerq.store.migrate import MigrationResult, plan_migration, redact, refuse_outdated
 from ledgerq.store.sqlfiles import canonical_schema, load_queries
@@ -47,7 +48,6 @@ _BATCH_TYPES = ["int8", "text", "text", "text", "text", "bool", "bytea", "int8",
 _TRANSACTION_TYPES = [
     "text", "text", "text", "int4", "bytea", "text", "text", "text", "text[]", "text[]", "text[]",
 ]  # fmt: skip
-_LOCK_TYPES = ["int8", "text", "text", "text"]
 
 T = TypeVar("T")
 
@@ -92,6 +92,90 @@ def _positional(query: str) -> tuple[str, tuple[str, ...]]:
         return f"${names.index(match[1]) + 1}"
 
     return _PARAM.sub(number, query), tuple(names)
+
+
+#: Lists up to this many batches, and this many bytes of serialized batches,
+#: are inserted by statements bound on the client and sent with the COMMIT;
+#: larger ones are COPYed in binary (insert_batches).
+LITERAL_MAX_BATCHES = 2_000
+LITERAL_MAX_BYTES = 2 * 1024 * 1024
+
+
+def _text_array(values: Sequence[str | None]) -> str:
+    """An array literal of ``values``, every element quoted (any text)."""
+    if not values:
+        return "{}"
+    if None not in values:
+        joined = '","'.join(values)  # type: ignore[arg-type]
+        if "\\" not in joined and '"' not in joined:
+            return '{"' + joined + '"}'
+    return (
+        "{"
+        + ",".join(
+            "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            for v in values
+        )
+        + "}"
+    )
+
+
+def _int_array(values: Sequence[int | None]) -> str:
+    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+
+
+def _bytea_array(values: Sequence[bytes]) -> str:
+    # Each element \\x<hex>, unquoted: the array parser takes the backslash
+    # escape, bytea reads the hex.
+    return "{" + ",".join(["\\\\x" + v.hex() for v in values]) + "}"
+
+
+def _texts_or_null(values: Sequence[str] | None) -> str | None:
+    """The literal of one row's array (an element of a text[] of literals):
+    unquoted when every value is plain, as addresses are."""
+    if values is None:
+        return None
+    joined = ",".join(values)
+    if (
+        values
+        and _PLAIN_TEXTS.fullmatch(joined)
+        and joined.count(",") == len(values) - 1
+        and not any(len(v) == 4 and v.lower() == "null" for v in values)
+    ):
+        return "{" + joined + "}"
+    return _text_array(values)
+
+
+def _batch_rows(
+    batches: Sequence[TrackingBatch], seqs: Sequence[int], blocked_by: dict[int, int]
+) -> Params:
+    return {
+        "seqs": _int_array(seqs),
+        "service_ids": _text_array([b.service_id for b in batches]),
+        "batch_ids": _text_array([b.batch_header for b in batches]),
+        "data_change_ids": _text_array([b.data_change_id for b in batches]),
+        "signer_public_keys": _text_array([b.signer_public_key for b in batches]),
+        "traces": "{" + ",".join("t" if b.trace else "f" for b in batches) + "}",
+        "serialized_batches": _bytea_array([b.serialized_batch for b in batches]),
+        "created_ats": _int_array([b.created_at for b in batches]),
+        "blocked_by": _int_array([blocked_by.get(seq) for seq in seqs]),
+    }
+
+
+def _transaction_rows(batches: Sequence[TrackingBatch]) -> Params:
+    rows = [(b, position, t) for b in batches for position, t in enumerate(b.transactions)]
+    return {
+        "service_ids": _text_array([b.service_id for b, _, _ in rows]),
+        "transaction_ids": _text_array([t.transaction_header for _, _, t in rows]),
+        "batch_ids": _text_array([b.batch_header for b, _, _ in rows]),
+        "positions": _int_array([position for _, position, _ in rows]),
+        "payloads": _bytea_array([t.payload for _, _, t in rows]),
+        "family_names": _text_array([t.family_name for _, _, t in rows]),
+        "family_versions": _text_array([t.family_version for _, _, t in rows]),
+        "signer_public_keys": _text_array([t.signer_public_key for _, _, t in rows]),
+        "inputs": _text_array([_texts_or_null(t.inputs) for _, _, t in rows]),
+        "outputs": _text_array([_texts_or_null(t.outputs) for _, _, t in rows]),
+        "dependencies": _text_array([_texts_or_null(t.dependencies) for _, _, t in rows]),
+    }
 
 
 @dataclass
@@ -391,6 +475,10 @@ class PostgresBackend:
             return result
 
     async def insert_batches(self, session: Any, batches: Sequence[TrackingBatch]) -> list[int]:
+        """Three round trips for a list up to :data:`LITERAL_MAX_BATCHES` batches
+        and :data:`LITERAL_MAX_BYTES`: the locks, heads and seqs; the lock
+        entries and the blockers; the rows, sent with the ``COMMIT``. A larger
+        list's rows are ``COPY``ed in binary (less to escape and to parse)."""
         conn: psycopg.AsyncConnection[Any] = session.conn
         q = self.queries
         service_ids = [b.service_id for b in batches]
@@ -405,9 +493,21 @@ class PostgresBackend:
                 ("allocate_seqs", {"count": len(batches)}),
             ]
         )
-        await session.flush()
         seqs = sorted(int(row[0]) for row in allocated)
-        blocked_by = await self._blockers(conn, batches, seqs)
+        blocked_by = await self._blockers(session, batches, seqs)
+        claims = {
+            "service_ids": _text_array(service_ids),
+            "created_ats": _int_array([b.created_at for b in batches]),
+        }
+        if len(batches) <= LITERAL_MAX_BATCHES and (
+            sum(len(b.serialized_batch) for b in batches) <= LITERAL_MAX_BYTES
+        ):
+            # Held: sent with the COMMIT, in one message.
+            await session.executemany("insert_batch_rows", [_batch_rows(batches, seqs, blocked_by)])
+            await session.executemany("insert_service_claims", [claims])
+            await session.executemany("insert_transaction_rows", [_transaction_rows(batches)])
+            return seqs
+        await session.flush()
         async with conn.cursor() as cur, cur.copy(q["copy_batches"]) as copy:
             copy.set_types(_BATCH_TYPES)
             for seq, b in zip(seqs, batches, strict=True):
@@ -424,13 +524,7 @@ class PostgresBackend:
                         blocked_by.get(seq),
                     )
                 )
-        await conn.execute(
-            q["insert_service_claims"],
-            {
-                "service_ids": [b.service_id for b in batches],
-                "created_ats": [b.created_at for b in batches],
-            },
-        )
+        await conn.execute(q["insert_service_claims"], claims)
         async with conn.cursor() as cur, cur.copy(q["copy_transactions"]) as copy:
             copy.set_types(_TRANSACTION_TYPES)
             for b in batches:
@@ -453,33 +547,46 @@ class PostgresBackend:
         return seqs
 
     async def _blockers(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        batches: Sequence[TrackingBatch],
-        seqs: Sequence[int],
+        self, session: _Session, batches: Sequence[TrackingBatch], seqs: Sequence[int]
     ) -> dict[int, int]:
-        """Write the new batches' lock entries and find each one's blocker.
+        """Write the new batches' lock entries and find each one's blocker
+        (one message: the entries, then ``blockers_of`` over them).
 
         Runs after ``lock_queue_heads``: a batch becoming final in the same
         services meanwhile has committed, or waits for this transaction.
         """
-        locks = [(seq, b, common.lock_rows(b)) for seq, b in zip(seqs, batches, strict=True)]
-        locked = [(seq, b) for seq, b, rows in locks if rows]
-        if not locked:
-            return {}
-        async with conn.cursor() as cur, cur.copy(self.queries["copy_batch_locks"]) as copy:
-            copy.set_types(_LOCK_TYPES)
-            for seq, b, rows in locks:
-                for mode, entry in rows:
-                    await copy.write_row((seq, b.service_id, mode, entry))
-        cur = await conn.execute(
-            self.queries["blockers_of"],
-            {"seqs": [seq for seq, _ in locked], "service_ids": [b.service_id for _, b in locked]},
-        )
-        found = {int(seq): int(blocker) for seq, blocker in await cur.fetchall() if blocker}
+        accesses = [BatchAccess.of(b) for b in batches]
+        columns: tuple[list[int], list[str], list[str], list[str]] = ([], [], [], [])
+        locked: list[int] = []
+        for seq, b, access in zip(seqs, batches, accesses, strict=True):
+            rows = common.lock_rows(b, access)
+            if rows:
+                locked.append(seq)
+            for mode, entry in rows:
+                columns[0].append(seq)
+                columns[1].append(b.service_id)
+                columns[2].append(mode)
+                columns[3].append(entry)
+        found: dict[int, int] = {}
+        if locked:
+            _, rows = await session.fetchall_many(
+                [
+                    (
+                        "insert_lock_rows",
+                        {
+                            "seqs": _int_array(columns[0]),
+                            "service_ids": _text_array(columns[1]),
+                            "modes": _text_array(columns[2]),
+                            "entries": _text_array(columns[3]),
+                        },
+                    ),
+                    ("blockers_of", {"seqs": _int_array(locked)}),
+                ]
+            )
+            found = {int(seq): int(blocker) for seq, blocker in rows if blocker}
         # Dependencies on transactions of this call's own earlier batches:
         # their rows are not written yet.
-        for seq, blocker in common.dependencies_within(batches, seqs).items():
+        for seq, blocker in common.dependencies_within(batches, seqs, accesses).items():
             found[seq] = max(found.get(seq, 0), blocker)
         return found
 
