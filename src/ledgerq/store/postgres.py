@@ -145,11 +145,9 @@ def _texts_or_null(values: Sequence[str] | None) -> str | None:
     return _text_array(values)
 
 
-def _batch_rows(
-    batches: Sequence[TrackingBatch], seqs: Sequence[int], blocked_by: dict[int, int]
-) -> Params:
+def _batch_rows(batches: Sequence[TrackingBatch]) -> Params:
+    """The batches' columns but ``seqs`` and ``blocked_by`` (known in the transaction)."""
     return {
-        "seqs": _int_array(seqs),
         "service_ids": _text_array([b.service_id for b in batches]),
         "batch_ids": _text_array([b.batch_header for b in batches]),
         "data_change_ids": _text_array([b.data_change_id for b in batches]),
@@ -157,8 +155,24 @@ def _batch_rows(
         "traces": "{" + ",".join("t" if b.trace else "f" for b in batches) + "}",
         "serialized_batches": _bytea_array([b.serialized_batch for b in batches]),
         "created_ats": _int_array([b.created_at for b in batches]),
-        "blocked_by": _int_array([blocked_by.get(seq) for seq in seqs]),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class _Insert:
+    """An ``add_batches`` call's rows, worked out before its transaction."""
+
+    batches: Sequence[TrackingBatch]
+    service_ids: list[str]
+    #: Per batch, its lock entries ``(mode, entry)``.
+    locks: list[list[tuple[str, str]]]
+    #: Batch index → the index of the latest earlier batch of the call holding
+    #: a transaction it depends on (both counted from 1).
+    within: dict[int, int]
+    claims: Params
+    #: The literal path's rows (None: COPY).
+    batch_rows: Params | None
+    transaction_rows: Params | None
 
 
 def _transaction_rows(batches: Sequence[TrackingBatch]) -> Params:
@@ -474,38 +488,56 @@ class PostgresBackend:
                 raise
             return result
 
-    async def insert_batches(self, session: Any, batches: Sequence[TrackingBatch]) -> list[int]:
+    def prepare_insert(self, batches: Sequence[TrackingBatch]) -> _Insert:
+        accesses = [BatchAccess.of(b) for b in batches]
+        literal = len(batches) <= LITERAL_MAX_BATCHES and (
+            sum(len(b.serialized_batch) for b in batches) <= LITERAL_MAX_BYTES
+        )
+        service_ids = [b.service_id for b in batches]
+        return _Insert(
+            batches=batches,
+            service_ids=service_ids,
+            locks=[common.lock_rows(b, a) for b, a in zip(batches, accesses, strict=True)],
+            within=common.dependencies_within(batches, range(1, len(batches) + 1), accesses),
+            claims={
+                "service_ids": _text_array(service_ids),
+                "created_ats": _int_array([b.created_at for b in batches]),
+            },
+            batch_rows=_batch_rows(batches) if literal else None,
+            transaction_rows=_transaction_rows(batches) if literal else None,
+        )
+
+    async def insert_batches(self, session: Any, prepared: _Insert) -> list[int]:
         """Three round trips for a list up to :data:`LITERAL_MAX_BATCHES` batches
         and :data:`LITERAL_MAX_BYTES`: the locks, heads and seqs; the lock
         entries and the blockers; the rows, sent with the ``COMMIT``. A larger
         list's rows are ``COPY``ed in binary (less to escape and to parse)."""
         conn: psycopg.AsyncConnection[Any] = session.conn
         q = self.queries
-        service_ids = [b.service_id for b in batches]
+        batches = prepared.batches
         # With BEGIN, in one message: the advisory locks, then the heads.
         *_, allocated = await session.fetchall_many(
             [
                 (
                     "lock_services",
-                    {"lock_class": ADVISORY_CLASS_SERVICE, "service_ids": service_ids},
+                    {"lock_class": ADVISORY_CLASS_SERVICE, "service_ids": prepared.service_ids},
                 ),
-                ("lock_queue_heads", {"service_ids": service_ids}),
+                ("lock_queue_heads", {"service_ids": prepared.service_ids}),
                 ("allocate_seqs", {"count": len(batches)}),
             ]
         )
         seqs = sorted(int(row[0]) for row in allocated)
-        blocked_by = await self._blockers(session, batches, seqs)
-        claims = {
-            "service_ids": _text_array(service_ids),
-            "created_ats": _int_array([b.created_at for b in batches]),
-        }
-        if len(batches) <= LITERAL_MAX_BATCHES and (
-            sum(len(b.serialized_batch) for b in batches) <= LITERAL_MAX_BYTES
-        ):
+        blocked_by = await self._blockers(session, prepared, seqs)
+        if prepared.batch_rows is not None and prepared.transaction_rows is not None:
             # Held: sent with the COMMIT, in one message.
-            await session.executemany("insert_batch_rows", [_batch_rows(batches, seqs, blocked_by)])
-            await session.executemany("insert_service_claims", [claims])
-            await session.executemany("insert_transaction_rows", [_transaction_rows(batches)])
+            rows = {
+                **prepared.batch_rows,
+                "seqs": _int_array(seqs),
+                "blocked_by": _int_array([blocked_by.get(seq) for seq in seqs]),
+            }
+            await session.executemany("insert_batch_rows", [rows])
+            await session.executemany("insert_service_claims", [prepared.claims])
+            await session.executemany("insert_transaction_rows", [prepared.transaction_rows])
             return seqs
         await session.flush()
         async with conn.cursor() as cur, cur.copy(q["copy_batches"]) as copy:
@@ -524,7 +556,7 @@ class PostgresBackend:
                         blocked_by.get(seq),
                     )
                 )
-        await conn.execute(q["insert_service_claims"], claims)
+        await conn.execute(q["insert_service_claims"], prepared.claims)
         async with conn.cursor() as cur, cur.copy(q["copy_transactions"]) as copy:
             copy.set_types(_TRANSACTION_TYPES)
             for b in batches:
@@ -547,7 +579,7 @@ class PostgresBackend:
         return seqs
 
     async def _blockers(
-        self, session: _Session, batches: Sequence[TrackingBatch], seqs: Sequence[int]
+        self, session: _Session, prepared: _Insert, seqs: Sequence[int]
     ) -> dict[int, int]:
         """Write the new batches' lock entries and find each one's blocker
         (one message: the entries, then ``blockers_of`` over them).
@@ -555,16 +587,14 @@ class PostgresBackend:
         Runs after ``lock_queue_heads``: a batch becoming final in the same
         services meanwhile has committed, or waits for this transaction.
         """
-        accesses = [BatchAccess.of(b) for b in batches]
         columns: tuple[list[int], list[str], list[str], list[str]] = ([], [], [], [])
         locked: list[int] = []
-        for seq, b, access in zip(seqs, batches, accesses, strict=True):
-            rows = common.lock_rows(b, access)
+        for seq, service_id, rows in zip(seqs, prepared.service_ids, prepared.locks, strict=True):
             if rows:
                 locked.append(seq)
             for mode, entry in rows:
                 columns[0].append(seq)
-                columns[1].append(b.service_id)
+                columns[1].append(service_id)
                 columns[2].append(mode)
                 columns[3].append(entry)
         found: dict[int, int] = {}
@@ -586,8 +616,9 @@ class PostgresBackend:
             found = {int(seq): int(blocker) for seq, blocker in rows if blocker}
         # Dependencies on transactions of this call's own earlier batches:
         # their rows are not written yet.
-        for seq, blocker in common.dependencies_within(batches, seqs, accesses).items():
-            found[seq] = max(found.get(seq, 0), blocker)
+        for later, earlier in prepared.within.items():
+            seq = seqs[later - 1]
+            found[seq] = max(found.get(seq, 0), seqs[earlier - 1])
         return found
 
     def seqs_param(self, seqs: Sequence[int]) -> str:

@@ -311,6 +311,18 @@ class _Session:
         return await self._c.call(lambda c: [c.execute(q, p).fetchall() for q, p in sqls])
 
 
+@dataclass(frozen=True, slots=True)
+class _Insert:
+    """An ``add_batches`` call's rows, worked out before its transaction holds
+    the file's writer (their seqs are known only in it)."""
+
+    count: int
+    batches: list[dict[str, Any]]
+    transactions: list[dict[str, Any]]
+    #: Lock entries by the index of their batch in the call.
+    locks: list[tuple[int, dict[str, Any]]]
+
+
 class SqliteBackend:
     dialect = "sqlite"
 
@@ -503,57 +515,60 @@ class SqliteBackend:
         commit.result()  # raises the COMMIT's error
         return result
 
-    async def insert_batches(self, session: Any, batches: Sequence[TrackingBatch]) -> list[int]:
+    def prepare_insert(self, batches: Sequence[TrackingBatch]) -> _Insert:
+        return _Insert(
+            count=len(batches),
+            batches=[
+                {
+                    "service_id": b.service_id,
+                    "batch_id": b.batch_header,
+                    "data_change_id": b.data_change_id,
+                    "signer_public_key": b.signer_public_key,
+                    "trace": b.trace,
+                    "serialized_batch": b.serialized_batch,
+                    "created_at": b.created_at,
+                }
+                for b in batches
+            ],
+            transactions=[
+                {
+                    "service_id": b.service_id,
+                    "transaction_id": t.transaction_header,
+                    "batch_id": b.batch_header,
+                    "position": position,
+                    "payload": t.payload,
+                    "family_name": t.family_name,
+                    "family_version": t.family_version,
+                    "signer_public_key": t.signer_public_key,
+                    "inputs": common.json_texts(t.inputs),
+                    "outputs": common.json_texts(t.outputs),
+                    "dependencies": common.json_texts(t.dependencies),
+                }
+                for b in batches
+                for position, t in enumerate(b.transactions)
+            ],
+            locks=[
+                (n, {"service_id": b.service_id, "mode": mode, "entry": entry})
+                for n, b in enumerate(batches)
+                for mode, entry in common.lock_rows(b)
+            ],
+        )
+
+    async def insert_batches(self, session: Any, prepared: _Insert) -> list[int]:
         q = self.queries
 
         def insert(conn: sqlite3.Connection) -> list[int]:
-            conn.executemany(
-                q["insert_batch"],
-                [
-                    {
-                        "service_id": b.service_id,
-                        "batch_id": b.batch_header,
-                        "data_change_id": b.data_change_id,
-                        "signer_public_key": b.signer_public_key,
-                        "trace": b.trace,
-                        "serialized_batch": b.serialized_batch,
-                        "created_at": b.created_at,
-                    }
-                    for b in batches
-                ],
-            )
+            conn.executemany(q["insert_batch"], prepared.batches)
             # The write lock is ours and seq is AUTOINCREMENT: the rows got
             # consecutive seqs ending at the last one inserted.
             last = int(conn.execute(q["last_seq"]).fetchone()[0])
-            conn.executemany(
-                q["insert_transaction"],
-                [
-                    {
-                        "service_id": b.service_id,
-                        "transaction_id": t.transaction_header,
-                        "batch_id": b.batch_header,
-                        "position": position,
-                        "payload": t.payload,
-                        "family_name": t.family_name,
-                        "family_version": t.family_version,
-                        "signer_public_key": t.signer_public_key,
-                        "inputs": common.json_texts(t.inputs),
-                        "outputs": common.json_texts(t.outputs),
-                        "dependencies": common.json_texts(t.dependencies),
-                    }
-                    for b in batches
-                    for position, t in enumerate(b.transactions)
-                ],
-            )
-            seqs = list(range(last - len(batches) + 1, last + 1))
-            locks = [
-                {"seq": seq, "service_id": b.service_id, "mode": mode, "entry": entry}
-                for seq, b in zip(seqs, batches, strict=True)
-                for mode, entry in common.lock_rows(b)
-            ]
-            if locks:
+            conn.executemany(q["insert_transaction"], prepared.transactions)
+            seqs = list(range(last - prepared.count + 1, last + 1))
+            if prepared.locks:
+                for n, row in prepared.locks:
+                    row["seq"] = seqs[n]
                 # One writer at a time: nothing can become final meanwhile.
-                conn.executemany(q["insert_lock"], locks)
+                conn.executemany(q["insert_lock"], [row for _, row in prepared.locks])
                 conn.execute(q["block_new_batches"], {"first": seqs[0], "last": seqs[-1]})
             return seqs
 

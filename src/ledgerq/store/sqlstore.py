@@ -95,9 +95,17 @@ class Backend(Protocol):
         (SQLite may run it on the calling thread)."""
         ...
 
-    async def insert_batches(self, session: Session, batches: Sequence[TrackingBatch]) -> list[int]:
-        """Insert batches and their transactions set-based; return their seqs in
-        list order. Raise :class:`ConflictError` when a unique key is taken."""
+    def prepare_insert(self, batches: Sequence[TrackingBatch]) -> Any:
+        """What :meth:`insert_batches` writes of ``batches``, worked out before
+        its transaction (computation only): the transaction holds the
+        services' locks on PostgreSQL and the file's single writer on SQLite,
+        so whatever can be computed before it is."""
+        ...
+
+    async def insert_batches(self, session: Session, prepared: Any) -> list[int]:
+        """Insert the batches :meth:`prepare_insert` prepared, and their
+        transactions, set-based; return their seqs in list order. Raise
+        :class:`ConflictError` when a unique key is taken."""
         ...
 
     def seqs_param(self, seqs: Sequence[int]) -> Any:
@@ -248,9 +256,10 @@ class SqlStore:
             return []
         at = self._now(now)
         rows = [common.with_defaults(b, at) for b in batches]
+        prepared = self._backend.prepare_insert(rows)
         try:
             seqs = await self._backend.run(
-                lambda session: self._backend.insert_batches(session, rows), write=True
+                lambda session: self._backend.insert_batches(session, prepared), write=True
             )
         except ConflictError as exc:
             raise await self._name_duplicate(rows) from exc
