@@ -829,3 +829,38 @@ async def test_take_overs_in_a_row_wait_for_a_second_expiry_just_ahead(db: str) 
         assert b.hold_ms() == 101
         b._take_ms = 40
         assert b.hold_ms() == 0
+
+
+async def test_a_take_over_leaving_more_soon_after_a_full_cycle_skips_the_rest_of_it(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # While a dead instance's expired claims are moved take-over after
+    # take-over, renewing, claiming and handing over wait for the next full
+    # cycle (at most a period later); the next foreign expiry is read all the
+    # same, so the take-over due before the second expiry waits for it.
+    from ledgerq.claims import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "TAKE_LIMIT", 3)
+    clock = ManualClock(T0)
+    a, b = manager(db, "a", clock), manager(db, "b", clock)
+    async with a, b:
+        await a.register_services([f"s{i}" for i in range(8)])
+        await a.cycle()
+        await b.cycle()
+        put_batch(db, "s5", "m5", submitted=True)  # mid-submission: the second expiry
+        clock.advance(a.settings.claim_ttl_ms - 500)
+        await b.cycle()
+        renewed = clock()
+        clock.advance(500)  # a's first expiry, half a period after b's full cycle
+        assert len((await b.cycle()).voided) == 3
+        assert heartbeats(db)["b"] == renewed  # not renewed: the next take-over at once
+        assert b.pause_ms() == 0
+        assert b.next_expiry == T0 + a.settings.slow_ttl_ms
+        moved = 3
+        while b.pause_ms() == 0:
+            clock.advance(10)
+            moved += len((await b.cycle()).voided)
+        # The last take-over left nothing: that cycle went on and renewed.
+        assert moved == 7 and heartbeats(db)["b"] == clock()
+        clock.advance(a.settings.slow_ttl_ms - a.settings.claim_ttl_ms)
+        assert (await b.cycle()).voided == ("s5",)
