@@ -6,8 +6,11 @@ The commit stage hands every group of commits to :meth:`CommittedView.add`
 write, at most every ``write_interval_s`` (sooner when many are waiting).
 A write of many commits is cut into store transactions of at most
 ``write_keys`` keys (:func:`store_keys`: a batch id, its transaction ids
-and its writes; unless one :meth:`add` brought more), at the boundaries of
-:meth:`add` calls (each with the journal point it covers). LMDB keeps, for
+and its writes) and ``write_commits`` commits (unless one :meth:`add`
+brought more), at the boundaries of :meth:`add` calls (each with the
+journal point it covers). (Bounded in keys alone, a writer that fell
+behind merged the parts of single-transaction batches, 3 keys each, into
+transactions of 4,000 commits.) LMDB keeps, for
 the life of the environment, every page buffer a write transaction
 dirtied, as many as the largest transaction dirtied: each key lands on a
 random leaf of a B-tree, so a transaction dirties about one page per key
@@ -45,6 +48,8 @@ log = logging.getLogger(__name__)
 
 #: Most keys (see :func:`store_keys`) in one store transaction, unless one add() brought more.
 STORE_TXN_KEYS = 12_000
+#: Most commits in one store transaction, unless one add() brought more.
+STORE_TXN_COMMITS = 1_000
 
 
 def _malloc_trim() -> Callable[[], object] | None:
@@ -91,6 +96,7 @@ class CommittedView:
         write_interval_s: float = 0.2,
         write_batch: int = 20_000,
         write_keys: int = STORE_TXN_KEYS,
+        write_commits: int = STORE_TXN_COMMITS,
         on_written: Callable[[int], None] | None = None,
     ) -> None:
         self.store = store
@@ -100,6 +106,7 @@ class CommittedView:
         self._interval = write_interval_s
         self._write_batch = write_batch
         self._write_keys = write_keys
+        self._write_commits = write_commits
         self._on_written = on_written
         self._durable = meta.applied
         self._last_written = meta.applied
@@ -242,7 +249,7 @@ class CommittedView:
             if (
                 pending is not None
                 and pending[0] > start
-                and cut[1] - start_keys > self._write_keys
+                and (cut[1] - start_keys > self._write_keys or cut[0] - start > self._write_commits)
             ):
                 self.store.write(new.records[start : pending[0]], pending[2], pending[3])
                 start, start_keys = pending[0], pending[1]

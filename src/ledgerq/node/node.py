@@ -32,7 +32,7 @@ from ledgerq.node.commit import (
     _Slot,
     final_info,
 )
-from ledgerq.node.committed import STORE_TXN_KEYS, CommittedView
+from ledgerq.node.committed import STORE_TXN_COMMITS, STORE_TXN_KEYS, CommittedView
 from ledgerq.node.datadir import DataDirLock, lock_data_dir
 from ledgerq.node.disk import CommitRecord, LmdbStore, MemoryStore, Store
 from ledgerq.node.families import FamilyRegistry, default_registry
@@ -52,7 +52,7 @@ from ledgerq.node.snapshot import import_snapshot
 log = logging.getLogger(__name__)
 
 #: Most commits handed to the committed view at once (and so in one store transaction).
-COMMIT_PART = 2_000
+COMMIT_PART = STORE_TXN_COMMITS
 #: Most commits not yet written to the store before ``submit`` answers busy.
 MAX_UNWRITTEN = 10_000
 

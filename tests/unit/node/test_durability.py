@@ -544,6 +544,35 @@ async def test_a_large_commit_slice_reaches_the_store_in_bounded_parts(
         await node.close()
 
 
+async def test_a_writer_behind_merges_parts_into_transactions_bounded_in_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Parts waiting for the writer go to the store together, but no transaction
+    # takes more than write_commits commits, however few keys each has.
+    from ledgerq.node import node as node_module
+
+    monkeypatch.setattr(node_module, "COMMIT_PART", 2)
+    node = await Node.open(tmp_path, snapshot_every=10**6, store_interval_s=3600)
+    node.committed._write_commits = 4
+    written: list[int] = []
+    write = node.store.write
+
+    def spy(records: list[CommitRecord], applied: int, batch_high: int) -> None:
+        written.append(len(records))
+        write(records, applied, batch_high)
+
+    monkeypatch.setattr(node.store, "write", spy)
+    batches = [make_intkey_batch(SIGNER, [("set", f"m{i}", i)]) for i in range(10)]
+    try:
+        await node.submit(batches)  # parts of 2 commits, 6 keys each: all waiting
+        assert set(await statuses(node, batches)) == {"COMMITTED"}
+        await node.snapshot()
+        assert written == [4, 4, 2]
+        assert node.store.meta().applied == 10
+    finally:
+        await node.close()
+
+
 async def test_store_transactions_are_bounded_in_keys_not_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
