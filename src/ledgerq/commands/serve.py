@@ -189,7 +189,7 @@ async def _supervise(settings: Settings, count: int) -> None:
         lock.acquire()
     try:
         # Migrate once, before the workers open the store.
-        store = await open_store(settings.db, migrate=True)
+        store = await open_store(settings.db, migrate=True, lock_entries=False)
         await store.close()
         supervisor = Supervisor(settings, count, worker_module="ledgerq.commands.worker")
         loop = asyncio.get_running_loop()

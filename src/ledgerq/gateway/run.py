@@ -27,6 +27,7 @@ from ledgerq.gateway.workers import WorkerSpec, listening_socket
 from ledgerq.ledgers import HttpTimeouts, LedgerClient, http_ledger_client
 from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, SubmitResult
 from ledgerq.ledgers.splinter import scabbard_path
+from ledgerq.queue.strategy import Strategy
 from ledgerq.store import open_store
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,11 @@ async def run_gateway(
         # A frozen instance's open transaction (a fenced write share-locks its
         # claim row) must end before others need that row: within the TTL.
         store = await open_store(
-            settings.db, migrate=True, pg_idle_in_transaction_ms=settings.claims.claim_ttl_ms
+            settings.db,
+            migrate=True,
+            pg_idle_in_transaction_ms=settings.claims.claim_ttl_ms,
+            # Lock entries only if some service may be parallel (docs/store.md).
+            lock_entries=settings.strategies.uniform is not Strategy.SERIAL,
         )
         stack.push_async_callback(store.close)
         pipeline = worker is None or worker.role == "gateway"

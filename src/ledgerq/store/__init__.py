@@ -119,6 +119,7 @@ async def open_store(
     clock: Clock = now_ms,
     pg_pool_max_size: int = 8,
     pg_idle_in_transaction_ms: int | None = None,
+    lock_entries: bool = True,
 ) -> BatchTrackingStore:
     """Open the store at ``url``; close it with ``await store.close()`` or ``async with``.
 
@@ -126,6 +127,11 @@ async def open_store(
     that leaves a transaction open without a statement for this long (its
     process frozen, say), so its row locks never hold other instances up
     (default ``ledgerq.store.postgres.DEFAULT_IDLE_IN_TRANSACTION_MS``).
+
+    ``lock_entries``: PostgreSQL keeps the parallel queuer's lock entries and
+    blockers only once a store asked for them; ``True`` asks (for good, for
+    the database), ``False`` leaves the database as it is: a gateway whose
+    services are all serial (docs/store.md). A parallel round asks anyway.
     """
     if _dialect(url) == "memory":
         return MemoryStore(clock=clock)
@@ -136,6 +142,12 @@ async def open_store(
         pg_pool_max_size=pg_pool_max_size,
         pg_idle_in_transaction_ms=pg_idle_in_transaction_ms,
     )
+    if lock_entries:
+        try:
+            await store.keep_lock_entries()
+        except BaseException:
+            await store.close()
+            raise
     return store
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import re
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -29,7 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ledgerq.clock import now_ms
 from ledgerq.errors import StoreError, StoreUnavailableError
-from ledgerq.model import TrackingBatch
+from ledgerq.model import TrackingBatch, TrackingTransaction
 from ledgerq.queue.parallel import BatchAccess
 from ledgerq.store import common
 from ledgerq.store.migrate import MigrationResult, plan_migration, redact, refuse_outdated
@@ -39,6 +40,8 @@ from ledgerq.store.sqlstore import ConflictError, Params, Row
 #: Advisory lock key space of ledgerq: (this, hashtext(...)).
 ADVISORY_CLASS_SERVICE = 0x6C71_0001
 ADVISORY_CLASS_MIGRATE = 0x6C71_0002
+#: The switch of lock entries (``lock_entries_kept``): shared by add_batches.
+ADVISORY_CLASS_LOCK_ENTRIES = 0x6C71_0003
 
 #: A comma-joined list of values that go into an array literal unquoted.
 _PLAIN_TEXTS = re.compile(r"[0-9A-Za-z_.:-]+(?:,[0-9A-Za-z_.:-]+)*")
@@ -371,6 +374,39 @@ class _Session:
         return await cur.fetchone()
 
 
+def _open_accesses(rows: Sequence[Row]) -> list[tuple[int, str, list[tuple[str, str]]]]:
+    """``(seq, service_id, lock rows)`` per open batch, from its transactions'
+    rows (``open_batch_access``, in seq and position order)."""
+    out: list[tuple[int, str, list[tuple[str, str]]]] = []
+    for seq, group in itertools.groupby(rows, key=lambda r: int(r[0])):
+        txns = list(group)
+        service_id = str(txns[0][1])
+        batch = TrackingBatch(
+            service_id=service_id,
+            batch_header=str(txns[0][2]),
+            data_change_id=None,
+            signer_public_key="",
+            trace=False,
+            serialized_batch=b"",
+            transactions=tuple(
+                TrackingTransaction(
+                    family_name="",
+                    family_version="",
+                    transaction_header=str(t[3]),
+                    payload=b"",
+                    signer_public_key="",
+                    service_id=service_id,
+                    inputs=None if t[4] is None else tuple(t[4]),
+                    outputs=None if t[5] is None else tuple(t[5]),
+                    dependencies=tuple(t[6] or ()),
+                )
+                for t in txns
+            ),
+        )
+        out.append((seq, service_id, common.lock_rows(batch)))
+    return out
+
+
 class PostgresBackend:
     dialect = "postgresql"
 
@@ -515,9 +551,12 @@ class PostgresBackend:
         conn: psycopg.AsyncConnection[Any] = session.conn
         q = self.queries
         batches = prepared.batches
-        # With BEGIN, in one message: the advisory locks, then the heads.
-        *_, allocated = await session.fetchall_many(
+        # With BEGIN, in one message: the switch of lock entries (shared),
+        # the advisory locks, then the heads.
+        _, kept, *_, allocated = await session.fetchall_many(
             [
+                ("share_lock_entries_switch", {"lock_class": ADVISORY_CLASS_LOCK_ENTRIES}),
+                ("lock_entries_kept", {}),
                 (
                     "lock_services",
                     {"lock_class": ADVISORY_CLASS_SERVICE, "service_ids": prepared.service_ids},
@@ -527,7 +566,8 @@ class PostgresBackend:
             ]
         )
         seqs = sorted(int(row[0]) for row in allocated)
-        blocked_by = await self._blockers(session, prepared, seqs)
+        # Lock entries and blockers only while they are kept (docs/store.md).
+        blocked_by = await self._blockers(session, prepared, seqs) if kept[0][0] else {}
         if prepared.batch_rows is not None and prepared.transaction_rows is not None:
             # Held: sent with the COMMIT, in one message.
             rows = {
@@ -620,6 +660,45 @@ class PostgresBackend:
             seq = seqs[later - 1]
             found[seq] = max(found.get(seq, 0), seqs[earlier - 1])
         return found
+
+    async def keep_lock_entries(self) -> bool:
+        """Turn lock entries and blockers on (``lock_entries_kept``), after
+        writing them for every open batch; ``True`` if this call turned them on.
+
+        One transaction: the switch's advisory lock (add_batches waits, or has
+        committed), every service's ``queue_heads`` row (no batch becomes
+        final meanwhile), then every open batch's entries from its
+        transactions' declared access, then every open batch's blocker.
+        """
+        q = self.queries
+        async with self._connection() as conn, conn.transaction():
+            switch = {"lock_class": ADVISORY_CLASS_LOCK_ENTRIES}
+            await conn.execute(q["lock_entries_switch"], switch)
+            cur = await conn.execute(q["lock_entries_kept"])
+            row = await cur.fetchone()
+            if row is not None and row[0]:
+                return False
+            await conn.execute(q["lock_all_queue_heads"])
+            await conn.execute(q["clear_batch_locks"])
+            cur = await conn.execute(q["open_batch_access"])
+            rows = [
+                (seq, service_id, mode, entry)
+                for seq, service_id, access in _open_accesses(await cur.fetchall())
+                for mode, entry in access
+            ]
+            if rows:
+                await conn.execute(
+                    q["insert_lock_rows"],
+                    {
+                        "seqs": _int_array([r[0] for r in rows]),
+                        "service_ids": _text_array([r[1] for r in rows]),
+                        "modes": _text_array([r[2] for r in rows]),
+                        "entries": _text_array([r[3] for r in rows]),
+                    },
+                )
+            await conn.execute(q["repoint_open_batches"])
+            await conn.execute(q["keep_lock_entries"])
+        return True
 
     def seqs_param(self, seqs: Sequence[int]) -> str:
         # An array literal, cast by the query (``::bigint[]``): psycopg's

@@ -228,6 +228,23 @@ class SqlStore:
         self._backend = backend
         self._clock = clock
         self.dialect = backend.dialect
+        #: Lock entries and blockers are known to be kept (keep_lock_entries).
+        self._lock_entries_kept = False
+
+    async def keep_lock_entries(self) -> None:
+        """Keep the parallel queuer's lock entries and blockers from now on.
+
+        PostgreSQL keeps them only once a store asked for them
+        (``lock_entries_kept``, docs/store.md): the first call computes them
+        for every open batch and turns them on for the database, for good.
+        SQLite always keeps them.
+        """
+        if self._lock_entries_kept:
+            return
+        keep = getattr(self._backend, "keep_lock_entries", None)
+        if keep is not None:
+            await keep()
+        self._lock_entries_kept = True
 
     async def __aenter__(self) -> Self:
         return self
@@ -867,6 +884,8 @@ class SqlStore:
         every tracked batch.
         """
         common.check_round(delay_window_ms, limit)
+        # Blockers are what this round reads: kept from now on.
+        await self.keep_lock_entries()
         params: dict[str, Any] = {
             "now": now,
             "delay_window_ms": delay_window_ms,

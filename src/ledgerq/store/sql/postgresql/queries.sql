@@ -27,6 +27,45 @@ SELECT pg_advisory_xact_lock(%(lock_class)s::int, 0);
 SELECT pg_advisory_xact_lock(%(lock_class)s::int, k)
 FROM (SELECT DISTINCT hashtext(s) AS k FROM unnest(%(service_ids)s::text[]) AS s ORDER BY k) AS keys;
 
+-- Whether lock entries and blockers are kept (lock_entries_kept): add_batches
+-- reads it under this shared lock, the switch (keep_lock_entries) takes it
+-- exclusively, so no batch committed after the switch lacks its entries.
+-- name: share_lock_entries_switch
+SELECT pg_advisory_xact_lock_shared(%(lock_class)s::int, 0);
+
+-- name: lock_entries_switch
+SELECT pg_advisory_xact_lock(%(lock_class)s::int, 0);
+
+-- name: lock_entries_kept
+SELECT kept FROM lock_entries_kept;
+
+-- Turning lock entries on: every service's queue_heads row, in key order (as
+-- add_batches and a group making batches final lock theirs), so no batch
+-- becomes final or is added while the entries are computed.
+-- name: lock_all_queue_heads
+SELECT service_id FROM queue_heads ORDER BY service_id FOR UPDATE;
+
+-- name: clear_batch_locks
+DELETE FROM batch_locks;
+
+-- The declared access of every open batch, for its lock entries.
+-- name: open_batch_access
+SELECT b.seq, b.service_id, b.batch_id, t.transaction_id, t.inputs, t.outputs, t.dependencies
+FROM batches b
+JOIN transactions t ON t.service_id = b.service_id AND t.batch_id = b.batch_id
+WHERE NOT b.final
+ORDER BY b.seq, t.position;
+
+-- Every open batch's blocker, from the entries just written.
+-- name: repoint_open_batches
+UPDATE batches b
+SET blocked_by = x.blocker
+FROM (SELECT seq, ledgerq_blocker(service_id, seq) AS blocker FROM batches WHERE NOT final) x
+WHERE b.seq = x.seq AND b.blocked_by IS DISTINCT FROM x.blocker;
+
+-- name: keep_lock_entries
+UPDATE lock_entries_kept SET kept = TRUE;
+
 -- Seqs for one add_batches call, increasing; the caller assigns them in list order.
 -- name: allocate_seqs
 SELECT nextval(pg_get_serial_sequence('batches', 'seq'))

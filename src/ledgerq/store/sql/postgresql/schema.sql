@@ -137,6 +137,18 @@ CREATE INDEX batch_locks_entry_idx ON batch_locks (service_id, entry, mode, seq)
 CREATE INDEX batch_locks_prefix_idx ON batch_locks (service_id, seq) INCLUDE (mode, entry)
     WHERE length(entry) < 70 AND mode <> 'd';
 
+-- Whether batch_locks and blocked_by are kept (migration 12): only while
+-- some instance may run the parallel queuer. A new store starts without them;
+-- a store opened for the parallel queuer computes them for every open batch
+-- and turns this on, for good (docs/store.md).
+CREATE TABLE lock_entries_kept (
+    -- One row only.
+    id   BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),
+    kept BOOLEAN NOT NULL
+);
+
+INSERT INTO lock_entries_kept (kept) VALUES (FALSE);
+
 -- Signed batches and payloads barely compress; trying costs CPU on every
 -- insert. Store them out of line, uncompressed.
 ALTER TABLE batches ALTER COLUMN serialized_batch SET STORAGE EXTERNAL;
