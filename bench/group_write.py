@@ -98,9 +98,9 @@ def _server_cpu_s(url: str) -> float:
 
 
 async def _cycle(
-    url: str, services: int, per_service: int, keyed: bool, flushers: int
+    url: str, services: int, per_service: int, keyed: bool, flushers: int, lock_entries: bool
 ) -> tuple[float, float, float, float, float]:
-    store = await open_store(url, pg_pool_max_size=8)
+    store = await open_store(url, pg_pool_max_size=8, lock_entries=lock_entries)
     try:
         data = _batches(uuid.uuid4().hex[:8], services, per_service, keyed)
         for i in range(0, len(data), 500):
@@ -161,6 +161,13 @@ async def _cycle(
     help="unknown: no declared inputs/outputs (each batch holds the next); keyed: 8 addresses.",
 )
 @click.option("--flushers", default=2, show_default=True, help="Groups committing at once.")
+@click.option(
+    "--lock-entries/--no-lock-entries",
+    default=False,
+    show_default=True,
+    help="Keep the parallel queuer's lock entries and blockers (a gateway does when some "
+    "service may be parallel); without, as a gateway whose services are all serial.",
+)
 @click.option("--rounds", default=3, show_default=True, help="Runs, each in a fresh database.")
 @click.option("--pg-url", default=DEFAULT_PG, show_default=True, help="Admin URL.")
 @click.option("--write/--no-write", default=True, help="Write figures to docs/BENCHMARKS.md.")
@@ -169,6 +176,7 @@ def command(
     batches: int,
     access: str,
     flushers: int,
+    lock_entries: bool,
     rounds: int,
     pg_url: str,
     write: bool,
@@ -179,7 +187,7 @@ def command(
     for r in range(rounds):
         with _pg_database(pg_url) as url:
             rate, cpu, server, final_ms, per_group = asyncio.run(
-                _cycle(url, services, batches, access == "keyed", flushers)
+                _cycle(url, services, batches, access == "keyed", flushers, lock_entries)
             )
         rows.append(
             (
@@ -199,7 +207,9 @@ def command(
     load_after = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     markdown = (
         f"{services} services × {batches} batches, access {access}, "
-        f"`GroupCommitWriter(flushers={flushers})`, {rounds} runs each in a fresh database. "
+        f"`GroupCommitWriter(flushers={flushers})`, lock entries "
+        f"{'kept' if lock_entries else 'not kept (every service serial)'}, "
+        f"{rounds} runs each in a fresh database. "
         f"Load average (1, 5, 15 min) before: {load_before}; after: {load_after}.\n\n"
         + report.table(
             [
