@@ -211,3 +211,55 @@ async def test_reads_ahead_arriving_during_a_read_are_read_together() -> None:
     # One query for the waiting ones, one pair per service: s2's second waits.
     assert store.calls == [[("s1", "a")], [("s2", "b"), ("none", "c")], [("s2", "d")]]
     assert [None if b is None else b.service_id for b in got] == ["s1", "s2", None, "s2"]
+
+
+async def test_the_writers_of_a_committed_group_run_before_the_next_group() -> None:
+    # A next batch's POST waits on its group: it must not also wait for the
+    # statements of the group after it (run on the event loop on SQLite).
+    store = SlowStore()
+    writer = GroupCommitWriter(store)
+    seen: list[str] = []
+
+    async def write(batch_id: str) -> None:
+        await writer.update_batch_status(batch_id, "s", Pending())
+        seen.append(f"{batch_id} written, {len(store.groups)} groups begun")
+
+    first = asyncio.create_task(write("a"))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(write("b"))
+    await asyncio.sleep(0)
+    store.release.set()
+    await asyncio.gather(first, second)
+    assert store.groups == [["a"], ["b"]]
+    assert seen == ["a written, 1 groups begun", "b written, 2 groups begun"]
+
+
+async def test_a_pair_written_together_reports_each_outcome() -> None:
+    store = SlowStore()
+    store.release.set()
+    writer = GroupCommitWriter(store)
+    assert await writer.status_then_take("c", "u", Pending(), [], "d") is True
+    # The take refused: reported, not raised; the status refused: raised.
+    assert await writer.status_then_take("e", "u", Pending(), [], "xf") is False
+    with pytest.raises(FencedOffError, match="not xg"):
+        await writer.status_then_take("xg", "u", Pending(), [], "h")
+    # A failure of the whole group: raised.
+    store.fail = StoreUnavailableError("down")
+    with pytest.raises(StoreUnavailableError):
+        await writer.status_then_take("i", "u", Pending(), [], "j")
+
+
+async def test_a_pair_whose_caller_stopped_waiting_still_lands() -> None:
+    store = SlowStore()
+    writer = GroupCommitWriter(store)
+    first = asyncio.create_task(writer.update_batch_status("a", "s", Pending()))
+    await asyncio.sleep(0)
+    pair = asyncio.create_task(writer.status_then_take("b", "s", Pending(), [], "xc"))
+    await asyncio.sleep(0)
+    pair.cancel()
+    store.release.set()
+    await first
+    with pytest.raises(asyncio.CancelledError):
+        await pair
+    await writer.update_batch_status("d", "s", Pending())
+    assert store.groups == [["a"], ["b", "xc"], ["d"]]

@@ -55,6 +55,11 @@ def urgent() -> Iterator[None]:
         _URGENT.reset(token)
 
 
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class GroupCommitWriter:
     def __init__(
         self, store: GroupWriter, *, max_group: int = DEFAULT_MAX_GROUP, flushers: int = 1
@@ -128,9 +133,10 @@ class GroupCommitWriter:
 
     async def write(self, write: BatchWrite) -> None:
         """Queue ``write``; return once its group committed (or raise its error)."""
+        # Awaited directly, not shielded: a caller that stops waiting cancels
+        # its future, which the group then skips (its write still lands), and
+        # the caller wakes one loop step sooner once its group committed.
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        # Retrieved here so a caller that stopped waiting leaves no warning.
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
         if _URGENT.get():
             # This task's later writes (and tasks it creates from now on) queue as usual.
             _URGENT.set(False)
@@ -138,13 +144,13 @@ class GroupCommitWriter:
             if not self._urgent_running:
                 self._urgent_running = True
                 asyncio.get_running_loop().create_task(self._flush_urgent())
-            await asyncio.shield(future)
+            await future
             return
         self._queue.append((write, future))
         if self._running < self._flushers:
             self._running += 1
             asyncio.get_running_loop().create_task(self._flush())
-        await asyncio.shield(future)
+        await future
 
     async def next_open_batch(self, service_id: str, after: str) -> TrackingBatch | None:
         """The store's :meth:`~ledgerq.store.base.GroupWriter.next_open_batch`,
@@ -229,8 +235,10 @@ class GroupCommitWriter:
         futures: list[asyncio.Future[None]] = []
         for w in writes:
             future: asyncio.Future[None] = loop.create_future()
-            future.add_done_callback(lambda f: f.cancelled() or f.exception())
             if futures:
+                # Not awaited below (the last one is): retrieved here, so a
+                # caller that stopped waiting leaves no warning.
+                futures[-1].add_done_callback(_retrieve)
                 self._linked.add(id(futures[-1]))
             futures.append(future)
             queue.append((w, future))
@@ -240,8 +248,11 @@ class GroupCommitWriter:
         elif not urgent and self._running < self._flushers:
             self._running += 1
             asyncio.get_running_loop().create_task(self._flush())
-        # asyncio.wait cancels nothing: writes a caller stops waiting for still land.
-        await asyncio.wait(futures)
+        # They land in one group, whose outcomes are set in order: once the
+        # last is done, all are. A caller that stops waiting cancels only the
+        # last future; every write still lands.
+        with contextlib.suppress(Exception):  # each outcome is looked at below
+            await futures[-1]
         errors: list[BaseException | None] = []
         for f in futures:
             error = f.exception()
@@ -269,6 +280,12 @@ class GroupCommitWriter:
         try:
             while self._queue:
                 await self._apply(self._next_group(self._queue))
+                if self._queue:
+                    # The writers of the group just committed run first (a
+                    # next batch's POST among them), then the next group: on
+                    # SQLite its statements run on the event loop, and would
+                    # otherwise hold those writers up.
+                    await asyncio.sleep(0)
         finally:
             self._running -= 1
 

@@ -33,6 +33,7 @@ same setting.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -228,6 +229,34 @@ def _drive(body: Coroutine[Any, Any, T]) -> T:
         return done.value  # type: ignore[no-any-return]
     body.close()
     raise RuntimeError("a SQLite transaction body awaited something other than its session")
+
+
+async def _until_done(work: concurrent.futures.Future[Any]) -> bool:
+    """Wait until ``work`` (on a connection's thread) has ended, even through
+    cancellations; returns whether the caller was cancelled meanwhile.
+
+    One wake-up of the waiting task when it ends (``run_in_executor`` under
+    ``asyncio.shield`` took three loop steps), and the work itself is never
+    cancelled: a ``COMMIT`` that has not started yet must still run.
+    """
+    if work.done():
+        return False
+    loop = asyncio.get_running_loop()
+    waiter: list[asyncio.Future[None]] = [loop.create_future()]
+
+    def wake() -> None:
+        if not waiter[0].done():
+            waiter[0].set_result(None)
+
+    work.add_done_callback(lambda _w: loop.call_soon_threadsafe(wake))
+    cancelled = False
+    while not work.done():
+        try:
+            await waiter[0]
+        except asyncio.CancelledError:
+            cancelled = True
+            waiter[0] = loop.create_future()
+    return cancelled
 
 
 class _SyncSession:
@@ -495,17 +524,12 @@ class SqliteBackend:
         result = connection.call_here(statements)
         # Handed to the thread now, not when a task first runs: another writer
         # on this file may block the event loop in BEGIN IMMEDIATE until it ends.
-        commit = connection.submit(lambda c: c.execute("COMMIT"))
-        cancelled = False
-        while not commit.done():
-            # The caller holds the connection's lock until the COMMIT has ended,
-            # even when cancelled: the connection is not free before.
-            try:
-                await asyncio.shield(commit)
-            except asyncio.CancelledError:
-                cancelled = True
-            except StoreError:
-                break
+        commit = connection.executor.submit(
+            _translated, lambda c: c.execute("COMMIT"), connection._connection()
+        )
+        # The caller holds the connection's lock until the COMMIT has ended,
+        # even when cancelled: the connection is not free before.
+        cancelled = await _until_done(commit)
         if commit.exception() is not None:
             # A failed COMMIT leaves the transaction open: end it.
             with contextlib.suppress(StoreError):
