@@ -317,3 +317,21 @@ async def test_a_take_started_after_the_run_ended_is_not_posted_and_frees_its_sl
     assert submitter.in_flight == {}
     assert nxt.batch_id not in submitter.held_batches
     assert submitter.reserve("s") is None  # not running: nothing reserved
+
+
+async def test_an_accepted_batch_is_handed_to_the_follower_before_it_is_recorded() -> None:
+    # The follower's read of an accepted batch goes out at once (the accept
+    # listeners); were the batch still held by its submission, an answer
+    # coming back before the Pending write landed would be dropped as one
+    # that predates the submission.
+    store = MemoryPipelineStore()
+    a = batch("a", 1)
+    store.add(a)
+    submitter, recorder, _ = make(store, ScriptedLedger())
+    held_when_followed: list[bool] = []
+    recorder.add_accept_listener(
+        lambda batch_id, _service: held_when_followed.append(batch_id in submitter.held_batches)
+    )
+    await run_until(submitter, lambda: held_when_followed)
+    assert held_when_followed == [False]
+    assert store.batches[a.batch_id].status_name is BatchStatusName.PENDING

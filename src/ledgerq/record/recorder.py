@@ -261,6 +261,8 @@ class Recorder:
         self._next_of: dict[str, TrackingBatch] = {}
         #: Read-aheads under way, by the id of the batch at the ledger.
         self._reading: dict[str, asyncio.Task[TrackingBatch | None]] = {}
+        #: Batches being recorded accepted: done once their submission ended.
+        self._accepting: dict[str, asyncio.Future[None]] = {}
 
     def set_next_taker(self, taker: NextTaker, writer: FusedWriter) -> None:
         """Merge the commit → next POST path (``docs/gateway.md``): when the
@@ -347,21 +349,39 @@ class Recorder:
             self._acting[(batch.service_id, batch.batch_id)] = fence
 
     async def accepted(self, batch: TrackingBatch) -> None:
+        """The ledger accepted ``batch``: it is followed from now on (its
+        status read parked at once), and recorded ``Pending``.
+
+        The read is not held up by the write: it is at the ledger before the
+        batch can be committed there (20 ms after accepting, say), even when
+        the write waits for a group or two. Its answer waits for the write
+        instead (:meth:`ledger_status`), so the batch's writes land in order
+        and its submission has ended when the answer is applied. The
+        submitter hands the batch over (no longer ``held``) before calling
+        this.
+        """
         fence = self._submission_fence(batch)
-        await self._write(batch.batch_id, batch.service_id, Pending(), None, fence)
-        for listener in self._accept_listeners:
-            listener(batch.batch_id, batch.service_id)
-        if self._fused is not None:
-            # While the batch waits at the ledger, not once it is final (the
-            # store's check at the take decides whether this is still the
-            # pick), and in a task of its own: the submission must end now,
-            # else the follower takes a quick answer for one about a batch
-            # still being submitted and drops it.
-            task = asyncio.get_running_loop().create_task(
-                self._read_next(batch.service_id, batch.batch_id)
-            )
-            self._reading[batch.batch_id] = task
-            task.add_done_callback(lambda _t: self._reading.pop(batch.batch_id, None))
+        recorded = asyncio.get_running_loop().create_future()
+        self._accepting[batch.batch_id] = recorded
+        try:
+            for listener in self._accept_listeners:
+                listener(batch.batch_id, batch.service_id)
+            if self._fused is not None:
+                # While the batch waits at the ledger, not once it is final (the
+                # store's check at the take decides whether this is still the
+                # pick), and in a task of its own: the submission must end now.
+                task = asyncio.get_running_loop().create_task(
+                    self._read_next(batch.service_id, batch.batch_id)
+                )
+                self._reading[batch.batch_id] = task
+                task.add_done_callback(lambda _t: self._reading.pop(batch.batch_id, None))
+            await self._write(batch.batch_id, batch.service_id, Pending(), None, fence)
+        finally:
+            # Set as the submission ends (the submitter does nothing after this
+            # returns but free its slot and the service), so an answer waiting
+            # for it finds the service free for its next batch.
+            del self._accepting[batch.batch_id]
+            recorded.set_result(None)
 
     async def _read_next(self, service_id: str, batch_id: str) -> TrackingBatch | None:
         assert self._fused is not None
@@ -439,6 +459,12 @@ class Recorder:
         it is not final, and the batch is followed until ``Committed``.
         """
         written = Pending() if isinstance(status.status, Valid) else status.status
+        recording = self._accepting.get(status.batch_id)
+        if recording is not None:
+            # Answered while its submission still records it accepted (the
+            # read went out first): that write lands first, and the service
+            # is free for its next batch once the submission has ended.
+            await asyncio.shield(recording)
         ahead = (
             None
             if written.name is BatchStatusName.PENDING

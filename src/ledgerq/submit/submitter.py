@@ -441,6 +441,10 @@ class Submitter:
         result = outcome.result
         match result:
             case Accepted():
+                # Handed over to the follower, which reads its status from
+                # now on (the recorder's accept listeners): an answer about it
+                # is no longer one to drop as predating this submission.
+                self.held_batches.discard(batch.batch_id)
                 await self._recorder.accepted(batch)
             case Busy(status=status, message=message):
                 await self._recorder.delayed(
