@@ -46,12 +46,15 @@ CREATE TABLE batches (
     CONSTRAINT batches_seq_key UNIQUE (seq),
     -- A batch id names one batch in one service; also the lookup by id alone.
     CONSTRAINT batches_batch_id_key UNIQUE (batch_id),
-    CONSTRAINT batches_data_change_id_key UNIQUE (service_id, data_change_id),
     CONSTRAINT batches_final_check CHECK (
         final = (status IS NOT NULL AND status IN ('Invalid', 'Valid', 'Committed'))
     )
 );
 
+-- A data change id is unique in its service; only batches with one have an
+-- entry (migration 13: every update of a batch wrote one here).
+CREATE UNIQUE INDEX batches_data_change_id_key ON batches (service_id, data_change_id)
+    WHERE data_change_id IS NOT NULL;
 -- The queuer's working set: non-final batches per service in acceptance order.
 CREATE INDEX batches_open_idx ON batches (service_id, seq) WHERE NOT final;
 CREATE INDEX batches_service_seq_idx ON batches (service_id, seq);
