@@ -831,13 +831,14 @@ async def test_take_overs_in_a_row_wait_for_a_second_expiry_just_ahead(db: str) 
         assert b.hold_ms() == 0
 
 
-async def test_a_take_over_leaving_more_soon_after_a_full_cycle_skips_the_rest_of_it(
+async def test_a_take_over_leaving_more_before_a_second_expiry_skips_the_rest_of_the_cycle(
     db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # While a dead instance's expired claims are moved take-over after
-    # take-over, renewing, claiming and handing over wait for the next full
-    # cycle (at most a period later); the next foreign expiry is read all the
-    # same, so the take-over due before the second expiry waits for it.
+    # take-over with its second expiry ahead, renewing, claiming and handing
+    # over wait for the next full cycle (at most a period later); the next
+    # foreign expiry is read all the same, so the take-over due before the
+    # second expiry waits for it.
     from ledgerq.claims import manager as manager_module
 
     monkeypatch.setattr(manager_module, "TAKE_LIMIT", 3)
@@ -864,3 +865,26 @@ async def test_a_take_over_leaving_more_soon_after_a_full_cycle_skips_the_rest_o
         assert moved == 7 and heartbeats(db)["b"] == clock()
         clock.advance(a.settings.slow_ttl_ms - a.settings.claim_ttl_ms)
         assert (await b.cycle()).voided == ("s5",)
+
+
+async def test_a_take_over_leaving_more_with_no_expiry_near_goes_on_with_the_cycle(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing left mid-submission: no second expiry to hurry for, the idle
+    # claims left move a cycle apart (each cycle renews).
+    from ledgerq.claims import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "TAKE_LIMIT", 3)
+    clock = ManualClock(T0)
+    a, b = manager(db, "a", clock), manager(db, "b", clock)
+    async with a, b:
+        await a.register_services([f"s{i}" for i in range(8)])
+        await a.cycle()
+        await b.cycle()
+        clock.advance(a.settings.claim_ttl_ms - 200)
+        await b.cycle()
+        # Past both of a's expiries, under a period after b's full cycle.
+        clock.advance(a.settings.slow_ttl_ms - a.settings.claim_ttl_ms + 300)
+        assert len((await b.cycle()).voided) == 3
+        assert b.pause_ms() == 0  # the rest at once, but this cycle renewed
+        assert heartbeats(db)["b"] == clock()
