@@ -7,7 +7,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from ledgerq.store.postgres import PostgresBackend
+from ledgerq.store.postgres import PostgresBackend, _column_literal
 
 PLAIN = ["a" * 128, "0123abcdef" * 12, "svc-1", "dc:order_7.2", "Null1", "xnull"]
 QUOTED = ["a,b", "NULL", "null", "", "x y", 'q"uote', "back\\slash", "{brace}", "é"]
@@ -38,3 +38,34 @@ def test_either_form_reads_back_as_the_values(pg_url: str, values: list[str]) ->
             "SELECT unnest(%(s)s::bigint[])", {"s": backend.seqs_param([5, -1, 2**40])}
         ).fetchall()
         assert [r[0] for r in seqs] == [5, -1, 2**40]
+
+
+COLUMNS = [
+    ("text[]", ["plain", None, *QUOTED]),
+    ("text[]", [None, None]),
+    ("bigint[]", [1_763_880_000_000, None, -3]),
+    ("bool[]", [True, False, None]),
+    ("bytea[]", [b"\x00\xff\\\"'", None, b""]),
+    ("int[]", [7]),
+]
+
+
+@pytest.mark.parametrize(("cast", "values"), COLUMNS)
+def test_set_write_columns_read_back_as_the_values(
+    pg_url: str, cast: str, values: list[object]
+) -> None:
+    """A set-based write's column (``_column_literal``) reads back as its values."""
+    literal = _column_literal(values)
+    assert isinstance(literal, str)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for cursor in (psycopg.ClientCursor(conn), conn.cursor()):
+            cursor.execute(
+                f"SELECT v FROM unnest(%(v)s::{cast}) WITH ORDINALITY AS t(v, n) ORDER BY n",
+                {"v": literal},
+            )
+            assert [r[0] for r in cursor.fetchall()] == values
+
+
+def test_mixed_columns_stay_a_list() -> None:
+    assert _column_literal([1, "a"]) == [1, "a"]
+    assert _column_literal([1.5]) == [1.5]

@@ -135,6 +135,28 @@ def _bytea_array(values: Sequence[bytes]) -> str:
     return "{" + ",".join(["\\\\x" + v.hex() for v in values]) + "}"
 
 
+def _column_literal(values: Sequence[Any]) -> Any:
+    """The array literal of one column of a set-based write (``<name>_set``)
+    when its values are all of one simple type or ``None``; else the list
+    (psycopg's list dumper). The dumper costs about 5 us of Python per
+    element: 170 us to bind a 10-row ``write_status_set``, 10 us as literals."""
+    kinds = {type(v) for v in values if v is not None}
+    if not kinds:
+        return "{" + ",".join(["NULL"] * len(values)) + "}"
+    if len(kinds) > 1:
+        return list(values)
+    [kind] = kinds
+    if kind is bool:
+        return "{" + ",".join("NULL" if v is None else "t" if v else "f" for v in values) + "}"
+    if kind is int:
+        return _int_array(values)
+    if kind is str:
+        return _text_array(values)
+    if kind is bytes:
+        return "{" + ",".join(["NULL" if v is None else "\\\\x" + v.hex() for v in values]) + "}"
+    return list(values)
+
+
 def _texts_or_null(values: Sequence[str] | None) -> str | None:
     """The literal of one row's array (an element of a text[] of literals):
     unquoted when every value is plain, as addresses are."""
@@ -346,7 +368,7 @@ class _Session:
             # ON CONFLICT may touch a row once per statement: last one wins.
             by_key = {(r["service_id"], r["transaction_id"]): r for r in rows}
             rows = list(by_key.values())
-        columns = {key: [row[key] for row in rows] for key in rows[0]}
+        columns = {key: _column_literal([row[key] for row in rows]) for key in rows[0]}
         if self._batched:
             self._held.append(self._bind(f"{name}_set", columns))
         else:
