@@ -384,3 +384,27 @@ def test_settings_are_validated() -> None:
         FollowSettings(max_parked=0)
     with pytest.raises(ConfigError, match="backoff"):
         FollowSettings(backoff_initial_ms=10, backoff_max_ms=5)
+
+
+async def test_answers_recorded_elsewhere_settle_what_is_followed() -> None:
+    # A take-over records the answers about the batches it adopted itself (on
+    # the claim thread): the follower parks a read for a pending one, stops
+    # following a final one without writing it again, and asks about one
+    # left without an answer as about any other.
+    async with Rig() as rig:
+        p, f, n = batch("p", 1), batch("f", 1), batch("n", 1)
+        for b in (p, f, n):
+            rig.store.add(b)
+            await rig.recorder.submitting(b)
+        entries = rig.follower.adopt([(b.batch_id, b.service_id) for b in (p, f, n)])
+        await rig.ledger.decide(p.batch_id, Pending())
+        await rig.ledger.decide(n.batch_id, Committed())
+        rig.follower.settled(entries, {p.batch_id: Pending(), f.batch_id: Committed()})
+        await until(lambda: rig.status(n) is BatchStatusName.COMMITTED)
+        assert f.batch_id not in rig.follower.followed
+        assert rig.status(f) is None  # not written here
+        await until(lambda: rig.ledger.parked == 1)  # the pending one's parked read
+        await rig.ledger.decide(p.batch_id, Committed())
+        await until(lambda: rig.status(p) is BatchStatusName.COMMITTED)
+        asked = {i for _, ids in rig.ledger.status_requests for i in ids}
+        assert f.batch_id not in asked
