@@ -186,17 +186,30 @@ def _batch_rows(batches: Sequence[TrackingBatch]) -> Params:
     }
 
 
+def _locks_of(
+    batches: Sequence[TrackingBatch],
+) -> tuple[list[list[tuple[str, str]]], dict[int, int]]:
+    """The batches' lock entries, and their dependencies within the call
+    (``_Insert.locks``, ``_Insert.within``)."""
+    accesses = [BatchAccess.of(b) for b in batches]
+    return (
+        [common.lock_rows(b, a) for b, a in zip(batches, accesses, strict=True)],
+        common.dependencies_within(batches, range(1, len(batches) + 1), accesses),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Insert:
     """An ``add_batches`` call's rows, worked out before its transaction."""
 
     batches: Sequence[TrackingBatch]
     service_ids: list[str]
-    #: Per batch, its lock entries ``(mode, entry)``.
-    locks: list[list[tuple[str, str]]]
+    #: Per batch, its lock entries ``(mode, entry)``; None: not worked out
+    #: (the database did not keep them at the last insert).
+    locks: list[list[tuple[str, str]]] | None
     #: Batch index → the index of the latest earlier batch of the call holding
-    #: a transaction it depends on (both counted from 1).
-    within: dict[int, int]
+    #: a transaction it depends on (both counted from 1); None with ``locks``.
+    within: dict[int, int] | None
     claims: Params
     #: The literal path's rows (None: COPY).
     batch_rows: Params | None
@@ -449,6 +462,9 @@ class PostgresBackend:
         self._timeout = pool_timeout_s
         self._prepared: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Prepared]
         self._prepared = weakref.WeakKeyDictionary()
+        #: Whether the database kept lock entries at this store's last insert
+        #: (None: no insert yet).
+        self._lock_entries_kept: bool | None = None
         self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             url,
             min_size=1,
@@ -550,16 +566,18 @@ class PostgresBackend:
             return result
 
     def prepare_insert(self, batches: Sequence[TrackingBatch]) -> _Insert:
-        accesses = [BatchAccess.of(b) for b in batches]
         literal = len(batches) <= LITERAL_MAX_BATCHES and (
             sum(len(b.serialized_batch) for b in batches) <= LITERAL_MAX_BYTES
         )
         service_ids = [b.service_id for b in batches]
+        # Access sets only where the database keeps lock entries, as at the
+        # last insert (once on, they stay on; the transaction checks).
+        locks, within = (None, None) if self._lock_entries_kept is False else _locks_of(batches)
         return _Insert(
             batches=batches,
             service_ids=service_ids,
-            locks=[common.lock_rows(b, a) for b, a in zip(batches, accesses, strict=True)],
-            within=common.dependencies_within(batches, range(1, len(batches) + 1), accesses),
+            locks=locks,
+            within=within,
             claims={
                 "service_ids": _text_array(service_ids),
                 "created_ats": _int_array([b.created_at for b in batches]),
@@ -592,6 +610,7 @@ class PostgresBackend:
         )
         seqs = sorted(int(row[0]) for row in allocated)
         # Lock entries and blockers only while they are kept (docs/store.md).
+        self._lock_entries_kept = bool(kept[0][0])
         blocked_by = await self._blockers(session, prepared, seqs) if kept[0][0] else {}
         if prepared.batch_rows is not None and prepared.transaction_rows is not None:
             # Held: sent with the COMMIT, in one message.
@@ -652,9 +671,14 @@ class PostgresBackend:
         Runs after ``lock_queue_heads``: a batch becoming final in the same
         services meanwhile has committed, or waits for this transaction.
         """
+        locks, within = (
+            (prepared.locks, prepared.within)
+            if prepared.locks is not None and prepared.within is not None
+            else _locks_of(prepared.batches)  # turned on since the last insert
+        )
         columns: tuple[list[int], list[str], list[str], list[str]] = ([], [], [], [])
         locked: list[int] = []
-        for seq, service_id, rows in zip(seqs, prepared.service_ids, prepared.locks, strict=True):
+        for seq, service_id, rows in zip(seqs, prepared.service_ids, locks, strict=True):
             if rows:
                 locked.append(seq)
             for mode, entry in rows:
@@ -681,7 +705,7 @@ class PostgresBackend:
             found = {int(seq): int(blocker) for seq, blocker in rows if blocker}
         # Dependencies on transactions of this call's own earlier batches:
         # their rows are not written yet.
-        for later, earlier in prepared.within.items():
+        for later, earlier in within.items():
             seq = seqs[later - 1]
             found[seq] = max(found.get(seq, 0), seqs[earlier - 1])
         return found
