@@ -5,8 +5,9 @@ ledger, and its answer is applied (through the
 :class:`~ledgerq.record.recorder.Recorder`) the moment it comes, whatever
 happens to any other batch:
 
-* **Parked long-polls.** A batch recorded accepted (the recorder's accept
-  listener) gets a status read with ``wait`` in flight at once:
+* **Parked long-polls.** A batch the ledger accepted (the recorder's accept
+  listener, called before its ``Pending`` write lands) gets a status read
+  with ``wait`` in flight at once:
   ``batch_statuses(service, [id], wait_s)``, one id per request, because a
   Sawtooth ``wait`` answers only when *every* id of the request is final —
   grouping would make one batch's commit wait for another's. ``COMMITTED`` /
