@@ -248,7 +248,11 @@ async def _until_done(work: concurrent.futures.Future[Any]) -> bool:
         if not waiter[0].done():
             waiter[0].set_result(None)
 
-    work.add_done_callback(lambda _w: loop.call_soon_threadsafe(wake))
+    def done(_work: object) -> None:
+        if not loop.is_closed():  # a process shutting down: nobody waits any more
+            loop.call_soon_threadsafe(wake)
+
+    work.add_done_callback(done)
     cancelled = False
     while not work.done():
         try:
