@@ -235,6 +235,26 @@ def test_worker_bounds_kept_logs_by_count_and_by_the_values_they_hold() -> None:
     assert _logs_kept(worker, out, 10) == [7, 8, 9]
 
 
+def test_worker_windows_keep_the_latest_entries_through_their_dicts_compaction() -> None:
+    # The windows' dicts are copied every half window (see worker._compact): what
+    # they answer must not change across the copies.
+    out = Outbox()
+    worker = Worker(out, 2, lambda key: 0, clock=lambda: 42, dedupe_window=10, keep_logs=10)
+    for n in range(3_000):
+        worker.handle(TransactionRequest(candidate(f"t{n}")))
+        summary = ExecutionSummary(fp(n), str(n), True, (), (("k", b"1"),))
+        worker.handle(ExecutorFinished(fp(n), f"0.{n}", summary))
+    out.take()
+    assert [n for n in range(3_000) if worker.ordered(f"t{n}") is not None] == list(
+        range(2_990, 3_000)
+    )
+    assert _logs_kept(worker, out, 3_000) == list(range(2_990, 3_000))
+    worker.handle(TransactionRequest(candidate("t2995")))  # in the window: a duplicate
+    assert out.take()[0][1].duplicate
+    worker.handle(TransactionRequest(candidate("t5")))  # long gone: ordered again
+    assert not out.take()[0][1].duplicate
+
+
 # --- executor and supervisor -------------------------------------------------------------
 
 
