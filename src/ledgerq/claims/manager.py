@@ -556,29 +556,8 @@ class ClaimManager:
             if errors:
                 raise errors[0]
             return CycleReport(now, voided, (), (), len(self._held.epochs))
-        renew_ms = self.settings.renew_interval_ms
-        maintained = False
-        if self._more and self._last_full is not None and now - self._last_full < renew_ms:
-            # A take-over that left more, under a period after the last full
-            # cycle, with another foreign expiry due within a period (a dead
-            # instance's second expiry, after its first): the take-overs go
-            # on at once until then, not after renewing, claiming and handing
-            # over (0.3 s under load in bench failover, which held up the
-            # claims reaching their second expiry meanwhile); those come
-            # with the next full cycle, at most a period and a take-over
-            # later. With no such expiry near, the cycle goes on: the idle
-            # claims left move a cycle apart, and the gateway, which hears of
-            # every take-over, is not handed one after another.
-            await step("maintenance", lambda c: self._maintain(c, now), None)
-            maintained = True
-            nxt = self.next_expiry
-            if nxt is not None and now < nxt <= now + renew_ms:
-                if errors:
-                    raise errors[0]
-                return CycleReport(now, voided, (), (), len(self._held.epochs))
         self._last_full = now
-        if not maintained:
-            await step("maintenance", lambda c: self._maintain(c, now), None)
+        await step("maintenance", lambda c: self._maintain(c, now), None)
         forgotten = none
         if self._next_cleanup is None or now >= self._next_cleanup:
             forgotten = await step("clean-up", lambda c: self._clean_up(c, now), none)
