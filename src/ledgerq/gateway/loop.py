@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -22,14 +21,6 @@ T = TypeVar("T")
 
 #: The loops ``event_loop`` may name.
 EVENT_LOOPS = ("uvloop", "asyncio")
-
-#: How long a thread that wants the GIL waits before the event loop is asked
-#: to hand it over (s; CPython's default is 5 ms). The SQLite store's
-#: ``COMMIT`` (its disk flush) runs on a thread of its own; returning from it
-#: takes the GIL, which a busy loop holds, so at the default each group commit
-#: ended up to 5 ms after the disk had finished (``docs/gateway.md``, "The
-#: commit → next POST gap").
-SWITCH_INTERVAL_S = 0.0005
 
 
 def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -46,8 +37,6 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def run(main: Coroutine[Any, Any, T], kind: str = "uvloop") -> T:
-    """``asyncio.run(main)`` on the loop ``kind`` names (the interpreter's
-    thread switch interval set to :data:`SWITCH_INTERVAL_S`)."""
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    """``asyncio.run(main)`` on the loop ``kind`` names."""
     with asyncio.Runner(loop_factory=loop_factory(kind)) as runner:
         return runner.run(main)
