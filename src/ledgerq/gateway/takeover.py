@@ -133,6 +133,16 @@ def store_opener(settings: Settings) -> StoreOpener | None:
     return open_own
 
 
+async def _gathered(reads: set[asyncio.Future[_Answers]]) -> _Answers:
+    """The answers of ``reads`` together (a read that failed answers nothing:
+    its batches are left to the follower's asks)."""
+    answers: _Answers = {}
+    for read in await asyncio.gather(*reads, return_exceptions=True):
+        if isinstance(read, dict):
+            answers.update(read)
+    return answers
+
+
 def written_status(answer: BatchStatus) -> BatchStatus:
     """What an answer about a batch left mid-submission is recorded as (the
     follower's rule): a batch the ledger holds but has not finished with is
@@ -371,10 +381,7 @@ class TakeOverAsks:
         written: _Answers = {}
         answered = recorded = claimed
         try:
-            answers: _Answers = {}
-            for read in await asyncio.gather(*reads, return_exceptions=True):
-                if isinstance(read, dict):
-                    answers.update(read)
+            answers = await _gathered(reads)
             answered = time.monotonic()
             writes = [
                 BatchWrite(s, b, status, tuple(receipts_of(status)), fence=fence)
@@ -441,10 +448,7 @@ class TakeOverAsks:
     ) -> None:
         """``times``: when the take-over began, when this loop heard it ended."""
         began, heard = times
-        answers: _Answers = {}
-        for read in await asyncio.gather(*reads, return_exceptions=True):
-            if isinstance(read, dict):
-                answers.update((b, status) for b, status in read.items() if b in ids)
+        answers = {b: s for b, s in (await _gathered(reads)).items() if b in ids}
         answered = time.monotonic()
         # Recorded in a group of their own, not behind the writes under way.
         with urgent():

@@ -179,7 +179,9 @@ class StatusWriter(Protocol):
     ) -> None: ...
 
 
-def _receipts(status: BatchStatus) -> list[TransactionReceipt]:
+def receipts_of(status: BatchStatus) -> list[TransactionReceipt]:
+    """The receipts recorded with a ledger status (the recorder's, and a
+    take-over's recording its answers on the claim thread)."""
     if isinstance(status, Invalid):
         return [
             TransactionReceipt(
@@ -196,11 +198,6 @@ def _receipts(status: BatchStatus) -> list[TransactionReceipt]:
         txs = getattr(status, "transactions", ())
         return [TransactionReceipt(t.transaction_id, result_valid=True) for t in txs]
     return []
-
-
-#: The receipts recorded with a ledger status (for a writer outside the
-#: recorder: a take-over recording its answers on the claim thread).
-receipts_of = _receipts
 
 
 class _InOrder:
@@ -516,7 +513,7 @@ class Recorder:
                     batch_id,
                     service_id,
                     status,
-                    _receipts(status),
+                    receipts_of(status),
                     nxt.batch_id,
                     now=self._clock(),
                     fence=fence,
@@ -546,7 +543,7 @@ class Recorder:
                 batch_id,
                 service_id,
                 status,
-                _receipts(status),
+                receipts_of(status),
                 error,
                 now=self._clock(),
                 fence=fence,
