@@ -52,7 +52,7 @@ from ledgerq.codec.signing import (
     SIGNATURE_HEX_LENGTH,
     is_lower_hex,
     load_public_key,
-    verify_signature,
+    verify_checked,
 )
 from ledgerq.codec.wire import BATCH_LIST_BATCHES_FIELD, WireError, split_repeated_field
 from ledgerq.errors import InvalidBatchError
@@ -153,7 +153,8 @@ def _decode_batch(serialized: bytes, index: int | None, verify: bool) -> ParsedB
             batch_id=batch_id,
         ) from exc
     signer = header.signer_public_key
-    if load_public_key(signer) is None:
+    signer_key = load_public_key(signer)
+    if signer_key is None:
         raise InvalidBatchError(
             f"{where} has signer_public_key {_short(signer)!r}, not a compressed secp256k1 "
             "public key (66 lowercase hex characters)",
@@ -185,7 +186,7 @@ def _decode_batch(serialized: bytes, index: int | None, verify: bool) -> ParsedB
             batch_id=batch_id,
             transaction_id=duplicate,
         )
-    if verify and not verify_signature(signer, header_bytes, batch_id):
+    if verify and not verify_checked(signer_key, header_bytes, batch_id):
         raise InvalidBatchError(
             f"the header_signature of {where} is not a signature of its header by "
             f"{signer}; sign the serialized BatchHeader with the signer's key",
@@ -223,73 +224,86 @@ def _decode_transaction(
     verify: bool,
 ) -> ParsedTransaction:
     tx_id = message.header_signature
-    where = f"transaction #{number} of {batch_where}"
     if not is_lower_hex(tx_id, SIGNATURE_HEX_LENGTH):
         raise InvalidBatchError(
-            f"{where} has header_signature {_short(tx_id)!r}, not "
-            f"{SIGNATURE_HEX_LENGTH} lowercase hex characters (a compact secp256k1 signature)",
+            f"transaction #{number} of {batch_where} has header_signature {_short(tx_id)!r}, "
+            f"not {SIGNATURE_HEX_LENGTH} lowercase hex characters (a compact secp256k1 "
+            "signature)",
             rule="malformed_signature",
             batch_id=batch_id,
             transaction_id=tx_id or None,
         )
-    where = f"transaction #{number} ({tx_id}) of {batch_where}"
     header_bytes = message.header
     try:
         raw = transaction_pb2.TransactionHeader.FromString(header_bytes)
     except DecodeError as exc:
         raise InvalidBatchError(
-            f"the header of {where} is not a protobuf TransactionHeader ({exc})",
+            f"the header of {_tx_where(number, tx_id, batch_where)} is not a protobuf "
+            f"TransactionHeader ({exc})",
             rule="malformed_transaction_header",
             batch_id=batch_id,
             transaction_id=tx_id,
         ) from exc
-    if load_public_key(raw.signer_public_key) is None:
+    signer = raw.signer_public_key
+    key = load_public_key(signer)
+    if key is None:
         raise InvalidBatchError(
-            f"{where} has signer_public_key {_short(raw.signer_public_key)!r}, not a "
-            "compressed secp256k1 public key (66 lowercase hex characters)",
+            f"{_tx_where(number, tx_id, batch_where)} has signer_public_key "
+            f"{_short(signer)!r}, not a compressed secp256k1 public key (66 lowercase hex "
+            "characters)",
             rule="malformed_public_key",
             batch_id=batch_id,
             transaction_id=tx_id,
         )
-    if raw.batcher_public_key != batch_signer:
+    batcher = raw.batcher_public_key
+    if batcher != batch_signer:
         raise InvalidBatchError(
-            f"{where} names batcher_public_key {_short(raw.batcher_public_key)!r} but the "
-            f"batch is signed by {batch_signer}; a transaction must name its batch's signer",
+            f"{_tx_where(number, tx_id, batch_where)} names batcher_public_key "
+            f"{_short(batcher)!r} but the batch is signed by {batch_signer}; a transaction "
+            "must name its batch's signer",
             rule="batcher_public_key_mismatch",
             batch_id=batch_id,
             transaction_id=tx_id,
         )
     payload = message.payload
-    if hashlib.sha512(payload).hexdigest() != raw.payload_sha512:
+    payload_sha512 = raw.payload_sha512
+    if hashlib.sha512(payload).hexdigest() != payload_sha512:
         raise InvalidBatchError(
-            f"the payload of {where} does not match the header's payload_sha512 "
-            f"{_short(raw.payload_sha512)!r}; the payload was altered or the hash is wrong",
+            f"the payload of {_tx_where(number, tx_id, batch_where)} does not match the "
+            f"header's payload_sha512 {_short(payload_sha512)!r}; the payload was altered or "
+            "the hash is wrong",
             rule="payload_sha512_mismatch",
             batch_id=batch_id,
             transaction_id=tx_id,
         )
-    if verify and not verify_signature(raw.signer_public_key, header_bytes, tx_id):
+    if verify and not verify_checked(key, header_bytes, tx_id):
         raise InvalidBatchError(
-            f"the header_signature of {where} is not a signature of its header by "
-            f"{raw.signer_public_key}; sign the serialized TransactionHeader with that key",
+            f"the header_signature of {_tx_where(number, tx_id, batch_where)} is not a "
+            f"signature of its header by {signer}; sign the serialized TransactionHeader "
+            "with that key",
             rule="bad_transaction_signature",
             batch_id=batch_id,
             transaction_id=tx_id,
         )
     header = TransactionHeader(
-        batcher_public_key=raw.batcher_public_key,
+        batcher_public_key=batcher,
         dependencies=tuple(raw.dependencies),
         family_name=raw.family_name,
         family_version=raw.family_version,
         inputs=tuple(raw.inputs),
         nonce=raw.nonce,
         outputs=tuple(raw.outputs),
-        payload_sha512=raw.payload_sha512,
-        signer_public_key=raw.signer_public_key,
+        payload_sha512=payload_sha512,
+        signer_public_key=signer,
     )
     return ParsedTransaction(
         header_signature=tx_id, header=header, header_bytes=header_bytes, payload=payload
     )
+
+
+def _tx_where(number: int, tx_id: str, batch_where: str) -> str:
+    """How a message names a transaction (built only when there is one to write)."""
+    return f"transaction #{number} ({tx_id}) of {batch_where}"
 
 
 def check_storable(batch: ParsedBatch, index: int | None = None) -> None:
