@@ -112,10 +112,10 @@ class Proc:
         self.process = None
 
 
-def node_proc(workdir: Path, *, shards: int = 2) -> Proc:
+def node_proc(workdir: Path, *, shards: int = 2, extra: tuple[str, ...] = ()) -> Proc:
     """``ledgerq node`` on an ephemeral loopback port, its data in ``workdir/node``."""
     args = [LEDGERQ, "node", "--bind", "127.0.0.1:0", "--data-dir", str(workdir / "node")]
-    return Proc([*args, "--shards", str(shards)], workdir / "node.log")
+    return Proc([*args, "--shards", str(shards), *extra], workdir / "node.log")
 
 
 def fault_ledger_proc(workdir: Path, *, commit_delay_ms: int = 20, verify: bool = False) -> Proc:

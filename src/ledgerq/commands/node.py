@@ -80,6 +80,21 @@ def _parse_bind(value: str) -> tuple[str, int]:
     "once the store holds them).",
 )
 @click.option(
+    "--dedupe-window",
+    type=click.IntRange(1),
+    default=100_000,
+    show_default=True,
+    help="Batch orderings kept in memory for de-duplication; older ids are answered "
+    "from the store.",
+)
+@click.option(
+    "--keep-logs",
+    type=click.IntRange(1),
+    default=100_000,
+    show_default=True,
+    help="Execution summaries kept in memory for GET /logs (the most recent).",
+)
+@click.option(
     "--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file."
 )
 @click.option("--token", help="Bearer token required on every route [node.token].")
@@ -121,6 +136,8 @@ def node(
     max_pending: int,
     commit_delay_ms: int,
     snapshot_every: int,
+    dedupe_window: int,
+    keep_logs: int,
     config_file: str | None,
     token: str | None,
     allowed_hosts: str | None,
@@ -165,6 +182,8 @@ def node(
         "max_pending": max_pending,
         "commit_delay_ms": commit_delay_ms,
         "snapshot_every": snapshot_every,
+        "dedupe_window": dedupe_window,
+        "keep_logs": keep_logs,
         "max_held": settings["node.max_held"],
         "held_expiry_s": settings["node.held_expiry_s"],
         "max_waiters": settings["node.max_waiters"],

@@ -79,6 +79,7 @@ class Node:
         block_buffer: int,
         replay_limit: int,
         dedupe_window: int,
+        keep_logs: int,
         store_interval_s: float,
         filter_blocks: int,
         clock: Clock,
@@ -115,6 +116,7 @@ class Node:
             first_batch=meta.batch_high + 1,
             base=self.committed.get_state,
             dedupe_window=dedupe_window,
+            keep_logs=keep_logs,
         )
         self._journal = Journal(data_dir, self._on_durable) if data_dir is not None else None
         self._pushed = meta.applied
@@ -163,6 +165,7 @@ class Node:
         block_buffer: int = 1_000,
         replay_limit: int = 10_000,
         dedupe_window: int = 100_000,
+        keep_logs: int = 100_000,
         store_interval_s: float = 0.2,
         max_held: int = 10_000,
         held_expiry_s: float = 300.0,
@@ -189,6 +192,7 @@ class Node:
                 block_buffer=block_buffer,
                 replay_limit=replay_limit,
                 dedupe_window=dedupe_window,
+                keep_logs=keep_logs,
                 store_interval_s=store_interval_s,
                 filter_blocks=filter_blocks,
                 clock=clock,

@@ -204,6 +204,25 @@ async def test_request_logs_leaves_running_the_machine_to_the_driver(
     assert summary is not None and summary.tx_id == batch.header_signature
 
 
+async def test_smaller_memory_windows_keep_fewer_logs_and_still_dedupe_for_ever() -> None:
+    # `ledgerq node --dedupe-window 3 --keep-logs 3`: memory holds the last three
+    # orderings and summaries; an older batch id is still a duplicate (the store).
+    node = await Node.open(None, dedupe_window=3, keep_logs=3)
+    try:
+        batches = [make_intkey_batch(SIGNER, [("set", f"w{i}", 1)]) for i in range(8)]
+        for batch in batches:
+            await run(node, batch)
+        fps = [node.fingerprint_of(b.header_signature) for b in batches]
+        kept = [await node.request_logs(fp) is not None for fp in fps if fp is not None]
+        assert kept == [False] * 5 + [True] * 3
+        first = make_intkey_batch(SIGNER, [("inc", "w0", 1)])
+        await run(node, first)
+        await run(node, batches[0], first)  # both long out of the window
+        assert value_of(await node.get_state(make_address("w0")), "w0") == 2
+    finally:
+        await node.close()
+
+
 async def test_max_pending_raises_busy() -> None:
     node = await Node.open(None, max_pending=2, commit_delay_ms=60_000)
     try:

@@ -76,6 +76,7 @@ class OrderingMachine:
         history: Mapping[str, tuple[int, int]] | None = None,
         base: StateReader | None = None,
         dedupe_window: int | None = None,
+        keep_logs: int = 100_000,
     ) -> None:
         if shards < 1:
             raise ValueError("a node needs at least one shard")
@@ -94,6 +95,9 @@ class OrderingMachine:
             first_batch=first_batch,
             history=history,
             dedupe_window=dedupe_window,
+            # A summary holds every value its batch touched: four per summary on average.
+            keep_logs=keep_logs,
+            keep_log_entries=4 * keep_logs,
         )
         self.supervisor = ExecutionSupervisor(self.send, self._register, self.shard_address)
         self._engines: dict[Address, Engine] = {
