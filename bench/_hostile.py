@@ -36,7 +36,7 @@ import multiprocessing
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -337,6 +337,77 @@ async def post_workload(urls: Sequence[str], workload: Workload, token: str | No
     return time.monotonic() - began
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return raw.rpartition(")")[2].split()
+
+
+def descendants(roots: Iterable[int]) -> set[int]:
+    """``roots`` and every live process below them (Linux ``/proc``)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields is not None:
+                children[int(fields[1])].append(int(entry))
+    out: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo.extend(children.get(pid, ()))
+    return out
+
+
+def cpu_of(pids: Iterable[int]) -> dict[int, float]:
+    """CPU seconds (user + system) each live process of ``pids`` has used."""
+    out: dict[int, float] = {}
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields is not None:
+            out[pid] = (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return out
+
+
+class CpuProbe:
+    """CPU seconds used by groups of processes between :meth:`start` and
+    :meth:`stop`: each role names a function giving its processes' ids (a
+    process that appears meanwhile counts in full, one that ended is lost)."""
+
+    def __init__(
+        self,
+        roles: dict[str, Callable[[], Iterable[int]]],
+        *,
+        on_start: Callable[[], None] = lambda: None,
+        on_stop: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.roles = roles
+        self._on_start = on_start
+        self._on_stop = on_stop
+        self._at_start: dict[str, dict[int, float]] = {}
+
+    def start(self) -> None:
+        self._at_start = {role: cpu_of(pids()) for role, pids in self.roles.items()}
+        self._on_start()
+
+    def stop(self) -> dict[str, float]:
+        self._on_stop()
+        used: dict[str, float] = {}
+        for role, pids in self.roles.items():
+            before = self._at_start.get(role, {})
+            now = cpu_of(pids())
+            used[role] = sum(cpu - before.get(pid, 0.0) for pid, cpu in now.items())
+        return used
+
+
 @dataclass
 class FlowResult:
     elapsed_s: float
@@ -347,6 +418,15 @@ class FlowResult:
     ended: float = 0.0
     #: Seconds from the first POST to the last answered.
     posting_s: float = 0.0
+    #: CPU seconds per role during the flow (when a probe was given).
+    cpu_s: dict[str, float] = field(default_factory=dict)
+
+    def cpu_summary(self) -> str:
+        """CPU per role during the flow: seconds, and ms per batch."""
+        return ", ".join(
+            f"{role} {s:.2f} s ({1000 * s / self.batches:.2f} ms/batch)"
+            for role, s in self.cpu_s.items()
+        )
 
     def poll_timeline(self) -> str:
         """Long-poll answers in each second of the flow: waited/at once."""
@@ -434,6 +514,11 @@ class LoadProcess:
             daemon=True,
         )
 
+    @property
+    def pid(self) -> int:
+        assert self._proc.pid is not None, "start it first"
+        return self._proc.pid
+
     async def start(self, timeout_s: float) -> None:
         self._proc.start()
         if not await asyncio.to_thread(self._started.wait, timeout_s):
@@ -462,23 +547,30 @@ async def flow(
     load: LoadProcess | None = None,
     token: str | None = None,
     timeout_s: float = 300,
+    probe: CpuProbe | None = None,
 ) -> FlowResult:
     """Post ``workload`` and wait until every batch is final, under ``load``
-    (started first and settled: every slow connection and long-poll open)."""
+    (started first and settled: every slow connection and long-poll open);
+    ``probe``: the CPU each role used during the flow."""
     if load is not None:
         await load.start(timeout_s)
+        if probe is not None:
+            probe.roles.setdefault("load", lambda: descendants([load.pid]))
     loop = asyncio.get_running_loop()
+    if probe is not None:
+        await asyncio.to_thread(probe.start)
     began, wall_began = loop.time(), time.time()
     posting_s = await post_workload(urls, workload, token)
     total = len(workload.all_ids())
     counts = await asyncio.to_thread(wait_all_final, pg_url, total, timeout_s)
     elapsed = loop.time() - began
     wall_ended = time.time()
+    cpu_s = await asyncio.to_thread(probe.stop) if probe is not None else {}
     report = await load.stop() if load is not None else None
     final = sum(counts.get(s, 0) for s in ("Committed", "Valid", "Invalid"))
     if final < total:
         raise RuntimeError(f"only {final} of {total} batches final within {timeout_s} s: {counts}")
-    return FlowResult(elapsed, total, report, wall_began, wall_ended, posting_s)
+    return FlowResult(elapsed, total, report, wall_began, wall_ended, posting_s, cpu_s)
 
 
 def claims_voided(logs: Sequence[str]) -> int:

@@ -18,18 +18,25 @@ another's claim) and that every batch was committed once, in order.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import click
+import psycopg
 
 from bench import report
 from bench._cluster import Cluster, Workload, check_invariants, install_fence_audit
 from bench._hostile import (
+    CpuProbe,
     HostileSizes,
     LoadProcess,
     broken_list,
     claims_voided,
+    descendants,
     flow,
 )
 from bench.e2e import drop_pg_database, fresh_pg_database
@@ -43,6 +50,71 @@ async def _migrate(url: str) -> None:
     await store.close()
 
 
+def _backends(db: str) -> list[int]:
+    """The gateways' PostgreSQL backends (they connect as ``gw-…``)."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name LIKE 'gw-%'"
+        ).fetchall()
+    return [pid for (pid,) in rows]
+
+
+class _Profiles:
+    """``py-spy record`` (if installed) on each gateway during the flow,
+    collapsed stacks written to ``directory``."""
+
+    def __init__(self, directory: Path | None, phase: str, pids: dict[str, int]) -> None:
+        self.directory = directory
+        self.phase = phase
+        self.pids = pids
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        if self.directory is None:
+            return
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for name, pid in self.pids.items():
+            out = self.directory / f"{self.phase}-{name}.txt"
+            self._procs.append(
+                subprocess.Popen(
+                    [
+                        *(spy, "record", "--pid", str(pid), "--rate", "100", "--nonblocking"),
+                        *("--format", "raw", "--output", str(out)),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+
+    def stop(self) -> None:
+        for p in self._procs:
+            p.send_signal(signal.SIGINT)
+        for p in self._procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self._procs = []
+
+
+def _probe(cluster: Cluster, db: str, profile: Path | None, phase: str) -> CpuProbe:
+    gateways = [g.proc.pid for g in cluster.gateways.values()]
+    node = cluster.ledger.proc.pid
+    profiles = _Profiles(profile, phase, {name: g.proc.pid for name, g in cluster.gateways.items()})
+    return CpuProbe(
+        {
+            "gateways": lambda: gateways,
+            "decoders": lambda: descendants(gateways) - set(gateways),
+            "node": lambda: descendants([node]),
+            "PostgreSQL": lambda: _backends(db),
+        },
+        on_start=profiles.start,
+        on_stop=profiles.stop,
+    )
+
+
 def _phase(
     pg_admin: str,
     sizes: HostileSizes,
@@ -50,6 +122,7 @@ def _phase(
     per_service: int,
     hostile: bool,
     large: bytes,
+    profile: Path | None = None,
 ) -> tuple[float, str, int, list[str]]:
     """One run: (batches/s, hostile outcome summary, claims voided, problems)."""
     db = fresh_pg_database(pg_admin)
@@ -73,7 +146,8 @@ def _phase(
                     if hostile
                     else None
                 )
-                result = asyncio.run(flow(urls, db, workload, load=load, token=TOKEN))
+                probe = _probe(cluster, db, profile, "hostile" if hostile else "quiet")
+                result = asyncio.run(flow(urls, db, workload, load=load, token=TOKEN, probe=probe))
                 problems = check_invariants(db, cluster.ledger.url, workload)
                 voided = claims_voided([g.log_path.read_text(errors="replace") for g in gateways])
                 summary = (
@@ -89,6 +163,7 @@ def _phase(
                         f"{result.posting_s:.1f} s; answers per second of the flow, waited/at "
                         f"once: {result.poll_timeline()}"
                     )
+                summary += f"; CPU during the flow: {result.cpu_summary()}"
                 if result.report is not None and result.report.unclear():
                     problems.append(f"unclear answers: {result.report.unclear()}")
                 return result.batches_per_s, summary, voided, problems
@@ -108,6 +183,12 @@ def _phase(
 @click.option(
     "--pg", "pg_admin", default="postgresql://postgres@127.0.0.1:5432/postgres", show_default=True
 )
+@click.option(
+    "--profile",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Record each gateway with py-spy (if installed) during each flow, into this folder.",
+)
 @click.option("--write/--no-write", default=True, help="Write figures to docs/BENCHMARKS.md.")
 def command(
     services: int,
@@ -117,6 +198,7 @@ def command(
     poll_ids: int,
     large_posts: int,
     pg_admin: str,
+    profile: Path | None,
     write: bool,
 ) -> None:
     """Pipeline batches/s under hostile clients, as a share of a quiet run."""
@@ -125,9 +207,11 @@ def command(
     )
     large = broken_list(sizes.large_bytes)
     quiet, quiet_summary, quiet_voided, quiet_problems = _phase(
-        pg_admin, sizes, services, per_service, False, large
+        pg_admin, sizes, services, per_service, False, large, profile
     )
-    loaded, summary, voided, problems = _phase(pg_admin, sizes, services, per_service, True, large)
+    loaded, summary, voided, problems = _phase(
+        pg_admin, sizes, services, per_service, True, large, profile
+    )
     share = loaded / quiet
     rows = [
         ("quiet", f"{quiet:,.0f}", "", quiet_voided, "; ".join(quiet_problems) or "none"),
