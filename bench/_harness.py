@@ -143,6 +143,36 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process descended from it (a ``ledgerq serve`` with
+    workers, a decoding pool), read from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+def tree_cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """CPU seconds used so far by each process of the trees rooted at ``pids``."""
+    used = {}
+    for root in pids:
+        for p in process_tree(root):
+            with contextlib.suppress(OSError):
+                used[p] = cpu_seconds(p)
+    return used
+
+
 def gateway_proc(
     workdir: Path, db: str, ledger: str, *, name: str = "gateway", env: Mapping[str, str] = {}
 ) -> Proc:

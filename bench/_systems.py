@@ -43,6 +43,7 @@ from bench._harness import (
     fault_ledger_proc,
     gateway_proc,
     node_proc,
+    tree_cpu_seconds,
 )
 
 Watcher = EventWatcher | LedgerReport
@@ -166,8 +167,12 @@ async def run_ledgerq(
     kill_after: float | None = None,
     *,
     store: str = "pg",
+    processes: int = 1,
 ) -> Run:
-    run = Run(f"ledgerq-{store}", workload)
+    """``ledgerq serve`` instances (``setup.workers``), each of ``processes``
+    worker processes (``--workers``; on SQLite the others only take ingest)."""
+    name = f"ledgerq-{store}" + (f"-w{processes}" if processes > 1 else "")
+    run = Run(name, workload)
     if store == "sqlite":
         (setup.workdir / "ledgerq").mkdir(parents=True, exist_ok=True)
         db = f"sqlite:///{setup.workdir / 'ledgerq' / f'gw-{workload.run_tag}.sqlite3'}"
@@ -184,6 +189,7 @@ async def run_ledgerq(
                 "LEDGERQ_SUBMITTER_SLOTS": slots,
                 "LEDGERQ_CLAIMS_INSTANCE_ID": f"bench-gw{i}",
                 "LEDGERQ_LOG_LEVEL": "WARNING",
+                "LEDGERQ_WORKERS": str(processes),
             },
         )
         for i in range(setup.workers)
@@ -196,7 +202,7 @@ async def run_ledgerq(
             gateways = gateways[:1]
             run.extra["single_instance_restart"] = 1.0
         urls += [await g.start() for g in gateways[1:]]
-        cpu0 = {g.pid: cpu_seconds(g.pid) for g in gateways}
+        cpu0 = tree_cpu_seconds([g.pid for g in gateways])
         sem = asyncio.Semaphore(16)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             from ledgerq.codec import encode_batch_list
@@ -225,7 +231,8 @@ async def run_ledgerq(
             list(workload.by_id), setup.timeout_s - (time.monotonic() - run.started)
         )
         if kill_after is None:
-            run.cpu_s = sum(cpu_seconds(pid) - used for pid, used in cpu0.items())
+            cpu1 = tree_cpu_seconds([g.pid for g in gateways])
+            run.cpu_s = sum(used - cpu0.get(pid, 0.0) for pid, used in cpu1.items())
     finally:
         for g in gateways:
             await g.stop()

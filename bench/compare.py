@@ -51,6 +51,9 @@ from bench._systems import (
 
 IMG = report.ROOT / "docs" / "img"
 SYSTEMS = ("ideal", "ledgerq-sqlite", "ledgerq-pg", "procrastinate")
+#: Not in the full run: ``ledgerq serve --workers 2`` (its default on two cores), to
+#: set beside the one-process figures above in one run.
+EXTRA_SYSTEMS = ("ledgerq-sqlite-w2", "ledgerq-pg-w2")
 LEDGERS = ("plain", "node")
 COLORS = {"ideal": "C0", "ledgerq-sqlite": "C1", "ledgerq-pg": "C3", "procrastinate": "C2"}
 DEFAULT_SIZES = "50:20,1000:5"
@@ -73,8 +76,10 @@ async def _one(setup: Setup, system: str, s: int, m: int, kill_after: float | No
         if system == "ideal":
             run = await run_ideal(setup, workload, watcher, ledger.url)
         elif system.startswith("ledgerq"):
-            store = system.removeprefix("ledgerq-")
-            run = await run_ledgerq(setup, workload, watcher, ledger.url, kill_after, store=store)
+            store, _, w = system.removeprefix("ledgerq-").partition("-w")
+            run = await run_ledgerq(
+                setup, workload, watcher, ledger.url, kill_after, store=store, processes=int(w or 1)
+            )
         else:
             run = await run_procrastinate(setup, workload, watcher, ledger.url, kill_after)
         if isinstance(watcher, LedgerReport):
@@ -163,7 +168,7 @@ def _tables(ledger: str, results: list[Figures]) -> tuple[Table, str]:
     for (s, m), systems in by_size.items():
         ideal = systems.get("ideal")
         pc = systems.get("procrastinate")
-        for name in SYSTEMS:
+        for name in (*SYSTEMS, *EXTRA_SYSTEMS):
             f = systems.get(name)
             if f is None:
                 continue
@@ -295,7 +300,9 @@ def _failure_plot(failures: list[Figures]) -> list[str]:
     "--systems",
     default=",".join(SYSTEMS),
     show_default=True,
-    help="Which systems to run (ideal = no store: the bound).",
+    help="Which systems to run (ideal = no store: the bound); also "
+    + ", ".join(EXTRA_SYSTEMS)
+    + " (ledgerq serve --workers 2).",
 )
 @click.option(
     "--ledgers",
@@ -340,7 +347,7 @@ def command(
 ) -> None:
     """An ideal client, ledgerq and procrastinate: the same ordered workload, on two ledgers."""
     chosen = [x.strip() for x in systems.split(",") if x.strip()]
-    unknown = set(chosen) - set(SYSTEMS)
+    unknown = set(chosen) - {*SYSTEMS, *EXTRA_SYSTEMS}
     if unknown:
         raise click.BadParameter(f"unknown systems {sorted(unknown)}", param_hint="--systems")
     on = [x.strip() for x in ledgers.split(",") if x.strip()]
