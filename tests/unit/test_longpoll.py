@@ -18,7 +18,7 @@ from ledgerq.codec.decode import to_tracking_batch
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.errors import StoreUnavailableError
 from ledgerq.ingest.api import GatewayApi, status_body, status_entry
-from ledgerq.ingest.longpoll import Changes, FinalCache
+from ledgerq.ingest.longpoll import DELIVER_SLICE, Changes, FinalCache, Waiter
 from ledgerq.ledgers.base import LedgerBatchStatus
 from ledgerq.model import (
     Committed,
@@ -176,6 +176,59 @@ async def test_a_failed_recheck_wakes_the_requests_with_what_they_have(
         await until(lambda: waiter.event.is_set())
         assert store.reads[1:] == [[known.batch_id], [unknown.batch_id]]
         assert unknown.batch_id not in waiter.found
+
+
+async def test_a_batch_read_while_pending_is_not_handed_out_and_a_final_one_only_once(
+    changes: tuple[Changes, FakeStore],
+) -> None:
+    c, store = changes
+    mine = _batch("a", 0)
+    store.put(mine)
+    with c.park() as waiter:
+        found = {mine.batch_id: mine}
+        c.watch(waiter, found, [mine.batch_id])
+        await until(lambda: len(store.reads) == 1)
+        submitted = replace(mine, submitted=True)
+        store.put(submitted)
+        c.notify("a")
+        await until(lambda: len(store.reads) == 2)
+        # Still pending: not handed out (the request needs final states only).
+        assert found[mine.batch_id] is mine and waiter.pending and c.woken == 0
+        store.put(replace(mine, batch_status=Committed()))
+        c.notify("a")
+        await until(lambda: waiter.event.is_set())
+        assert found[mine.batch_id].is_final and not waiter.pending
+        assert c._by_service == {}  # final: watched by no one any more
+
+
+async def test_a_long_pass_yields_to_the_event_loop(
+    changes: tuple[Changes, FakeStore],
+) -> None:
+    """A pass over many final batches lets other tasks run between slices
+    (counted: what another task saw delivered when it ran)."""
+    c, store = changes
+    n = 3 * DELIVER_SLICE
+    batches = [_batch("a", i) for i in range(n)]
+    store.put(*batches)
+    with c.park() as waiter:
+        c.watch(waiter, {b.batch_id: b for b in batches}, [b.batch_id for b in batches])
+        await until(lambda: len(store.reads) == 1)
+        store.put(*(replace(b, batch_status=Committed()) for b in batches))
+        c.notify("a")
+        seen: list[int] = []
+        while not waiter.event.is_set():
+            seen.append(n - len(waiter.pending))
+            await asyncio.sleep(0)
+    # Some turns of this task came while the pass was under way.
+    assert any(0 < k < n for k in seen), seen
+
+
+def test_a_waiter_without_service_or_scope_limits_sees_every_batch() -> None:
+    assert Waiter().sees_all and Waiter().sees(_batch("x", 0))
+    scoped = Waiter(scope=Scope(name="t", services=("a",), read=True, write=False))
+    assert not scoped.sees_all
+    assert scoped.sees(_batch("a", 0)) and not scoped.sees(_batch("b", 0))
+    assert not Waiter(service_id="a").sees(_batch("b", 0))
 
 
 def test_the_final_cache_keeps_only_states_that_never_change_bodies_left_out() -> None:

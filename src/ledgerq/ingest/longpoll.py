@@ -22,9 +22,10 @@ What it costs — nothing while nothing changes (no periodic re-read):
   the worker bus) marks it dirty; one refresher reads the batches waited for
   in the dirty services, once for every parked request together, at most
   once per :data:`REFRESH_INTERVAL_S` (changes arriving meanwhile are folded
-  into the next read), and hands a batch's new state only to the requests
-  waiting for it, and only when it changed. A request is woken only when
-  its last batch is final.
+  into the next read), and hands a batch only to the requests waiting for
+  it, and only once it is final (a batch still pending costs no pass over
+  its requests). A request is woken only when its last batch is final. A
+  pass yields to the event loop every :data:`DELIVER_SLICE` batches.
 * Bounded whatever the number of parked requests: after a read of ``n``
   ids the next waits ``n /`` :data:`REFRESH_IDS_PER_S` seconds if that is
   longer (a few hundred watched batches changing all the time are read a
@@ -59,6 +60,12 @@ REFRESH_INTERVAL_S = 0.05
 #: read of n ids, the next waits n / REFRESH_IDS_PER_S seconds if that is
 #: longer than REFRESH_INTERVAL_S (a read of up to 100 ids is not slowed).
 REFRESH_IDS_PER_S = 2_000
+#: Batches handed to their waiters, and waiters re-checked, between two
+#: yields to the event loop: a pass over a thousand batches watched by a
+#: thousand requests does not hold the loop (and a POST waiting on it) for
+#: its whole length.
+DELIVER_SLICE = 100
+RECHECK_SLICE = 50
 #: Final batches the answer cache holds (about 300 bytes each, bodies left out).
 FINAL_CACHE_SIZE = 100_000
 
@@ -134,7 +141,7 @@ class FinalCache:
 class Waiter:
     """One parked request."""
 
-    __slots__ = ("event", "found", "pending", "scope", "service_id", "unknown")
+    __slots__ = ("event", "found", "pending", "scope", "sees_all", "service_id", "unknown")
 
     def __init__(self, service_id: str | None = None, scope: Scope = FULL) -> None:
         self.event = asyncio.Event()
@@ -148,8 +155,13 @@ class Waiter:
         #: token's scope is unknown to it.
         self.service_id = service_id
         self.scope = scope
+        #: Every batch (the common case: no service asked, a full token);
+        #: spares the scope's pattern match per batch when re-checking.
+        self.sees_all = service_id is None and scope.sees_everything
 
     def sees(self, batch: TrackingBatch) -> bool:
+        if self.sees_all:
+            return True
         return (
             self.service_id is None or batch.service_id == self.service_id
         ) and self.scope.covers(batch.service_id)
@@ -184,8 +196,6 @@ class Changes:
         self._refresher: asyncio.Task[None] | None = None
         #: The loop time before which the refresher does not read again.
         self._next_read = 0.0
-        #: The state last handed out per watched batch.
-        self._seen: dict[str, tuple[Any, bool]] = {}
 
     @property
     def parked(self) -> int:
@@ -256,7 +266,6 @@ class Changes:
             waiters.discard(waiter)
             if not waiters:
                 del by_batch[batch.batch_id]
-                self._seen.pop(batch.batch_id, None)
         if not by_batch:
             del self._by_service[batch.service_id]
 
@@ -277,9 +286,11 @@ class Changes:
                 ids = [b for s in services for b in self._by_service.get(s, {})]
                 read = len(ids)
                 if ids:
-                    batches = await self._read(ids)
-                    for batch in batches or ():
+                    batches = await self._read(ids) or ()
+                    for n, batch in enumerate(batches, 1):
                         self._deliver(batch)
+                        if n % DELIVER_SLICE == 0:
+                            await asyncio.sleep(0)  # let requests and the pipeline in
                 if self._recheck:
                     read += await self._recheck_unknown()
                 self._next_read = began + refresh_pause(read)
@@ -300,19 +311,21 @@ class Changes:
         return batches
 
     def _deliver(self, batch: TrackingBatch) -> None:
+        if not batch.is_final:
+            # A waiter needs its batches' final states only: it is answered
+            # when all are final, and a wait that runs out reads its open
+            # ids again. A pending batch read again costs no pass over the
+            # requests watching it.
+            return
         waiting = self._by_service.get(batch.service_id, {}).get(batch.batch_id)
         if not waiting:
             return
-        state = (batch.status_name, batch.submitted)
-        if self._seen.get(batch.batch_id) == state:
-            return  # unchanged since the last read: nothing to hand out
-        self._seen[batch.batch_id] = state
         for waiter in list(waiting):
             waiter.found[waiter.pending[batch.batch_id]] = batch
-            if batch.is_final:
-                self._unwatch(waiter, batch)
-                if not waiter.pending:
-                    self._done_or_recheck(waiter)
+            # Final: no longer watched by anyone once this loop is done.
+            self._unwatch(waiter, batch)
+            if not waiter.pending:
+                self._done_or_recheck(waiter)
 
     def _done_or_recheck(self, waiter: Waiter) -> None:
         if waiter.unknown:
@@ -336,7 +349,9 @@ class Changes:
                 self._wake(w)  # answers what it has; read again as its wait ends
             return len(ids)
         by_id = {b.batch_id: b for b in batches}
-        for w in waiters:
+        for n, w in enumerate(waiters, 1):
+            if n % RECHECK_SLICE == 0:
+                await asyncio.sleep(0)  # let requests and the pipeline in
             if w not in self._parked:
                 continue  # gone meanwhile
             still: list[str] = []
