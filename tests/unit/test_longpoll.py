@@ -17,7 +17,7 @@ from ledgerq.codec import Signer
 from ledgerq.codec.decode import to_tracking_batch
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.errors import StoreUnavailableError
-from ledgerq.ingest.api import GatewayApi, status_body, status_entry
+from ledgerq.ingest.api import GatewayApi, _json_string, status_body, status_entry
 from ledgerq.ingest.longpoll import DELIVER_SLICE, Changes, FinalCache, Waiter
 from ledgerq.ledgers.base import LedgerBatchStatus
 from ledgerq.model import (
@@ -350,3 +350,20 @@ def test_the_status_body_is_the_entries_as_json_final_ones_encoded_once() -> Non
         assert json.loads(status_body(ids, found, link, cache)) == expected
     assert cache.encoded(done.batch_id) is not None and cache.encoded(bad.batch_id) is not None
     assert cache.encoded(valid.batch_id) is None  # not settled, never cached
+
+
+@pytest.mark.parametrize(
+    "link",
+    [
+        "/batch_statuses?id=" + "ab" * 64 + "%2C" + "cd" * 64,
+        'q"uote',
+        "back\\slash",
+        "é",
+        "a\nb",
+        "",
+    ],
+)
+def test_the_status_link_is_quoted_as_json_would(link: str) -> None:
+    body = json.loads(status_body([], {}, link, FinalCache()))
+    assert body["link"] == link
+    assert _json_string(link) == json.dumps(link)

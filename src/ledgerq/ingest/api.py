@@ -340,7 +340,15 @@ def status_body(
             )
         else:
             parts.append(json.dumps(status_entry(i, batch)))
-    return '{"data": [' + ", ".join(parts) + '], "link": ' + json.dumps(link) + "}"
+    return '{"data": [' + ", ".join(parts) + '], "link": ' + _json_string(link) + "}"
+
+
+def _json_string(text: str) -> str:
+    """``json.dumps(text)``; a status link (printable ASCII, thousands of
+    characters of ids) quoted as it is, without the encoder's pass over it."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return '"' + text + '"'
+    return json.dumps(text)
 
 
 def batch_json(b: TrackingBatch) -> dict[str, Any]:
