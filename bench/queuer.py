@@ -419,7 +419,7 @@ def statement_pg(url: str, rounds: int) -> list[Timing]:
 
 
 _PARAMS = {"now": NOW, "delay_window_ms": WINDOW, "limit": None}
-_PAR_PARAMS = {**_PARAMS, "exclude": []}
+_PAR_PARAMS = {**_PARAMS, "exclude": [], "per_service": 1}
 
 #: PostgreSQL's queue_round before queue_heads (migration 6): each service's
 #: head found by a recursive skip scan, one index probe per service.
@@ -471,7 +471,7 @@ def statement_sqlite(path: str, rounds: int) -> list[Timing]:
         ),
         "parallel, every service, statement only": (
             queries["parallel_round"],
-            {**_PARAMS, "lean": False, "exclude": "[]"},
+            {**_PARAMS, "lean": False, "exclude": "[]", "per_service": 1},
         ),
     }
     times: dict[str, list[float]] = {label: [] for label in cases}
@@ -499,7 +499,7 @@ def pg_plan(url: str, name: str = "queue_round") -> str:
 
 def sqlite_plan(path: str, name: str = "queue_round") -> str:
     sql = load_queries("sqlite")[name]
-    params = {**_PARAMS, "lean": True, "exclude": "[]"}
+    params = {**_PARAMS, "lean": True, "exclude": "[]", "per_service": 1}
     conn = sqlite3.connect(path)
     try:
         rows = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()

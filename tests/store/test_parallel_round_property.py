@@ -10,7 +10,7 @@ with random ledger outcomes applied in random order in between, so the
 store's blockers are computed at insert against partly final services and
 recomputed as batches become final in any order. The reference round is
 computed from the same rows read back with ``list_batches``; both are asked
-with random ``exclude``, ``services`` and ``limit``.
+with random ``exclude``, ``services``, ``limit`` and ``per_service``.
 """
 
 from __future__ import annotations
@@ -155,14 +155,25 @@ async def check(
     population = await everything(store)
     live = [b.seq for b in population if not b.is_final and b.seq is not None]
     exclude = sorted(rng.sample(live, k=rng.randint(0, min(4, len(live)))))
+    per_service = rng.choice([1, 1, 2, 3, 8])
     for skip in ([], exclude):
         expected = select_parallel_round(
-            population, now=now, delay_window_ms=WINDOW, services=services, exclude=skip
+            population,
+            now=now,
+            delay_window_ms=WINDOW,
+            services=services,
+            exclude=skip,
+            per_service=per_service,
         )
         if limit is not None:
             expected = expected[:limit]
         got = await store.parallel_round(
-            now=now, delay_window_ms=WINDOW, services=services, limit=limit, exclude=skip
+            now=now,
+            delay_window_ms=WINDOW,
+            services=services,
+            limit=limit,
+            exclude=skip,
+            per_service=per_service,
         )
         assert [(b.service_id, b.seq) for b in got] == [(b.service_id, b.seq) for b in expected]
         assert got == expected  # every field, transactions and their access sets included
@@ -173,6 +184,7 @@ async def check(
             limit=limit,
             lean=True,
             exclude=skip,
+            per_service=per_service,
         )
         assert [b.seq for b in lean] == [b.seq for b in expected]
 

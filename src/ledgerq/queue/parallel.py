@@ -35,15 +35,20 @@ What a caller relies on:
   flight (``submitted``, or ``Pending``), not ``Delayed`` inside its delay
   window, and not in ``exclude`` (batches the caller has handed out and the
   store may not show as taken yet).
-* **One pick per service per round.** A service's pick is its eligible batch
-  first in (class, acceptance order), class being ``Unknown`` (0), window-
-  expired ``Delayed`` (1), new (2): resubmissions go first, as in the serial
-  queuer. A caller that hands the pick out asks again for the service (with
-  the pick in ``exclude``) to get its next eligible batch; several batches of
-  a service are in flight together that way, and a service with many ready
-  batches still gets one place per round, as under the serial strategy.
-* **Round order** and **acceptance order** are the serial queuer's
-  (:func:`ledgerq.queue.serial.round_order_key`).
+* **Picks per service.** A service's picks are its eligible batches first in
+  (class, acceptance order), class being ``Unknown`` (0), window-expired
+  ``Delayed`` (1), new (2): resubmissions go first, as in the serial queuer.
+  A round has at most ``per_service`` of them (default one). Eligible
+  batches of one service never conflict with each other (each has no
+  earlier non-final conflicting batch), so they may all be in flight
+  together. A caller that hands the picks out asks again for the service
+  (with them in ``exclude``) to get its next eligible batches.
+* **Round order** is by place within the service first (every service's
+  first pick, then every second pick, ...), then the serial queuer's
+  (:func:`ledgerq.queue.serial.round_order_key`): with one pick per service,
+  exactly the serial round's order, and a service with many ready batches
+  takes no second place before every other service had its first.
+  **Acceptance order** is the serial queuer's.
 
 Under these rules two conflicting batches are never in flight together, and a
 batch never reaches the ledger before an earlier conflicting batch of its
@@ -85,9 +90,11 @@ class ParallelRoundStore(Protocol):
         limit: int | None = None,
         lean: bool = False,
         exclude: Collection[int] = (),
+        per_service: int = 1,
     ) -> list[TrackingBatch]:
         """The round :func:`select_parallel_round` would return over every
-        tracked batch, ``exclude`` being ``seq``s. ``services``, ``limit`` and
+        tracked batch, ``exclude`` being ``seq``s, with at most
+        ``per_service`` picks per service. ``services``, ``limit`` and
         ``lean`` as in :meth:`ledgerq.queue.serial.RoundStore.queue_round`."""
         ...
 
@@ -323,8 +330,10 @@ def select_parallel_round(
     delay_window_ms: int = DEFAULT_DELAY_WINDOW_MS,
     services: Collection[str] | None = None,
     exclude: Collection[int] = (),
+    per_service: int = 1,
 ) -> list[TrackingBatch]:
-    """The round to queue: each service's pick, in round order.
+    """The round to queue: each service's first ``per_service`` picks, in
+    round order (place in the service, then the serial round's order).
 
     ``batches`` may hold every tracked batch, final ones included, with their
     transactions; ``services`` restricts the round to those service ids;
@@ -332,6 +341,7 @@ def select_parallel_round(
     """
     if delay_window_ms < 0:
         raise ValueError(f"delay_window_ms must be >= 0, got {delay_window_ms}")
+    check_per_service(per_service)
     wanted = None if services is None else frozenset(services)
     skip = frozenset(exclude)
     by_service: dict[str, list[TrackingBatch]] = {}
@@ -339,12 +349,19 @@ def select_parallel_round(
         if batch.is_final or (wanted is not None and batch.service_id not in wanted):
             continue
         by_service.setdefault(batch.service_id, []).append(batch)
-    picks = []
+    placed: list[tuple[int, TrackingBatch]] = []
     for group in by_service.values():
         decision = decide_service_parallel(
             group, now=now, delay_window_ms=delay_window_ms, exclude=skip
         )
-        if decision.pick is not None:
-            picks.append(decision.pick)
-    picks.sort(key=round_order_key)
-    return picks
+        key = acceptance_key(group)  # as decide_service_parallel orders them
+        ranked = sorted(decision.eligible, key=lambda b: (_class(b), key(b)))
+        placed += enumerate(ranked[:per_service])
+    placed.sort(key=lambda p: (p[0], round_order_key(p[1])))
+    return [batch for _, batch in placed]
+
+
+def check_per_service(per_service: int) -> None:
+    """Refuse a ``per_service`` below one."""
+    if per_service < 1:
+        raise ValueError(f"per_service must be at least 1, got {per_service}")

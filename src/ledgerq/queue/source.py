@@ -40,10 +40,13 @@
   under HA) before posting, and must treat a refused write as "not mine".
 * **Strategies** (:class:`~ledgerq.queue.strategy.StrategyMap`): a service
   under ``serial`` gets its picks from ``queue_round``, one under
-  ``parallel`` from ``parallel_round``. A parallel service is woken again as
-  soon as its pick is handed out, and its batches held out (handed out, not
-  yet shown as taken) are passed as ``exclude``: the next pull appends its
-  next eligible batch, so several of its batches are in flight together.
+  ``parallel`` from ``parallel_round``. A woken parallel service gets up to
+  ``parallel_picks`` picks in one query (its eligible batches, which never
+  conflict with each other), queued one after the other at the end of the
+  round; once the last is handed out it is woken again, and its batches held
+  out (handed out, not yet shown as taken) are passed as ``exclude``: the
+  next pull appends its next eligible batches, so several of its batches are
+  in flight together.
   :meth:`QueueSource.taken` says the store now shows a batch as taken, which
   ends its hold; :meth:`QueueSource.released`, that a batch handed out will
   not be taken. ``exclude`` services in :meth:`QueueSource.next_batches`
@@ -65,12 +68,15 @@ from typing import Any, TypeVar, cast
 from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import StoreError
 from ledgerq.model import BatchStatusName, TrackingBatch
-from ledgerq.queue.parallel import ParallelRoundStore
+from ledgerq.queue.parallel import ParallelRoundStore, check_per_service
 from ledgerq.queue.serial import DEFAULT_DELAY_WINDOW_MS, RoundStore, round_order_key
 from ledgerq.queue.strategy import SERIAL_ONLY, Strategy, StrategyMap
 
 #: How soon to hand back to a caller whose ``exclude`` holds back work.
 _DEFERRED_RETRY_S = 0.002
+#: A woken parallel service's picks per round: the batches a final status
+#: (or several, group-committed) freed come in one query, not one per pull.
+DEFAULT_PARALLEL_PICKS = 16
 
 _T = TypeVar("_T")
 
@@ -120,9 +126,11 @@ class QueueSource:
         lean: bool = False,
         strategies: StrategyMap = SERIAL_ONLY,
         claimant: str | None = None,
+        parallel_picks: int = DEFAULT_PARALLEL_PICKS,
     ) -> None:
         if delay_window_ms < 0:
             raise ValueError(f"delay_window_ms must be >= 0, got {delay_window_ms}")
+        check_per_service(parallel_picks)
         if strategies.uniform is not Strategy.SERIAL and not hasattr(store, "parallel_round"):
             raise TypeError("the parallel strategy needs a store with parallel_round")
         self._store = store
@@ -138,8 +146,11 @@ class QueueSource:
         self._query_timeout = query_timeout
         self._lean = lean
         self._claimant = claimant
+        self._parallel_picks = parallel_picks
         self._round: deque[TrackingBatch] = deque()
-        self._in_round: set[str] = set()
+        # Per service, how many of its picks wait in the round (one at most
+        # for a serial service; up to parallel_picks for a parallel one).
+        self._in_round: dict[str, int] = {}
         self._held: dict[_Key, _Hold] = {}
         # No hold is older than this (None: no holds): the holds are looked
         # through for expired ones only once one may have expired.
@@ -193,7 +204,7 @@ class QueueSource:
             kept = [b for b in self._round if b.service_id != service_id]
             self._round.clear()
             self._round.extend(kept)
-            self._in_round.discard(service_id)
+            del self._in_round[service_id]
 
     def released(self, batch: TrackingBatch) -> None:
         """``batch`` was handed out but will not be taken (the caller dropped
@@ -230,8 +241,8 @@ class QueueSource:
         timeout_s: float,
         exclude_batches: frozenset[str] = frozenset(),
     ) -> list[TrackingBatch]:
-        """Up to ``limit`` batches in round order, at most one per service; none
-        of a serial service in ``exclude`` and none whose id is in
+        """Up to ``limit`` batches in round order, at most one per serial
+        service; none of a serial service in ``exclude`` and none whose id is in
         ``exclude_batches`` (kept for a later call); waits up to ``timeout_s``
         for work, else ``[]``.
 
@@ -305,7 +316,7 @@ class QueueSource:
             if self._woken:
                 woken = self._woken
                 self._woken = woken & blocked
-                targets = self._allowed(woken - self._in_round - blocked)
+                targets = self._allowed(woken.difference(self._in_round, blocked))
                 if targets:
                     await self._refill(now, targets)
             if not self._round and self._full_round_due(now):
@@ -318,7 +329,7 @@ class QueueSource:
                     # The caller is still working on this very batch: the
                     # pick is stale. Drop it; the store decides again once
                     # the caller is done.
-                    self._in_round.discard(batch.service_id)
+                    self._left_round(batch.service_id)
                     self._woken.add(batch.service_id)
                     continue
                 if batch.service_id in blocked:
@@ -327,7 +338,7 @@ class QueueSource:
                     # pick in place for its next call.
                     skipped.append(batch)
                     continue
-                self._in_round.discard(batch.service_id)
+                self._left_round(batch.service_id)
                 taken.append(batch)
             self._round.extendleft(reversed(skipped))
             if any(b.seq in self._lean_picks for b in taken):
@@ -337,10 +348,17 @@ class QueueSource:
             for batch in taken:
                 parallel = not self._all_serial and self._parallel(batch.service_id)
                 self._held[_key(batch)] = _Hold(_version(batch), now, batch.seq, parallel)
-                if parallel:
-                    # Its next eligible batch, the one just handed out excluded.
+                if parallel and batch.service_id not in self._in_round:
+                    # Its next eligible batches, those handed out excluded.
                     self._woken.add(batch.service_id)
             return taken, bool(skipped or self._woken)
+
+    def _left_round(self, service_id: str) -> None:
+        left = self._in_round[service_id] - 1
+        if left:
+            self._in_round[service_id] = left
+        else:
+            del self._in_round[service_id]
 
     def _parallel(self, service_id: str) -> bool:
         return self._strategies.of(service_id) is Strategy.PARALLEL
@@ -384,6 +402,8 @@ class QueueSource:
                 services=services,
                 limit=limit,
                 exclude=[h.seq for h in self._held.values() if h.excluded and h.seq is not None],
+                # Woken services: every batch a final status freed, in one query.
+                per_service=1 if full else self._parallel_picks,
                 **extra,
             ),
             "a round",
@@ -483,6 +503,8 @@ class QueueSource:
             self._full_due = False
             self._last_full = now
         returned = {_key(b) for b in picks}
+        # Services with picks in the round already get none from this one.
+        present = set(self._in_round)
         # A held batch missing from a round that covers its service is no
         # longer queueable in the store: the store has caught up. (Not a
         # parallel service's: its rounds exclude what it holds.)
@@ -497,9 +519,9 @@ class QueueSource:
                 if hold.version == _version(batch):
                     continue  # the store has not recorded the hand-out yet
                 del self._held[_key(batch)]
-            if batch.service_id in self._in_round:
+            if batch.service_id in present:
                 continue
             if extra.get("lean") and batch.seq is not None:
                 self._lean_picks.add(batch.seq)
             self._round.append(batch)
-            self._in_round.add(batch.service_id)
+            self._in_round[batch.service_id] = self._in_round.get(batch.service_id, 0) + 1

@@ -460,6 +460,7 @@ class MemoryStore:
         limit: int | None = None,
         lean: bool = False,
         exclude: Collection[int] = (),
+        per_service: int = 1,
     ) -> list[TrackingBatch]:
         common.check_round(delay_window_ms, limit)
         wanted = None if services is None else frozenset(services)
@@ -470,7 +471,11 @@ class MemoryStore:
             and (wanted is None or r.batch.service_id in wanted)
         ]
         picks = select_parallel_round(
-            open_, now=now, delay_window_ms=delay_window_ms, exclude=exclude
+            open_,
+            now=now,
+            delay_window_ms=delay_window_ms,
+            exclude=exclude,
+            per_service=per_service,
         )
         return picks if limit is None else picks[:limit]
 

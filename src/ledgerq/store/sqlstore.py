@@ -35,7 +35,7 @@ from ledgerq.model import (
     TrackingBatchList,
     TransactionReceipt,
 )
-from ledgerq.queue.parallel import BatchAccess, hold_between
+from ledgerq.queue.parallel import BatchAccess, check_per_service, hold_between
 from ledgerq.store import common
 from ledgerq.store.base import (
     DATA_CHANGE_PREFIX,
@@ -877,6 +877,7 @@ class SqlStore:
         limit: int | None = None,
         lean: bool = False,
         exclude: Collection[int] = (),
+        per_service: int = 1,
     ) -> list[TrackingBatch]:
         """The parallel queuer's round in one statement (plus hydration).
 
@@ -884,6 +885,7 @@ class SqlStore:
         every tracked batch.
         """
         common.check_round(delay_window_ms, limit)
+        check_per_service(per_service)
         # Blockers are what this round reads: kept from now on.
         await self.keep_lock_entries()
         params: dict[str, Any] = {
@@ -892,6 +894,7 @@ class SqlStore:
             "limit": limit,
             "lean": lean,
             "exclude": self._backend.seqs_param(sorted(set(exclude))),
+            "per_service": per_service,
         }
         name = "parallel_round"
         if services is not None:

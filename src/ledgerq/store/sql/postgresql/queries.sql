@@ -608,22 +608,23 @@ LIMIT %(limit)s::bigint;
 -- ledgerq.queue.parallel.select_parallel_round (docs/queuer.md). A batch is
 -- free when no earlier non-final batch of its service conflicts with it
 -- (blocked_by IS NULL, kept by add_batches and ledgerq_release).
--- stalled: per service, its free Unknown or window-expired Delayed batch
--- first in (class, seq), from the busy batches. fresh: per service without
--- one, its first free new batch (batches_ready_idx, one probe per
--- queue_heads row). %(exclude)s: seqs never picked.
+-- stalled: per service, its free Unknown or window-expired Delayed batches
+-- first in (class, seq), from the busy batches. fresh: per service, its first
+-- free new batches (batches_ready_idx, one probe per queue_heads row). Of
+-- both, the first %(per_service)s of each service in (class, seq); the
+-- round is ordered by place in the service first. %(exclude)s: seqs never
+-- picked.
 WITH stalled AS (
-    SELECT DISTINCT ON (service_id) service_id, seq
+    SELECT service_id, seq, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END AS class
     FROM batches
     WHERE NOT final AND (submitted OR status IS NOT NULL)
       AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
       AND (status = 'Unknown' OR last_attempt_at IS NULL
            OR last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint)
       AND seq <> ALL(%(exclude)s::bigint[])
-    ORDER BY service_id, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
 ),
 fresh AS (
-    SELECT f.seq
+    SELECT h.service_id, f.seq, 2 AS class
     FROM queue_heads h
     CROSS JOIN LATERAL (
         SELECT r.seq FROM batches r
@@ -631,24 +632,26 @@ fresh AS (
           AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
           AND r.seq <> ALL(%(exclude)s::bigint[])
         ORDER BY r.seq
-        LIMIT 1
+        LIMIT %(per_service)s::bigint
     ) f
     WHERE h.head_seq IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = h.service_id)
 ),
 picks AS (
-    SELECT seq FROM stalled
-    UNION ALL
-    SELECT seq FROM fresh
+    SELECT seq, class, place FROM (
+        SELECT seq, class,
+               row_number() OVER (PARTITION BY service_id ORDER BY class, seq) AS place
+        FROM (SELECT * FROM stalled UNION ALL SELECT * FROM fresh) AS c
+    ) AS ranked
+    WHERE place <= %(per_service)s::bigint
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
        CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
-FROM (SELECT seq FROM picks ORDER BY seq) AS picks
+FROM (SELECT seq, class, place FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
     ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
-ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+ORDER BY picks.place, picks.class, b.seq
 LIMIT %(limit)s::bigint;
 
 -- name: parallel_round_services
@@ -657,7 +660,7 @@ WITH wanted AS (
     SELECT DISTINCT service_id FROM unnest(%(services)s::text[]) AS w(service_id)
 ),
 stalled AS (
-    SELECT DISTINCT ON (service_id) service_id, seq
+    SELECT service_id, seq, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END AS class
     FROM batches
     WHERE NOT final AND (submitted OR status IS NOT NULL)
       AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
@@ -665,10 +668,9 @@ stalled AS (
            OR last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint)
       AND seq <> ALL(%(exclude)s::bigint[])
       AND service_id IN (SELECT service_id FROM wanted)
-    ORDER BY service_id, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
 ),
 fresh AS (
-    SELECT f.seq
+    SELECT h.service_id, f.seq, 2 AS class
     FROM wanted h
     CROSS JOIN LATERAL (
         SELECT r.seq FROM batches r
@@ -676,23 +678,25 @@ fresh AS (
           AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
           AND r.seq <> ALL(%(exclude)s::bigint[])
         ORDER BY r.seq
-        LIMIT 1
+        LIMIT %(per_service)s::bigint
     ) f
-    WHERE NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = h.service_id)
 ),
 picks AS (
-    SELECT seq FROM stalled
-    UNION ALL
-    SELECT seq FROM fresh
+    SELECT seq, class, place FROM (
+        SELECT seq, class,
+               row_number() OVER (PARTITION BY service_id ORDER BY class, seq) AS place
+        FROM (SELECT * FROM stalled UNION ALL SELECT * FROM fresh) AS c
+    ) AS ranked
+    WHERE place <= %(per_service)s::bigint
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
        CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
-FROM (SELECT seq FROM picks ORDER BY seq) AS picks
+FROM (SELECT seq, class, place FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
     ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
-ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+ORDER BY picks.place, picks.class, b.seq
 LIMIT %(limit)s::bigint;
 
 -- What the DLT monitor follows: non-final batches the ledger has (Pending)
