@@ -4,6 +4,7 @@ out together, never two that conflict, never one twice; strategies by pattern.""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -164,6 +165,42 @@ async def test_mixed_strategies_share_one_full_round_in_round_order(
     first = await src.next_batches(10, exclude=frozenset(), timeout_s=0)
     assert names(first) == names([added[0], added[1]])
     assert await pull_all(src) == names([added[3]])
+
+
+class CountingStore(MemoryStore):
+    """Counts the parallel rounds asked for and how many picks per service."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.asked: list[int] = []
+
+    async def parallel_round(self, **kw: Any) -> list[TrackingBatch]:
+        self.asked.append(kw.get("per_service", 1))
+        return await super().parallel_round(**kw)
+
+
+async def test_a_woken_service_gets_every_freed_batch_in_one_query(clock: ManualClock) -> None:
+    store = CountingStore(clock)
+    firsts = await store.add_batches([batch("s", n, key) for n, key in enumerate((A, B, C))])
+    seconds = await store.add_batches(
+        [batch("s", n, key) for n, key in enumerate((A, B, C), start=3)]
+    )
+    others = await store.add_batches([batch("t", 1, A), batch("t", 2, B)])
+    src = QueueSource(store, clock=clock, strategies=PARALLEL)
+    # A full round (one pick per service), then one of the woken services
+    # (every service's first pick before any second one).
+    assert await pull_all(src) == names([firsts[0], others[0], firsts[1], others[1], firsts[2]])
+    for b in [*firsts, *others]:
+        await store.change_batch_to_submitted(b.batch_id, b.service_id, now=clock())
+        src.taken(b)
+    store.asked.clear()
+    # The three earlier batches final together (one group write): the three
+    # they held come back in one query, the service woken once.
+    for b in firsts:
+        await store.update_batch_status(b.batch_id, "s", Committed(), [], None, now=clock())
+    src.wake("s")
+    assert names(await src.next_batches(10, exclude=frozenset(), timeout_s=0)) == names(seconds)
+    assert store.asked == [16]
 
 
 def test_strategy_map_parses_and_refuses_what_it_cannot_read() -> None:

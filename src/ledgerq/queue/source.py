@@ -77,6 +77,9 @@ _DEFERRED_RETRY_S = 0.002
 #: A woken parallel service's picks per round: the batches a final status
 #: (or several, group-committed) freed come in one query, not one per pull.
 DEFAULT_PARALLEL_PICKS = 16
+#: At most this many picks past every woken service's first (a round of
+#: woken services comes with the batches' blobs): the submitter's slots.
+_MAX_LATER_PICKS = 256
 
 _T = TypeVar("_T")
 
@@ -395,6 +398,14 @@ class QueueSource:
                 "a round",
             )
         store = cast(ParallelRoundStore, self._store)
+        per_service = 1
+        if not full and services is not None:
+            # Woken services: every batch their final statuses freed, in one
+            # query; past every service's first pick, no more than a
+            # submitter takes at once (the picks come whole).
+            per_service = self._parallel_picks
+            cap = len(services) + _MAX_LATER_PICKS
+            limit = cap if limit is None else min(limit, cap)
         return await self._ask(
             store.parallel_round(
                 now=now,
@@ -402,8 +413,7 @@ class QueueSource:
                 services=services,
                 limit=limit,
                 exclude=[h.seq for h in self._held.values() if h.excluded and h.seq is not None],
-                # Woken services: every batch a final status freed, in one query.
-                per_service=1 if full else self._parallel_picks,
+                per_service=per_service,
                 **extra,
             ),
             "a round",
