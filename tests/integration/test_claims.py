@@ -11,7 +11,7 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from ledgerq.claims import ClaimManager, ClaimSettings
+from ledgerq.claims import ClaimChange, ClaimManager, ClaimSettings
 from ledgerq.claims.queries import claim_queries
 from ledgerq.clock import ManualClock
 from ledgerq.errors import ConfigError, StoreError
@@ -671,13 +671,15 @@ async def test_cancelling_run_ends_the_claim_thread_before_the_claims_are_releas
         assert conn.execute("SELECT count(*) FROM gateway_instances").fetchone() == (0,)
 
 
-async def test_services_with_work_are_taken_over_first_and_the_rest_at_once_after(
+async def test_services_with_work_are_taken_over_alone_first_and_the_idle_rest_at_once_after(
     db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A cycle takes over at most TAKE_LIMIT expired claims, those of services
-    # with a batch waiting first, so their work resumes before thousands of
-    # idle services are moved; with more left, the next cycle comes at once.
-    # One mid-submission (slow path) waits for the second expiry and does not
+    # with a batch waiting first and alone, so their work resumes before
+    # thousands of idle services are moved; with more left, the next cycle
+    # comes at once. The idle ones are announced idle (nothing to wake),
+    # unless a batch came for one before the take-over ended. One
+    # mid-submission (slow path) waits for the second expiry and does not
     # hold the rest up.
     from ledgerq.claims import manager as manager_module
 
@@ -693,14 +695,32 @@ async def test_services_with_work_are_taken_over_first_and_the_rest_at_once_afte
         put_batch(db, "s7", "w7")
         put_batch(db, "s8", "w8")
         put_batch(db, "s5", "m5", submitted=True)  # mid-submission
+        changes: list[ClaimChange] = []
+        b.add_change_listener(changes.append)
         clock.advance(a.settings.claim_ttl_ms)
         full_at = clock()
+        # The services with work alone first (a small take-over), though
+        # idle ones were found with them.
         taken = [set((await b.cycle()).voided)]
-        assert taken[0] == {"s7", "s8", "s0"}
+        assert taken[0] == {"s7", "s8"}
+        assert changes[0].gained >= {"s7", "s8"} and changes[0].idle == frozenset()
+        still_idle = b._still_idle
+
+        async def accepted_meanwhile(services: frozenset[str]) -> frozenset[str]:
+            # A batch accepted between the take-over's read and its end.
+            monkeypatch.setattr(b, "_still_idle", still_idle)
+            put_batch(db, "s1", "w1")
+            return await still_idle(services)
+
+        monkeypatch.setattr(b, "_still_idle", accepted_meanwhile)
         while b.pause_ms() == 0:
             clock.advance(100)
             taken.append(set((await b.cycle()).voided))
-        assert [len(t) for t in taken] == [3, 3, 3, 0]  # the last found no more
+        assert [len(t) for t in taken] == [2, 3, 3, 1]
+        # The idle ones are announced idle, but for the one that got a batch.
+        assert {"s0", "s1", "s2"} <= changes[1].gained
+        assert changes[1].idle == {"s0", "s2"}
+        assert [c.idle for c in changes[2:]] == [c.gained for c in changes[2:]]
         # Those cycles, within half a period of the full one, only took over.
         assert heartbeats(db)["b"] == full_at
         assert set().union(*taken) == set(services) - {"s5"}

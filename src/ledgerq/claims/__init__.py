@@ -10,6 +10,7 @@ May import: the foundation only; the claims speak SQL to PostgreSQL themselves.
 
 from ledgerq.claims.lock import SingleInstanceLock
 from ledgerq.claims.manager import (
+    ClaimChange,
     ClaimInfo,
     ClaimManager,
     CycleReport,
@@ -20,6 +21,7 @@ from ledgerq.claims.manager import (
 from ledgerq.claims.settings import ClaimSettings, generate_instance_id
 
 __all__ = [
+    "ClaimChange",
     "ClaimInfo",
     "ClaimManager",
     "ClaimSettings",

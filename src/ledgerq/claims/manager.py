@@ -52,7 +52,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol, TypeVar
@@ -69,6 +69,22 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: Called after a cycle with the services gained and the services lost.
 ChangeListener = Callable[[frozenset[str], frozenset[str]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimChange:
+    """What one change of the held set brought (see :meth:`ClaimManager.add_change_listener`)."""
+
+    gained: frozenset[str]
+    lost: frozenset[str]
+    #: Of ``gained``, the services a take-over moved with nothing to do: no
+    #: batch not final when taken, and none since (checked once this
+    #: instance held them, so a batch accepted meanwhile wakes its service
+    #: through the pipeline). Nothing to queue or follow for them.
+    idle: frozenset[str] = frozenset()
+
+
+ClaimChangeListener = Callable[[ClaimChange], None]
 
 
 class TakeOverListener(Protocol):
@@ -205,7 +221,9 @@ class ClaimManager:
         self.settings = settings or ClaimSettings()
         self._clock = clock
         self._address = address
-        self._listeners: list[ChangeListener] = [on_change] if on_change else []
+        self._listeners: list[ClaimChangeListener] = []
+        if on_change is not None:
+            self.add_listener(on_change)
         self._take_over_listeners: list[TakeOverListener] = []
         self._session = ClaimSession(url, self.settings)
         self._held = _NOTHING
@@ -311,6 +329,12 @@ class ClaimManager:
         self._address = address
 
     def add_listener(self, listener: ChangeListener) -> None:
+        """Hear of the services gained and lost after each change."""
+        self._listeners.append(lambda change: listener(change.gained, change.lost))
+
+    def add_change_listener(self, listener: ClaimChangeListener) -> None:
+        """Hear of each change with the services gained idle apart (a
+        dead instance's thousands of idle services need no wake-up)."""
         self._listeners.append(listener)
 
     def add_take_over_listener(self, listener: TakeOverListener) -> None:
@@ -542,11 +566,14 @@ class ClaimManager:
         # hears of them as soon as it commits.
         nothing: tuple[bool, list[Row]] = (False, [])
         asked: dict[str, tuple[str, ...]] = {}
+        idle: set[str] = set()
         more, rows = await step(
-            "take over", partial(self._take_over, now=now, limit=TAKE_LIMIT, asked=asked), nothing
+            "take over",
+            partial(self._take_over, now=now, limit=TAKE_LIMIT, asked=asked, idle=idle),
+            nothing,
         )
         self._take_ms = took["take over"] * 1000
-        voided = self._took_over(rows, asked)
+        voided = await self._took_over(rows, asked, idle)
         # More expired claims than one take-over moves: the next cycle comes
         # at once (its take-over again those of services with work first, so
         # one reaching its second expiry meanwhile does not wait for the
@@ -655,9 +682,20 @@ class ClaimManager:
     # -- the steps ---------------------------------------------------------
 
     async def _take_over(
-        self, conn: Conn, now: int, limit: int, asked: dict[str, tuple[str, ...]]
+        self,
+        conn: Conn,
+        now: int,
+        limit: int,
+        asked: dict[str, tuple[str, ...]],
+        idle: set[str],
     ) -> tuple[bool, list[Row]]:
         """Up to ``limit`` expired claims taken over: (more left, rows taken).
+
+        ``idle`` collects the candidates with nothing to do (no batch not
+        final). When the candidates mix services with work and idle ones,
+        only those with work are taken in this take-over, a small
+        transaction that commits (and lets the pipeline start them) sooner;
+        the idle ones come in the next take-overs, at once.
 
         ``asked`` collects the batches the slow-path candidates left
         mid-submission; the take-over listeners hear of them before the
@@ -683,10 +721,13 @@ class ClaimManager:
         if not found:
             return False, []
         more = len(found) >= limit
-        if any(r["mid"] for r in found):
+        idle.clear()  # a retried transaction finds them again
+        if any(r["work"] or r["mid"] for r in found):
             taking = [r for r in found if r["work"] or r["mid"]]
             more = more or len(taking) < len(found)
             found = taking
+        else:
+            idle.update(r["service_id"] for r in found)
         candidates = [r["service_id"] for r in found]
         if self._take_over_listeners and self._held.lease is not None:
             # Without a lease (this instance's first cycle) nothing taken is
@@ -710,7 +751,9 @@ class ClaimManager:
             conn, "forget_instances", now=now, forget_ms=self.settings.forget_instance_ms
         )
 
-    def _took_over(self, rows: list[Row], asked: Mapping[str, object]) -> tuple[str, ...]:
+    async def _took_over(
+        self, rows: list[Row], asked: Mapping[str, object], idle: Collection[str]
+    ) -> tuple[str, ...]:
         """Log the claims maintenance took over and hold them at once.
 
         The pipeline hears of them now, not after the rest of the cycle
@@ -718,7 +761,9 @@ class ClaimManager:
         sooner. They are held under the lease as last read, which the new
         claims outlast (their own expiry was set just now). The take-over
         listeners hear which of the services they were asked about are held
-        before the change listeners hear of them.
+        before the change listeners hear of them. The services taken idle
+        are looked at again once held (:meth:`_still_idle`): the change
+        listeners hear which are idle, and wake none of those.
         """
         if not rows:
             if asked:
@@ -734,10 +779,11 @@ class ClaimManager:
             # One line per holder and path, not per service (thousands at
             # once when an instance dies); "voided claim" is what tools grep.
             log.info(
-                "voided claim(s) on %d services held by %s (%s path), taken over",
+                "voided claim(s) on %d services held by %s (%s path), taken over%s",
                 n,
                 holder,
                 "slow" if slow else "fast",
+                " (idle)" if idle else "",
             )
         if log.isEnabledFor(logging.DEBUG):
             for r in rows:
@@ -747,12 +793,15 @@ class ClaimManager:
         if held.lease is not None:
             epochs = dict(held.epochs)
             epochs.update({r["service_id"]: r["epoch"] for r in rows})
-            won = frozenset(asked) & frozenset(r["service_id"] for r in rows)
+            taken = frozenset(r["service_id"] for r in rows)
+            won = frozenset(asked) & taken
             # Held (their fences readable) before any listener hears of them.
-            self._set_held(
-                _Held.of(epochs, held.lease),
-                first=lambda: self._tell(lambda listener: listener.taken(won)) if asked else None,
-            )
+            before = held.services
+            self._held = _Held.of(epochs, held.lease)
+            quiet = await self._still_idle(taken & frozenset(idle))
+            if asked:
+                self._tell(lambda listener: listener.taken(won))
+            self._announce(before, self._held.services, quiet)
             if asked:
                 fences = {s: Fence(self.instance_id, epochs[s]) for s in sorted(won)}
                 for listener in self._take_over_listeners:
@@ -828,23 +877,46 @@ class ClaimManager:
     def _ttls(self) -> dict[str, int]:
         return {"ttl_ms": self.settings.claim_ttl_ms, "slow_ttl_ms": self.settings.slow_ttl_ms}
 
-    def _set_held(self, held: _Held, first: Callable[[], None] | None = None) -> None:
-        """Replace what this instance holds; ``first`` is called once it is
-        replaced, before the change listeners are."""
-        before, after = self._held.services, held.services
+    def _set_held(self, held: _Held) -> None:
+        """Replace what this instance holds, then tell the change listeners."""
+        before = self._held.services
         self._held = held
-        if first is not None:
-            first()
+        self._announce(before, held.services)
+
+    async def _still_idle(self, services: frozenset[str]) -> frozenset[str]:
+        """Of ``services`` (taken over idle, now held), those still without a
+        batch not final. Asked after they are held: a batch accepted before
+        this read is seen here, one accepted after wakes its service itself
+        (the pipeline queues only what is held). If the read fails, none."""
+        if not services:
+            return services
+
+        async def go(conn: Conn) -> list[Row]:
+            return await self._cs.fetch(conn, "with_work", service_ids=sorted(services))
+
+        try:
+            rows = await self._cs.transact("idle taken", go)
+        except StoreError as exc:
+            log.info("could not look at the services taken over idle again: %s", exc)
+            return frozenset()
+        return services - {r["service_id"] for r in rows}
+
+    def _announce(
+        self, before: frozenset[str], after: frozenset[str], idle: frozenset[str] = frozenset()
+    ) -> None:
+        """Tell the change listeners what changed from ``before`` to ``after``
+        (on the loop :meth:`run` was called on)."""
         gained, lost = after - before, before - after
         if not (gained or lost):
             return
+        change = ClaimChange(gained, lost, idle & gained)
         home = self._home
         for listener in self._listeners:
             if home is None or threading.current_thread() is not self._thread:
-                listener(gained, lost)
+                listener(change)
             else:
                 with contextlib.suppress(RuntimeError):  # the home loop closed
-                    home.call_soon_threadsafe(listener, gained, lost)
+                    home.call_soon_threadsafe(listener, change)
 
     def _tell(self, call: Callable[[TakeOverListener], None]) -> None:
         """Call every take-over listener, on the loop :meth:`run` was called on."""

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from ledgerq.claims import TakeOverListener
+from ledgerq.claims import ClaimChange, TakeOverListener
 from ledgerq.clock import Clock, now_ms
 from ledgerq.config import Settings
 from ledgerq.follow.follower import Follower
@@ -80,7 +80,7 @@ class Claims(ClaimsView, Protocol):
 
     def wake(self) -> None: ...
 
-    def add_listener(self, listener: Callable[[frozenset[str], frozenset[str]], None]) -> None: ...
+    def add_change_listener(self, listener: Callable[[ClaimChange], None]) -> None: ...
 
     def add_take_over_listener(self, listener: TakeOverListener) -> None: ...
 
@@ -201,7 +201,7 @@ class Gateway:
         )
         if claims is not None:
             claims.add_take_over_listener(self.take_over)
-            claims.add_listener(self._claims_changed)
+            claims.add_change_listener(self._claims_changed)
         self._wakeups: list[Wakeups] = []
         self._running = False
         self._stop = asyncio.Event()
@@ -221,14 +221,19 @@ class Gateway:
             for w in self._wakeups:
                 w.publish(service_id)
 
-    def _claims_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None:
+    def _claims_changed(self, change: ClaimChange) -> None:
         # A service taken over may carry a batch its previous holder left in
         # flight: the follower asks the ledger about it before anything moves.
-        if gained:
+        # One taken over idle has nothing to queue or follow: a dead
+        # instance's thousands of idle services, each woken, cost the loop a
+        # round over hundreds of listed services per take-over while the
+        # services with work waited (docs/ha.md, "Two-phase expiry").
+        busy = change.gained - change.idle
+        if busy:
             self.follower.scan_now()
-        if lost:
-            self.follower.drop_services(lost)
-        for service_id in gained:
+        if change.lost:
+            self.follower.drop_services(change.lost)
+        for service_id in busy:
             self.wake(service_id, relay=False)
 
     def _ledger_problem(self, service_id: str) -> dict[str, object] | None:

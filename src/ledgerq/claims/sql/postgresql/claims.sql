@@ -302,6 +302,15 @@ FROM service_id_claims
 WHERE claimant = %(me)s
 ORDER BY service_id;
 
+-- name: with_work
+-- Of services this instance took over idle, those with a batch not final
+-- now (one was accepted since the take-over read them): the pipeline is
+-- told to look at these.
+SELECT h.service_id
+FROM queue_heads AS h
+WHERE h.service_id = ANY(%(service_ids)s::TEXT[])
+  AND h.head_seq IS NOT NULL;
+
 -- name: lock_all
 -- Clean shutdown, first statement: lock every claim of this instance in
 -- service order, the order every other claim statement locks in (it waits:
