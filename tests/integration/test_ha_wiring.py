@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ledgerq.claims import ClaimChange
 from ledgerq.claims.lock import InstanceLockedError
 from ledgerq.clock import ManualClock
 from ledgerq.config import load_settings
@@ -159,3 +160,30 @@ async def test_a_post_ends_when_the_claim_it_was_made_under_lapses(
                 await asyncio.wait_for(task, 60)
                 await client.close()
                 await ledger.close()
+
+
+async def test_services_taken_over_idle_are_not_woken_nor_scanned_for(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # A dead instance's thousands of idle services come in take-overs of
+    # hundreds: waking each made the queue ask a round over all of them, and
+    # the follower scan, per take-over, while the services with work waited.
+    settings = load_settings(
+        {"db": pg_url, "ledger": "sawtooth+http://127.0.0.1:9", "bind": "127.0.0.1:0"},
+        cwd=tmp_path,
+    )
+    async with await open_store(pg_url) as store:
+        claims = manager(pg_url, "a", ManualClock(T0))
+        client = http_ledger_client(settings.ledger, HttpTimeouts(connect=3, submit=3))
+        async with claims:
+            gateway = Gateway(settings, store, client, claims=claims)
+            woken: list[str] = []
+            scans: list[None] = []
+            gateway.wake = lambda service_id, **_kw: woken.append(service_id)  # type: ignore[method-assign]
+            gateway.follower.scan_now = lambda: scans.append(None)  # type: ignore[method-assign]
+            idle = frozenset({"i1", "i2"})
+            gateway._claims_changed(ClaimChange(idle, frozenset(), idle))
+            assert woken == [] and scans == []
+            gateway._claims_changed(ClaimChange(idle | {"w"}, frozenset(), idle))
+            assert woken == ["w"] and len(scans) == 1
+            await client.close()
