@@ -11,7 +11,8 @@ Each instance runs one :class:`ClaimManager`. Every renewal period it runs a
    winner* (``claims.sql``), which voids it and claims it again in one
    statement: survivors of a dead instance split its services between them
    without contending for the same rows, each in one cycle, and the pipeline
-   hears of them as soon as that transaction commits;
+   hears of them as soon as that transaction commits, the services taken
+   over idle named apart (:class:`ClaimChange`: nothing to wake for them);
 2. **maintenance** — when the next foreign claim may expire (the next cycle
    comes then), forget long-silent instances; now and then delete the claim
    rows of services with nothing left to do;
