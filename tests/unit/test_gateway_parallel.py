@@ -71,6 +71,9 @@ async def test_independent_batches_go_together_and_conflicting_ones_wait() -> No
         assert f"waits for batch {ids[0]}" in str(par["lock_reason"])
         assert (ser["strategy"], ser["in_flight"]) == ("serial", 1)
         assert "with the submitter or the ledger" in str(ser["lock_reason"])
+        # Only a serial service's next batch is read ahead, to go with a final status.
+        assert _gateway.submitter.takes_next("ser::1")
+        assert not _gateway.submitter.takes_next("par::1")
         # Once the batch it conflicts with is committed, the held one goes.
         ledger.statuses[ids[0]] = Committed()
         await until(lambda: second.header_signature in ledger.sent)

@@ -132,6 +132,11 @@ class NextTaker(Protocol):
         must decide (no slot, the service busy or not serial, stopping...)."""
         ...
 
+    def takes_next(self, service_id: str) -> bool:
+        """Whether :meth:`reserve` can ever give ``service_id`` a slot (a
+        serial service): if not, its next batch is not read ahead."""
+        ...
+
 
 class FusedWriter(Protocol):
     """The store role of the commit → next POST merge (the group writer's)."""
@@ -363,7 +368,11 @@ class Recorder:
         try:
             for listener in self._accept_listeners:
                 listener(batch.batch_id, batch.service_id)
-            if self._fused is not None:
+            if (
+                self._fused is not None
+                and self._next_taker is not None
+                and self._next_taker.takes_next(batch.service_id)
+            ):
                 # While the batch waits at the ledger, not once it is final (the
                 # store's check at the take decides whether this is still the
                 # pick), and in a task of its own: the submission must end now.

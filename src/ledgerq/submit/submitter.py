@@ -200,6 +200,13 @@ class Submitter:
             self._stopped.set_result(None)
         self._slot_free.set()
 
+    def takes_next(self, service_id: str) -> bool:
+        """Whether :meth:`reserve` can ever give ``service_id`` a slot: only a
+        serial service's next batch is taken with its predecessor's final
+        status (a parallel service's come from the queue source, so reading
+        them ahead would be a store read per batch for nothing)."""
+        return not self._parallel(service_id)
+
     def reserve(self, service_id: str) -> _NextTake | None:
         """A slot for ``service_id``'s next batch, to be recorded taken in the
         transaction that makes its predecessor final (the commit → next POST
