@@ -394,7 +394,7 @@ def statement_pg(url: str, rounds: int) -> list[Timing]:
     ``queue_heads`` (a skip scan of ``batches_open_idx``), for comparison.
     """
     queries = load_queries("postgresql")
-    sql, par = queries["queue_round"], queries["parallel_round"]
+    sql, par = queries["queue_round"], queries["parallel_round_first"]
     cases = {
         "serial, every service, statement only": (sql, {**_PARAMS, "lean": False}),
         "parallel, every service, statement only": (par, {**_PAR_PARAMS, "lean": False}),
@@ -470,7 +470,7 @@ def statement_sqlite(path: str, rounds: int) -> list[Timing]:
             {**_PARAMS, "lean": False},
         ),
         "parallel, every service, statement only": (
-            queries["parallel_round"],
+            queries["parallel_round_first"],
             {**_PARAMS, "lean": False, "exclude": "[]", "per_service": 1},
         ),
     }
@@ -588,7 +588,7 @@ def command(
                 timings = asyncio.run(measure(url, rounds, services))
                 timings += statement_pg(url, rounds)
                 plan = pg_plan(url)
-                parallel_plan = pg_plan(url, "parallel_round")
+                parallel_plan = pg_plan(url, "parallel_round_first")
                 others = _alternatives(alt.pg_alternatives, url, rounds, alternatives)
                 if keep:
                     report.console.print(f"kept {url}")
@@ -603,7 +603,7 @@ def command(
                 timings = asyncio.run(measure(url, rounds, services))
                 timings += statement_sqlite(path, rounds)
                 plan = sqlite_plan(path)
-                parallel_plan = sqlite_plan(path, "parallel_round")
+                parallel_plan = sqlite_plan(path, "parallel_round_first")
                 others = _alternatives(alt.sqlite_alternatives, path, rounds, alternatives)
         report.console.print(_table(timings))
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())

@@ -699,6 +699,104 @@ LEFT JOIN submissions s
 ORDER BY picks.place, picks.class, b.seq
 LIMIT %(limit)s::bigint;
 
+-- name: parallel_round_first
+-- parallel_round with one pick per service (every full round): the
+-- statement as it was before per_service, without ranking the candidates
+-- (the store runs it whenever per_service = 1).
+-- The parallel queuer's round over every service; the same round as
+-- ledgerq.queue.parallel.select_parallel_round (docs/queuer.md). A batch is
+-- free when no earlier non-final batch of its service conflicts with it
+-- (blocked_by IS NULL, kept by add_batches and ledgerq_release).
+-- stalled: per service, its free Unknown or window-expired Delayed batch
+-- first in (class, seq), from the busy batches. fresh: per service without
+-- one, its first free new batch (batches_ready_idx, one probe per
+-- queue_heads row). %(exclude)s: seqs never picked.
+WITH stalled AS (
+    SELECT DISTINCT ON (service_id) service_id, seq
+    FROM batches
+    WHERE NOT final AND (submitted OR status IS NOT NULL)
+      AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
+      AND (status = 'Unknown' OR last_attempt_at IS NULL
+           OR last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint)
+      AND seq <> ALL(%(exclude)s::bigint[])
+    ORDER BY service_id, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
+),
+fresh AS (
+    SELECT f.seq
+    FROM queue_heads h
+    CROSS JOIN LATERAL (
+        SELECT r.seq FROM batches r
+        WHERE r.service_id = h.service_id
+          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+          AND r.seq <> ALL(%(exclude)s::bigint[])
+        ORDER BY r.seq
+        LIMIT 1
+    ) f
+    WHERE h.head_seq IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = h.service_id)
+),
+picks AS (
+    SELECT seq FROM stalled
+    UNION ALL
+    SELECT seq FROM fresh
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM (SELECT seq FROM picks ORDER BY seq) AS picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s
+    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT %(limit)s::bigint;
+
+-- name: parallel_round_services_first
+-- parallel_round_services with one pick per service (a woken round asked for one pick per service): the
+-- statement as it was before per_service, without ranking the candidates
+-- (the store runs it whenever per_service = 1).
+-- parallel_round restricted to the service ids in %(services)s.
+WITH wanted AS (
+    SELECT DISTINCT service_id FROM unnest(%(services)s::text[]) AS w(service_id)
+),
+stalled AS (
+    SELECT DISTINCT ON (service_id) service_id, seq
+    FROM batches
+    WHERE NOT final AND (submitted OR status IS NOT NULL)
+      AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
+      AND (status = 'Unknown' OR last_attempt_at IS NULL
+           OR last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint)
+      AND seq <> ALL(%(exclude)s::bigint[])
+      AND service_id IN (SELECT service_id FROM wanted)
+    ORDER BY service_id, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
+),
+fresh AS (
+    SELECT f.seq
+    FROM wanted h
+    CROSS JOIN LATERAL (
+        SELECT r.seq FROM batches r
+        WHERE r.service_id = h.service_id
+          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+          AND r.seq <> ALL(%(exclude)s::bigint[])
+        ORDER BY r.seq
+        LIMIT 1
+    ) f
+    WHERE NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = h.service_id)
+),
+picks AS (
+    SELECT seq FROM stalled
+    UNION ALL
+    SELECT seq FROM fresh
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM (SELECT seq FROM picks ORDER BY seq) AS picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s
+    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT %(limit)s::bigint;
+
 -- What the DLT monitor follows: non-final batches the ledger has (Pending)
 -- or may have (submitted: taken for a first attempt, or for a resubmission
 -- after Unknown or Delayed), lean (no blobs, no errors). The predicate

@@ -606,6 +606,128 @@ LEFT JOIN submissions s
 ORDER BY picks.place, picks.class, b.seq
 LIMIT coalesce(:limit, -1);
 
+-- name: parallel_round_first
+-- parallel_round with one pick per service (every full round): the
+-- statement as it was before per_service, without ranking the candidates
+-- (the store runs it whenever per_service = 1).
+-- The parallel queuer's round over every service; the same round as
+-- ledgerq.queue.parallel.select_parallel_round (docs/queuer.md). A batch is
+-- free when no earlier non-final batch of its service conflicts with it
+-- (blocked_by IS NULL, kept by add_batches and the batches_release_locks_*
+-- triggers). stalled: per service, its free Unknown or window-expired Delayed
+-- batch first in (class, seq), from the busy batches. fresh: per service
+-- without one, its first free new batch: a skip scan of batches_ready_idx
+-- visits only services that have one. :exclude: seqs never picked (JSON).
+WITH RECURSIVE excluded(seq) AS (
+    SELECT value FROM json_each(:exclude)
+),
+stalled AS (
+    SELECT service_id, seq FROM (
+        SELECT service_id, seq,
+               row_number() OVER (
+                   PARTITION BY service_id
+                   ORDER BY CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
+               ) AS place
+        FROM batches
+        WHERE NOT final AND (submitted OR status IS NOT NULL)
+          AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
+          AND (status = 'Unknown' OR last_attempt_at IS NULL
+               OR last_attempt_at <= :now - :delay_window_ms)
+          AND seq NOT IN (SELECT seq FROM excluded)
+    )
+    WHERE place = 1
+),
+ready_services(service_id) AS (
+    SELECT min(service_id) FROM batches
+    WHERE NOT final AND blocked_by IS NULL AND NOT submitted AND status IS NULL
+    UNION ALL
+    SELECT (
+        SELECT min(r.service_id) FROM batches AS r
+        WHERE NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+          AND r.service_id > ready_services.service_id
+    )
+    FROM ready_services
+    WHERE ready_services.service_id IS NOT NULL
+),
+fresh(seq) AS (
+    SELECT (
+        SELECT min(r.seq) FROM batches AS r
+        WHERE r.service_id = ready_services.service_id
+          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+          AND r.seq NOT IN (SELECT seq FROM excluded)
+    )
+    FROM ready_services
+    WHERE ready_services.service_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = ready_services.service_id)
+),
+picks(seq) AS (
+    SELECT seq FROM stalled
+    UNION ALL
+    SELECT seq FROM fresh WHERE seq IS NOT NULL
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s
+    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT coalesce(:limit, -1);
+
+-- name: parallel_round_services_first
+-- parallel_round_services with one pick per service (a woken round asked for one pick per service): the
+-- statement as it was before per_service, without ranking the candidates
+-- (the store runs it whenever per_service = 1).
+-- parallel_round restricted to the service ids in :services (a JSON array).
+WITH excluded(seq) AS (
+    SELECT value FROM json_each(:exclude)
+),
+wanted(service_id) AS (
+    SELECT DISTINCT value FROM json_each(:services)
+),
+stalled AS (
+    SELECT service_id, seq FROM (
+        SELECT service_id, seq,
+               row_number() OVER (
+                   PARTITION BY service_id
+                   ORDER BY CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
+               ) AS place
+        FROM batches
+        WHERE NOT final AND (submitted OR status IS NOT NULL)
+          AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
+          AND (status = 'Unknown' OR last_attempt_at IS NULL
+               OR last_attempt_at <= :now - :delay_window_ms)
+          AND seq NOT IN (SELECT seq FROM excluded)
+          AND service_id IN (SELECT service_id FROM wanted)
+    )
+    WHERE place = 1
+),
+fresh(seq) AS (
+    SELECT (
+        SELECT min(r.seq) FROM batches AS r
+        WHERE r.service_id = wanted.service_id
+          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+          AND r.seq NOT IN (SELECT seq FROM excluded)
+    )
+    FROM wanted
+    WHERE NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = wanted.service_id)
+),
+picks(seq) AS (
+    SELECT seq FROM stalled
+    UNION ALL
+    SELECT seq FROM fresh WHERE seq IS NOT NULL
+)
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s
+    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
+LIMIT coalesce(:limit, -1);
+
 -- What the DLT monitor follows: non-final batches the ledger has (Pending)
 -- or may have (submitted: taken for a first attempt, or for a resubmission
 -- after Unknown or Delayed), lean (no blobs, no errors). The predicate
