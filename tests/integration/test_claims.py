@@ -745,6 +745,9 @@ class _Heard:
     def won(self, fences: Mapping[str, Fence]) -> None:
         self.heard.append(("won", dict(fences), claimants(self.db)))
 
+    async def holding(self, services: frozenset[str]) -> frozenset[str]:
+        return frozenset()
+
     def started(self) -> None:
         self.heard.append(("started", None, {}))
 
@@ -849,3 +852,73 @@ async def test_take_overs_in_a_row_wait_for_a_second_expiry_just_ahead(db: str) 
         assert b.hold_ms() == 101
         b._take_ms = 40
         assert b.hold_ms() == 0
+
+
+class _Holding(_Heard):
+    """Sees to some of the services taken with work (hands their next batches
+    to the pipeline); notes what it was given and who held the claims then."""
+
+    def __init__(self, db: str, sees_to: set[str], changes: list[ClaimChange]) -> None:
+        super().__init__(db)
+        self.sees_to = sees_to
+        self.changes = changes
+        self.given: list[tuple[frozenset[str], dict[str, str | None], int]] = []
+
+    async def holding(self, services: frozenset[str]) -> frozenset[str]:
+        self.given.append((services, claimants(self.db), len(self.changes)))
+        return services & self.sees_to
+
+
+async def test_the_services_taken_with_work_are_handed_over_before_the_change(db: str) -> None:
+    # A take-over's listener gets the services it moved with work (not the
+    # idle ones, not those left mid-submission) once they are held and
+    # before the change listeners hear of them; the change names those it
+    # saw to ``ready``.
+    clock = ManualClock(T0)
+    a, b = manager(db, "a", clock), manager(db, "b", clock)
+    async with a, b:
+        await a.register_services(["w1", "w2", "idle", "mid"])
+        await a.cycle()
+        await b.cycle()
+        put_batch(db, "w1", "b1")
+        put_batch(db, "w2", "b2")
+        put_batch(db, "mid", "m1", submitted=True)
+        changes: list[ClaimChange] = []
+        listener = _Holding(db, {"w1"}, changes)
+        b.add_take_over_listener(listener)
+        b.add_change_listener(changes.append)
+        clock.advance(a.settings.claim_ttl_ms)
+        while b.pause_ms() == 0 or not changes:
+            await b.cycle()
+            clock.advance(100)
+        (services, held_by, heard_before), *rest = listener.given
+        assert services == {"w1", "w2"} and rest == []
+        assert held_by["w1"] == held_by["w2"] == "b" and heard_before == 0
+        assert changes[0].gained >= {"w1", "w2"} and changes[0].ready == {"w1"}
+        # At the second expiry the service left mid-submission is asked
+        # about, not handed over.
+        clock.advance(a.settings.slow_ttl_ms - a.settings.claim_ttl_ms)
+        await b.cycle()
+        assert claimants(db)["mid"] == "b"
+        assert all("mid" not in given for given, _, _ in listener.given)
+
+
+async def test_a_failing_hand_over_leaves_the_services_to_the_change(db: str) -> None:
+    clock = ManualClock(T0)
+    a, b = manager(db, "a", clock), manager(db, "b", clock)
+
+    class Failing(_Heard):
+        async def holding(self, services: frozenset[str]) -> frozenset[str]:
+            raise StoreError("no store")
+
+    async with a, b:
+        await a.register_services(["w1"])
+        await a.cycle()
+        await b.cycle()
+        put_batch(db, "w1", "b1")
+        changes: list[ClaimChange] = []
+        b.add_take_over_listener(Failing(db))
+        b.add_change_listener(changes.append)
+        clock.advance(a.settings.claim_ttl_ms)
+        assert "w1" in (await b.cycle()).voided
+        assert changes[0].gained >= {"w1"} and changes[0].ready == frozenset()

@@ -186,4 +186,11 @@ async def test_services_taken_over_idle_are_not_woken_nor_scanned_for(
             assert woken == [] and scans == []
             gateway._claims_changed(ClaimChange(idle | {"w"}, frozenset(), idle))
             assert woken == ["w"] and len(scans) == 1
+            # One whose next batch the take-over handed to the queue itself
+            # needs no round: the status readers alone hear of it.
+            queued: list[tuple[str, bool]] = []
+            gateway.wake = lambda service_id, **kw: queued.append((service_id, kw["queue"]))  # type: ignore[method-assign]
+            change = ClaimChange(frozenset({"r", "w"}), frozenset(), frozenset(), frozenset({"r"}))
+            gateway._claims_changed(change)
+            assert sorted(queued) == [("r", False), ("w", True)] and len(scans) == 2
             await client.close()

@@ -218,3 +218,61 @@ async def test_with_the_claim_cycles_on_their_thread_the_answers_are_recorded_th
     report = ledger.report()["batches"]
     assert report[h1.batch_id]["posts"] == 1
     assert report[l1.batch_id]["posts"] == 1
+
+
+async def test_the_next_batches_of_services_taken_over_with_work_come_from_the_claim_thread(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # The fast path as a gateway runs it: b's claim thread takes a's services
+    # with work over at the first expiry, reads their next batches with its
+    # own store and hands them to the queue; every batch is committed once,
+    # in order (an intkey inc before its set is invalid).
+    timings = {"renew_interval_ms": 200, "claim_ttl_ms": 1_000, "slow_ttl_ms": 1_200}
+    batches = [
+        to_tracking_batch(
+            make_intkey_batch(SIGNER, [("set" if n == 1 else "inc", f"{service}-t", 1)]),
+            service,
+            created_at=T0 + n,
+        )
+        for service in ("s1", "s2", "s3")
+        for n in (1, 2, 3)
+    ]
+    async with (
+        FaultLedger(FaultPlan(commit_delay_ms=0)) as ledger,
+        await open_store(pg_url) as store,
+    ):
+        await store.add_batches(batches, now=T0)
+        settings = load_settings(
+            {"db": pg_url, "ledger": f"sawtooth+{ledger.url}", "bind": "127.0.0.1:0"},
+            environ={},
+            cwd=tmp_path,
+        )
+        client = http_ledger_client(settings.ledger, HttpTimeouts(connect=3, submit=10))
+        a = ClaimManager(pg_url, ClaimSettings(instance_id="a", **timings))
+        b = ClaimManager(pg_url, ClaimSettings(instance_id="b", **timings))
+        async with a, b:
+            await a.cycle()  # a claims them all, then dies before submitting
+            assert set(claimants(pg_url).values()) == {"a"}
+            await b.cycle()
+            gateway = Gateway(settings, store, client, claims=b)
+            tasks = [asyncio.create_task(gateway.run()), asyncio.create_task(b.run())]
+            try:
+                async with asyncio.timeout(60):
+                    while True:
+                        got = [await store.get_batch(x.batch_id, x.service_id) for x in batches]
+                        if all(
+                            g is not None and g.status_name is BatchStatusName.COMMITTED
+                            for g in got
+                        ):
+                            break
+                        await asyncio.sleep(0.05)
+            finally:
+                gateway.stop()
+                b.stop()
+                await asyncio.wait_for(asyncio.gather(*tasks), 60)
+                await client.close()
+    # The first batch of each service came from the claim thread's read.
+    assert gateway.take_over.handed == 3
+    assert ledger.violations == []
+    report = ledger.report()["batches"]
+    assert all(report[x.batch_id]["posts"] == 1 for x in batches)

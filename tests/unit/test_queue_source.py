@@ -448,3 +448,64 @@ async def test_a_cancelled_wait_leaves_nothing_behind_and_wakes_still_reach_othe
     batch = await asyncio.wait_for(kept, 10)
     assert batch is not None and batch.batch_id == first
     assert not src._waiters  # every wait took its future and timer away
+
+
+async def test_offered_picks_are_queued_without_a_round(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    # A take-over's picks, read on the claim thread, go to the end of the
+    # round as a round of those services would put them, with no query.
+    a = store.add("a", 2)
+    src = source(store, clock)
+    assert await ids(src, 1) == [a[0]]
+    t = store.add("t", 2)  # taken over: no wake-up
+    queries = len(store.queries)
+    picks = select_round(store.batches.values(), now=clock(), delay_window_ms=0, services={"t"})
+    waiter = asyncio.ensure_future(src.get(max_wait=30))
+    await asyncio.sleep(0)
+    src.offer(picks, frozenset({"t", "n"}))  # n: nothing to queue
+    got = await asyncio.wait_for(waiter, 5)
+    assert got is not None and got.batch_id == t[0]
+    assert len(store.queries) == queries
+    # Offered again (a second take-over's stale read): queued once only.
+    src.offer(picks, frozenset({"t"}))
+    assert src.queued == 0
+
+
+async def test_an_offered_pick_of_a_service_handed_out_lately_is_a_wake_up(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    # The pick may have been read before that hand-out was recorded: a round
+    # decides instead, once the hold is gone.
+    t = store.add("t", 2)
+    src = source(store, clock, hold_ms=1_000)
+    stale = select_round(store.batches.values(), now=clock(), delay_window_ms=0, services={"t"})
+    assert await ids(src, 1) == [t[0]]
+    store.update(t[0], submitted=True)
+    src.taken(store.batches[t[0]])
+    src.offer(stale, frozenset({"t"}))
+    assert src.queued == 0
+    assert await src.next() is None  # the round asked for t: t[0] is in flight
+    store.update(t[0], batch_status=Committed())
+    clock.advance(1_000)
+    src.offer(
+        select_round(store.batches.values(), now=clock(), delay_window_ms=0, services={"t"}),
+        frozenset({"t"}),
+    )
+    assert src.queued == 1
+    assert await ids(src, 1) == [t[1]]
+
+
+async def test_offered_picks_of_services_not_held_are_wake_ups(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    held = {"t"}
+    t = store.add("t", 1)
+    u = store.add("u", 1)
+    src = source(store, clock, services=lambda: held)
+    picks = select_round(store.batches.values(), now=clock(), delay_window_ms=0)
+    src.offer(picks, frozenset({"t", "u"}))
+    assert src.queued == 1
+    held.add("u")
+    # u was woken, not queued: a round over it (now held) gives its pick.
+    assert await ids(src, 3) == [t[0], u[0], None]

@@ -83,6 +83,10 @@ class ClaimChange:
     #: instance held them, so a batch accepted meanwhile wakes its service
     #: through the pipeline). Nothing to queue or follow for them.
     idle: frozenset[str] = frozenset()
+    #: Of ``gained``, the services taken over with work whose next batches a
+    #: take-over listener handed to the pipeline itself
+    #: (:meth:`TakeOverListener.holding`): nobody needs to look them up.
+    ready: frozenset[str] = frozenset()
 
 
 ClaimChangeListener = Callable[[ClaimChange], None]
@@ -118,6 +122,17 @@ class TakeOverListener(Protocol):
         land only while this instance still holds the claims at them."""
         ...
 
+    async def holding(self, services: frozenset[str]) -> frozenset[str]:
+        """Called where the cycle runs once a take-over committed, with the
+        services it moved that have work (none left mid-submission), held
+        already, before the change listeners hear of them: what the
+        listener sends the pipeline now arrives before the change does.
+        Returns the services it saw to (their next batches handed to the
+        pipeline), named ``ready`` in the change. Awaited at most
+        :data:`HOLDING_WAIT_S`; a failure or a timeout leaves them all to the
+        change listeners."""
+        ...
+
     def started(self) -> None:
         """The claim thread started (called on its loop, which is running):
         open there what the take-overs will need, so they need not wait."""
@@ -128,6 +143,11 @@ class TakeOverListener(Protocol):
         opened there."""
         ...
 
+
+#: How long a take-over waits for a listener handing the services it took
+#: with work to the pipeline (:meth:`TakeOverListener.holding`, a read of
+#: their next batches) before telling the change listeners anyway.
+HOLDING_WAIT_S = 0.3
 
 #: Claim rows of idle services deleted per clean-up, at most.
 CLEANUP_LIMIT = 1_000
@@ -807,7 +827,8 @@ class ClaimManager:
             quiet = await self._still_idle(taken & frozenset(idle))
             if asked:
                 self._tell(lambda listener: listener.taken(won))
-            self._announce(before, self._held.services, quiet)
+            ready = await self._holding(taken - quiet - won)
+            self._announce(before, self._held.services, quiet, ready)
             if asked:
                 fences = {s: Fence(self.instance_id, epochs[s]) for s in sorted(won)}
                 for listener in self._take_over_listeners:
@@ -907,15 +928,38 @@ class ClaimManager:
             return frozenset()
         return services - {r["service_id"] for r in rows}
 
+    async def _holding(self, services: frozenset[str]) -> frozenset[str]:
+        """The services taken with work that the take-over listeners saw to
+        (:meth:`TakeOverListener.holding`); none if one fails or is late."""
+        if not services:
+            return services
+        ready: frozenset[str] = frozenset()
+        for listener in self._take_over_listeners:
+            try:
+                async with asyncio.timeout(HOLDING_WAIT_S):
+                    ready |= await listener.holding(services)
+            except Exception as exc:  # the change listeners look them up instead
+                log.info(
+                    "handing %d services taken over to the pipeline failed: %r; they are "
+                    "looked up as usual",
+                    len(services),
+                    exc,
+                )
+        return ready & services
+
     def _announce(
-        self, before: frozenset[str], after: frozenset[str], idle: frozenset[str] = frozenset()
+        self,
+        before: frozenset[str],
+        after: frozenset[str],
+        idle: frozenset[str] = frozenset(),
+        ready: frozenset[str] = frozenset(),
     ) -> None:
         """Tell the change listeners what changed from ``before`` to ``after``
         (on the loop :meth:`run` was called on)."""
         gained, lost = after - before, before - after
         if not (gained or lost):
             return
-        change = ClaimChange(gained, lost, idle & gained)
+        change = ClaimChange(gained, lost, idle & gained, ready & gained)
         home = self._home
         for listener in self._listeners:
             if home is None or threading.current_thread() is not self._thread:

@@ -198,6 +198,11 @@ class Gateway:
             # Under HA the claim thread records the answers with a store of its own.
             opener=None if claims is None else store_opener(settings),
             wake=self.wake,
+            # ... and hands the next batches of the services it took with
+            # work to the queue itself (no round on this loop for them).
+            offer=self.queue.offer,
+            delay_window_ms=settings["delay_window_ms"],
+            clock=clock,
         )
         if claims is not None:
             claims.add_take_over_listener(self.take_over)
@@ -228,13 +233,15 @@ class Gateway:
         # instance's thousands of idle services, each woken, cost the loop a
         # round over hundreds of listed services per take-over while the
         # services with work waited (docs/ha.md, "Two-phase expiry").
+        # One whose next batch the take-over handed to the queue already
+        # (``ready``) needs no round: only the status readers hear of it.
         busy = change.gained - change.idle
         if busy:
             self.follower.scan_now()
         if change.lost:
             self.follower.drop_services(change.lost)
         for service_id in busy:
-            self.wake(service_id, relay=False)
+            self.wake(service_id, relay=False, queue=service_id not in change.ready)
 
     def _ledger_problem(self, service_id: str) -> dict[str, object] | None:
         problem = self.health.for_service(service_id)

@@ -36,6 +36,14 @@
   round is asked for the services the store's claims give it, a join in the
   database rather than a list of thousands of ids, and its picks are kept
   only for services ``services`` also names.
+* **Offered picks.** :meth:`QueueSource.offer` appends picks read
+  elsewhere (a take-over's, on the claim thread: the services a dead
+  instance left with work, whose round on the gateway's busy loop took
+  0.1-1 s) to the end of the round as a round of woken services would,
+  without asking the store. A service this source handed a batch of (or
+  heard ``taken_elsewhere`` of) less than ``hold_ms`` before gets no
+  offered pick but is woken instead: the pick may have been read before
+  that hand-out was recorded.
 * A round is a snapshot: the submitter records ``submitted = true`` (fenced,
   under HA) before posting, and must treat a refused write as "not mine".
 * **Strategies** (:class:`~ledgerq.queue.strategy.StrategyMap`): a service
@@ -80,6 +88,8 @@ DEFAULT_PARALLEL_PICKS = 16
 #: At most this many picks past every woken service's first (a round of
 #: woken services comes with the batches' blobs): the submitter's slots.
 _MAX_LATER_PICKS = 256
+#: Services' last hand-outs kept before the older ones are looked through.
+_MAX_TOUCHED = 65_536
 
 _T = TypeVar("_T")
 
@@ -172,6 +182,10 @@ class QueueSource:
         self._waiters: set[asyncio.Future[None]] = set()
         self._lock = asyncio.Lock()
         self.rounds = 0
+        #: Per service, when this source last handed out a batch of it (or
+        #: heard one was taken elsewhere): an offered pick may predate it.
+        self._touched: dict[str, int] = {}
+        self._touch_limit = _MAX_TOUCHED
 
     @property
     def queued(self) -> int:
@@ -203,6 +217,7 @@ class QueueSource:
         predecessor's final status): a pick of its service still in the
         round predates that and is dropped, never handed out later."""
         service_id = batch.service_id
+        self._touched[service_id] = self._clock()
         if service_id in self._in_round:
             kept = [b for b in self._round if b.service_id != service_id]
             self._round.clear()
@@ -225,6 +240,40 @@ class QueueSource:
         self._woke = True
         for waiter in self._waiters:
             _settle(waiter)
+
+    def offer(self, picks: Collection[TrackingBatch], services: Collection[str]) -> None:
+        """The picks of ``services`` (at most one per service, whole, as a
+        round of those services returns them, read once they were held):
+        queued at the end of the round as if such a round had returned them.
+        A service handed out (or taken elsewhere) within ``hold_ms``, one
+        not held, and a parallel one are woken instead (the pick may predate
+        that hand-out, or come from the other strategy's round); one
+        already in the round keeps its place there."""
+        self._forget_touches(self._clock())
+        by_service = {b.service_id: b for b in picks}
+        allowed = self._allowed(set(services))
+        offered = False
+        for service_id in services:
+            if (
+                service_id in self._touched
+                or service_id not in allowed
+                or (not self._all_serial and self._parallel(service_id))
+            ):
+                self.wake(service_id)
+                continue
+            batch = by_service.get(service_id)
+            if batch is None or service_id in self._in_round:
+                continue  # nothing queueable when read (in flight), or queued already
+            if _key(batch) in self._held:
+                self.wake(service_id)  # handed out long ago: let a round decide
+                continue
+            self._round.append(batch)
+            self._in_round[service_id] = 1
+            offered = True
+        if offered:
+            self._woke = True
+            for waiter in self._waiters:
+                _settle(waiter)
 
     async def get(self, max_wait: float | None = None) -> TrackingBatch | None:
         """The next batch, waiting up to ``max_wait`` seconds (``None``: for ever)."""
@@ -349,12 +398,20 @@ class QueueSource:
             if taken and (self._oldest_hold is None or now < self._oldest_hold):
                 self._oldest_hold = now
             for batch in taken:
+                self._touched[batch.service_id] = now
                 parallel = not self._all_serial and self._parallel(batch.service_id)
                 self._held[_key(batch)] = _Hold(_version(batch), now, batch.seq, parallel)
                 if parallel and batch.service_id not in self._in_round:
                     # Its next eligible batches, those handed out excluded.
                     self._woken.add(batch.service_id)
+            if len(self._touched) > self._touch_limit:
+                self._forget_touches(now)
             return taken, bool(skipped or self._woken)
+
+    def _forget_touches(self, now: int) -> None:
+        """Hand-outs older than any hold are forgotten."""
+        self._touched = {s: t for s, t in self._touched.items() if now - t < self._hold_ms}
+        self._touch_limit = max(_MAX_TOUCHED, 2 * len(self._touched))
 
     def _left_round(self, service_id: str) -> None:
         left = self._in_round[service_id] - 1
