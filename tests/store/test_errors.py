@@ -34,7 +34,9 @@ async def test_sqlite_writer_locked_out_past_busy_timeout(tmp_path: Path) -> Non
     holder = sqlite3.connect(path, isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock
-        async with await open_store(f"sqlite:///{path}?busy_timeout_ms=50") as store:
+        # Without the parallel queuer's lock entries: opening writes nothing.
+        url = f"sqlite:///{path}?busy_timeout_ms=50"
+        async with await open_store(url, lock_entries=False) as store:
             with pytest.raises(StoreUnavailableError, match="busy_timeout"):
                 await store.add_batches([make_batch()])
             holder.execute("ROLLBACK")

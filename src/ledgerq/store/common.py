@@ -6,6 +6,7 @@ raises the same ``StoreInputError`` on every backend and nothing is written.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -24,6 +25,7 @@ from ledgerq.model import (
     InvalidTransaction,
     SubmissionError,
     TrackingBatch,
+    TrackingTransaction,
     TransactionReceipt,
     Unknown,
     ValidTransaction,
@@ -444,3 +446,37 @@ def check_no_fence(fence: Fence | None, dialect: str) -> None:
             f"a fenced write reached the {dialect} store, which has no claims; fencing needs "
             "the PostgreSQL store shared by several gateway instances"
         )
+
+
+def open_accesses(rows: Iterable[Sequence[Any]]) -> list[tuple[int, str, list[tuple[str, str]]]]:
+    """``(seq, service_id, lock rows)`` per open batch, from its transactions'
+    rows (``open_batch_access``, in seq and position order; inputs, outputs and
+    dependencies as sequences or ``None``)."""
+    out: list[tuple[int, str, list[tuple[str, str]]]] = []
+    for seq, group in itertools.groupby(rows, key=lambda r: int(r[0])):
+        txns = list(group)
+        service_id = str(txns[0][1])
+        batch = TrackingBatch(
+            service_id=service_id,
+            batch_header=str(txns[0][2]),
+            data_change_id=None,
+            signer_public_key="",
+            trace=False,
+            serialized_batch=b"",
+            transactions=tuple(
+                TrackingTransaction(
+                    family_name="",
+                    family_version="",
+                    transaction_header=str(t[3]),
+                    payload=b"",
+                    signer_public_key="",
+                    service_id=service_id,
+                    inputs=None if t[4] is None else tuple(t[4]),
+                    outputs=None if t[5] is None else tuple(t[5]),
+                    dependencies=tuple(t[6] or ()),
+                )
+                for t in txns
+            ),
+        )
+        out.append((seq, service_id, lock_rows(batch)))
+    return out

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import re
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -30,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ledgerq.clock import now_ms
 from ledgerq.errors import StoreError, StoreUnavailableError
-from ledgerq.model import TrackingBatch, TrackingTransaction
+from ledgerq.model import TrackingBatch
 from ledgerq.queue.parallel import BatchAccess
 from ledgerq.store import common
 from ledgerq.store.migrate import MigrationResult, plan_migration, redact, refuse_outdated
@@ -412,39 +411,6 @@ class _Session:
         return await cur.fetchone()
 
 
-def _open_accesses(rows: Sequence[Row]) -> list[tuple[int, str, list[tuple[str, str]]]]:
-    """``(seq, service_id, lock rows)`` per open batch, from its transactions'
-    rows (``open_batch_access``, in seq and position order)."""
-    out: list[tuple[int, str, list[tuple[str, str]]]] = []
-    for seq, group in itertools.groupby(rows, key=lambda r: int(r[0])):
-        txns = list(group)
-        service_id = str(txns[0][1])
-        batch = TrackingBatch(
-            service_id=service_id,
-            batch_header=str(txns[0][2]),
-            data_change_id=None,
-            signer_public_key="",
-            trace=False,
-            serialized_batch=b"",
-            transactions=tuple(
-                TrackingTransaction(
-                    family_name="",
-                    family_version="",
-                    transaction_header=str(t[3]),
-                    payload=b"",
-                    signer_public_key="",
-                    service_id=service_id,
-                    inputs=None if t[4] is None else tuple(t[4]),
-                    outputs=None if t[5] is None else tuple(t[5]),
-                    dependencies=tuple(t[6] or ()),
-                )
-                for t in txns
-            ),
-        )
-        out.append((seq, service_id, common.lock_rows(batch)))
-    return out
-
-
 class PostgresBackend:
     dialect = "postgresql"
 
@@ -732,7 +698,7 @@ class PostgresBackend:
             cur = await conn.execute(q["open_batch_access"])
             rows = [
                 (seq, service_id, mode, entry)
-                for seq, service_id, access in _open_accesses(await cur.fetchall())
+                for seq, service_id, access in common.open_accesses(await cur.fetchall())
                 for mode, entry in access
             ]
             if rows:

@@ -352,8 +352,20 @@ class _Insert:
     count: int
     batches: list[dict[str, Any]]
     transactions: list[dict[str, Any]]
-    #: Lock entries by the index of their batch in the call.
-    locks: list[tuple[int, dict[str, Any]]]
+    #: Lock entries by the index of their batch in the call; ``None``: not
+    #: worked out (the store was not known to keep them), done in the
+    #: transaction if it does.
+    locks: list[tuple[int, dict[str, Any]]] | None
+    rows: Sequence[TrackingBatch]
+
+
+def _lock_rows(batches: Sequence[TrackingBatch]) -> list[tuple[int, dict[str, Any]]]:
+    """The lock entries of an ``add_batches`` call's batches, by their index in it."""
+    return [
+        (n, {"service_id": b.service_id, "mode": mode, "entry": entry})
+        for n, b in enumerate(batches)
+        for mode, entry in common.lock_rows(b)
+    ]
 
 
 class SqliteBackend:
@@ -378,6 +390,8 @@ class SqliteBackend:
         self._checkpointer = (
             None if path == ":memory:" else _Connection(path, self.options, "sqlite-checkpoint")
         )
+        #: The database is known to keep lock entries (``lock_entries_kept``).
+        self._lock_entries_kept = False
         self._commits = 0
         self._checkpoint_task: asyncio.Task[None] | None = None
         # Processes writing to one file queue for it in the kernel, not in
@@ -575,11 +589,8 @@ class SqliteBackend:
                 for b in batches
                 for position, t in enumerate(b.transactions)
             ],
-            locks=[
-                (n, {"service_id": b.service_id, "mode": mode, "entry": entry})
-                for n, b in enumerate(batches)
-                for mode, entry in common.lock_rows(b)
-            ],
+            locks=_lock_rows(batches) if self._lock_entries_kept else None,
+            rows=batches,
         )
 
     async def insert_batches(self, session: Any, prepared: _Insert) -> list[int]:
@@ -592,16 +603,80 @@ class SqliteBackend:
             last = int(conn.execute(q["last_seq"]).fetchone()[0])
             conn.executemany(q["insert_transaction"], prepared.transactions)
             seqs = list(range(last - prepared.count + 1, last + 1))
-            if prepared.locks:
-                for n, row in prepared.locks:
+            locks = prepared.locks
+            if locks is None and self._keeps_lock_entries(conn):
+                locks = _lock_rows(prepared.rows)
+            if locks:
+                for n, row in locks:
                     row["seq"] = seqs[n]
                 # One writer at a time: nothing can become final meanwhile.
-                conn.executemany(q["insert_lock"], [row for _, row in prepared.locks])
+                conn.executemany(q["insert_lock"], [row for _, row in locks])
                 conn.execute(q["block_new_batches"], {"first": seqs[0], "last": seqs[-1]})
             return seqs
 
         result: list[int] = await session.call(insert)
         return result
+
+    def _keeps_lock_entries(self, conn: sqlite3.Connection) -> bool:
+        """Whether the database keeps lock entries (``lock_entries_kept``), read
+        in the caller's write transaction: the switch is a write transaction
+        too, so what this reads holds until the caller commits. Once kept,
+        always kept: not read again."""
+        if not self._lock_entries_kept:
+            row = conn.execute(self.queries["lock_entries_kept"]).fetchone()
+            self._lock_entries_kept = bool(row[0])
+        return self._lock_entries_kept
+
+    async def keep_lock_entries(self) -> bool:
+        """Turn lock entries and blockers on (``lock_entries_kept``), after
+        writing them for every open batch; ``True`` if this call turned them on.
+
+        One write transaction: SQLite's one writer keeps every other write
+        (batches added, batches made final) out until it commits.
+        """
+        if self._lock_entries_kept:
+            return False
+        q = self.queries
+        # Kept already (the usual case when a store opens again): known
+        # without the write lock, which another process may hold.
+        async with self._reader.lock:
+            kept = await self._reader.call(lambda c: c.execute(q["lock_entries_kept"]).fetchone())
+        if kept[0]:
+            self._lock_entries_kept = True
+            return False
+
+        def switch(conn: sqlite3.Connection) -> bool:
+            if self._keeps_lock_entries(conn):
+                return False
+            conn.execute(q["clear_batch_locks"])
+            rows = [
+                {"seq": seq, "service_id": service_id, "mode": mode, "entry": entry}
+                for seq, service_id, access in common.open_accesses(
+                    (*r[:4], *(None if v is None else json.loads(v) for v in r[4:]))
+                    for r in conn.execute(q["open_batch_access"])
+                )
+                for mode, entry in access
+            ]
+            if rows:
+                conn.executemany(q["insert_lock"], rows)
+                # Every open batch with entries: the same rule as for new ones.
+                conn.execute(q["block_new_batches"], {"first": 0, "last": 2**63 - 1})
+            conn.execute(q["keep_lock_entries"])
+            return True
+
+        def transaction(conn: sqlite3.Connection) -> bool:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                turned = switch(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return turned
+
+        async with self._writer.lock, self._gated(True):
+            turned: bool = await self._writer.call(transaction)
+        return turned
 
     def seqs_param(self, seqs: Sequence[int]) -> str:
         return json.dumps(list(seqs))

@@ -234,10 +234,9 @@ class SqlStore:
     async def keep_lock_entries(self) -> None:
         """Keep the parallel queuer's lock entries and blockers from now on.
 
-        PostgreSQL keeps them only once a store asked for them
+        PostgreSQL and SQLite keep them only once a store asked for them
         (``lock_entries_kept``, docs/store.md): the first call computes them
         for every open batch and turns them on for the database, for good.
-        SQLite always keeps them.
         """
         if self._lock_entries_kept:
             return

@@ -77,6 +77,25 @@ UPDATE batches SET blocked_by = nullif(max(
 WHERE seq BETWEEN :first AND :last
   AND EXISTS (SELECT 1 FROM batch_locks k WHERE k.seq = batches.seq);
 
+-- Whether lock entries and blockers are kept (lock_entries_kept): add_batches
+-- reads it in its write transaction; the switch (keep_lock_entries) is one.
+-- name: lock_entries_kept
+SELECT kept FROM lock_entries_kept;
+
+-- name: keep_lock_entries
+UPDATE lock_entries_kept SET kept = 1;
+
+-- name: clear_batch_locks
+DELETE FROM batch_locks;
+
+-- The declared access of every open batch, for its lock entries.
+-- name: open_batch_access
+SELECT b.seq, b.service_id, b.batch_id, t.transaction_id, t.inputs, t.outputs, t.dependencies
+FROM batches b INDEXED BY batches_open_idx
+JOIN transactions t ON t.service_id = b.service_id AND t.batch_id = b.batch_id
+WHERE NOT b.final
+ORDER BY b.seq, t.position;
+
 -- name: last_seq
 SELECT last_insert_rowid();
 

@@ -164,6 +164,18 @@ CREATE INDEX batch_locks_entry_idx ON batch_locks (service_id, entry, mode, seq)
 CREATE INDEX batch_locks_prefix_idx ON batch_locks (service_id, seq, mode, entry)
     WHERE length(entry) < 70 AND mode <> 'd';
 
+-- Whether lock entries (batch_locks) and blockers (blocked_by) are kept: only once
+-- some instance may run the parallel queuer. A new store starts without them;
+-- a store opened for the parallel queuer computes them for every open batch
+-- and turns this on, for good (docs/store.md).
+CREATE TABLE lock_entries_kept (
+    -- One row only.
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    kept BOOLEAN NOT NULL
+);
+
+INSERT INTO lock_entries_kept (id, kept) VALUES (1, 0);
+
 -- The parallel round's new picks: per service, its free new batches in order.
 CREATE INDEX batches_ready_idx ON batches (service_id, seq)
     WHERE NOT final AND blocked_by IS NULL AND NOT submitted AND status IS NULL;
