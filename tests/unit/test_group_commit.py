@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import pytest
 
 from ledgerq.errors import DuplicateBatchError, FencedOffError, StoreError, StoreUnavailableError
-from ledgerq.model import Pending, TrackingBatch
+from ledgerq.model import BatchStatusName, Committed, Pending, TrackingBatch
 from ledgerq.store import BatchWrite, MemoryStore
-from ledgerq.store.group import GroupCommitWriter, GroupInserter
+from ledgerq.store.group import GroupCommitWriter, GroupInserter, Successors
 from tests.store.conftest import make_batch
 
 
@@ -263,3 +263,53 @@ async def test_a_pair_whose_caller_stopped_waiting_still_lands() -> None:
         await pair
     await writer.update_batch_status("d", "s", Pending())
     assert store.groups == [["a"], ["b", "xc"], ["d"]]
+
+
+async def test_the_inserter_tells_each_batch_the_one_inserted_after_it_in_its_service() -> None:
+    successors = Successors()
+    inserter = GroupInserter(MemoryStore(), successors=successors)
+    a1, b1, a2 = await inserter.add_batches([make_batch("a"), make_batch("b"), make_batch("a")])
+    (a3,) = await inserter.add_batches([make_batch("a")])  # a later request links on
+    assert successors.pop(a1.batch_id) == a2
+    assert successors.pop(a2.batch_id) == a3
+    assert successors.pop(a1.batch_id) is None  # once
+    assert successors.pop(b1.batch_id) is None and successors.pop(a3.batch_id) is None
+
+
+async def test_successors_forget_everything_at_their_bound() -> None:
+    successors = Successors(max_size=3)
+    store = MemoryStore()
+    first = await store.add_batches([make_batch("a") for _ in range(3)])
+    successors.added(first)
+    assert len(successors) == 2
+    more = await store.add_batches([make_batch("a") for _ in range(2)])
+    successors.added(more)  # 2 + 2 > 3: starts again
+    assert successors.pop(first[0].batch_id) is None
+    assert successors.pop(more[0].batch_id) == more[1]
+
+
+class NoReads(MemoryStore):
+    async def next_open_batches(self, pairs: Sequence[tuple[str, str]]) -> dict[str, TrackingBatch]:
+        raise AssertionError("read the store")
+
+
+async def test_a_guessed_next_batch_is_taken_only_if_the_store_finds_it_next() -> None:
+    store = NoReads()
+    writer = GroupCommitWriter(store)
+    inserter = GroupInserter(store, successors=writer.successors)
+    b1, b2, b3 = await inserter.add_batches([make_batch("s") for _ in range(3)])
+    await writer.change_batch_to_submitted(b1.batch_id, "s")
+    # The guess comes without a read...
+    assert await writer.next_open_batch("s", b1.batch_id) == b2
+    # ... and is checked by the take: b2 waits for a resubmission (Delayed), so
+    # taking it along with b1's final status is refused; the status lands.
+    await writer.change_batch_to_submitted(b2.batch_id, "s", dlt_status="Delayed")
+    landed = await writer.status_then_take(b1.batch_id, "s", Committed(), [], b2.batch_id)
+    assert not landed
+    after = await store.get_batch(b2.batch_id, "s")
+    assert after is not None and after.attempts == 1
+    first = await store.get_batch(b1.batch_id, "s")
+    assert first is not None and first.status_name == BatchStatusName.COMMITTED
+    # A guess that holds lands as the store's own pick would.
+    await writer.update_batch_status(b2.batch_id, "s", Committed())
+    assert await writer.next_open_batch("s", b2.batch_id) == b3

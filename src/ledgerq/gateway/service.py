@@ -184,7 +184,9 @@ class Gateway:
             clock=clock,
             claims=claims,
             # Requests arriving while one insert commits go in together.
-            acceptor=GroupInserter(store),
+            # And tell the writer what they inserted: its next_open_batch
+            # guesses from it first (checked by the take, see Successors).
+            acceptor=GroupInserter(store, successors=self.writer.successors),
             strategy_of=lambda service_id: strategies.of(service_id).value,
             ledger_problem=self._ledger_problem,
         )

@@ -55,6 +55,52 @@ def urgent() -> Iterator[None]:
         _URGENT.reset(token)
 
 
+#: Batches :class:`Successors` holds at most; past it, it starts again empty.
+MAX_SUCCESSORS = 10_000
+
+
+class Successors:
+    """Per batch inserted through this process, the batch of its service
+    inserted right after it, as stored (filled by :class:`GroupInserter`).
+
+    The guess :meth:`GroupCommitWriter.next_open_batch` tries before reading
+    the store: after batch *n* of a serial service was taken, the next open
+    batch is usually the one inserted after it. A guess is never trusted: a
+    conditional take of it (``BatchWrite.after``) lands only if the store,
+    in the take's own transaction, finds it the service's next batch
+    (``next_open_checks``); otherwise the take is refused and the usual path
+    runs. A stored batch never changes but for its state, which the check
+    reads. Bounded: at ``max_size`` it forgets everything.
+    """
+
+    def __init__(self, max_size: int = MAX_SUCCESSORS) -> None:
+        self._max_size = max_size
+        self._after: dict[str, TrackingBatch] = {}
+        self._last: dict[str, str] = {}
+
+    def added(self, batches: Sequence[TrackingBatch]) -> None:
+        """``batches`` were inserted (committed), in this order."""
+        if len(self._after) + len(batches) > self._max_size:
+            self._after.clear()
+            self._last.clear()
+            if len(batches) > self._max_size:
+                return
+        last = self._last
+        after = self._after
+        for b in batches:
+            before = last.get(b.service_id)
+            if before is not None:
+                after[before] = b
+            last[b.service_id] = b.batch_header
+
+    def pop(self, batch_id: str) -> TrackingBatch | None:
+        """The batch inserted after ``batch_id`` in its service, if known (once)."""
+        return self._after.pop(batch_id, None)
+
+    def __len__(self) -> int:
+        return len(self._after)
+
+
 def _retrieve(future: asyncio.Future[None]) -> None:
     if not future.cancelled():
         future.exception()
@@ -82,6 +128,9 @@ class GroupCommitWriter:
         self._running = 0
         self.groups = 0
         self.writes = 0
+        #: Guesses for next_open_batch, filled by a GroupInserter given them.
+        self.successors = Successors()
+        self.guessed = 0
 
     async def change_batch_to_submitted(
         self,
@@ -156,7 +205,17 @@ class GroupCommitWriter:
         """The store's :meth:`~ledgerq.store.base.GroupWriter.next_open_batch`,
         read together with the other calls that arrive while one read is
         under way (``next_open_batches``: one query for all, one pair per
-        service; a second pair of a service waits for the next read)."""
+        service; a second pair of a service waits for the next read).
+
+        First, without a read, the batch inserted after ``after`` in its
+        service (:attr:`successors`), when known: a guess, which the
+        conditional take of :meth:`status_then_take` checks in its own
+        transaction before it lands."""
+        guess = self.successors.pop(after)
+        if guess is not None and guess.service_id == service_id:
+            # Checked by the take itself (Successors): no read.
+            self.guessed += 1
+            return guess
         future: asyncio.Future[TrackingBatch | None] = asyncio.get_running_loop().create_future()
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._reads.append((service_id, after, future))
@@ -331,9 +390,18 @@ class GroupInserter:
     land as if alone.
     """
 
-    def __init__(self, store: BatchAcceptor, *, max_batches: int = 10_000) -> None:
+    def __init__(
+        self,
+        store: BatchAcceptor,
+        *,
+        max_batches: int = 10_000,
+        successors: Successors | None = None,
+    ) -> None:
+        """``successors``: told of every batch inserted (a
+        :attr:`GroupCommitWriter.successors`)."""
         self._store = store
         self._max_batches = max_batches
+        self._successors = successors
         self._queue: list[
             tuple[list[TrackingBatch], int | None, asyncio.Future[list[TrackingBatch]]]
         ]
@@ -349,7 +417,7 @@ class GroupInserter:
             self._running = True
             try:
                 self.groups += 1
-                return await self._store.add_batches(batches, now=now)
+                return self._added(await self._store.add_batches(batches, now=now))
             finally:
                 self._running = False
                 self._start()
@@ -393,6 +461,7 @@ class GroupInserter:
             except StoreError:
                 pass  # each on its own below: the refusal goes where it belongs
             else:
+                self._added(stored)
                 at = 0
                 for batches, _, future in group:
                     if not future.done():
@@ -406,5 +475,11 @@ class GroupInserter:
                 if not future.done():
                     future.set_exception(exc)
             else:
+                self._added(result)
                 if not future.done():
                     future.set_result(result)
+
+    def _added(self, stored: list[TrackingBatch]) -> list[TrackingBatch]:
+        if self._successors is not None:
+            self._successors.added(stored)
+        return stored
