@@ -313,3 +313,19 @@ async def test_a_guessed_next_batch_is_taken_only_if_the_store_finds_it_next() -
     # A guess that holds lands as the store's own pick would.
     await writer.update_batch_status(b2.batch_id, "s", Committed())
     assert await writer.next_open_batch("s", b2.batch_id) == b3
+
+
+async def test_successors_forget_everything_past_their_bytes() -> None:
+    store = MemoryStore()
+    b0, b1, b2, b3 = await store.add_batches([make_batch("a") for _ in range(4)])
+
+    def size(b: TrackingBatch) -> int:
+        return len(b.serialized_batch) + sum(len(t.payload) for t in b.transactions)
+
+    successors = Successors(max_bytes=size(b0) + size(b1) + size(b2) - 1)
+    successors.added([b0, b1])
+    assert successors.pop(b0.batch_id) == b1  # within the bound
+    successors.added([b2, b3])  # past it: starts again, from them
+    assert successors.pop(b1.batch_id) is None  # b1 -> b2 forgotten
+    assert successors.pop(b2.batch_id) == b3
+    assert len(successors) == 0

@@ -55,8 +55,14 @@ def urgent() -> Iterator[None]:
         _URGENT.reset(token)
 
 
-#: Batches :class:`Successors` holds at most; past it, it starts again empty.
+#: Batches :class:`Successors` holds at most, and their bytes (the signed
+#: batch and the payloads); past either, it starts again empty.
 MAX_SUCCESSORS = 10_000
+MAX_SUCCESSOR_BYTES = 64 * 1024 * 1024
+
+
+def _size(batch: TrackingBatch) -> int:
+    return len(batch.serialized_batch) + sum(len(t.payload) for t in batch.transactions)
 
 
 class Successors:
@@ -70,20 +76,31 @@ class Successors:
     in the take's own transaction, finds it the service's next batch
     (``next_open_checks``); otherwise the take is refused and the usual path
     runs. A stored batch never changes but for its state, which the check
-    reads. Bounded: at ``max_size`` it forgets everything.
+    reads. Bounded: at ``max_size`` batches (or services), or ``max_bytes``,
+    it forgets everything.
     """
 
-    def __init__(self, max_size: int = MAX_SUCCESSORS) -> None:
+    def __init__(
+        self, max_size: int = MAX_SUCCESSORS, max_bytes: int = MAX_SUCCESSOR_BYTES
+    ) -> None:
         self._max_size = max_size
+        self._max_bytes = max_bytes
         self._after: dict[str, TrackingBatch] = {}
         self._last: dict[str, str] = {}
+        self._bytes = 0
 
     def added(self, batches: Sequence[TrackingBatch]) -> None:
         """``batches`` were inserted (committed), in this order."""
-        if len(self._after) + len(batches) > self._max_size:
+        size = sum(_size(b) for b in batches)
+        if (
+            len(self._after) + len(batches) > self._max_size
+            or len(self._last) + len(batches) > self._max_size
+            or self._bytes + size > self._max_bytes
+        ):
             self._after.clear()
             self._last.clear()
-            if len(batches) > self._max_size:
+            self._bytes = 0
+            if len(batches) > self._max_size or size > self._max_bytes:
                 return
         last = self._last
         after = self._after
@@ -92,10 +109,16 @@ class Successors:
             if before is not None:
                 after[before] = b
             last[b.service_id] = b.batch_header
+        # Counted whole (a first batch of a service holds nothing yet): an
+        # upper bound of what is held until the next start again.
+        self._bytes += size
 
     def pop(self, batch_id: str) -> TrackingBatch | None:
         """The batch inserted after ``batch_id`` in its service, if known (once)."""
-        return self._after.pop(batch_id, None)
+        found = self._after.pop(batch_id, None)
+        if found is not None:
+            self._bytes -= _size(found)
+        return found
 
     def __len__(self) -> int:
         return len(self._after)
