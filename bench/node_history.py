@@ -116,10 +116,12 @@ class NodeProcess:
         rss, anon, file = (int(fields[k].split()[0]) / 1024 for k in _FIELDS)
         return rss, anon, file
 
-    def cpu(self) -> float:
-        """CPU seconds (user and system) used so far by the node and its live children
-        (the decoding workers): the node's cost, whatever else shares the cores."""
-        return _cpu_seconds(self.proc.pid)
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds (user and system) used so far by the node's process (its event
+        loop and threads) and by its live children (the decoding workers): the node's
+        cost, whatever else shares the cores."""
+        own = _cpu_seconds(self.proc.pid, children=False)
+        return own, _cpu_seconds(self.proc.pid) - own
 
     def stop(self, sig: int) -> None:
         self.proc.send_signal(sig)
@@ -128,18 +130,18 @@ class NodeProcess:
         self.proc.stderr.close()
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and, recursively, of its live children."""
+def _cpu_seconds(pid: int, *, children: bool = True) -> float:
+    """utime + stime of a process and (``children``), recursively, of its live children."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         ticks = int(fields[11]) + int(fields[12])
-        children: list[int] = []
-        for task in Path(f"/proc/{pid}/task").iterdir():
+        kids: list[int] = []
+        for task in Path(f"/proc/{pid}/task").iterdir() if children else ():
             with contextlib.suppress(OSError):
-                children += [int(c) for c in (task / "children").read_text().split()]
+                kids += [int(c) for c in (task / "children").read_text().split()]
     except (OSError, IndexError, ValueError):
         return 0.0
-    return ticks / os.sysconf("SC_CLK_TCK") + sum(_cpu_seconds(c) for c in children)
+    return ticks / os.sysconf("SC_CLK_TCK") + sum(_cpu_seconds(c) for c in kids)
 
 
 async def _height(url: str) -> int:
@@ -239,7 +241,9 @@ def _measure(
         for p in posters:
             p.start()
         marks: list[tuple[int, float, float, float, float]] = []  # height, s, rss, anon, file
-        cpu: list[float] = []  # the node's CPU seconds at each mark
+        cpu: list[tuple[float, float]] = []  # the node's CPU seconds at each mark
+        client_cpu = [0.0] * len(posters)
+        client_marks: list[float] = []  # the clients' CPU seconds at each mark
         tenth = max(1, total // 10)
         next_mark = tenth
         while True:
@@ -248,6 +252,10 @@ def _measure(
                 rss, anon, file = node.memory()
                 marks.append((height, time.perf_counter() - start, rss, anon, file))
                 cpu.append(node.cpu())
+                for i, poster in enumerate(posters):  # the last value read (0 once gone)
+                    if poster.pid is not None:
+                        client_cpu[i] = max(client_cpu[i], _cpu_seconds(poster.pid))
+                client_marks.append(sum(client_cpu))
                 if trace_file is not None:
                     node.proc.send_signal(signal.SIGUSR2)
                 console.print(
@@ -278,7 +286,12 @@ def _measure(
         disk = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file()) / 2**20
     first, last = marks[0], marks[-1]
     steady = (last[0] - first[0]) / max(1e-9, last[1] - first[1])
-    cpu_per_tx = (cpu[-1] - cpu[0]) / max(1, (last[0] - first[0]) * txns) * 1e6
+    per_tx = max(1, (last[0] - first[0]) * txns) / 1e6
+    own_per_tx = (cpu[-1][0] - cpu[0][0]) / per_tx
+    workers_per_tx = (cpu[-1][1] - cpu[0][1]) / per_tx
+    cpu_per_tx = own_per_tx + workers_per_tx
+    # Clients that finished posting before the last mark count up to their last reading.
+    clients_per_tx = (client_marks[-1] - client_marks[0]) / per_tx
     cores = cpu_per_tx * steady * txns / 1e6
     rows = [
         [f"{h:,}", f"{s:.0f}", f"{h * txns / s:,.0f}", f"{r:.0f}", f"{a:.0f}", f"{f:.0f}"]
@@ -298,7 +311,10 @@ def _measure(
         f"{total * txns / elapsed:,.0f} tx/s).\n"
         f"* The node's CPU (its process and its decoding workers, user and system) per "
         f"transaction over the same span: **{cpu_per_tx:.0f} µs** ({cores:.2f} cores busy "
-        f"at that rate; less sensitive than the rate to what else runs on the machine).\n"
+        f"at that rate; less sensitive than the rate to what else runs on the machine): "
+        f"its process (event loop and threads) {own_per_tx:.0f} µs, its decoding workers "
+        f"{workers_per_tx:.0f} µs. The clients' processes: {clients_per_tx:.0f} µs "
+        f"(up to their last reading).\n"
         f"* Growth from {first[0]:,} to {last[0]:,} batches: RSS **{last[2] - first[2]:+.0f} "
         f"MiB**, of which anonymous memory (the heap) **{last[3] - first[3]:+.0f} MiB** and "
         f"file pages mapped in (the store read through its memory map, the page cache) "

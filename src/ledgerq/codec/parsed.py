@@ -7,7 +7,7 @@ can be stored and forwarded to a ledger byte for byte as the client sent it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,10 @@ class ParsedTransaction:
     #: The serialized header exactly as signed.
     header_bytes: bytes
     payload: bytes
+    #: What the node's decoding worker computed from ``payload`` for the
+    #: transaction's family (see :meth:`ledgerq.node.families.FamilyRegistry.preparers`),
+    #: so the node's event loop need not; ``None`` when nothing was. Not compared.
+    prepared: object = field(default=None, compare=False, repr=False)
 
     @property
     def transaction_id(self) -> str:

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from ledgerq.codec import ParsedBatch
 from ledgerq.node.families import Context, FamilyRegistry, InvalidTransaction
@@ -34,6 +34,8 @@ from ledgerq.node.ordering.messages import (
 )
 
 _ADDRESS = re.compile(r"[0-9a-f]{70}")
+#: Inputs and outputs a Context looks up as the header's tuples, not as sets.
+_SMALL = 8
 
 
 def batch_candidate(
@@ -86,9 +88,16 @@ def apply_batch(
                     f"no transaction processor for family {header.family_name!r} "
                     f"version {header.family_version!r} on this node"
                 )
-            handler.apply(
-                tx, Context(frozenset(header.inputs), frozenset(header.outputs), values, overlay)
-            )
+            inputs: Collection[str] = header.inputs
+            outputs: Collection[str] = header.outputs
+            if len(inputs) > _SMALL or len(outputs) > _SMALL:
+                inputs, outputs = frozenset(inputs), frozenset(outputs)
+            context = Context(inputs, outputs, values, overlay)
+            prepared = tx.prepared  # see FamilyRegistry.preparers
+            if prepared is None:
+                handler.apply(tx, context)
+            else:
+                handler.apply_prepared(tx, prepared, context)  # type: ignore[attr-defined]
         except InvalidTransaction as exc:
             message = str(exc)
             log.append(f"{tx.header_signature}: invalid: {message}")

@@ -643,6 +643,11 @@ class Node:
         return log_answer.summary
 
     @property
+    def registry(self) -> FamilyRegistry:
+        """The transaction families this node runs."""
+        return self._registry
+
+    @property
     def idle(self) -> bool:
         """Nothing pending, held or waited for: closing it now loses no one's work."""
         return not self._pending_ids and not self._held and not self._parked

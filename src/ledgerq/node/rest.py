@@ -147,7 +147,7 @@ def make_app(
     )
     app[NODE_KEY] = node
     if decoder is None:
-        decoder = BatchDecoder(max_bytes=max_bytes)
+        decoder = BatchDecoder(max_bytes=max_bytes, preparers=node.registry.preparers())
     verifier = decoder
 
     async def stop_decoder(_app: web.Application) -> None:

@@ -10,6 +10,8 @@ from ledgerq.codec import Signer, decode_batch_list, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.errors import InvalidBatchError
 from ledgerq.node.decoding import BatchDecoder
+from ledgerq.node.families import default_registry
+from ledgerq.node.families.intkey import IntkeyHandler
 
 SIGNER = Signer.generate()
 
@@ -17,10 +19,15 @@ SIGNER = Signer.generate()
 async def test_large_bodies_are_verified_in_the_pool_with_the_same_outcome() -> None:
     batches = [make_intkey_batch(SIGNER, [("set", f"d{i}", i)]) for i in range(50)]
     body = encode_batch_list(batches)
-    decoder = BatchDecoder(pool_bytes=1_000, workers=1)
+    decoder = BatchDecoder(pool_bytes=1_000, workers=1, preparers=default_registry().preparers())
     try:
-        assert list(await decoder.decode(body)) == list(decode_batch_list(body))
+        pooled = list(await decoder.decode(body))
+        assert pooled == list(decode_batch_list(body))
         assert decoder.pool is not None and decoder.pool.started  # it went to the pool
+        # The worker ran intkey's prepare() beside the checks (see node.families).
+        assert [t.prepared for b in pooled for t in b.transactions] == [
+            IntkeyHandler.prepare(t.payload) for b in batches for t in b.transactions
+        ]
         tampered = bytearray(body)
         tampered[-3] ^= 0x01  # inside the last transaction's payload: its hash no longer matches
         with pytest.raises(InvalidBatchError) as refused:

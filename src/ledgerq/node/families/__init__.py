@@ -5,11 +5,20 @@ applies one transaction to a :class:`Context`, raising
 :class:`InvalidTransaction` to reject it (Sawtooth's processor contract).
 A transaction of an unregistered family is INVALID (a Sawtooth network
 without the processor would leave it pending forever; we say so at once).
+
+A handler may split its work in two: ``prepare(payload)``, a pure function
+of the payload alone (decoding it, checking it, computing addresses), and
+``apply_prepared(transaction, prepared, context)``, the rest, which needs
+state; its ``apply`` is then ``apply_prepared`` of ``prepare``. The node's
+decoding worker runs ``prepare`` beside the signature checks (in another
+process: :meth:`FamilyRegistry.preparers`) and the event loop only
+``apply_prepared``; a transaction decoded anywhere else (a small body, a
+journal replay) runs ``apply``. Either way the outcome is the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Protocol
 
 from ledgerq.node.ordering.messages import KVSDatum, KVSKey
@@ -41,8 +50,8 @@ class Context:
 
     def __init__(
         self,
-        inputs: frozenset[str],
-        outputs: frozenset[str],
+        inputs: Collection[str],
+        outputs: Collection[str],
         base: Mapping[KVSKey, KVSDatum | None],
         overlay: dict[KVSKey, KVSDatum],
     ) -> None:
@@ -90,6 +99,18 @@ class FamilyRegistry:
 
     def get(self, family_name: str, family_version: str) -> TransactionHandler | None:
         return self._handlers.get((family_name, family_version))
+
+    def preparers(self) -> dict[tuple[str, str], Callable[[bytes], object]]:
+        """``prepare`` of every handler that has one, by (family, version).
+
+        Each must pickle (a module-level function or a static method): the
+        node's decoding worker runs them in another process.
+        """
+        return {
+            key: prepare
+            for key, handler in self._handlers.items()
+            if (prepare := getattr(handler, "prepare", None)) is not None
+        }
 
 
 def default_registry() -> FamilyRegistry:

@@ -13,12 +13,17 @@ the messages of the Sawtooth Python processor:
   0 and no greater than 4294967295``;
 * ``set`` of an existing name, ``inc``/``dec`` of a missing one, and results
   outside 0..2^32-1 are invalid.
+
+:meth:`IntkeyHandler.prepare` does what needs the payload alone (the rules
+on the payload above, the address, and the value a ``set`` stores at an
+address holding nothing else), where the node decodes the batch;
+:meth:`IntkeyHandler.apply_prepared` the rest.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, cast
 
 import cbor2
 
@@ -31,6 +36,11 @@ MAX_VALUE = 2**32 - 1
 MAX_NAME_LENGTH = 20
 
 
+#: :meth:`IntkeyHandler.prepare`'s answer for a valid payload: verb, name, value,
+#: address, and for ``set`` the canonical CBOR of ``{name: value}``.
+Prepared = tuple[str, str, int, str, "bytes | None"]
+
+
 def make_address(name: str) -> str:
     return NAMESPACE + hashlib.sha512(name.encode("utf-8")).hexdigest()[-64:]
 
@@ -39,15 +49,56 @@ class IntkeyHandler:
     family_name = FAMILY_NAME
     family_versions: tuple[str, ...] = ("1.0",)
 
+    @staticmethod
+    def prepare(payload: bytes) -> Prepared | str | None:
+        """The payload's verb, name and value, the name's address and, for ``set``,
+        the state a ``set`` writes where nothing else is stored; the message of the
+        payload's refusal (a ``str``); ``None`` when it is left to :meth:`apply`."""
+        try:
+            verb, name, value = _unpack(payload)
+        except InvalidTransaction as exc:
+            return str(exc)
+        try:
+            address = make_address(name)
+        except Exception:  # raised again where apply() runs, as it would be
+            return None
+        alone = cbor2.dumps({name: value}, canonical=True) if verb == "set" else None
+        return verb, name, value, address, alone
+
     def apply(self, transaction: TransactionLike, context: Context) -> None:
         verb, name, value = _unpack(transaction.payload)
-        address = make_address(name)
+        self._apply(verb, name, value, make_address(name), None, context)
+
+    def apply_prepared(
+        self, transaction: TransactionLike, prepared: object, context: Context
+    ) -> None:
+        """:meth:`apply` with :meth:`prepare`'s answer for ``transaction.payload``."""
+        if prepared is None:
+            self.apply(transaction, context)
+        elif type(prepared) is str:
+            raise InvalidTransaction(prepared)
+        else:
+            verb, name, value, address, alone = cast(Prepared, prepared)
+            self._apply(verb, name, value, address, alone, context)
+
+    def _apply(
+        self,
+        verb: str,
+        name: str,
+        value: int,
+        address: str,
+        alone: bytes | None,
+        context: Context,
+    ) -> None:
         state = _load(context.get_state([address]).get(address))
         if verb == "set":
             if name in state:
                 raise InvalidTransaction(
                     f'Verb is "set", but already exists: Name: {name}, Value {state[name]}'
                 )
+            if not state and alone is not None:  # {name: value}, encoded in prepare()
+                context.set_state({address: alone})
+                return
             result = value
         else:
             if name not in state:
