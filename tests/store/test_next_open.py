@@ -60,6 +60,22 @@ async def test_next_open_batch_is_the_queuers_pick_once_the_batch_is_final(
     assert other.batch_id != nxt.batch_id
 
 
+async def test_next_open_batches_load_each_batch_in_full_in_one_read(
+    store: BatchTrackingStore,
+) -> None:
+    # One statement returns the batches with their transactions: each batch
+    # gets its own, in order, across services and sizes.
+    pairs = []
+    expected = {}
+    for n, txns in enumerate((1, 3, 2)):
+        first, second = await store.add_batches([make_batch(f"m{n}", txns=txns) for _ in range(2)])
+        await _pending(store, f"m{n}", first.batch_id)
+        pairs.append((f"m{n}", first.batch_id))
+        expected[f"m{n}"] = await store.get_batch(second.batch_id, f"m{n}")
+    found = await store.next_open_batches(pairs)
+    assert found == expected
+
+
 async def test_no_next_open_batch_when_the_queuer_would_pick_something_else(
     store: BatchTrackingStore,
 ) -> None:

@@ -168,7 +168,13 @@ def _waves(
 
 
 #: Statements a group's writes defer, in the order one write issues them.
-_DEFERRED_ORDER = ("record_attempt", "write_status", "upsert_receipt", "upsert_submission_error")
+_DEFERRED_ORDER = (
+    "record_attempt",
+    "write_status",
+    "write_status_checked",
+    "upsert_receipt",
+    "upsert_submission_error",
+)
 
 
 class _DeferredSession:
@@ -215,6 +221,10 @@ class _DeferredSession:
             rows = self._pending[name]
             if rows:
                 await self._session.executemany(name, rows)
+
+
+#: The batch columns of a batch read (``get_batch``'s), before any joined ones.
+_BATCH_COLUMNS = 14
 
 
 def _makes_final(write: BatchWrite) -> bool:
@@ -393,21 +403,22 @@ class SqlStore:
         *,
         check: bool,
     ) -> None:
-        """Write status ``name``; ``check`` counts it as a monitor check."""
+        """Write status ``name``; ``check`` counts it as a monitor check (an
+        attempt's status is none: it leaves the submission row as
+        ``record_attempt`` wrote it)."""
         if current is not None and BatchStatusName(current).is_final and not name.is_final:
             raise StatusTransitionError(
                 f"batch {batch_id} of service {service_id!r} is {current}, which is final; "
                 f"it cannot become {name.value}"
             )
         await session.execute(
-            "write_status",
+            "write_status_checked" if check else "write_status",
             {
                 "service_id": service_id,
                 "batch_id": batch_id,
                 "status": name.value,
                 "final": name.is_final,
                 "submitted": common.status_effects(name, bool(submitted)),
-                "check": check,
                 "now": at,
             },
         )
@@ -581,9 +592,19 @@ class SqlStore:
             }
         else:
             params = {"keys": json.dumps([list(p) for p in pairs])}
-        found = await self._list(
+        # One statement: the batches with their transactions, one row each.
+        rows = await self._fetchall(
             "next_open_batches", params, short=len(pairs) <= SHORT_ROUND_SERVICES
         )
+        batch_rows: list[Row] = []
+        txns: list[Row] = []
+        for r in rows:
+            if not batch_rows or batch_rows[-1][0] != r[0]:
+                batch_rows.append(r[:_BATCH_COLUMNS])
+            if r[_BATCH_COLUMNS] is not None:
+                txns.append((r[0], *r[_BATCH_COLUMNS:]))
+        # Only batches without a status come back: none is Invalid.
+        found = common.assemble(batch_rows, txns, ())
         return {b.service_id: b for b in found}
 
     def _takes_param(self, takes: Sequence[BatchWrite]) -> dict[str, Any]:

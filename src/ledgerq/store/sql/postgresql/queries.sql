@@ -327,9 +327,26 @@ ORDER BY b.seq, t.position;
 -- Store writes keep updated_at strictly increasing (GREATEST(now, old + 1)), so
 -- the updated_at triggers only fill in for statements that do not set it.
 
--- Status, its mirror in batches and, with check, the monitor's bookkeeping:
--- one statement (data-modifying CTEs on different tables).
+-- Status and its mirror in batches (an attempt's status: no monitor check):
+-- one statement (a data-modifying CTE on another table).
 -- name: write_status
+WITH status_row AS (
+    INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
+    VALUES (%(service_id)s, %(batch_id)s, %(status)s, %(now)s, %(now)s)
+    ON CONFLICT (service_id, batch_id) DO UPDATE
+    SET dlt_status = excluded.dlt_status,
+        updated_at = GREATEST(excluded.updated_at, batch_statuses.updated_at + 1)
+)
+UPDATE batches
+SET status = %(status)s::text,
+    final = %(final)s,
+    submitted = %(submitted)s,
+    last_attempt_at = CASE WHEN %(status)s::text = 'Delayed' THEN %(now)s::bigint
+                           ELSE last_attempt_at END
+WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s;
+
+-- The same and the monitor's bookkeeping (a status the ledger was asked for).
+-- name: write_status_checked
 WITH status_row AS (
     INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
     VALUES (%(service_id)s, %(batch_id)s, %(status)s, %(now)s, %(now)s)
@@ -340,7 +357,7 @@ WITH status_row AS (
     UPDATE submissions
     SET last_checked = %(now)s, times_checked = times_checked + 1,
         updated_at = GREATEST(%(now)s, updated_at + 1)
-    WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s AND %(check)s::bool
+    WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s
 )
 UPDATE batches
 SET status = %(status)s::text,
@@ -897,8 +914,29 @@ WHERE b.service_id = k.service_id AND b.batch_id = k.batch_id;
 WITH k AS (
     SELECT *
     FROM unnest(%(service_id)s::text[], %(batch_id)s::text[], %(status)s::text[],
-                %(final)s::bool[], %(submitted)s::bool[], %(check)s::bool[], %(now)s::bigint[])
-        AS k(service_id, batch_id, status, final, submitted, checked, now)
+                %(final)s::bool[], %(submitted)s::bool[], %(now)s::bigint[])
+        AS k(service_id, batch_id, status, final, submitted, now)
+), status_row AS (
+    INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
+    SELECT service_id, batch_id, status, now, now FROM k
+    ON CONFLICT (service_id, batch_id) DO UPDATE
+    SET dlt_status = excluded.dlt_status,
+        updated_at = GREATEST(excluded.updated_at, batch_statuses.updated_at + 1)
+)
+UPDATE batches b
+SET status = k.status,
+    final = k.final,
+    submitted = k.submitted,
+    last_attempt_at = CASE WHEN k.status = 'Delayed' THEN k.now ELSE b.last_attempt_at END
+FROM k
+WHERE b.service_id = k.service_id AND b.batch_id = k.batch_id;
+
+-- name: write_status_checked_set
+WITH k AS (
+    SELECT *
+    FROM unnest(%(service_id)s::text[], %(batch_id)s::text[], %(status)s::text[],
+                %(final)s::bool[], %(submitted)s::bool[], %(now)s::bigint[])
+        AS k(service_id, batch_id, status, final, submitted, now)
 ), status_row AS (
     INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
     SELECT service_id, batch_id, status, now, now FROM k
@@ -910,7 +948,7 @@ WITH k AS (
     SET last_checked = k.now, times_checked = s.times_checked + 1,
         updated_at = GREATEST(k.now, s.updated_at + 1)
     FROM k
-    WHERE s.service_id = k.service_id AND s.batch_id = k.batch_id AND k.checked
+    WHERE s.service_id = k.service_id AND s.batch_id = k.batch_id
 )
 UPDATE batches b
 SET status = k.status,
@@ -961,6 +999,8 @@ SET result_valid = excluded.result_valid,
 -- of the service but `after` submitted or with a status. Nothing for the
 -- pair otherwise.
 -- name: next_open_batches
+-- With the batches' transactions (hydrate_transactions' columns after the
+-- batch's), one row per transaction: one statement for the read-ahead's miss.
 WITH p AS (
     SELECT k.service_id, k.after, (
         SELECT o.seq FROM batches o
@@ -968,20 +1008,25 @@ WITH p AS (
         ORDER BY o.seq LIMIT 1
     ) AS seq
     FROM unnest(%(service_ids)s::text[], %(afters)s::text[]) AS k(service_id, after)
+), n AS (
+    SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+           b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+           b.status, s.error_type, s.error_message
+    FROM p
+    JOIN batches b ON b.seq = p.seq
+    LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+    WHERE NOT b.submitted AND b.status IS NULL
+      AND NOT EXISTS (
+            SELECT 1 FROM batches o
+            WHERE o.service_id = p.service_id AND NOT o.final
+              AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> p.after
+        )
 )
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM p
-JOIN batches b ON b.seq = p.seq
-LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
-WHERE NOT b.submitted AND b.status IS NULL
-  AND NOT EXISTS (
-        SELECT 1 FROM batches o
-        WHERE o.service_id = p.service_id AND NOT o.final
-          AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> p.after
-    )
-ORDER BY b.seq;
+SELECT n.*, t.transaction_id, t.family_name, t.family_version, t.payload,
+       t.signer_public_key, t.service_id, t.inputs, t.outputs, t.dependencies
+FROM n
+LEFT JOIN transactions t ON t.service_id = n.service_id AND t.batch_id = n.batch_id
+ORDER BY n.seq, t.position;
 
 -- Inside a group (apply_writes), read with its other rows before any of its
 -- writes: which conditional takes may land. A row comes back for each

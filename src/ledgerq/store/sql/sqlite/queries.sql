@@ -235,8 +235,22 @@ ORDER BY b.seq, t.position;
 -- A named query may hold several statements: the SQLite session runs them in
 -- order, in one trip to the connection's thread.
 
--- Status, its mirror in batches and, with :check, the monitor's bookkeeping.
+-- Status and its mirror in batches (an attempt's status: no monitor check).
 -- name: write_status
+INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
+VALUES (:service_id, :batch_id, :status, :now, :now)
+ON CONFLICT (service_id, batch_id) DO UPDATE
+SET dlt_status = excluded.dlt_status,
+    updated_at = max(excluded.updated_at, batch_statuses.updated_at + 1);
+UPDATE batches
+SET status = :status,
+    final = :final,
+    submitted = :submitted,
+    last_attempt_at = CASE WHEN :status = 'Delayed' THEN :now ELSE last_attempt_at END
+WHERE service_id = :service_id AND batch_id = :batch_id;
+
+-- The same and the monitor's bookkeeping (a status the ledger was asked for).
+-- name: write_status_checked
 INSERT INTO batch_statuses (service_id, batch_id, dlt_status, created_at, updated_at)
 VALUES (:service_id, :batch_id, :status, :now, :now)
 ON CONFLICT (service_id, batch_id) DO UPDATE
@@ -251,7 +265,7 @@ WHERE service_id = :service_id AND batch_id = :batch_id;
 UPDATE submissions
 SET last_checked = :now, times_checked = times_checked + 1,
     updated_at = max(:now, updated_at + 1)
-WHERE service_id = :service_id AND batch_id = :batch_id AND :check;
+WHERE service_id = :service_id AND batch_id = :batch_id;
 
 -- An attempt: the batch is submitted, counted and timed; the submission row
 -- carries this attempt's error (or none).
@@ -782,6 +796,8 @@ WHERE b.service_id = json_extract(k.value, '$[0]') AND b.batch_id = json_extract
 -- status), and no non-final batch of the service but `after` submitted or
 -- with a status. Nothing for the pair otherwise.
 -- name: next_open_batches
+-- With the batches' transactions (hydrate_transactions' columns after the
+-- batch's), one row per transaction: one statement for the read-ahead's miss.
 WITH k AS (
     SELECT json_extract(value, '$[0]') AS service_id, json_extract(value, '$[1]') AS after
     FROM json_each(:keys)
@@ -793,20 +809,26 @@ p AS (
         ORDER BY o.seq LIMIT 1
     ) AS seq
     FROM k
+),
+n AS (
+    SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+           b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+           b.status, s.error_type, s.error_message
+    FROM p
+    CROSS JOIN batches b
+    LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+    WHERE b.seq = p.seq AND NOT b.submitted AND b.status IS NULL
+      AND NOT EXISTS (
+            SELECT 1 FROM batches o INDEXED BY batches_busy_idx
+            WHERE o.service_id = p.service_id AND NOT o.final
+              AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> p.after
+        )
 )
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM p
-CROSS JOIN batches b
-LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
-WHERE b.seq = p.seq AND NOT b.submitted AND b.status IS NULL
-  AND NOT EXISTS (
-        SELECT 1 FROM batches o INDEXED BY batches_busy_idx
-        WHERE o.service_id = p.service_id AND NOT o.final
-          AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> p.after
-    )
-ORDER BY b.seq;
+SELECT n.*, t.transaction_id, t.family_name, t.family_version, t.payload,
+       t.signer_public_key, t.service_id, t.inputs, t.outputs, t.dependencies
+FROM n
+LEFT JOIN transactions t ON t.service_id = n.service_id AND t.batch_id = n.batch_id
+ORDER BY n.seq, t.position;
 
 -- Inside a group (apply_writes), read with its other rows before any of its
 -- writes: which conditional takes may land. :keys is a JSON array of
