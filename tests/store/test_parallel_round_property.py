@@ -15,6 +15,7 @@ with random ``exclude``, ``services``, ``limit`` and ``per_service``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections.abc import AsyncIterator, Callable
@@ -348,3 +349,87 @@ async def test_many_services_and_keys_equal_the_reference(
         await check(sql_store, rng, now=now)
     await check(sql_store, rng, now=NOW, services=[f"svc-{i}" for i in range(0, 40, 3)])
     await check(sql_store, rng, now=NOW, limit=7)
+
+
+def _fresh_free(population: list[TrackingBatch]) -> set[int]:
+    """The never-taken batches the rule lets go now (every place of every service)."""
+    picks = select_parallel_round(
+        population, now=NOW, delay_window_ms=WINDOW, per_service=len(population) + 1
+    )
+    return {
+        b.seq for b in picks if b.batch_status is None and not b.submitted and b.seq is not None
+    }
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    population=st.lists(specs, min_size=1, max_size=40),
+    chunks=st.integers(1, 3),
+    finals=st.integers(1, 12),
+    all_of_them=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+async def test_final_statuses_take_what_they_free(
+    sql_store: BatchTrackingStore,
+    population: list[Spec],
+    chunks: int,
+    finals: int,
+    all_of_them: bool,
+    seed: int,
+) -> None:
+    """A group of final statuses with ``take_freed`` (the parallel queuer's
+    final → freed merge) takes only batches the rule frees with them — never
+    one free before, never one still held — at most ``take_freed`` per status,
+    every one of them when the limits allow, each recorded taken; what it
+    leaves is the store's round. On SQLite it takes nothing."""
+    rng = random.Random(seed)
+    await sql_store.parallel_round(now=NOW, delay_window_ms=WINDOW)  # keeps lock entries
+    await grow(sql_store, population, chunks, rng)
+    before = await everything(sql_store)
+    free_before = _fresh_free(before)
+    open_ = [b for b in before if not b.is_final]
+    # The earliest open batches (the likeliest to hold others), or any.
+    chosen = open_[:finals] if rng.random() < 0.5 else rng.sample(open_, k=min(finals, len(open_)))
+    writes = [
+        BatchWrite(
+            b.service_id,
+            b.batch_header,
+            rng.choice([Committed(), Invalid()]),
+            now=NOW + 5,
+            take_freed=100 if all_of_them else rng.choice([1, 2, 100]),
+            freed=[],
+        )
+        for b in chosen
+    ]
+    assert await sql_store.apply_writes(writes) == [None] * len(writes)
+    taken = [b for w in writes for b in (w.freed or [])]
+    after = await everything(sql_store)
+    by_seq = {b.seq: b for b in after}
+    if not getattr(sql_store, "takes_freed", False):
+        assert taken == []
+        return
+    taken_seqs = {b.seq for b in taken}
+    assert len(taken_seqs) == len(taken)
+    for w in writes:
+        assert len(w.freed or []) <= w.take_freed
+        seqs = [b.seq for b in w.freed or []]
+        assert seqs == sorted(seqs)
+    # As if nothing had been taken: what the final statuses freed.
+    untaken = [dataclasses.replace(b, submitted=False) if b.seq in taken_seqs else b for b in after]
+    freed = _fresh_free(untaken) - free_before
+    assert taken_seqs <= freed
+    if all_of_them:
+        assert taken_seqs == freed
+    old = {b.seq: b for b in before}
+    for b in taken:
+        stored = by_seq[b.seq]
+        assert stored.submitted and stored.attempts == old[b.seq].attempts + 1
+        assert stored.last_attempt_at == NOW + 5
+        assert b == stored  # every field, transactions included
+    # What was freed and not taken is the store's to pick.
+    assert _fresh_free(after) == (_fresh_free(untaken) - taken_seqs)
+    await check(sql_store, rng, now=NOW)

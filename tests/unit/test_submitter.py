@@ -335,3 +335,56 @@ async def test_an_accepted_batch_is_handed_to_the_follower_before_it_is_recorded
     await run_until(submitter, lambda: held_when_followed)
     assert held_when_followed == [False]
     assert store.batches[a.batch_id].status_name is BatchStatusName.PENDING
+
+
+async def test_slots_for_what_a_final_status_frees() -> None:
+    """A parallel service's final status reserves up to ``most`` slots for
+    the batches it frees (taken in its transaction): the ones taken are
+    posted without a further write, the others are free again at once; a
+    serial service, a cancelled reservation or a stopped run reserve or post
+    nothing."""
+    store = MemoryPipelineStore()
+    ledger = ScriptedLedger()
+    recorder = Recorder(store, clock=ManualClock())
+    submitter = Submitter(
+        store,
+        ledger,
+        recorder,
+        SubmitterSettings(poll_timeout_s=0.05, slots=3),
+        sleep=Sleeps(),
+        jitter=no_jitter,
+        parallel=lambda service_id: service_id.startswith("p"),
+    )
+    assert submitter.reserve_freed("p", 4) is None  # not running
+    task = asyncio.create_task(submitter.run())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert submitter.reserve_freed("s", 4) is None  # serial: the commit → next POST merge
+    take = submitter.reserve_freed("p", 4)
+    assert take is not None and take.slots == 3  # no more than the free slots
+    assert submitter.reserve_freed("p", 4) is None  # none left
+    take.cancel()
+    take = submitter.reserve_freed("p", 2)
+    assert take is not None and take.slots == 2
+    a, b = batch("p", 1), batch("p", 2)
+    store.add(a, b)
+    for x in (a, b):  # what the store's take recorded
+        await store.change_batch_to_submitted(x.batch_id, x.service_id)
+    writes = len(store.writes)
+    take.start([a, b])
+    assert submitter.in_flight == {a.batch_id: "p", b.batch_id: "p"}
+    for _ in range(200):
+        if len(ledger.sent) == 2 and not submitter.in_flight:
+            break
+        await asyncio.sleep(0)
+    assert sorted(ledger.sent) == sorted([a.batch_id, b.batch_id])
+    assert store.batches[a.batch_id].status_name is BatchStatusName.PENDING
+    # Accepted, recorded Pending: no second taken write before the POST.
+    assert len(store.writes) == writes + 2
+    one = submitter.reserve_freed("p", 4)
+    assert one is not None and one.slots == 3  # all free again
+    one.start([])
+    submitter.stop()
+    await asyncio.wait_for(task, 5)
+    late = submitter.reserve_freed("p", 1)
+    assert late is None

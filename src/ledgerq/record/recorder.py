@@ -138,6 +138,28 @@ class NextTaker(Protocol):
         ...
 
 
+class FreedTake(Protocol):
+    """Submission slots reserved for the batches a final status frees (the
+    submitter's): :meth:`Submitter.reserve_freed`."""
+
+    #: How many batches the final status may take.
+    slots: int
+
+    def start(self, batches: list[TrackingBatch]) -> None:
+        """The store shows ``batches`` taken: submit each (POST, no further
+        write first); the slots left over are free again."""
+        ...
+
+    def cancel(self) -> None:
+        """Nothing was taken: every slot is free again."""
+        ...
+
+
+#: Batches a parallel service's final status takes along at most (the rest
+#: of what it frees, if any, come from the queue source).
+FREED_TAKE = 4
+
+
 class FusedWriter(Protocol):
     """The store role of the commit → next POST merge (the group writer's)."""
 
@@ -458,6 +480,18 @@ class Recorder:
 
     # -- follower -------------------------------------------------------------
 
+    def _freed_take(self, service_id: str) -> FreedTake | None:
+        """Slots for what a final status of ``service_id`` frees, when the
+        store and the submitter take them along (a parallel service, on a
+        store that can): see :meth:`_final_then_freed`."""
+        if self._fused is None or not getattr(self._fused, "takes_freed", False):
+            return None
+        reserve = getattr(self._next_taker, "reserve_freed", None)
+        if reserve is None:
+            return None
+        found: FreedTake | None = reserve(service_id, FREED_TAKE)
+        return found
+
     async def ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
         """Apply what the ledger said about one batch of ``service_id``.
 
@@ -482,7 +516,12 @@ class Recorder:
                 # Read ahead, not back yet: sooner than the usual path's two commits.
                 ahead = await asyncio.shield(self._reading[status.batch_id])
                 self._next_of.pop(status.batch_id, None)
-            if written.is_final and self._next_taker is not None:
+            freed = None
+            if written.is_final and ahead is None and self._next_taker is not None:
+                freed = self._freed_take(service_id)
+            if freed is not None:
+                await self._final_then_freed(status.batch_id, service_id, written, fence, freed)
+            elif written.is_final and self._next_taker is not None:
                 await self._final_then_next(status.batch_id, service_id, written, fence, ahead)
             else:
                 await self._write(status.batch_id, service_id, written, None, fence)
@@ -538,6 +577,52 @@ class Recorder:
         take.start()
         for listener in self._moved_on:
             listener(service_id)
+
+    async def _final_then_freed(
+        self,
+        batch_id: str,
+        service_id: str,
+        status: BatchStatus,
+        fence: Fence | None,
+        take: FreedTake,
+    ) -> None:
+        """Write ``status`` (final) and, in the same transaction, the batches
+        it frees (those it held, free once it is final: a parallel service's)
+        taken; then hand them to the submitter.
+
+        The parallel strategy's form of the commit → next POST merge
+        (``docs/queuer.md``): the final status is durable before a batch it
+        held is posted, and each such batch's ``submitted`` before its POST,
+        as with the two writes and the round this replaces. A batch held until
+        this transaction was never offered by a round, so nothing else takes
+        it. When it took as many as it could, more may be free: the queue
+        source is woken as usual; when it took none, too.
+        """
+        assert self._fused is not None
+        taken: list[TrackingBatch] = []
+        try:
+            async with self._in_order(batch_id):
+                taken = await self._fused.status_then_take_freed(  # type: ignore[attr-defined]
+                    batch_id,
+                    service_id,
+                    status,
+                    receipts_of(status),
+                    take.slots,
+                    now=self._clock(),
+                    fence=fence,
+                )
+        except BaseException:
+            take.cancel()
+            raise
+        if fence is not None:
+            for b in taken:
+                self._acting[(service_id, b.batch_id)] = fence
+        take.start(taken)
+        if not taken or len(taken) >= take.slots:
+            self._unlocked(service_id)
+        else:
+            for listener in self._moved_on:
+                listener(service_id)
 
     async def _write(
         self,

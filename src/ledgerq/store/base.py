@@ -24,7 +24,7 @@ Semantics a caller relies on (details in ``docs/store.md``):
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
@@ -122,6 +122,17 @@ class BatchWrite:
     #: commit → next POST merge: a final status and the next batch's
     #: ``submitted`` in one transaction (``docs/gateway.md``).
     after: str | None = None
+    #: A final status (``attempt=False``) that *takes what it frees*: after
+    #: the group's writes, in its transaction, up to this many of the batches
+    #: this one held (``blocked_by``) that are free by then — not final, no
+    #: blocker left, never taken, no status — are recorded taken (an attempt,
+    #: under this write's fence), first in acceptance order, and appended,
+    #: fully loaded, to :attr:`freed`. The parallel queuer's final status →
+    #: freed batches merge (``docs/queuer.md``). Only where the store says so
+    #: (``takes_freed``); elsewhere nothing is taken.
+    take_freed: int = 0
+    #: Where the batches taken by :attr:`take_freed` go (the caller's list).
+    freed: list[TrackingBatch] | None = field(default=None, compare=False)
 
 
 #: Errors ``apply_writes`` reports per write instead of failing the group.

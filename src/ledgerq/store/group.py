@@ -305,6 +305,42 @@ class GroupCommitWriter:
             raise first
         return take is None
 
+    @property
+    def takes_freed(self) -> bool:
+        """Whether :meth:`status_then_take_freed` can take anything (the
+        store's ``takes_freed``: PostgreSQL)."""
+        return bool(getattr(self._store, "takes_freed", False))
+
+    async def status_then_take_freed(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus,
+        transaction_receipts: list[TransactionReceipt],
+        take: int,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> list[TrackingBatch]:
+        """``update_batch_status`` of a final status, and in the same group up
+        to ``take`` of the batches it frees recorded taken
+        (``BatchWrite.take_freed``); returns those, fully loaded, in
+        acceptance order. Raises what the status write would."""
+        freed: list[TrackingBatch] = []
+        await self.write(
+            BatchWrite(
+                service_id,
+                id,
+                status,
+                tuple(transaction_receipts),
+                now=now,
+                fence=fence,
+                take_freed=take,
+                freed=freed,
+            )
+        )
+        return freed
+
     async def write_together(self, writes: Sequence[BatchWrite]) -> list[BaseException | None]:
         """Queue ``writes`` into one group (one transaction, in this order among
         themselves); return each one's error or ``None`` once it committed. A

@@ -268,6 +268,8 @@ class _Session:
         self._held: list[str] = ["BEGIN"] if batched else []
         self._binder: psycopg.AsyncClientCursor[Any] | None = None
         self._backend = backend
+        #: Set once fetchall_committing sent the COMMIT.
+        self._committed = False
 
     @property
     def _prepared(self) -> _Prepared:
@@ -337,7 +339,17 @@ class _Session:
         if self._held:
             await self._send([])
 
+    async def fetchall_committing(self, name: str, params: Params) -> list[Row]:
+        """``name``'s rows, sent with the held statements and the ``COMMIT``
+        in one message (a batched write transaction's last statement): the
+        transaction has ended when this returns, :meth:`commit` does nothing."""
+        [(rows, _), _] = await self._send([self._bind(name, params), "COMMIT"])
+        self._committed = True
+        return rows
+
     async def commit(self) -> None:
+        if self._committed:
+            return
         if self._held == ["BEGIN"]:
             self._held = []  # nothing ran: no transaction to end
             return

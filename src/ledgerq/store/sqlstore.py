@@ -186,6 +186,8 @@ class _DeferredSession:
         self._session = session
         self.states: dict[tuple[str, str], Row] = {}
         self.claims: set[tuple[str, str, int]] = set()
+        #: The rows lock_group_rows locked (PostgreSQL), when it ran in this wave.
+        self.locked: list[Row] = []
         self._pending: dict[str, list[Params]] = {name: [] for name in _DEFERRED_ORDER}
 
     def mark(self) -> dict[str, int]:
@@ -668,6 +670,13 @@ class SqlStore:
             except WRITE_REFUSALS as exc:
                 results[i] = exc
 
+        # Final statuses that take the batches they free (PostgreSQL only).
+        frees = (
+            [i for i, w in enumerate(writes) if w.take_freed > 0 and _makes_final(w)]
+            if self.takes_freed
+            else []
+        )
+
         async def body(session: Session) -> list[StoreError | None]:
             waves = _waves(steps)
             take_writes = [a.write for _, a in takes]
@@ -681,6 +690,7 @@ class SqlStore:
                 ):
                     waves.append([])
             allowed: set[tuple[str, str]] = set()
+            locked: list[Row] = []
             # The group's writes of each service a take is of.
             of_service: dict[str, list[int]] = {w.service_id: [] for w in take_writes}
             if takes:
@@ -708,6 +718,8 @@ class SqlStore:
                 )
                 if checked is not None:
                     allowed = checked
+                if n == 0:
+                    locked = deferred.locked
                 for i, step in wave:
                     mark = deferred.mark()
                     try:
@@ -732,6 +744,8 @@ class SqlStore:
                         deferred.reset(mark)
                         results[i] = exc
                 await deferred.flush()
+            if frees:
+                await self._take_freed(session, writes, frees, results, locked)
             return results
 
         if not steps and not takes:
@@ -740,6 +754,70 @@ class SqlStore:
         # never deadlock; writes of one batch keep their order (stable sort).
         steps.sort(key=lambda step: _write_of(step[1]).service_id + "\0" + _write_of(step[1]).id)
         return await self._backend.run(body, write=True)
+
+    @property
+    def takes_freed(self) -> bool:
+        """Whether :attr:`BatchWrite.take_freed` takes anything here (PostgreSQL)."""
+        return self.dialect == "postgresql"
+
+    async def _take_freed(
+        self,
+        session: Session,
+        writes: Sequence[BatchWrite],
+        frees: Sequence[int],
+        results: Sequence[StoreError | None],
+        locked: Sequence[Row],
+    ) -> None:
+        """After a group's writes, in its transaction: the batches its final
+        statuses with ``take_freed`` free, recorded taken (``take_freed``,
+        sent with the ``COMMIT``). Candidates: the rows ``lock_group_rows``
+        locked whose blocker (before the writes) is one of those batches;
+        only a status that landed takes (its fence held)."""
+        seq_of = {(r[0], r[1]): r[4] for r in locked}
+        by_blocker: dict[int, list[int]] = {}
+        for r in locked:
+            if r[5] is not None:
+                by_blocker.setdefault(int(r[5]), []).append(int(r[4]))
+        seqs: list[int] = []
+        reqs: list[int] = []
+        limits: list[int] = []
+        nows: list[int] = []
+        targets: dict[int, BatchWrite] = {}
+        for i in frees:
+            w = writes[i]
+            seq = seq_of.get((w.service_id, w.id))
+            if results[i] is not None or seq is None:
+                continue
+            for candidate in by_blocker.get(int(seq), ()):
+                seqs.append(candidate)
+                reqs.append(i)
+                limits.append(w.take_freed)
+                nows.append(self._now(w.now))
+            targets[i] = w
+        if not seqs:
+            return
+        rows = await session.fetchall_committing(  # type: ignore[attr-defined]
+            "take_freed",
+            {
+                "seq": self._backend.seqs_param(seqs),
+                "req": self._backend.seqs_param(reqs),
+                "take": self._backend.seqs_param(limits),
+                "now": self._backend.seqs_param(nows),
+            },
+        )
+        batch_rows: list[Row] = []
+        txns: list[Row] = []
+        for r in rows:
+            if not batch_rows or batch_rows[-1][0] != r[0]:
+                batch_rows.append(tuple(r[:_BATCH_COLUMNS]))
+            if r[_BATCH_COLUMNS] is not None:
+                txns.append((r[0], *r[_BATCH_COLUMNS:]))
+        req_of = dict(zip(seqs, reqs, strict=True))
+        for batch in common.assemble(batch_rows, txns, ()):
+            assert batch.seq is not None
+            target = targets[req_of[batch.seq]]
+            if target.freed is not None:
+                target.freed.append(batch)
 
     def _lock_calls(self, writes: Sequence[BatchWrite]) -> list[tuple[str, Params]]:
         """The statements that lock what a group making batches final writes,
@@ -824,6 +902,9 @@ class SqlStore:
         if not calls:
             return None
         results = await session.fetchall_many(calls)
+        for (name, _), rows in zip(calls, results, strict=True):
+            if name == "lock_group_rows":
+                deferred.locked = rows
         if states_at is not None:
             deferred.states = {(r[0], r[1]): (r[1], r[2], r[3]) for r in results[states_at]}
         if claims_at is not None:

@@ -231,6 +231,63 @@ class Submitter:
         self._busy[service_id] = 1
         return _NextTake(self, service_id)
 
+    def reserve_freed(self, service_id: str, most: int) -> _FreedTake | None:
+        """Up to ``most`` slots for the batches a final status of the
+        parallel service ``service_id`` frees, to be recorded taken in the
+        transaction of that status (:meth:`ledgerq.record.recorder.Recorder.
+        _final_then_freed`). ``None`` when not running or stopping, for a
+        serial service, or without a free slot. Until the reservation ends
+        the slots count as used."""
+        free = self.settings.slots - len(self._in_flight) - self._reserved
+        if (
+            self._tasks is None
+            or self._stopping.is_set()
+            or free <= 0
+            or not self._parallel(service_id)
+        ):
+            return None
+        slots = min(most, free)
+        self._reserved += slots
+        return _FreedTake(self, service_id, slots)
+
+    def _start_freed(self, take: _FreedTake, batches: Sequence[TrackingBatch]) -> None:
+        self._reserved -= take.slots
+        for batch in batches:
+            # As the poller does when it takes a batch (the store shows it
+            # taken already: the follower drops reads of it made before).
+            self._in_flight[batch.batch_id] = batch.service_id
+            self._busy[batch.service_id] = self._busy.get(batch.service_id, 0) + 1
+            self.held_batches.add(batch.batch_id)
+            for listener in self.take_listeners:
+                listener(batch.batch_id)
+            self.taken_with_final += 1
+            try:
+                if self._tasks is None:
+                    raise RuntimeError("the submitter's run ended")
+                self._tasks.create_task(self._submit(batch, recorded=True))
+            except RuntimeError:  # no run, or its task group is shutting down
+                # The batch stays {submitted}: the follower asks the ledger
+                # about it before anything resends it.
+                del self._in_flight[batch.batch_id]
+                self.held_batches.discard(batch.batch_id)
+                left = self._busy[batch.service_id] - 1
+                if left:
+                    self._busy[batch.service_id] = left
+                else:
+                    del self._busy[batch.service_id]
+                log.warning(
+                    "batch=%s service=%s taken as the submitter stopped; not posted (the "
+                    "ledger is asked about it)",
+                    batch.batch_id[:16],
+                    batch.service_id,
+                )
+        if len(batches) < take.slots:
+            self._slot_free.set()
+
+    def _cancel_freed(self, take: _FreedTake) -> None:
+        self._reserved -= take.slots
+        self._slot_free.set()
+
     def _hold_next(self, take: _NextTake, batch: TrackingBatch) -> None:
         # As the poller does when it takes a batch, before anything is recorded.
         self._in_flight[batch.batch_id] = take.service_id
@@ -502,3 +559,27 @@ class _NextTake:
         if not self._done:
             self._done = True
             self._submitter._cancel_next(self, self._batch)
+
+
+class _FreedTake:
+    """Slots :meth:`Submitter.reserve_freed` set aside for the batches a
+    final status frees (:class:`ledgerq.record.recorder.FreedTake`). Ends
+    once: started or cancelled."""
+
+    __slots__ = ("_done", "_submitter", "service_id", "slots")
+
+    def __init__(self, submitter: Submitter, service_id: str, slots: int) -> None:
+        self._submitter = submitter
+        self.service_id = service_id
+        self.slots = slots
+        self._done = False
+
+    def start(self, batches: list[TrackingBatch]) -> None:
+        assert not self._done and len(batches) <= self.slots
+        self._done = True
+        self._submitter._start_freed(self, batches)
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._submitter._cancel_freed(self)

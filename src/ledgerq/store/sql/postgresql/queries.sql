@@ -866,7 +866,7 @@ WITH own AS (
     SELECT n.seq FROM batches n
     WHERE n.blocked_by IN (SELECT seq FROM own) AND NOT n.final
 )
-SELECT b.service_id, b.batch_id, b.status, b.submitted
+SELECT b.service_id, b.batch_id, b.status, b.submitted, b.seq, b.blocked_by
 FROM batches b
 JOIN wanted w ON w.seq = b.seq
 ORDER BY b.service_id, b.batch_id
@@ -909,6 +909,62 @@ UPDATE batches b
 SET submitted = TRUE, attempts = b.attempts + 1, last_attempt_at = k.now
 FROM k
 WHERE b.service_id = k.service_id AND b.batch_id = k.batch_id;
+
+-- The parallel queuer's final status → freed batches merge (docs/queuer.md,
+-- "A final status takes the batches it frees"): after a group's writes, in
+-- its transaction, record taken (an attempt, as record_attempt_set) the
+-- candidates that are free now: not final, no blocker left, never taken, no
+-- status. The candidates are the batches a batch made final in this group
+-- held (their blocked_by named it before the group's writes; locked by
+-- lock_group_rows), `req` numbers the final status that freed them and
+-- `take` is how many of them it may take, first in acceptance order. Such a
+-- batch was held until this transaction, so no round can have offered it:
+-- nothing else takes it. Returns each taken batch as get_batches_by_seq
+-- does, followed by its transactions' columns as hydrate_transactions
+-- (one row per transaction).
+-- name: take_freed
+WITH c AS (
+    SELECT *
+    FROM unnest(%(seq)s::bigint[], %(req)s::bigint[], %(take)s::bigint[], %(now)s::bigint[])
+        AS c(seq, req, take, now)
+), picks AS (
+    SELECT seq, now FROM (
+        SELECT c.seq, c.now, c.take,
+               row_number() OVER (PARTITION BY c.req ORDER BY c.seq) AS place
+        FROM c
+        JOIN batches b ON b.seq = c.seq
+        WHERE NOT b.final AND b.blocked_by IS NULL AND NOT b.submitted AND b.status IS NULL
+    ) AS r
+    WHERE place <= take
+), submission AS (
+    INSERT INTO submissions
+        (service_id, batch_id, last_checked, times_checked, error_type, error_message,
+         created_at, updated_at)
+    SELECT b.service_id, b.batch_id, p.now, 1, NULL, NULL, p.now, p.now
+    FROM picks p
+    JOIN batches b ON b.seq = p.seq
+    ON CONFLICT (service_id, batch_id) DO UPDATE
+    SET error_type = NULL,
+        error_message = NULL,
+        updated_at = GREATEST(excluded.updated_at, submissions.updated_at + 1)
+), taken AS (
+    UPDATE batches b
+    SET submitted = TRUE, attempts = b.attempts + 1, last_attempt_at = p.now
+    FROM picks p
+    WHERE b.seq = p.seq
+    RETURNING b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+              b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+              b.status
+)
+SELECT taken.seq, taken.service_id, taken.batch_id, taken.data_change_id,
+       taken.signer_public_key, taken.trace, taken.serialized_batch, taken.submitted,
+       taken.created_at, taken.last_attempt_at, taken.attempts, taken.status,
+       NULL::text, NULL::text,
+       t.transaction_id, t.family_name, t.family_version, t.payload, t.signer_public_key,
+       t.service_id, t.inputs, t.outputs, t.dependencies
+FROM taken
+LEFT JOIN transactions t ON t.service_id = taken.service_id AND t.batch_id = taken.batch_id
+ORDER BY taken.seq, t.position;
 
 -- name: write_status_set
 WITH k AS (
