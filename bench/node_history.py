@@ -20,6 +20,7 @@ pre-signs its share, then posts ``--chunk`` batches per request with
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import multiprocessing
@@ -29,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -106,6 +108,17 @@ class NodeProcess:
         else:
             raise RuntimeError(f"the node exited with {self.proc.wait()}")
         self.ready_s = time.perf_counter() - self.started
+        # Keep reading: a node that logs a lot during the run must not block
+        # on a full pipe (its last lines are kept for a failure's message).
+        self.last_lines: collections.deque[str] = collections.deque(maxlen=50)
+        self._drain = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._drain.start()
+
+    def _drain_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        with contextlib.suppress(ValueError, OSError):  # closed by stop()
+            for line in self.proc.stderr:
+                self.last_lines.append(line)
 
     def memory(self) -> tuple[float, float, float]:
         """RSS, its anonymous part (the heap) and its file-backed part, MiB."""
@@ -126,6 +139,7 @@ class NodeProcess:
     def stop(self, sig: int) -> None:
         self.proc.send_signal(sig)
         self.proc.wait(120)
+        self._drain.join(5)
         assert self.proc.stderr is not None
         self.proc.stderr.close()
 
