@@ -140,6 +140,15 @@ def _origins(value: Any) -> str:
     return ",".join(origins)
 
 
+def _share(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a number")
+    share = float(value)
+    if not 0 <= share <= 1:
+        raise ValueError(f"{value!r}: a share of one core is 0-1")
+    return share
+
+
 def _priority(value: Any) -> str:
     return str(Priority.parse(value))
 
@@ -282,6 +291,24 @@ KEYS: tuple[Key, ...] = (
         _priority,
         "idle",
         "CPU priority of the decoding processes: idle, normal or a nice value 0-19",
+    ),
+    Key(
+        "decode_yield_bytes",
+        _positive(_int),
+        1024 * 1024,
+        "BatchLists this large yield to the pipeline while it is busy",
+    ),
+    Key(
+        "decode_yield_share",
+        _share,
+        0.1,
+        "share of one core those lists' verification takes while the pipeline is busy (0-1)",
+    ),
+    Key(
+        "decode_yield_max_wait_s",
+        _non_negative(float),
+        30.0,
+        "longest such a list is held back in all, then it runs unthrottled (s)",
     ),
     Key("http.keepalive_s", _positive(float), 15.0, "close a connection idle this long (s)"),
     Key("http.header_timeout_s", _positive(float), 10.0, "a request's headers must arrive in (s)"),

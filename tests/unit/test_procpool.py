@@ -3,6 +3,7 @@ configured priority and die with their parent, even one killed with SIGKILL."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import pytest
 
 from ledgerq.config import load_settings
 from ledgerq.errors import ConfigError
-from ledgerq.procpool import Priority, WorkerPool
+from ledgerq.procpool import Priority, WorkerPool, set_priority
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 
@@ -153,3 +154,61 @@ def test_decode_priority_setting(tmp_path: Path) -> None:
     where = r"invalid decode_priority \(from LEDGERQ_DECODE_PRIORITY\)"
     with pytest.raises(ConfigError, match=where):
         load_settings(environ={"LEDGERQ_DECODE_PRIORITY": "fast"}, cwd=tmp_path)
+
+
+def test_the_priority_of_another_process_is_lowered_from_outside() -> None:
+    # What the pool does to a worker as it starts, before the worker's own
+    # start-up (the parent's main module imported: most of a second) runs.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        set_priority(Priority.parse("idle"), child.pid)
+        assert os.sched_getscheduler(child.pid) == os.SCHED_IDLE
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 19
+    finally:
+        child.kill()
+        child.wait(30)
+
+
+async def test_the_pool_lowers_each_worker_it_starts() -> None:
+    pool = WorkerPool(2, priority=Priority.parse("12"))
+    try:
+        await asyncio.gather(pool.run(time.sleep, 0.2), pool.run(time.sleep, 0.2))
+        assert pool.pids() and set(pool.pids()) <= pool._known
+        for pid in pool.pids():
+            assert os.getpriority(os.PRIO_PROCESS, pid) == max(
+                12, os.getpriority(os.PRIO_PROCESS, 0)
+            )
+    finally:
+        pool.close()
+
+
+def test_a_worker_does_not_run_the_parents_main_script_again(tmp_path: Path) -> None:
+    # The ``ledgerq`` script imports the whole tool; spawn would run it again
+    # in every worker before the worker's own start-up.
+    marker = tmp_path / "imported-again"
+    script = tmp_path / "main_script.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio
+            if __name__ != "__main__":
+                open({str(marker)!r}, "a").write(__name__)
+            from ledgerq.procpool import WorkerPool
+
+            async def main():
+                pool = WorkerPool(1)
+                try:
+                    print(await pool.run(abs, -2))
+                finally:
+                    pool.close()
+
+            if __name__ == "__main__":
+                asyncio.run(main())
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "2"
+    assert not marker.exists(), marker.read_text()

@@ -43,6 +43,7 @@ slice of the input, so nothing a client sent is dropped or re-encoded.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 from google.protobuf.message import DecodeError
 
@@ -84,9 +85,16 @@ def _first_repeated(values: tuple[str, ...]) -> str | None:
 
 
 def decode_batch_list(
-    data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES, verify: bool = True
+    data: bytes,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    verify: bool = True,
+    pace: Callable[[], None] | None = None,
 ) -> tuple[ParsedBatch, ...]:
-    """Decode a serialized ``BatchList`` and verify every batch in it."""
+    """Decode a serialized ``BatchList`` and verify every batch in it.
+
+    ``pace``: called before each batch is decoded (the gateway's decoding
+    worker pauses there to yield the CPU, :mod:`ledgerq.ingest.decoding`)."""
     if len(data) > max_bytes:
         raise InvalidBatchError(
             f"the BatchList is {len(data)} bytes, over the limit of {max_bytes}; "
@@ -108,6 +116,8 @@ def decode_batch_list(
     batches: list[ParsedBatch] = []
     seen: dict[str, int] = {}
     for index, part in enumerate(parts):
+        if pace is not None:
+            pace()
         batch = _decode_batch(part, index, verify)
         first = seen.setdefault(batch.header_signature, index)
         if first != index:
@@ -405,13 +415,15 @@ def parse_batch_list(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     created_at: int = 0,
+    pace: Callable[[], None] | None = None,
 ) -> tuple[TrackingBatch, ...]:
     """Decode and verify a ``BatchList`` into tracking batches for ``service_id``.
 
-    ``service_id=None`` means a ledger without services (:data:`NO_SERVICE`).
+    ``service_id=None`` means a ledger without services (:data:`NO_SERVICE`);
+    ``pace`` as for :func:`decode_batch_list`.
     """
     service = NO_SERVICE if service_id is None else check_service_id(service_id)
-    batches = decode_batch_list(data, max_bytes=max_bytes)
+    batches = decode_batch_list(data, max_bytes=max_bytes, pace=pace)
     for index, batch in enumerate(batches):
         check_storable(batch, index)
     return tuple(to_tracking_batch(batch, service, created_at) for batch in batches)

@@ -37,6 +37,7 @@ from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
 from ledgerq.gateway.ha import ClaimBoundLedger
 from ledgerq.gateway.takeover import TakeOverAsks, ledger_reader, store_opener
 from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
+from ledgerq.ingest.decoding import Yielding
 from ledgerq.ingest.guard import GuardedSite, HttpLimits, request_line_limit
 from ledgerq.ledgers.base import LedgerClient
 from ledgerq.ledgers.health import LedgerHealth
@@ -180,6 +181,12 @@ class Gateway:
             max_status_ids=settings["max_status_ids"],
             decode_slots=settings["decode_slots"],
             decode_priority=Priority.parse(settings["decode_priority"]),
+            decode_yielding=Yielding(
+                bytes=settings["decode_yield_bytes"],
+                share=settings["decode_yield_share"],
+                max_wait_s=settings["decode_yield_max_wait_s"],
+            ),
+            pipeline_busy=self._pipeline_busy,
             changes=self.changes,
             clock=clock,
             claims=claims,
@@ -244,6 +251,11 @@ class Gateway:
             self.follower.drop_services(change.lost)
         for service_id in busy:
             self.wake(service_id, relay=False, queue=service_id not in change.ready)
+
+    def _pipeline_busy(self) -> bool:
+        # Work in flight: submissions, batches followed to their final status
+        # (the API adds the posts it is taking in). Large posts yield to it.
+        return self.submitter.submitting > 0 or bool(self.follower.followed)
 
     def _ledger_problem(self, service_id: str) -> dict[str, object] | None:
         problem = self.health.for_service(service_id)

@@ -72,7 +72,7 @@ from ledgerq.errors import (
     StoreUnavailableError,
 )
 from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
-from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone
+from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone, Yielding
 from ledgerq.ingest.errors import error_body, json_errors
 from ledgerq.ingest.guard import guard_middleware, on_disconnect
 from ledgerq.ingest.longpoll import Changes as Changes
@@ -386,16 +386,26 @@ class GatewayApi:
         max_status_ids: int = 1_000,
         decode_slots: int = 2,
         decode_priority: Priority = DEFAULT_PRIORITY,
+        decode_yielding: Yielding | None = None,
+        pipeline_busy: Callable[[], bool] = lambda: False,
     ) -> None:
         """``acceptor``: what stores accepted batches (default: ``store``);
         ``ledger_problem``: the ledger's open problem for a service, if any;
         ``strategy_of``: the queuer strategy of a service id (for ``/services``);
         ``max_status_ids``: distinct ids per status request; ``decode_slots``:
         large BatchLists decoded and verified at once, off the event loop
-        (the others wait their turn), in processes at ``decode_priority``."""
+        (the others wait their turn), in processes at ``decode_priority``;
+        the largest of them yield to the pipeline while ``pipeline_busy()``
+        as ``decode_yielding`` says (:mod:`ledgerq.ingest.decoding`)."""
         self.max_status_ids = max_status_ids
+        #: Posts below the yielding size being taken in now (pipeline work).
+        self.posting = 0
         self.decoder = BatchListDecoder(
-            max_bytes=max_body_bytes, slots=decode_slots, priority=decode_priority
+            max_bytes=max_body_bytes,
+            slots=decode_slots,
+            priority=decode_priority,
+            yielding=decode_yielding,
+            busy=lambda: self.posting > 0 or pipeline_busy(),
         )
         self.ledger_problem = ledger_problem
         self.store = store
@@ -452,6 +462,18 @@ class GatewayApi:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _too_large(self.max_body_bytes)
+        if len(body) >= self.decoder.yielding.bytes:
+            return await self._take_in(request, body, service_id)
+        self.posting += 1
+        try:
+            return await self._take_in(request, body, service_id)
+        finally:
+            self.posting -= 1
+
+    async def _take_in(
+        self, request: web.Request, body: bytes, service_id: str | None
+    ) -> web.Response:
+        """Decode, verify and store a posted body; the answer."""
         try:
             if service_id is not None:
                 self.check_service_id(service_id)

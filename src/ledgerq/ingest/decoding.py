@@ -19,14 +19,37 @@ way, raised in the caller.
 Measured (docs/BENCHMARKS.md, "Hostile clients"): one 10 MiB list decoded
 inline blocked the loop for its whole decode; on a thread the loop's worst
 stall was tens of milliseconds, on a process less.
+
+**Large posts yield to the pipeline** (:class:`Yielding`). ``SCHED_IDLE``
+alone did not keep a 10 MiB post's verification (about 1.2 s of CPU) from
+taking the pipeline's time on a small shared machine: the pipeline is a
+chain of short wake-ups (event loops, PostgreSQL backends, the ledger) and
+each finds a core busy. So a body of at least ``Yielding.bytes`` is verified
+in chunks of :data:`CHUNK` batches, and between chunks its worker looks at
+a shared value the gateway keeps up to date (every :data:`SAMPLE_S` while
+such a post is under way): while the pipeline has work in flight (``busy``:
+submissions, batches followed, posts being taken in — and for
+:data:`LINGER_S` after), the large posts together take at most
+``Yielding.share`` of one core (the worker sleeps after each chunk for as
+long as the chunk took, scaled by the share); with a share of 0 they pause
+until the pipeline is idle. Never starved: a post held back for
+``Yielding.max_wait_s`` in all runs unthrottled to its end. Its client gets
+the same answer either way (``202`` or the codec's precise ``400``): nothing
+is stored before every signature is verified, nothing is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import multiprocessing
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ledgerq.codec import parse_batch_list
+from ledgerq.errors import InvalidBatchError
 from ledgerq.model import TrackingBatch
 from ledgerq.procpool import Priority, WorkerPool
 
@@ -35,6 +58,37 @@ from ledgerq.procpool import Priority, WorkerPool
 POOL_BYTES = 64 * 1024
 #: The workers' default scheduling priority (``decode_priority``).
 DEFAULT_PRIORITY = Priority.parse("idle")
+#: Batches verified between two looks at the pipeline's state (about 2 ms of
+#: CPU for single-transaction batches).
+CHUNK = 16
+#: How often the gateway samples the pipeline's state while a large post is
+#: verified (s).
+SAMPLE_S = 0.05
+#: The pipeline counts as busy this long after it was last seen busy (s): a
+#: serial service's next submission follows its commit by a few milliseconds.
+LINGER_S = 0.25
+#: How often a paused worker (share 0) looks again (s).
+POLL_S = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class Yielding:
+    """How large posts yield to the pipeline (``decode_yield_*`` settings)."""
+
+    #: Bodies at least this large yield (``decode_yield_bytes``).
+    bytes: int = 1024 * 1024
+    #: Share of one core the large posts' verification takes in all while
+    #: the pipeline is busy; 0 pauses it (``decode_yield_share``).
+    share: float = 0.1
+    #: The longest a post is held back in all, then it runs unthrottled (s)
+    #: (``decode_yield_max_wait_s``).
+    max_wait_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.share <= 1:
+            raise ValueError(f"a share of one core is 0-1, not {self.share}")
+        if self.max_wait_s < 0:
+            raise ValueError(f"max_wait_s must not be negative, not {self.max_wait_s}")
 
 
 class ClientGone(Exception):
@@ -49,12 +103,37 @@ class BatchListDecoder:
         slots: int = 2,
         pool_bytes: int = POOL_BYTES,
         priority: Priority = DEFAULT_PRIORITY,
+        yielding: Yielding | None = None,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``busy``: whether the pipeline has work in flight now (sampled
+        while a large post is verified, see :class:`Yielding`)."""
         self.max_bytes = max_bytes
         self.slots = slots
         self.pool_bytes = pool_bytes
+        self.yielding = yielding or Yielding()
+        self.busy = busy
         self._turns = asyncio.Semaphore(slots)
-        self.pool = WorkerPool(slots, priority=priority)
+        context = multiprocessing.get_context("spawn")
+        # Read by the workers between chunks: the share of a core each may
+        # take now (1: no limit); written here only.
+        self._share: Any = context.RawValue("d", 1.0)
+        # Workers holding back right now, and holds so far (for tests and metrics).
+        self._holding: Any = context.Value("i", 0)
+        self._holds: Any = context.Value("i", 0)
+        self.pool = WorkerPool(
+            slots,
+            priority=priority,
+            setup=_setup_worker,
+            setup_args=(self._share, self._holding, self._holds),
+        )
+        #: Large posts under verification now.
+        self.large = 0
+        #: Large posts held back at least once, and those that ran past ``max_wait_s``.
+        self.held_posts = 0
+        self.overdue_posts = 0
+        self._busy_at = -LINGER_S
+        self._sampler: asyncio.Task[None] | None = None
         #: Bodies decoded in the pool (for tests and metrics).
         self.pooled = 0
         #: Bodies dropped because their client left while they waited their turn.
@@ -82,11 +161,63 @@ class BatchListDecoder:
                 self.abandoned += 1
                 raise ClientGone("the client went away before its BatchList's turn to be verified")
             self.pooled += 1
-            return await self.pool.run(parse_batch_list_in_worker, body, service_id, self.max_bytes)
+            if len(body) < self.yielding.bytes:
+                return await self.pool.run(
+                    parse_batch_list_in_worker, body, service_id, self.max_bytes
+                )
+            return await self._decode_yielding(body, service_id)
         finally:
             self._turns.release()
 
+    async def _decode_yielding(
+        self, body: bytes, service_id: str | None
+    ) -> Sequence[TrackingBatch]:
+        self.large += 1
+        self.sample()
+        if self._sampler is None or self._sampler.done():
+            self._sampler = asyncio.create_task(self._sample_while_large())
+        try:
+            outcome, held_s, overdue = await self.pool.run(
+                parse_yielding_in_worker, body, service_id, self.max_bytes, self.yielding.max_wait_s
+            )
+        finally:
+            self.large -= 1
+        self.held_posts += held_s > 0
+        self.overdue_posts += overdue
+        if isinstance(outcome, InvalidBatchError):
+            raise outcome
+        return outcome
+
+    def sample(self) -> None:
+        """Look at the pipeline now and tell the workers what share they may take."""
+        now = time.monotonic()
+        if self.busy():
+            self._busy_at = now
+        if now - self._busy_at < LINGER_S:
+            # Shared among the large posts being verified.
+            self._share.value = self.yielding.share / max(1, min(self.large, self.slots))
+        else:
+            self._share.value = 1.0
+
+    async def _sample_while_large(self) -> None:
+        while self.large:
+            self.sample()
+            await asyncio.sleep(SAMPLE_S)
+        self._share.value = 1.0
+
+    @property
+    def holding(self) -> int:
+        """Workers holding a large post back right now."""
+        return int(self._holding.value)
+
+    @property
+    def holds(self) -> int:
+        """Pauses the workers took so far."""
+        return int(self._holds.value)
+
     def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
         self.pool.close()
 
 
@@ -94,3 +225,102 @@ def parse_batch_list_in_worker(
     body: bytes, service_id: str | None, max_bytes: int
 ) -> Sequence[TrackingBatch]:
     return parse_batch_list(body, service_id, max_bytes=max_bytes)
+
+
+# -- in the workers --------------------------------------------------------------
+
+_shared: tuple[Any, Any, Any] | None = None
+
+
+def _setup_worker(share: Any, holding: Any, holds: Any) -> None:
+    global _shared
+    _shared = (share, holding, holds)
+
+
+def parse_yielding_in_worker(
+    body: bytes, service_id: str | None, max_bytes: int, max_wait_s: float
+) -> tuple[Sequence[TrackingBatch] | InvalidBatchError, float, bool]:
+    """The list's batches (or the codec's refusal), verified in chunks that
+    yield (:class:`Pacer`); with the time held back (s) and whether it ran
+    past ``max_wait_s``."""
+    assert _shared is not None, "a worker of BatchListDecoder's pool"
+    share, holding, holds = _shared
+    pacer = Pacer(lambda: float(share.value), max_wait_s, on_hold=_counter(holding, holds))
+    outcome: Sequence[TrackingBatch] | InvalidBatchError
+    try:
+        outcome = parse_batch_list(body, service_id, max_bytes=max_bytes, pace=pacer)
+    except InvalidBatchError as exc:
+        outcome = exc
+    return outcome, pacer.held_s, pacer.overdue
+
+
+@contextlib.contextmanager
+def _held(holding: Any, holds: Any) -> Any:
+    with holding.get_lock():
+        holding.value += 1
+    with holds.get_lock():
+        holds.value += 1
+    try:
+        yield
+    finally:
+        with holding.get_lock():
+            holding.value -= 1
+
+
+def _counter(holding: Any, holds: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    return lambda: _held(holding, holds)
+
+
+class Pacer:
+    """Called before each batch is verified; every :data:`CHUNK` batches it
+    holds back as ``share()`` asks: at a share ``s`` below 1, it sleeps
+    ``(1 - s) / s`` times the CPU the chunk took; at 0 it waits until the
+    share rises. Once held back ``max_wait_s`` in all it holds back no more
+    (``overdue``)."""
+
+    def __init__(
+        self,
+        share: Callable[[], float],
+        max_wait_s: float,
+        *,
+        on_hold: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        sleep: Callable[[float], None] = time.sleep,
+        cpu: Callable[[], float] = time.thread_time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.share = share
+        self.max_wait_s = max_wait_s
+        self.on_hold = on_hold
+        self.sleep = sleep
+        self.cpu = cpu
+        self.clock = clock
+        self.held_s = 0.0
+        self.overdue = False
+        self._count = 0
+        self._mark = cpu()
+
+    def __call__(self) -> None:
+        count = self._count
+        self._count = count + 1
+        if count % CHUNK or self.overdue:
+            return
+        share = self.share()
+        if share < 1:
+            used = self.cpu() - self._mark
+            with self.on_hold():
+                self._hold(share, used)
+        self._mark = self.cpu()
+
+    def _hold(self, share: float, used: float) -> None:
+        began = self.clock()
+        try:
+            if share > 0:
+                self.sleep(min(used * (1 - share) / share, self.max_wait_s - self.held_s))
+                return
+            while share <= 0 and self.held_s + self.clock() - began < self.max_wait_s:
+                self.sleep(min(POLL_S, self.max_wait_s - self.held_s - (self.clock() - began)))
+                share = self.share()
+        finally:
+            self.held_s += self.clock() - began
+            if self.held_s >= self.max_wait_s:
+                self.overdue = True

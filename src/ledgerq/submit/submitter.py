@@ -193,6 +193,11 @@ class Submitter:
         """Batches with a submission in progress: batch id → service id (a copy)."""
         return dict(self._in_flight)
 
+    @property
+    def submitting(self) -> int:
+        """Submissions in progress now."""
+        return len(self._in_flight)
+
     def stop(self) -> None:
         """Take no new batches; :meth:`run` returns once in-flight ones are recorded."""
         self._stopping.set()
