@@ -263,6 +263,32 @@ class Node:
 
     # --- submitting ---------------------------------------------------------------
 
+    def busy(self) -> str | None:
+        """Why no batch at all could be accepted now, or ``None``.
+
+        The checks of :meth:`submit` that need nothing from the batches: the
+        REST API asks before it decodes and verifies a body, so a busy node
+        answers at once instead of after the signature checks (which the
+        client's retry would pay again)."""
+        if len(self._pending_ids) >= self.max_pending:
+            return (
+                f"the node has {len(self._pending_ids)} batches pending (limit "
+                f"{self.max_pending}); resubmit once some have committed"
+            )
+        if len(self._held) >= self.max_held:
+            return (
+                f"the node holds {len(self._held)} batches waiting on dependencies (limit "
+                f"{self.max_held}); resubmit once some have committed or expired"
+            )
+        # The commits not yet in the store are in memory and a restart replays them:
+        # accept no more than the store writer can keep up with.
+        if self.committed.unwritten > self.max_unwritten:
+            return (
+                f"the node's store is {self.committed.unwritten} commits behind; "
+                "resubmit in a moment"
+            )
+        return None
+
     async def submit(
         self, batches: Sequence[ParsedBatch], *, resubmission: TxFingerprint | None = None
     ) -> None:
@@ -298,18 +324,9 @@ class Node:
                 f"the node has {len(self._pending_ids)} batches pending (limit "
                 f"{self.max_pending}); resubmit once some have committed"
             )
-        if len(self._held) >= self.max_held:
-            raise NodeBusyError(
-                f"the node holds {len(self._held)} batches waiting on dependencies (limit "
-                f"{self.max_held}); resubmit once some have committed or expired"
-            )
-        # The commits not yet in the store are in memory and a restart replays them:
-        # accept no more than the store writer can keep up with.
-        if self.committed.unwritten > self.max_unwritten:
-            raise NodeBusyError(
-                f"the node's store is {self.committed.unwritten} commits behind; "
-                "resubmit in a moment"
-            )
+        busy = self.busy()
+        if busy is not None:
+            raise NodeBusyError(busy)
         self._pending_ids.update(seen)
         admitted = [a for a in (self._classify(b, resubmission) for b in fresh) if a is not None]
         await self._admit(admitted)

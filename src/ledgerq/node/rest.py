@@ -168,6 +168,9 @@ def make_app(
                 "'Content-Type' header of 'application/octet-stream'",
             )
         body = await request.read()
+        busy = target.busy()
+        if busy is not None:  # answered before the body's signatures are checked
+            return _error(429, 31, "Unable to Accept Batches", busy)
         try:
             # Large bodies are verified in other processes (see ledgerq.node.decoding).
             batches = await verifier.decode(body)

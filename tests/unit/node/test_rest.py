@@ -137,6 +137,11 @@ async def test_full_queue_is_429() -> None:
             srv, encode_batch_list([make_intkey_batch(SIGNER, [("set", "r", 1)])])
         )
         assert (status, doc["error"]["code"]) == (429, 31)
+        # Busy is answered before the body is decoded: a body that would be a 400
+        # (not a BatchList at all) gets the 429 too, its signatures never checked.
+        status, doc = await post(srv, b"\xff not a batch list")
+        assert (status, doc["error"]["code"]) == (429, 31)
+        assert "pending (limit 1)" in doc["error"]["message"]
     finally:
         await srv.session.close()
         await srv.runner.cleanup()
