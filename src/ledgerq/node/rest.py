@@ -34,6 +34,7 @@ from typing import Any
 from aiohttp import web
 
 from ledgerq.codec import DEFAULT_MAX_BYTES
+from ledgerq.codec.decode import decode_batch_list
 from ledgerq.errors import InvalidBatchError, NodeBusyError, NodeError
 from ledgerq.node.access import AccessPolicy, access_middleware
 from ledgerq.node.chain_rest import Chain, RequestError, add_chain_routes
@@ -60,6 +61,19 @@ _BATCH_ID = re.compile(r"[0-9a-f]{128}")
 _ADDRESS = re.compile(r"[0-9a-f]{70}")
 _PREFIX = re.compile(r"[0-9a-f]{0,70}")
 _HEARTBEAT_S = 15.0
+
+
+#: What a body that does not parse as a BatchList is refused for.
+_UNPARSED = frozenset({"empty_batch_list", "malformed_protobuf", "too_large"})
+
+
+def _refused(exc: InvalidBatchError) -> web.Response:
+    """The 400 for a posted BatchList that is not accepted, by the rule it broke."""
+    if exc.rule == "empty_batch_list":
+        return _error(400, 34, "No Batches Submitted", str(exc))
+    if exc.rule == "malformed_protobuf":
+        return _error(400, 35, "Protobuf Not Decodable", str(exc))
+    return _error(400, 30, "Submitted Batches Invalid", str(exc))
 
 
 def _error(status: int, code: int, title: str, message: str) -> web.Response:
@@ -169,17 +183,20 @@ def make_app(
             )
         body = await request.read()
         busy = target.busy()
-        if busy is not None:  # answered before the body's signatures are checked
+        if busy is not None:
+            # As Sawtooth orders it: the body must parse (the REST API's check),
+            # then back-pressure comes before any signature is checked.
+            try:
+                decode_batch_list(body, max_bytes=max_bytes, verify=False)
+            except InvalidBatchError as exc:
+                if exc.rule in _UNPARSED:
+                    return _refused(exc)
             return _error(429, 31, "Unable to Accept Batches", busy)
         try:
             # Large bodies are verified in other processes (see ledgerq.node.decoding).
             batches = await verifier.decode(body)
         except InvalidBatchError as exc:
-            if exc.rule == "empty_batch_list":
-                return _error(400, 34, "No Batches Submitted", str(exc))
-            if exc.rule == "malformed_protobuf":
-                return _error(400, 35, "Protobuf Not Decodable", str(exc))
-            return _error(400, 30, "Submitted Batches Invalid", str(exc))
+            return _refused(exc)
         try:
             await target.submit(batches)
         except NodeBusyError as exc:

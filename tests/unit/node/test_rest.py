@@ -137,9 +137,15 @@ async def test_full_queue_is_429() -> None:
             srv, encode_batch_list([make_intkey_batch(SIGNER, [("set", "r", 1)])])
         )
         assert (status, doc["error"]["code"]) == (429, 31)
-        # Busy is answered before the body is decoded: a body that would be a 400
-        # (not a BatchList at all) gets the 429 too, its signatures never checked.
+        # As Sawtooth orders it: a body that does not parse is still a 400, but
+        # busy comes before any signature is checked (a forged one gets the 429).
         status, doc = await post(srv, b"\xff not a batch list")
+        assert (status, doc["error"]["code"]) == (400, 35)
+        forged = make_intkey_batch(SIGNER, [("set", "f", 1)])
+        raw = bytearray(encode_batch_list([forged]))
+        i = raw.find(forged.header_signature.encode())
+        raw[i : i + 2] = b"00" if raw[i : i + 2] != b"00" else b"11"
+        status, doc = await post(srv, bytes(raw))
         assert (status, doc["error"]["code"]) == (429, 31)
         assert "pending (limit 1)" in doc["error"]["message"]
     finally:
