@@ -139,6 +139,37 @@ async def test_a_refused_request_fails_alone_and_the_others_land() -> None:
     assert (await store.list_batches(service_id="s2")).batches == ()  # nothing of the refused
 
 
+async def test_a_refused_request_among_many_is_found_by_halves() -> None:
+    store = GatedStore()
+    inserter = GroupInserter(store)
+    store.gate.set()
+    (known,) = await store.add_batches([make_batch("s0")])
+    store.gate.clear()
+    first = asyncio.create_task(inserter.add_batches([make_batch("s0")]))
+    await asyncio.sleep(0)
+    # Sixteen requests wait together; the eleventh re-posts a batch already held.
+    waiting = [
+        asyncio.create_task(
+            inserter.add_batches([known] if i == 10 else [make_batch(f"s{i + 1}")], now=i + 2)
+        )
+        for i in range(16)
+    ]
+    await asyncio.sleep(0)
+    store.calls.clear()
+    store.gate.set()
+    await first
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert isinstance(results[10], DuplicateBatchError)
+    landed = [r for i, r in enumerate(results) if i != 10]
+    assert all(isinstance(r, list) and len(r) == 1 for r in landed)
+    seqs = [b.seq for r in landed for b in r]  # type: ignore[union-attr]
+    assert seqs == sorted(seqs)  # still in arrival order
+    # All 16 refused; 0-7 land; 8-15 refused; 8-11 refused; 8-9 land; 10-11
+    # refused; 10 refused, 11 lands; 12-15 land: nine inserts instead of the
+    # seventeen (all, then each alone) a refusal used to cost.
+    assert store.calls == [16, 8, 8, 4, 2, 2, 1, 1, 4]
+
+
 async def test_urgent_writes_form_a_group_of_their_own_beside_the_one_under_way() -> None:
     from ledgerq.store.group import urgent
 
