@@ -22,7 +22,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 
-from ledgerq.errors import StoreError
+from ledgerq.errors import DuplicateBatchError, StoreError, StoreInputError
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
@@ -531,11 +531,16 @@ class GroupInserter:
         ]
         try:
             stored = await self._store.add_batches(combined)
-        except StoreError:
+        except (DuplicateBatchError, StoreInputError):
             # Halves, in order, until the refusal reaches the request it concerns.
             half = len(group) // 2
             await self._insert_part(group[:half])
             await self._insert_part(group[half:])
+            return
+        except StoreError:
+            # Not the input: each request tries alone and hears its own outcome.
+            for request in group:
+                await self._insert_part([request])
             return
         self._added(stored)
         at = 0
