@@ -9,7 +9,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from ledgerq.errors import DuplicateBatchError, FencedOffError, StoreError, StoreUnavailableError
+from ledgerq.errors import (
+    DuplicateBatchError,
+    FencedOffError,
+    StoreError,
+    StoreInputError,
+    StoreUnavailableError,
+)
 from ledgerq.model import BatchStatusName, Committed, Pending, TrackingBatch
 from ledgerq.store import BatchWrite, MemoryStore
 from ledgerq.store.group import GroupCommitWriter, GroupInserter, Successors
@@ -139,7 +145,7 @@ async def test_a_refused_request_fails_alone_and_the_others_land() -> None:
     assert (await store.list_batches(service_id="s2")).batches == ()  # nothing of the refused
 
 
-async def test_a_refused_request_among_many_is_found_by_halves() -> None:
+async def test_a_refused_request_among_many_goes_alone_the_others_together() -> None:
     store = GatedStore()
     inserter = GroupInserter(store)
     store.gate.set()
@@ -164,10 +170,39 @@ async def test_a_refused_request_among_many_is_found_by_halves() -> None:
     assert all(isinstance(r, list) and len(r) == 1 for r in landed)
     seqs = [b.seq for r in landed for b in r]  # type: ignore[union-attr]
     assert seqs == sorted(seqs)  # still in arrival order
-    # All 16 refused; 0-7 land; 8-15 refused; 8-11 refused; 8-9 land; 10-11
-    # refused; 10 refused, 11 lands; 12-15 land: nine inserts instead of the
-    # seventeen (all, then each alone) a refusal used to cost.
-    assert store.calls == [16, 8, 8, 4, 2, 2, 1, 1, 4]
+    # All 16 refused, naming the re-posted batch; the ten before it land
+    # together, it alone is refused, the five after it land together: four
+    # inserts instead of the seventeen (all, then each alone) it used to cost.
+    assert store.calls == [16, 10, 1, 5]
+
+
+async def test_a_refusal_naming_no_batch_splits_the_group_in_halves() -> None:
+    class Refusing(GatedStore):
+        async def add_batches(
+            self, batches: list[TrackingBatch], *, now: int | None = None
+        ) -> list[TrackingBatch]:
+            if any(b.service_id == "bad" for b in batches):
+                self.calls.append(len(batches))
+                raise StoreInputError("a value the store cannot hold")
+            return await super().add_batches(batches, now=now)
+
+    store = Refusing()
+    inserter = GroupInserter(store)
+    first = asyncio.create_task(inserter.add_batches([make_batch("s0")]))
+    await asyncio.sleep(0)
+    waiting = [
+        asyncio.create_task(inserter.add_batches([make_batch("bad" if i == 5 else f"s{i}")]))
+        for i in range(8)
+    ]
+    await asyncio.sleep(0)
+    store.calls.clear()
+    store.gate.set()
+    await first
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert isinstance(results[5], StoreInputError)
+    assert all(isinstance(r, list) for i, r in enumerate(results) if i != 5)
+    # 8 refused; 0-3 land; 4-7 refused; 4-5 refused; 4 lands, 5 refused; 6-7 land.
+    assert store.calls == [8, 4, 4, 2, 1, 1, 2]
 
 
 async def test_urgent_writes_form_a_group_of_their_own_beside_the_one_under_way() -> None:
