@@ -206,6 +206,33 @@ async def test_a_large_post_held_back_past_the_bound_gets_its_precise_answer() -
         decoder.close()
 
 
+async def test_a_held_large_post_never_keeps_a_smaller_pooled_post_waiting() -> None:
+    busy = True
+    large = _good_list(300)
+    decoder = BatchListDecoder(
+        max_bytes=10 * 2**20,
+        slots=2,
+        pool_bytes=1,  # every post in the pool
+        yielding=Yielding(bytes=len(large), share=0.0, max_wait_s=600),
+        busy=lambda: busy,
+    )
+    try:
+        first = asyncio.create_task(decoder.decode(large, "s"))
+        await until(lambda: decoder.holding == 1)
+        # A second large post waits for the large posts' one slot ...
+        second = asyncio.create_task(decoder.decode(large, "t"))
+        await until(lambda: decoder.waiting == 1)
+        # ... while a smaller one takes the other slot at once, busy or not.
+        assert len(await decoder.decode(_good_list(20), "u")) == 20
+        assert not first.done() and not second.done()
+        assert decoder.holding == 1 and decoder.waiting == 1
+        busy = False
+        assert len(await first) == 300 and len(await second) == 300
+        assert decoder.waiting == 0
+    finally:
+        decoder.close()
+
+
 async def test_the_large_posts_share_is_split_among_those_verified_at_once() -> None:
     busy = True
     decoder = BatchListDecoder(

@@ -114,6 +114,9 @@ class BatchListDecoder:
         self.yielding = yielding or Yielding()
         self.busy = busy
         self._turns = asyncio.Semaphore(slots)
+        # Large posts take at most slots - 1 of the slots at once (one if there
+        # is one): one held back never keeps a smaller pooled post waiting.
+        self._large_turns = asyncio.Semaphore(max(1, slots - 1))
         context = multiprocessing.get_context("spawn")
         # Read by the workers between chunks: the share of a core each may
         # take now (1: no limit); written here only.
@@ -151,9 +154,17 @@ class BatchListDecoder:
         decoding (raises :class:`ClientGone`)."""
         if len(body) < self.pool_bytes:
             return parse_batch_list(body, service_id, max_bytes=self.max_bytes)
+        large = len(body) >= self.yielding.bytes
         self.waiting += 1
         try:
-            await self._turns.acquire()
+            if large:
+                await self._large_turns.acquire()
+            try:
+                await self._turns.acquire()
+            except BaseException:
+                if large:
+                    self._large_turns.release()
+                raise
         finally:
             self.waiting -= 1
         try:
@@ -161,13 +172,15 @@ class BatchListDecoder:
                 self.abandoned += 1
                 raise ClientGone("the client went away before its BatchList's turn to be verified")
             self.pooled += 1
-            if len(body) < self.yielding.bytes:
+            if not large:
                 return await self.pool.run(
                     parse_batch_list_in_worker, body, service_id, self.max_bytes
                 )
             return await self._decode_yielding(body, service_id)
         finally:
             self._turns.release()
+            if large:
+                self._large_turns.release()
 
     async def _decode_yielding(
         self, body: bytes, service_id: str | None
