@@ -388,3 +388,38 @@ async def test_slots_for_what_a_final_status_frees() -> None:
     await asyncio.wait_for(task, 5)
     late = submitter.reserve_freed("p", 1)
     assert late is None
+
+
+async def test_freed_batches_taken_after_the_run_ended_are_not_posted_and_free_their_slots() -> (
+    None
+):
+    """As for the serial take: a final status's transaction took two freed
+    batches, but the run ended before they were started: nothing is posted,
+    and their slots, their service and the batches are free again."""
+    store = MemoryPipelineStore()
+    ledger = ScriptedLedger()
+    submitter = Submitter(
+        store,
+        ledger,
+        Recorder(store, clock=ManualClock()),
+        SubmitterSettings(poll_timeout_s=0.05, slots=3),
+        sleep=Sleeps(),
+        jitter=no_jitter,
+        parallel=lambda service_id: service_id.startswith("p"),
+    )
+    task = asyncio.create_task(submitter.run())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    take = submitter.reserve_freed("p", 2)
+    assert take is not None
+    a, b = batch("p", 1), batch("p", 2)
+    store.add(a, b)
+    submitter.stop()
+    await asyncio.wait_for(task, 5)
+    take.start([a, b])
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert ledger.sent == []
+    assert submitter.in_flight == {}
+    assert not {a.batch_id, b.batch_id} & submitter.held_batches
+    assert not submitter._busy  # the service is free again

@@ -260,32 +260,9 @@ class Submitter:
         for batch in batches:
             # As the poller does when it takes a batch (the store shows it
             # taken already: the follower drops reads of it made before).
-            self._in_flight[batch.batch_id] = batch.service_id
-            self._busy[batch.service_id] = self._busy.get(batch.service_id, 0) + 1
-            self.held_batches.add(batch.batch_id)
-            for listener in self.take_listeners:
-                listener(batch.batch_id)
+            self._take(batch)
             self.taken_with_final += 1
-            try:
-                if self._tasks is None:
-                    raise RuntimeError("the submitter's run ended")
-                self._tasks.create_task(self._submit(batch, recorded=True))
-            except RuntimeError:  # no run, or its task group is shutting down
-                # The batch stays {submitted}: the follower asks the ledger
-                # about it before anything resends it.
-                del self._in_flight[batch.batch_id]
-                self.held_batches.discard(batch.batch_id)
-                left = self._busy[batch.service_id] - 1
-                if left:
-                    self._busy[batch.service_id] = left
-                else:
-                    del self._busy[batch.service_id]
-                log.warning(
-                    "batch=%s service=%s taken as the submitter stopped; not posted (the "
-                    "ledger is asked about it)",
-                    batch.batch_id[:16],
-                    batch.service_id,
-                )
+            self._post_recorded(batch)
         if len(batches) < take.slots:
             self._slot_free.set()
 
@@ -304,16 +281,36 @@ class Submitter:
         self._reserved -= 1
         self.taken_with_final += 1
         self.taken_elsewhere(batch)
+        self._post_recorded(batch)
+
+    def _take(self, batch: TrackingBatch) -> None:
+        """Count ``batch`` in flight: its slot, its service busy, held."""
+        self._in_flight[batch.batch_id] = batch.service_id
+        self._busy[batch.service_id] = self._busy.get(batch.service_id, 0) + 1
+        self.held_batches.add(batch.batch_id)
+        for listener in self.take_listeners:
+            listener(batch.batch_id)
+
+    def _untake(self, batch: TrackingBatch) -> None:
+        """Undo :meth:`_take` (the submission ended, or never started)."""
+        del self._in_flight[batch.batch_id]
+        left = self._busy[batch.service_id] - 1
+        if left:
+            self._busy[batch.service_id] = left
+        else:
+            del self._busy[batch.service_id]
+        self.held_batches.discard(batch.batch_id)
+
+    def _post_recorded(self, batch: TrackingBatch) -> None:
+        """Submit a batch the store already shows taken. If the run ended
+        meanwhile, the batch stays {submitted}: the follower asks the ledger
+        about it before anything resends it."""
         try:
             if self._tasks is None:
                 raise RuntimeError("the submitter's run ended")
             self._tasks.create_task(self._submit(batch, recorded=True))
         except RuntimeError:  # no run, or its task group is shutting down
-            # The run ended meanwhile: the batch stays {submitted}, and the
-            # follower asks the ledger about it before anything resends it.
-            del self._in_flight[batch.batch_id]
-            self.held_batches.discard(batch.batch_id)
-            del self._busy[take.service_id]
+            self._untake(batch)
             log.warning(
                 "batch=%s service=%s taken as the submitter stopped; not posted (the "
                 "ledger is asked about it)",
@@ -358,11 +355,7 @@ class Submitter:
                     if self._released is not None:
                         self._released(batch)
                     continue
-                self._in_flight[batch.batch_id] = batch.service_id
-                self._busy[batch.service_id] = self._busy.get(batch.service_id, 0) + 1
-                self.held_batches.add(batch.batch_id)
-                for listener in self.take_listeners:
-                    listener(batch.batch_id)
+                self._take(batch)
                 tasks.create_task(self._submit(batch))
 
     async def _next(self, limit: int) -> Sequence[TrackingBatch]:
@@ -449,13 +442,7 @@ class Submitter:
         finally:
             if taken_here and not recorded and self._released is not None:
                 self._released(batch)
-            del self._in_flight[batch.batch_id]
-            left = self._busy[batch.service_id] - 1
-            if left:
-                self._busy[batch.service_id] = left
-            else:
-                del self._busy[batch.service_id]
-            self.held_batches.discard(batch.batch_id)
+            self._untake(batch)
             self._ended += 1
             self._slot_free.set()
             log.info(
