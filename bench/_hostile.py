@@ -72,6 +72,8 @@ class HostileSizes:
     poll_ids: int = 100
     poll_wait_s: float = 20.0
     large_posts: int = 3
+    #: Whether the client without the token tries every route.
+    prowler: bool = True
     #: Just under the gateway's default max_body_bytes (10 MiB).
     large_bytes: int = 10 * 1024 * 1024 - 1024
 
@@ -192,7 +194,10 @@ class HostileLoad:
             for i in range(s.large_posts):
                 self._spawn(self._large(self.urls[i % len(self.urls)]))
                 self._large_tasks.append(self._tasks[-1])
-        self._spawn(self._prowl())
+        if s.prowler:
+            self._spawn(self._prowl())
+        if s.slow + s.long_polls == 0:
+            self.started.set()  # nothing to open and settle
 
     def _spawn(self, coro: object) -> None:
         self._tasks.append(asyncio.ensure_future(coro))  # type: ignore[arg-type]

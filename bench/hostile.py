@@ -181,6 +181,12 @@ def _phase(
 @click.option("--poll-ids", default=100, show_default=True, help="Batch ids per long-poll.")
 @click.option("--large-posts", default=3, show_default=True, help="Clients posting 10 MiB lists.")
 @click.option(
+    "--prowler/--no-prowler",
+    default=True,
+    show_default=True,
+    help="A client without the token trying every route.",
+)
+@click.option(
     "--pg", "pg_admin", default="postgresql://postgres@127.0.0.1:5432/postgres", show_default=True
 )
 @click.option(
@@ -197,13 +203,18 @@ def command(
     long_polls: int,
     poll_ids: int,
     large_posts: int,
+    prowler: bool,
     pg_admin: str,
     profile: Path | None,
     write: bool,
 ) -> None:
     """Pipeline batches/s under hostile clients, as a share of a quiet run."""
     sizes = HostileSizes(
-        slow=slow, long_polls=long_polls, poll_ids=poll_ids, large_posts=large_posts
+        slow=slow,
+        long_polls=long_polls,
+        poll_ids=poll_ids,
+        large_posts=large_posts,
+        prowler=prowler,
     )
     large = broken_list(sizes.large_bytes)
     quiet, quiet_summary, quiet_voided, quiet_problems = _phase(
@@ -226,8 +237,9 @@ def command(
         f"off by the header timeout), {long_polls} long-polls of {poll_ids} of the "
         f"workload's ids (`wait={sizes.poll_wait_s:g}`), {large_posts} clients posting a "
         f"{sizes.large_bytes / 2**20:.0f} MiB BatchList over and over (verified to its last "
-        "batch, whose signature is broken: `400`), a client without the token trying every "
-        "route. Goal: hostile ≥ 0.8 of quiet, no claim voided, every batch committed once "
+        "batch, whose signature is broken: `400`), "
+        + ("a client without the token trying every route" if prowler else "no prowler")
+        + ". Goal: hostile ≥ 0.8 of quiet, no claim voided, every batch committed once "
         "and in order.\n\n"
         + report.table(["run", "batches/s", "share of quiet", "claims voided", "problems"], rows)
         + f"\n\nHostile requests by outcome: {summary}.\n\n{quiet_summary.capitalize()}.\n"

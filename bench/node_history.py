@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import fcntl
+import json
 import multiprocessing
 import os
 import re
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -158,6 +160,40 @@ def _cpu_seconds(pid: int, *, children: bool = True) -> float:
     return ticks / os.sysconf("SC_CLK_TCK") + sum(_cpu_seconds(c) for c in kids)
 
 
+class StatusProbe:
+    """Times ``POST /batch_statuses`` of ``ids`` every ``every`` s from its own
+    thread while the node is under the run's load: what a gateway's status
+    read (issue 15's take-over reads 40–76 ids) waits behind on the node's
+    event loop. The read itself costs the node about a quarter of a
+    millisecond."""
+
+    def __init__(self, url: str, ids: list[str], every: float = 0.25) -> None:
+        self.url, self.body, self.every = url, json.dumps(ids).encode(), every
+        self.times: list[tuple[float, float]] = []  # (when, seconds to answer)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            request = urllib.request.Request(
+                f"{self.url}/batch_statuses",
+                data=self.body,
+                headers={"Content-Type": "application/json"},
+            )
+            t0 = time.perf_counter()
+            with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=30) as r:
+                r.read()
+                self.times.append((t0, time.perf_counter() - t0))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(35)
+
+    def between(self, start: float, end: float) -> list[float]:
+        return sorted(s for t, s in self.times if start <= t <= end)
+
+
 async def _height(url: str) -> int:
     async with aiohttp.ClientSession() as session, session.get(f"{url}/blocks?limit=1") as r:
         doc = await r.json()
@@ -250,10 +286,13 @@ def _measure(
         posters = [
             ctx.Process(target=_post_all, args=(node.url, b, ids, concurrency)) for b, ids in signed
         ]
+        # 76 ids, as a take-over's status read: the chunks' last batches, client by client.
+        probe_ids = [i for _, ids in signed for i in ids[:38]][:76]
         del signed
         start = time.perf_counter()
         for p in posters:
             p.start()
+        probe = StatusProbe(node.url, probe_ids)
         marks: list[tuple[int, float, float, float, float]] = []  # height, s, rss, anon, file
         cpu: list[tuple[float, float]] = []  # the node's CPU seconds at each mark
         client_cpu = [0.0] * len(posters)
@@ -285,6 +324,8 @@ def _measure(
                     raise RuntimeError("the clients stopped before every batch committed")
             time.sleep(0.5)
         elapsed = time.perf_counter() - start
+        probe.stop()
+        reads = probe.between(start + marks[0][1], start + marks[-1][1])
         for p in posters:
             p.join(60)
         node.stop(signal.SIGKILL)
@@ -329,7 +370,8 @@ def _measure(
         f"its process (event loop and threads) {own_per_tx:.0f} µs, its decoding workers "
         f"{workers_per_tx:.0f} µs. The clients' processes: {clients_per_tx:.0f} µs "
         f"(up to their last reading).\n"
-        f"* Growth from {first[0]:,} to {last[0]:,} batches: RSS **{last[2] - first[2]:+.0f} "
+        + _reads_line(reads)
+        + f"* Growth from {first[0]:,} to {last[0]:,} batches: RSS **{last[2] - first[2]:+.0f} "
         f"MiB**, of which anonymous memory (the heap) **{last[3] - first[3]:+.0f} MiB** and "
         f"file pages mapped in (the store read through its memory map, the page cache) "
         f"{last[4] - first[4]:+.0f} MiB.\n"
@@ -341,3 +383,17 @@ def _measure(
         f"* Data directory at the end: {disk:,.0f} MiB.\n"
     )
     return markdown
+
+
+def _reads_line(reads: list[float]) -> str:
+    if not reads:
+        return "* Status reads under this load: none answered in the span.\n"
+
+    def q(f: float) -> float:
+        return 1000 * reads[min(len(reads) - 1, int(f * len(reads)))]
+
+    return (
+        f"* Status reads under this load (`POST /batch_statuses` of 76 ids every 0.25 s from "
+        f"the benchmark's process, over the same span): **p50 {q(0.5):.1f} ms**, p95 "
+        f"{q(0.95):.1f} ms, max {1000 * reads[-1]:.1f} ms ({len(reads)} reads).\n"
+    )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import importlib.machinery
 import multiprocessing
 import os
@@ -41,6 +42,11 @@ T = TypeVar("T")
 
 #: Highest ``nice`` value Linux knows.
 MAX_NICE = 19
+
+#: The capacity asked of the pipes between a pool and its workers (Linux; the
+#: kernel's default is 64 KiB, an unprivileged process may ask up to
+#: ``/proc/sys/fs/pipe-max-size``, 1 MiB by default).
+PIPE_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,7 @@ class WorkerPool:
                 initializer=_start_worker,
                 initargs=(os.getpid(), self.priority, self._setup, self._setup_args),
             )
+            widen_pipes(self._pool)
         known = self._known
         with main_left_alone():
             future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -140,6 +147,48 @@ class WorkerPool:
         self._known = set()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def widen_pipes(pool: ProcessPoolExecutor, size: int = PIPE_BYTES) -> list[int]:
+    """Ask a larger capacity of the pool's two pipes (Linux; best effort).
+
+    Each result crosses back through one pipe, read by the pool's manager
+    thread in this process, and each call's arguments through another,
+    written by the queue's feeder thread. At the kernel's default of 64 KiB a
+    result of a megabyte (a decoded POST of 500 transactions) takes some
+    sixteen reads, and each read gives the interpreter lock back: while the
+    event loop is busy, the thread waits up to the switch interval (5 ms) to
+    take it again before it reads on, and meanwhile the worker sits blocked
+    in its write instead of decoding the next body. With the pipe as large
+    as a whole result the worker writes it at once and goes on. Answers the
+    capacities obtained (the kernel's own, where it refused)."""
+    sizes: list[int] = []
+    setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
+    getsize = getattr(fcntl, "F_GETPIPE_SZ", None)
+    call_queue = getattr(pool, "_call_queue", None)
+    result_queue = getattr(pool, "_result_queue", None)
+    for queue in (call_queue, result_queue):
+        reader = getattr(queue, "_reader", None)
+        if reader is None or setsize is None or getsize is None:
+            continue
+        fd = reader.fileno()
+        for ask in (size, _pipe_max_size()):
+            try:
+                fcntl.fcntl(fd, setsize, ask)
+                break
+            except OSError:  # above what this process may ask
+                continue
+        with contextlib.suppress(OSError):
+            sizes.append(fcntl.fcntl(fd, getsize))
+    return sizes
+
+
+def _pipe_max_size() -> int:
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1024 * 1024
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ import aiohttp
 import cbor2
 import pytest
 from harness import FAST_GATEWAY_ENV, Proc, check_no_service_locked, node_proc
+from prometheus_client.parser import text_string_to_metric_families
 
 from ledgerq.codec.intkey import make_address
 from ledgerq.testing.fault_ledger import FaultLedger, FaultPlan
@@ -67,6 +68,21 @@ async def wait_final(
     return final
 
 
+async def taken_with_final(session: aiohttp.ClientSession, gateway: str, how: str) -> float:
+    """The gateway's ``ledgerq_batches_taken_with_final_total{how=...}``."""
+    async with session.get(f"{gateway}/metrics") as resp:
+        assert resp.status == 200, await resp.text()
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name == "ledgerq_batches_taken_with_final_total"
+                and sample.labels.get("how") == how
+            ):
+                return sample.value
+    raise AssertionError(f"no ledgerq_batches_taken_with_final_total{{how={how!r}}}")
+
+
 @pytest.mark.parametrize("db", ["sqlite", pytest.param("pg", marks=pytest.mark.pg)])
 async def test_parallel_keeps_each_key_in_order_against_a_judging_ledger(
     tmp_path: Path, session: aiohttp.ClientSession, db: str, request: pytest.FixtureRequest
@@ -101,6 +117,11 @@ async def test_parallel_keeps_each_key_in_order_against_a_judging_ledger(
             assert ledger.peak_pending > workload.services, ledger.peak_pending
             for fault in ("busy_503", "dropped_after_accept", "forgotten"):
                 assert ledger.counts[fault] > 0, ledger.counts
+            if db == "pg":
+                # On PostgreSQL a final status takes the batches it frees in
+                # its own transaction (docs/queuer.md): that path ran here.
+                freed = await taken_with_final(session, gateway.url, "freed")
+                assert freed > 0, freed
             await check_no_service_locked(session, gateway.url)
         finally:
             await gateway.stop()

@@ -12,6 +12,7 @@ import psycopg.errors
 import pytest
 
 from ledgerq.claims import ClaimChange, ClaimManager, ClaimSettings
+from ledgerq.claims.manager import WAKE_IDLE_GAP_MS
 from ledgerq.claims.queries import claim_queries
 from ledgerq.clock import ManualClock
 from ledgerq.errors import ConfigError, StoreError
@@ -484,6 +485,67 @@ async def test_run_cycles_until_stopped_and_wake_runs_a_cycle_early(db: str) -> 
         await asyncio.wait_for(task, 30)
     assert not a._thread.is_alive()
     assert a.claimed_services() == frozenset()  # released on close
+
+
+async def test_a_wake_up_only_claims_and_keeps_the_full_cycles_on_schedule(db: str) -> None:
+    """A wake-up (a new service) is answered by the claim alone (one
+    transaction, not the five of a cycle); wake-ups in a row never put the
+    full cycle (renewal, take-over, hand-over) off past its interval."""
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock, renew_interval_ms=400, claim_ttl_ms=60_000, slow_ttl_ms=61_000)
+    changes: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+    a.add_listener(lambda gained, _lost: changes.put_nowait(gained))
+    full = 0
+    cycle = a.cycle
+
+    async def counted(now: int | None = None) -> object:
+        nonlocal full
+        full += 1
+        return await cycle(now)
+
+    a.cycle = counted  # type: ignore[method-assign]
+    async with a:
+        task = asyncio.create_task(a.run())
+        await asyncio.sleep(0.05)
+        assert full == 1  # the first cycle is a full one
+        await a.register_services(["s1"])  # wakes the claim thread
+        assert await asyncio.wait_for(changes.get(), 30) == {"s1"}
+        assert a.claim_only_cycles >= 1
+        assert a.fence_for("s1") is not None
+        # Wake-ups every 50 ms for 2 s: the full cycles still come every
+        # renewal interval (400 ms), give or take a wake-up gap.
+        before = full
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 2.0
+        while loop.time() < end:
+            a.wake()
+            await asyncio.sleep(0.05)
+        assert full - before >= 3
+        assert a.claim_only_cycles >= 5
+        a.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def test_wake_ups_that_find_nothing_to_claim_come_at_the_idle_gap(db: str) -> None:
+    """With several instances most wake-ups come from batches of services
+    another instance holds: a claim that took nothing spaces the next one
+    WAKE_IDLE_GAP_MS apart, not WAKE_GAP_MS (an upper bound on their count:
+    a slow machine only makes fewer)."""
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock, renew_interval_ms=5_000, claim_ttl_ms=60_000, slow_ttl_ms=61_000)
+    async with a:
+        task = asyncio.create_task(a.run())
+        await asyncio.sleep(0.05)
+        before = a.claim_only_cycles
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.0
+        while loop.time() < end:
+            a.wake()
+            await asyncio.sleep(0.005)
+        quick = a.claim_only_cycles - before
+        assert 1 <= quick <= 1.0 / (WAKE_IDLE_GAP_MS / 1000) + 2, quick
+        a.stop()
+        await asyncio.wait_for(task, 30)
 
 
 async def test_the_next_cycle_comes_when_a_foreign_claim_can_expire(db: str) -> None:

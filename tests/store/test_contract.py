@@ -581,3 +581,30 @@ async def test_status_reads_are_the_batches_without_their_transactions(
         assert batch.serialized_batch in (b"", full[batch_id].serialized_batch)
     assert lean[invalid.batch_header].batch_status == Invalid((bad,))
     assert await store.get_batch_statuses_by_id([]) == []
+
+
+async def test_final_status_reads_leave_out_the_batches_not_final(
+    store: BatchTrackingStore,
+) -> None:
+    """The parked status requests' refresher reads only the final batches:
+    every final state in, every other state (and unknown ids) out."""
+    made = {
+        name: make_batch(SVC)
+        for name in ("new", "pending", "unknown", "valid", "committed", "invalid")
+    }
+    await store.add_batches(list(made.values()))
+    ids = {name: b.batch_header for name, b in made.items()}
+    await store.update_batch_status(ids["pending"], SVC, Pending())
+    await store.update_batch_status(ids["unknown"], SVC, Unknown())
+    await store.update_batch_status(ids["valid"], SVC, Valid())
+    await store.update_batch_status(ids["committed"], SVC, Committed())
+    await store.update_batch_status(ids["invalid"], SVC, Invalid())
+    asked = [*ids.values(), "f" * 128]
+    final = await store.get_final_batch_statuses_by_id(asked)
+    by_id = {b.batch_header: b for b in final}
+    assert by_id.keys() == {ids["valid"], ids["committed"], ids["invalid"]}
+    every = {b.batch_header: b for b in await store.get_batch_statuses_by_id(asked)}
+    for batch_id, batch in by_id.items():
+        assert batch.batch_status == every[batch_id].batch_status
+        assert batch.service_id == SVC
+    assert await store.get_final_batch_statuses_by_id([]) == []

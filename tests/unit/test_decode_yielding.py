@@ -298,3 +298,40 @@ async def test_in_a_gateway_a_large_post_waits_for_the_submission_in_flight(
         assert events == ["held", "ledger answers", "answered"]
         listed = await gateway.store.list_batches(service_id="b", limit=1000)
         assert len(listed.batches) == 600
+
+
+async def test_small_posts_decoded_on_the_loop_one_per_pass_io_between(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Small posts arriving together are decoded one per pass of the event
+    loop, in arrival order: what the first decode made ready (an answer on a
+    socket: here a callback it scheduled) runs before the second decode, not
+    after all of them."""
+    import ledgerq.ingest.decoding as decoding
+
+    order: list[str] = []
+    real = decoding.parse_batch_list
+
+    def parse(body: bytes, service_id: str | None, **kwargs: object) -> object:
+        order.append(f"decode {service_id}")
+        asyncio.get_running_loop().call_soon(order.append, f"ready after {service_id}")
+        return real(body, service_id, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decoding, "parse_batch_list", parse)
+    decoder = BatchListDecoder(max_bytes=10 * 2**20)  # every post below pool_bytes
+    try:
+        body = _good_list(5)
+        lists = await asyncio.gather(*(decoder.decode(body, s) for s in ("a", "b", "c")))
+        assert [len(b) for b in lists] == [5, 5, 5]
+        assert [b[0].service_id for b in lists] == ["a", "b", "c"]
+        assert order == [
+            "decode a",
+            "ready after a",
+            "decode b",
+            "ready after b",
+            "decode c",
+            "ready after c",
+        ]
+        assert decoder.inline_waits == 2 and decoder.pooled == 0
+    finally:
+        decoder.close()

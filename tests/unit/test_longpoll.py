@@ -48,6 +48,8 @@ class FakeStore:
         self.reads: list[list[str]] = []
         #: Reads asking for any of these fail.
         self.fail: set[str] = set()
+        #: The reads of :meth:`read_final` (each also in ``reads``).
+        self.final_reads: list[list[str]] = []
 
     def put(self, *batches: TrackingBatch) -> None:
         for b in batches:
@@ -58,6 +60,11 @@ class FakeStore:
         if self.fail & set(ids):
             raise StoreUnavailableError("down")
         return [self.state[i] for i in ids if i in self.state]
+
+    async def read_final(self, ids: Collection[str]) -> list[TrackingBatch]:
+        """The final batches only, as the stores' final reads answer."""
+        self.final_reads.append(sorted(ids))
+        return [b for b in await self.read(ids) if b.is_final]
 
 
 @pytest.fixture
@@ -221,6 +228,56 @@ async def test_a_long_pass_yields_to_the_event_loop(
             await asyncio.sleep(0)
     # Some turns of this task came while the pass was under way.
     assert any(0 < k < n for k in seen), seen
+
+
+async def test_the_refresher_reads_only_final_batches_and_rechecks_read_every_state() -> None:
+    """With a final reader, the refresher's reads of watched batches ask the
+    store for final batches only (a pending one costs no row); the re-check
+    of ids unknown when the request came reads every state (a pending one is
+    then waited for)."""
+    store = FakeStore()
+    c = Changes(max_waiters=10)
+    c.reader, c.final_reader = store.read, store.read_final
+    try:
+        mine, late = _batch("a", 0), _batch("b", 0)
+        store.put(mine)
+        with c.park() as waiter:
+            found = {mine.batch_id: mine}
+            c.watch(waiter, found, [mine.batch_id], [late.batch_id])
+            await until(lambda: len(store.reads) == 1)
+            assert store.final_reads == [[mine.batch_id]]  # watched: final only
+            store.put(late)  # accepted while the request waits, pending
+            store.put(replace(mine, batch_status=Committed()))
+            c.notify("a")
+            await until(lambda: [late.batch_id] in store.reads)
+            # The re-check of the unknown id read every state: found pending.
+            assert [late.batch_id] not in store.final_reads
+            assert waiter.pending == {late.batch_id: late.batch_id} and not waiter.event.is_set()
+            store.put(replace(late, batch_status=Committed()))
+            c.notify("b")
+            await until(lambda: waiter.event.is_set())
+            assert store.final_reads[-1] == [late.batch_id]
+            assert found[late.batch_id].is_final
+    finally:
+        await c.aclose()
+
+
+async def test_without_a_final_reader_the_refresher_filters_the_reader_s_answer(
+    changes: tuple[Changes, FakeStore],
+) -> None:
+    c, store = changes
+    assert c.final_reader is None
+    mine = _batch("a", 0)
+    store.put(mine)
+    with c.park() as waiter:
+        found = {mine.batch_id: mine}
+        c.watch(waiter, found, [mine.batch_id])
+        await until(lambda: len(store.reads) == 1)
+        assert found[mine.batch_id] is mine and not waiter.event.is_set()
+        store.put(replace(mine, batch_status=Committed()))
+        c.notify("a")
+        await until(lambda: waiter.event.is_set())
+        assert found[mine.batch_id].is_final
 
 
 def test_a_waiter_without_service_or_scope_limits_sees_every_batch() -> None:

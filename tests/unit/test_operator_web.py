@@ -96,6 +96,18 @@ def test_response_labels_are_bounded() -> None:
     assert response_label(Ambiguous("x")) == "ambiguous"
 
 
+def test_batches_taken_with_a_final_status_are_counted_by_how() -> None:
+    class Submitter:
+        taken_with_final = 7
+        taken_freed = 3
+
+    m = GatewayMetrics()
+    m.watch_submitter(Submitter())
+    text = m.exposition().decode()
+    assert _sample(text, 'ledgerq_batches_taken_with_final_total{how="next"}') == 4
+    assert _sample(text, 'ledgerq_batches_taken_with_final_total{how="freed"}') == 3
+
+
 def test_throughput_window_counts_per_second() -> None:
     now = [1_000_000]
     m = GatewayMetrics(clock=lambda: now[0])

@@ -4,6 +4,7 @@ configured priority and die with their parent, even one killed with SIGKILL."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import pytest
 
 from ledgerq.config import load_settings
 from ledgerq.errors import ConfigError
-from ledgerq.procpool import Priority, WorkerPool, set_priority
+from ledgerq.procpool import PIPE_BYTES, Priority, WorkerPool, _pipe_max_size, set_priority
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 
@@ -212,3 +213,20 @@ def test_a_worker_does_not_run_the_parents_main_script_again(tmp_path: Path) -> 
     )
     assert done.stdout.strip() == "2"
     assert not marker.exists(), marker.read_text()
+
+
+async def test_the_pools_pipes_are_widened_and_carry_results_larger_than_them() -> None:
+    """Both pipes of a started pool hold a megabyte (or what the kernel allows
+    this process), so a worker writes a decoded POST at once; results larger
+    than the pipe still cross whole."""
+    allowed = min(PIPE_BYTES, _pipe_max_size())
+    pool = WorkerPool(1)
+    try:
+        big = bytes(range(256)) * (3 * 2**20 // 256)  # 3 MiB: larger than the pipe
+        assert await pool.run(bytes, big) == big
+        executor = pool._pool
+        assert executor is not None
+        for queue in (executor._call_queue, executor._result_queue):  # type: ignore[attr-defined]
+            assert fcntl.fcntl(queue._reader.fileno(), fcntl.F_GETPIPE_SZ) >= allowed
+    finally:
+        pool.close()

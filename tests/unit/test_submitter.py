@@ -373,6 +373,7 @@ async def test_slots_for_what_a_final_status_frees() -> None:
     writes = len(store.writes)
     take.start([a, b])
     assert submitter.in_flight == {a.batch_id: "p", b.batch_id: "p"}
+    assert submitter.taken_freed == submitter.taken_with_final == 2
     for _ in range(200):
         if len(ledger.sent) == 2 and not submitter.in_flight:
             break

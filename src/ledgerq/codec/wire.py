@@ -61,7 +61,13 @@ def split_repeated_field(data: bytes, field_number: int) -> list[bytes]:
     with another wire type, a group, a bad tag or a length past the end is a
     :class:`WireError`.
     """
-    out: list[bytes] = []
+    return [data[start:end] for start, end in repeated_field_spans(data, field_number)]
+
+
+def repeated_field_spans(data: bytes, field_number: int) -> list[tuple[int, int]]:
+    """Where the payloads of :func:`split_repeated_field` lie in ``data``:
+    ``(start, end)`` of each, in order (the same checks, the same errors)."""
+    out: list[tuple[int, int]] = []
     pos = 0
     size = len(data)
     while pos < size:
@@ -75,7 +81,7 @@ def split_repeated_field(data: bytes, field_number: int) -> list[bytes]:
             if end > size:
                 raise WireError(f"field {field} runs {end - size} bytes past the end")
             if field == field_number:
-                out.append(data[pos:end])
+                out.append((pos, end))
             pos = end
         elif field == field_number:
             raise WireError(f"field {field} has wire type {wire_type}, expected length-delimited")

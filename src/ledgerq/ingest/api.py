@@ -156,6 +156,10 @@ class ApiStore(Protocol):
 
     async def get_batch_statuses_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]: ...
 
+    async def get_final_batch_statuses_by_id(
+        self, batch_ids: Collection[str]
+    ) -> list[TrackingBatch]: ...
+
     async def list_batches(
         self,
         *,
@@ -420,6 +424,7 @@ class GatewayApi:
         self.max_body_bytes = max_body_bytes
         self.changes = changes or Changes()
         self.changes.reader = lambda ids: self.store.get_batch_statuses_by_id(ids)
+        self.changes.final_reader = lambda ids: self.store.get_final_batch_statuses_by_id(ids)
         #: Status requests' reads: STATUS_READS at a time, combined.
         self.status_reads = CombinedReads(
             lambda ids: self.store.get_batch_statuses_by_id(ids),

@@ -23,9 +23,12 @@ What it costs — nothing while nothing changes (no periodic re-read):
   in the dirty services, once for every parked request together, at most
   once per :data:`REFRESH_INTERVAL_S` (changes arriving meanwhile are folded
   into the next read), and hands a batch only to the requests waiting for
-  it, and only once it is final (a batch still pending costs no pass over
-  its requests). A request is woken only when its last batch is final. A
-  pass yields to the event loop every :data:`DELIVER_SLICE` batches.
+  it, and only once it is final. The read asks for the final ones only
+  (:attr:`Changes.final_reader`): most watched batches are pending at any
+  moment, and one still pending costs the read no row, the gateway no
+  batch built from it and no pass over its requests. A request is woken
+  only when its last batch is final. A pass yields to the event loop every
+  :data:`DELIVER_SLICE` batches.
 * Bounded whatever the number of parked requests: after a read of ``n``
   ids the next waits ``n /`` :data:`REFRESH_IDS_PER_S` seconds if that is
   longer (a few hundred watched batches changing all the time are read a
@@ -179,6 +182,9 @@ class Changes:
         self.max_waiters = max_waiters
         #: Reads batches by id (set by the API to its store's).
         self.reader: BatchReader | None = None
+        #: Reads, among batch ids, only the batches in a final state (the
+        #: refresher's reads); None: :attr:`reader`'s answer, filtered.
+        self.final_reader: BatchReader | None = None
         #: Batches in a state that never changes, shared by every request.
         self.final = FinalCache(final_cache_size)
         #: Queries made to refresh parked requests (changes and re-checks),
@@ -286,7 +292,7 @@ class Changes:
                 ids = [b for s in services for b in self._by_service.get(s, {})]
                 read = len(ids)
                 if ids:
-                    batches = await self._read(ids) or ()
+                    batches = await self._read(ids, final_only=True) or ()
                     for n, batch in enumerate(batches, 1):
                         self._deliver(batch)
                         if n % DELIVER_SLICE == 0:
@@ -297,12 +303,21 @@ class Changes:
         finally:
             self._refresher = None
 
-    async def _read(self, ids: Collection[str]) -> list[TrackingBatch] | None:
+    async def _read(
+        self, ids: Collection[str], *, final_only: bool = False
+    ) -> list[TrackingBatch] | None:
+        """The batches of ``ids`` the store holds (only the final ones when
+        ``final_only``); None when the store failed."""
         assert self.reader is not None
         self.reads += 1
         self.ids_read += len(ids)
         try:
-            batches = await self.reader(ids)
+            if not final_only:
+                batches = await self.reader(ids)
+            elif self.final_reader is not None:
+                batches = await self.final_reader(ids)
+            else:
+                batches = [b for b in await self.reader(ids) if b.is_final]
         except StoreError as exc:
             # Parked requests are read again when their wait ends.
             log.warning("cannot read batches for parked status requests: %s", exc)

@@ -37,6 +37,7 @@ from typing import Any
 
 from ledgerq.codec import DEFAULT_MAX_BYTES, ParsedBatch, decode_batch_list
 from ledgerq.codec.parsed import ParsedTransaction, TransactionHeader
+from ledgerq.codec.wire import BATCH_LIST_BATCHES_FIELD, repeated_field_spans
 from ledgerq.procpool import WorkerPool
 
 #: Bodies at least this large go to the pool (about 40 single-transaction batches).
@@ -66,7 +67,7 @@ class BatchDecoder:
         """The verified batches of a BatchList (raises ``InvalidBatchError``)."""
         if len(body) < self.pool_bytes or self.pool is None:
             return decode_batch_list(body, max_bytes=self.max_bytes)
-        return _rebuild(await self.pool.run(_decode, body, self.max_bytes, self.preparers))
+        return _rebuild(await self.pool.run(_decode, body, self.max_bytes, self.preparers), body)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -77,7 +78,8 @@ Preparers = Mapping[tuple[str, str], Callable[[bytes], object]]
 
 
 def _decode(body: bytes, max_bytes: int, preparers: Preparers | None = None) -> tuple[Any, ...]:
-    return _flatten(decode_batch_list(body, max_bytes=max_bytes), preparers or {})
+    batches = decode_batch_list(body, max_bytes=max_bytes)
+    return _flatten(batches, preparers or {}, repeated_field_spans(body, BATCH_LIST_BATCHES_FIELD))
 
 
 def _prepare(preparers: Preparers, header: TransactionHeader, payload: bytes) -> object:
@@ -90,10 +92,25 @@ def _prepare(preparers: Preparers, header: TransactionHeader, payload: bytes) ->
         return None
 
 
-def _flatten(batches: Sequence[ParsedBatch], preparers: Preparers | None = None) -> tuple[Any, ...]:
+def _flatten(
+    batches: Sequence[ParsedBatch],
+    preparers: Preparers | None = None,
+    spans: Sequence[tuple[int, int]] | None = None,
+) -> tuple[Any, ...]:
     """The batches as tuples of their fields (in the dataclasses' order), each
-    transaction with what its family prepared from its payload."""
+    transaction with what its family prepared from its payload.
+
+    ``spans``: where each batch lies in the body it was decoded from
+    (:func:`~ledgerq.codec.wire.repeated_field_spans`); given, a batch's
+    ``serialized`` crosses as its ``(start, end)`` there, and
+    :func:`_rebuild` slices it from its own copy of the body. That is a third
+    of a result's bytes: a POST of 500 transactions answers about 0.75 MB
+    instead of 1.14 MB, less than the pool's pipe holds (1 MiB), so the
+    worker writes it at once instead of waiting for the node's process to
+    read it a piece at a time (:func:`ledgerq.procpool.widen_pipes`)."""
     preparers = preparers or {}
+    if spans is not None and len(spans) != len(batches):
+        raise ValueError(f"{len(spans)} spans for {len(batches)} batches")
     return tuple(
         (
             b.header_signature,
@@ -120,14 +137,15 @@ def _flatten(batches: Sequence[ParsedBatch], preparers: Preparers | None = None)
             ),
             b.trace,
             b.header_bytes,
-            b.serialized,
+            b.serialized if spans is None else spans[i],
         )
-        for b in batches
+        for i, b in enumerate(batches)
     )
 
 
-def _rebuild(flat: tuple[Any, ...]) -> tuple[ParsedBatch, ...]:
-    """The batches :func:`_flatten` took apart."""
+def _rebuild(flat: tuple[Any, ...], body: bytes | None = None) -> tuple[ParsedBatch, ...]:
+    """The batches :func:`_flatten` took apart (``body``: the one decoded, where
+    it sent spans)."""
     header, transaction, batch = TransactionHeader, ParsedTransaction, ParsedBatch
     return tuple(
         batch(
@@ -142,7 +160,7 @@ def _rebuild(flat: tuple[Any, ...]) -> tuple[ParsedBatch, ...]:
             ),
             trace,
             batch_header,
-            serialized,
+            serialized if body is None else body[serialized[0] : serialized[1]],
         )
         for bid, signer, ids, txs, trace, batch_header, serialized in flat
     )

@@ -87,6 +87,13 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+class SubmitterStats(Protocol):
+    """What the metrics read of the submitter (``ledgerq.submit.submitter.Submitter``)."""
+
+    taken_with_final: int
+    taken_freed: int
+
+
 class FollowerStats(Protocol):
     """What the metrics read of the follower (``ledgerq.follow.follower.Follower``)."""
 
@@ -314,6 +321,10 @@ class GatewayMetrics:
         """Expose the follower's parked reads and followed batches at every scrape."""
         self.registry.register(_FollowerCollector(follower))
 
+    def watch_submitter(self, submitter: SubmitterStats) -> None:
+        """Expose how many batches were taken along with a final status."""
+        self.registry.register(_SubmitterCollector(submitter))
+
     def add_node(self, node: Any) -> None:
         """Also expose an in-process node's ``ledgerq_node_*`` counters (once)."""
         if not self._node_added:
@@ -469,6 +480,23 @@ class _FollowerCollector(Collector):
         yield CounterMetricFamily(
             "ledgerq_follow_scans", "Safety-net scans of the in-flight batches.", value=f.scans
         )
+
+
+class _SubmitterCollector(Collector):
+    def __init__(self, submitter: SubmitterStats) -> None:
+        self.submitter = submitter
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.submitter
+        family = CounterMetricFamily(
+            "ledgerq_batches_taken_with_final",
+            "Batches recorded taken in the transaction of a final status: a serial "
+            "service's next batch (next), or batches a parallel final status freed (freed).",
+            labels=["how"],
+        )
+        family.add_metric(["next"], s.taken_with_final - s.taken_freed)
+        family.add_metric(["freed"], s.taken_freed)
+        yield family
 
 
 class _NodeCollector(Collector):

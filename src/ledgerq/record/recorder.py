@@ -137,6 +137,12 @@ class NextTaker(Protocol):
         serial service): if not, its next batch is not read ahead."""
         ...
 
+    def reserve_freed(self, service_id: str, most: int) -> FreedTake | None:
+        """Up to ``most`` slots for the batches a final status of the
+        parallel service ``service_id`` frees, or ``None`` (not parallel, no
+        slot, stopping...)."""
+        ...
+
 
 class FreedTake(Protocol):
     """Submission slots reserved for the batches a final status frees (the
@@ -176,6 +182,23 @@ class FusedWriter(Protocol):
         now: int | None = None,
         fence: Fence | None = None,
     ) -> bool: ...
+
+    @property
+    def takes_freed(self) -> bool:
+        """Whether :meth:`status_then_take_freed` can take anything."""
+        ...
+
+    async def status_then_take_freed(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus,
+        transaction_receipts: list[TransactionReceipt],
+        take: int,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> list[TrackingBatch]: ...
 
 
 class StatusWriter(Protocol):
@@ -484,13 +507,9 @@ class Recorder:
         """Slots for what a final status of ``service_id`` frees, when the
         store and the submitter take them along (a parallel service, on a
         store that can): see :meth:`_final_then_freed`."""
-        if self._fused is None or not getattr(self._fused, "takes_freed", False):
+        if self._fused is None or self._next_taker is None or not self._fused.takes_freed:
             return None
-        reserve = getattr(self._next_taker, "reserve_freed", None)
-        if reserve is None:
-            return None
-        found: FreedTake | None = reserve(service_id, FREED_TAKE)
-        return found
+        return self._next_taker.reserve_freed(service_id, FREED_TAKE)
 
     async def ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
         """Apply what the ledger said about one batch of ``service_id``.
@@ -602,7 +621,7 @@ class Recorder:
         taken: list[TrackingBatch] = []
         try:
             async with self._in_order(batch_id):
-                taken = await self._fused.status_then_take_freed(  # type: ignore[attr-defined]
+                taken = await self._fused.status_then_take_freed(
                     batch_id,
                     service_id,
                     status,

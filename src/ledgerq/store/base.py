@@ -175,6 +175,14 @@ class BatchReader(Protocol):
         invalid transactions)."""
         ...
 
+    async def get_final_batch_statuses_by_id(
+        self, batch_ids: Collection[str]
+    ) -> list[TrackingBatch]:
+        """As :meth:`get_batch_statuses_by_id`, only the batches in a final
+        state (``Committed``, ``Valid``, ``Invalid``): what the parked status
+        requests' refresher reads, a pending batch costing it no row."""
+        ...
+
     async def list_batches_by_status(
         self, status: BatchStatus | BatchStatusName
     ) -> TrackingBatchList: ...

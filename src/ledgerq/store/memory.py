@@ -491,6 +491,11 @@ class MemoryStore:
     async def get_batch_statuses_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
         return await self.get_batches_by_id(batch_ids)
 
+    async def get_final_batch_statuses_by_id(
+        self, batch_ids: Collection[str]
+    ) -> list[TrackingBatch]:
+        return [b for b in await self.get_batches_by_id(batch_ids) if b.is_final]
+
     async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None:
         rec = self._find(id, service_id)
         return None if rec is None else self._view(rec)

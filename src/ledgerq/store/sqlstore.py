@@ -1041,14 +1041,22 @@ class SqlStore:
         """As :meth:`get_batches_by_id` without the transactions and with an
         empty ``serialized_batch`` (an ``Invalid`` batch keeps its invalid
         transactions): what a status answer needs."""
+        return await self._statuses_by_id("get_batch_statuses_by_id", batch_ids)
+
+    async def get_final_batch_statuses_by_id(
+        self, batch_ids: Collection[str]
+    ) -> list[TrackingBatch]:
+        """As :meth:`get_batch_statuses_by_id`, only the batches in a final
+        state: a pending batch costs no row."""
+        return await self._statuses_by_id("get_final_batch_statuses_by_id", batch_ids)
+
+    async def _statuses_by_id(self, query: str, batch_ids: Collection[str]) -> list[TrackingBatch]:
         wanted = sorted(set(batch_ids))
         if not wanted:
             return []
 
         async def body(session: Session) -> list[TrackingBatch]:
-            rows = await session.fetchall(
-                "get_batch_statuses_by_id", {"ids": self._backend.texts_param(wanted)}
-            )
+            rows = await session.fetchall(query, {"ids": self._backend.texts_param(wanted)})
             invalid_seqs = [r[0] for r in rows if r[11] == BatchStatusName.INVALID.value]
             invalid: list[Row] = []
             if invalid_seqs:

@@ -185,8 +185,10 @@ class Submitter:
         #: Told of each batch taken with its predecessor's final status (the
         #: queue source drops any pick of its service it still has).
         self.taken_elsewhere: Callable[[TrackingBatch], None] = lambda _batch: None
-        #: Batches taken with their predecessor's final status (``reserve``).
+        #: Batches taken with their predecessor's final status (``reserve``
+        #: and ``reserve_freed``); of those, the ones a parallel final freed.
         self.taken_with_final = 0
+        self.taken_freed = 0
 
     @property
     def in_flight(self) -> dict[str, str]:
@@ -262,6 +264,7 @@ class Submitter:
             # taken already: the follower drops reads of it made before).
             self._take(batch)
             self.taken_with_final += 1
+            self.taken_freed += 1
             self._post_recorded(batch)
         if len(batches) < take.slots:
             self._slot_free.set()

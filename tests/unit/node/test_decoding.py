@@ -8,8 +8,13 @@ import pytest
 
 from ledgerq.codec import Signer, decode_batch_list, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.codec.wire import (
+    BATCH_LIST_BATCHES_FIELD,
+    repeated_field_spans,
+    split_repeated_field,
+)
 from ledgerq.errors import InvalidBatchError
-from ledgerq.node.decoding import BatchDecoder
+from ledgerq.node.decoding import BatchDecoder, _decode, _flatten, _rebuild
 from ledgerq.node.families import default_registry
 from ledgerq.node.families.intkey import IntkeyHandler
 
@@ -48,3 +53,27 @@ def test_decoded_batches_pickle_back_equal() -> None:
     ]
     parsed = decode_batch_list(encode_batch_list(batches))
     assert pickle.loads(pickle.dumps(parsed)) == parsed
+
+
+def test_a_pooled_result_sends_each_batch_as_its_span_of_the_body() -> None:
+    """The worker sends a batch's ``serialized`` as where it lies in the body,
+    and the node slices it from its own copy: the same batches, byte for
+    byte, also where the body holds other fields before and between them."""
+    batches = [
+        make_intkey_batch(SIGNER, [("set", f"s{i}-{j}", i) for j in range(3)]) for i in range(4)
+    ]
+    plain = encode_batch_list(batches)
+    # An unknown varint field (number 7) first and an unknown bytes field (number 9)
+    # between the first batch and the rest: skipped by the decoder, kept out of the spans.
+    first = repeated_field_spans(plain, BATCH_LIST_BATCHES_FIELD)[0]
+    body = b"\x38\x05" + plain[: first[1]] + b"\x4a\x03abc" + plain[first[1] :]
+    spans = repeated_field_spans(body, BATCH_LIST_BATCHES_FIELD)
+    assert [body[s:e] for s, e in spans] == split_repeated_field(body, BATCH_LIST_BATCHES_FIELD)
+    flat = _decode(body, 10**6, default_registry().preparers())
+    assert [b[-1] for b in flat] == spans  # spans cross, not the batches' bytes
+    rebuilt = _rebuild(pickle.loads(pickle.dumps(flat)), body)
+    inline = decode_batch_list(body)
+    assert rebuilt == inline
+    assert [b.serialized for b in rebuilt] == [b.serialized for b in inline]
+    as_bytes = _flatten(decode_batch_list(body), default_registry().preparers())
+    assert len(pickle.dumps(flat)) < len(pickle.dumps(as_bytes))

@@ -409,6 +409,19 @@ LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_
 WHERE b.batch_id IN (SELECT value FROM json_each(:ids))
 ORDER BY b.seq;
 
+-- get_batch_statuses_by_id, only the batches in a final state: what the
+-- parked status requests' refresher reads (a pending batch, most of what it
+-- watches, costs it no row).
+-- name: get_final_batch_statuses_by_id
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       X'', b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM batches b
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE b.batch_id IN (SELECT value FROM json_each(:ids))
+  AND b.status IN ('Committed', 'Valid', 'Invalid')
+ORDER BY b.seq;
+
 -- name: get_batches_by_seq
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
        b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
