@@ -36,7 +36,7 @@ import multiprocessing
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -44,7 +44,8 @@ import aiohttp
 
 from bench._cluster import Workload, wait_all_final
 from ledgerq.codec import Signer, decode_batch_list, encode_batch_list
-from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.codec.build import make_batch
+from ledgerq.codec.intkey import make_intkey_batch, make_intkey_transaction
 
 ROUTES = (
     ("GET", "/batches"),
@@ -159,10 +160,14 @@ class HostileLoad:
         *,
         large_body: bytes | None = None,
         token: str | None = None,
+        held_ids: Sequence[str] = (),
     ) -> None:
         self.urls = list(urls)
         self.sizes = sizes
         self.poll_ids = list(poll_ids)
+        #: Asked for by every long-poll besides its sample of ``poll_ids``: a
+        #: batch the ledger holds keeps each long-poll parked.
+        self.held_ids = list(held_ids)
         self.large_body = large_body
         #: Long-polls and large posts carry it (abusive, not anonymous); the
         #: prowler never does.
@@ -188,7 +193,7 @@ class HostileLoad:
         for i in range(s.slow):
             self._spawn(self._slow(self.urls[i % len(self.urls)]))
         for i in range(s.long_polls):
-            ids = rng.sample(self.poll_ids, min(s.poll_ids, len(self.poll_ids)))
+            ids = self.held_ids + rng.sample(self.poll_ids, min(s.poll_ids, len(self.poll_ids)))
             self._spawn(self._long_poll(self.urls[i % len(self.urls)], ids))
         if self.large_body is not None:
             for i in range(s.large_posts):
@@ -322,12 +327,20 @@ class HostileLoad:
 async def post_workload(urls: Sequence[str], workload: Workload, token: str | None) -> float:
     """Each service's batches as one ordered list, services spread over
     ``urls``; returns the seconds it took."""
+    return await post_batches(urls, workload.batches, token)
+
+
+async def post_batches(
+    urls: Sequence[str], batches: Mapping[str, Sequence[tuple[str, bytes]]], token: str | None
+) -> float:
+    """Per service id, its ``(batch id, BatchList)`` pairs as one ordered list,
+    services spread over ``urls``; returns the seconds it took."""
     began = time.monotonic()
     headers = {"Content-Type": "application/octet-stream"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
-        for n, (service_id, made) in enumerate(workload.batches.items()):
+        for n, (service_id, made) in enumerate(batches.items()):
             body = encode_batch_list(
                 [decode_batch_list(b, verify=False)[0].serialized for _, b in made]
             )
@@ -340,6 +353,28 @@ async def post_workload(urls: Sequence[str], workload: Workload, token: str | No
                         f"POST of {service_id} answered {r.status}: {await r.text()}"
                     )
     return time.monotonic() - began
+
+
+Made = dict[str, list[tuple[str, bytes]]]
+
+
+def held_and_release(signer: Signer) -> tuple[Made, Made]:
+    """A batch the ledger holds until the other is posted, each the one batch
+    of a service of its own, in :attr:`Workload.batches`' shape (``svc-held``
+    sets ``kheld`` to 0 and depends on ``svc-release``'s ``set krelease 0``).
+
+    Posted first, the held batch keeps every long-poll that asks for it
+    parked, whatever the pace of the workload; posting the release then lets
+    both commit."""
+    release_tx = make_intkey_transaction(signer, "set", "krelease", 0)
+    held_tx = make_intkey_transaction(
+        signer, "set", "kheld", 0, dependencies=(release_tx.header_signature,)
+    )
+    release, held = make_batch(signer, [release_tx]), make_batch(signer, [held_tx])
+    return (
+        {"svc-held": [(held.header_signature, encode_batch_list([held.serialized]))]},
+        {"svc-release": [(release.header_signature, encode_batch_list([release.serialized]))]},
+    )
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -456,6 +491,7 @@ def _run_load(
     poll_ids: Sequence[str],
     large_body: bytes | None,
     token: str | None,
+    held_ids: Sequence[str],
     started: Any,
     stop: Any,
     out: Any,
@@ -467,7 +503,9 @@ def _run_load(
         os.nice(LOAD_NICENESS)
 
     async def main() -> None:
-        load = HostileLoad(urls, sizes, poll_ids, large_body=large_body, token=token)
+        load = HostileLoad(
+            urls, sizes, poll_ids, large_body=large_body, token=token, held_ids=held_ids
+        )
         await load.start()
         await load.started.wait()
         started.set()
@@ -499,6 +537,7 @@ class LoadProcess:
         *,
         large_body: bytes | None = None,
         token: str | None = None,
+        held_ids: Sequence[str] = (),
     ) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._started = ctx.Event()
@@ -512,6 +551,7 @@ class LoadProcess:
                 list(poll_ids),
                 large_body,
                 token,
+                list(held_ids),
                 self._started,
                 self._stop,
                 self._out,

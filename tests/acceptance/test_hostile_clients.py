@@ -4,6 +4,10 @@ dribbling headers, parked long-polls of 100 ids, several 10 MiB posts at
 once (verified to their last batch, then refused), a client without the
 token trying every route.
 
+The long-polls also ask for a batch the ledger holds on a dependency until
+the workload is final, so they stay parked whatever the workload's pace and
+the gateways' parking lots fill (429) on every run.
+
 Every hostile request gets its clear answer or is cut off by a timeout; no
 claim lapses (no gateway voids another's claim: the loop, and with it claim
 renewal, never stalls behind the load); every batch is committed exactly
@@ -16,10 +20,25 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from bench._cluster import Cluster, Workload, check_invariants, install_fence_audit
-from bench._hostile import HostileSizes, LoadProcess, broken_list, claims_voided, flow
+from bench._cluster import (
+    Cluster,
+    Workload,
+    check_invariants,
+    install_fence_audit,
+    wait_all_final,
+)
+from bench._hostile import (
+    HostileSizes,
+    LoadProcess,
+    broken_list,
+    claims_voided,
+    flow,
+    held_and_release,
+    post_batches,
+)
 from ledgerq.store import open_store
 
 pytestmark = [pytest.mark.slow]
@@ -42,6 +61,16 @@ CLAIMS_ENV = {
 }
 
 
+FINAL = ("Committed", "Valid", "Invalid")
+
+
+def _status(pg_url: str, batch_id: str) -> str | None:
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute("SELECT status FROM batches WHERE batch_id = %s", (batch_id,)).fetchone()
+    assert row is not None, f"batch {batch_id} is not tracked"
+    return None if row[0] is None else str(row[0])
+
+
 async def _migrate(url: str) -> None:
     store = await open_store(url)
     await store.close()
@@ -56,6 +85,7 @@ def test_hostile_clients_get_clear_answers_while_ordered_batches_flow(
     cluster = Cluster(tmp_path, pg_url, env={**CLAIMS_ENV, **GATEWAY_ENV})
     workload = Workload(services=10, batches_per_service=10)
     large = broken_list(SIZES.large_bytes)
+    held, release = held_and_release(workload.signer)
     try:
         cluster.start_node()
         a = cluster.start_gateway("a")
@@ -63,7 +93,11 @@ def test_hostile_clients_get_clear_answers_while_ordered_batches_flow(
         urls = [a.url, b.url]
 
         async def run() -> dict[str, dict[str, int]]:
-            load = LoadProcess(urls, SIZES, workload.all_ids(), large_body=large, token=TOKEN)
+            await post_batches(urls, held, TOKEN)
+            held_id = held["svc-held"][0][0]
+            load = LoadProcess(
+                urls, SIZES, workload.all_ids(), large_body=large, token=TOKEN, held_ids=[held_id]
+            )
             # Batches flow under the load until every one is final.
             result = await flow(urls, pg_url, workload, load=load, token=TOKEN, timeout_s=240)
             report = result.report
@@ -73,10 +107,16 @@ def test_hostile_clients_get_clear_answers_while_ordered_batches_flow(
             assert report.outcomes["large post"]["400 bad_batch_signature"] > 0
             assert report.outcomes["long-poll"]["429"] > 0
             assert report.outcomes["prowler"]["json"] > 0
+            # The held batch was pending all along; the release lets both commit.
+            assert _status(pg_url, held_id) not in FINAL
+            await post_batches(urls, release, TOKEN)
             return report.unclear()
 
         unclear = asyncio.run(run())
         assert not unclear, unclear
+        workload.batches.update(held)
+        workload.batches.update(release)
+        wait_all_final(pg_url, len(workload.all_ids()), 60)
         problems = check_invariants(pg_url, cluster.ledger.url, workload)
         assert not problems, problems
         logs = [g.log_path.read_text(errors="replace") for g in (a, b)]

@@ -45,9 +45,11 @@ def make_intkey_transaction(
     value: int,
     *,
     batcher_public_key: str | None = None,
+    dependencies: Sequence[str] = (),
     nonce: str | None = None,
 ) -> ParsedTransaction:
-    """An intkey transaction reading and writing ``name``'s address only."""
+    """An intkey transaction reading and writing ``name``'s address only,
+    valid only after the transactions ``dependencies`` name have committed."""
     address = make_address(name)
     return make_transaction(
         signer,
@@ -57,6 +59,7 @@ def make_intkey_transaction(
         outputs=(address,),
         payload=encode_payload(verb, name, value),
         batcher_public_key=batcher_public_key,
+        dependencies=dependencies,
         nonce=nonce,
     )
 
