@@ -381,7 +381,11 @@ async def test_concurrent_cycles_never_double_claim(db: str) -> None:
         owners = claimants(db)
         assert None not in owners.values()
         got = counts(db, names)
-        assert max(got.values()) <= 67
+        # Every instance reaches the floor share floor(200 / 3) = 66: hand-over
+        # gives up claims only while another is below it, and claims take up
+        # to the ceiling 67, so 67/67/66 or, when two claim the freed services
+        # at once (each skipping the rows the other locked), 68/66/66.
+        assert min(got.values()) >= 200 // 3
         for m in managers:
             assert m.claimed_services() == {s for s, c in owners.items() if c == m.instance_id}
 
