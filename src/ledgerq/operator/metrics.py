@@ -19,7 +19,11 @@ gateways in one process (tests) never share a series. What is measured:
   ``ledgerq_followed_batches``, ``ledgerq_follow_asked_batches_total``,
   ``ledgerq_follow_scans_total``. A batch
   accepted by another instance (high availability) has no acceptance time
-  here, so only its ``submit`` and ``ledger`` stages are observed.
+  here, so only its ``submit`` and ``ledger`` stages are observed. These
+  event series are counted in plain numbers on the event loop (no lock per
+  event) and built into families only when scraped; what they expose is
+  what ``prometheus_client``'s ``Counter`` and ``Histogram`` would
+  (``_total``, buckets, ``_sum``, ``_count``, ``_created``).
 * Read from the store when ``/metrics`` is scraped: ``ledgerq_batches`` by
   status, ``ledgerq_queue_depth`` (all services), and
   ``ledgerq_service_queue_depth{service_id}`` for the ``top_services``
@@ -41,13 +45,16 @@ most recently accepted batches.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.ledgers.base import (
@@ -161,40 +168,21 @@ class GatewayMetrics:
         self.top_services = top_services
         self.clock = clock
         r = self.registry = CollectorRegistry(auto_describe=True)
-        #: Batches accepted by this process (the counter's value, for the workers view).
+        # The event series are plain numbers, turned into families only when
+        # scraped (:class:`_EventCollector`): ``prometheus_client`` takes a lock
+        # per ``inc``/``observe``, several times per batch on the hot path.
+        #: Batches accepted by this process (``ledgerq_batches_accepted_total``).
         self.accepted_total = 0
-        self.accepted = Counter(
-            "ledgerq_batches_accepted", "Batches accepted by POST /batches.", registry=r
-        )
-        self.attempts = Counter(
-            "ledgerq_submission_attempts",
-            "POSTs of a batch to the ledger, by the ledger's response.",
-            ["response"],
-            registry=r,
-        )
-        self.polls = Counter(
-            "ledgerq_monitor_polls", "Batch status reads of the ledger.", ["result"], registry=r
-        )
-        self.reported = Counter(
-            "ledgerq_ledger_statuses",
-            "Batch statuses reported by the ledger (polls and events).",
-            ["status"],
-            registry=r,
-        )
-        self.stage = Histogram(
-            "ledgerq_stage_latency_seconds",
-            "Per-stage latency: queued (accepted to first POST), submit (one POST), "
-            "ledger (first POST to final status).",
-            ["stage"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "ledgerq_end_to_end_latency_seconds",
-            "From acceptance by POST /batches to a final status on the ledger.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
+        self._accepted_created = time.time()
+        self._attempts_by: dict[str, _Count] = {}
+        self._polls_ok = _Count()
+        self._polls_error = _Count()
+        self._reported_by: dict[str, _Count] = {}
+        self._stage_submit = _Histogram()
+        self._stage_queued = _Histogram()
+        self._stage_ledger = _Histogram()
+        self._e2e = _Histogram()
+        r.register(_EventCollector(self))
         self.batches = Gauge(
             "ledgerq_batches", "Tracked batches by status.", ["status"], registry=r
         )
@@ -212,15 +200,6 @@ class GatewayMetrics:
         self.claims_held = Gauge(
             "ledgerq_claims_held", "Service claims this instance holds.", registry=r
         )
-        # Labelled children looked up once: ``labels()`` costs a lock and a
-        # tuple per call, and these are counted several times per batch.
-        self._stage_submit = self.stage.labels("submit")
-        self._stage_queued = self.stage.labels("queued")
-        self._stage_ledger = self.stage.labels("ledger")
-        self.polls_ok = self.polls.labels("ok")
-        self.polls_error = self.polls.labels("error")
-        self._attempts_by: dict[str, Any] = {}
-        self._reported_by: dict[str, Any] = {}
         self._created: dict[str, int] = {}
         self._posted: dict[str, int] = {}
         self._accepted_window = _Window(THROUGHPUT_WINDOW_S)
@@ -239,7 +218,6 @@ class GatewayMetrics:
             n += 1
             _remember(self._created, b.batch_id, b.created_at or now)
             self.recent.append((b.batch_id, b.service_id))
-        self.accepted.inc(n)
         self.accepted_total += n
         self._accepted_window.add(now // 1000, n)
 
@@ -247,8 +225,8 @@ class GatewayMetrics:
         label = response_label(result)
         attempts = self._attempts_by.get(label)
         if attempts is None:
-            attempts = self._attempts_by[label] = self.attempts.labels(label)
-        attempts.inc()
+            attempts = self._attempts_by[label] = _Count()
+        attempts.value += 1
         self._stage_submit.observe(seconds)
         if batch_id not in self._posted:
             now = self.clock()
@@ -257,12 +235,16 @@ class GatewayMetrics:
             if created is not None:
                 self._stage_queued.observe(max(0, now - created) / 1000)
 
+    def polled(self, ok: bool) -> None:
+        """One status read of the ledger answered (``ok``) or failed."""
+        (self._polls_ok if ok else self._polls_error).value += 1
+
     def status_reported(self, batch_id: str, status: BatchStatus) -> None:
         name = status.name.value
         reported = self._reported_by.get(name)
         if reported is None:
-            reported = self._reported_by[name] = self.reported.labels(name)
-        reported.inc()
+            reported = self._reported_by[name] = _Count()
+        reported.value += 1
         if not status.is_final:
             return
         now = self.clock()
@@ -272,7 +254,7 @@ class GatewayMetrics:
             self._stage_ledger.observe(max(0, now - posted) / 1000)
         created = self._created.pop(batch_id, None)
         if created is not None:
-            self.e2e.observe(max(0, now - created) / 1000)
+            self._e2e.observe(max(0, now - created) / 1000)
 
     def throughput(self, seconds: int = 300) -> dict[str, Any]:
         """Per-second accepted and final batch counts of the last ``seconds`` (oldest first)."""
@@ -399,6 +381,137 @@ def _remember(table: dict[str, int], key: str, value: int) -> None:
     table[key] = value
 
 
+class _Count:
+    """One counter series: its value and when it was first counted (``_created``)."""
+
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.created = time.time()
+
+
+_BOUNDS = (*_LATENCY_BUCKETS, float("inf"))
+#: The ``le`` labels, written as ``prometheus_client`` writes them.
+_LE: tuple[str, ...] = tuple(floatToGoString(b) for b in _BOUNDS)  # type: ignore[no-untyped-call]
+
+
+class _Histogram:
+    """One histogram series over :data:`_LATENCY_BUCKETS`, as ``prometheus_client`` keeps it.
+
+    A value goes to the first bucket whose bound is at least the value
+    (``le``); the buckets are made cumulative only when scraped.
+    """
+
+    __slots__ = ("buckets", "created", "sum")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * len(_BOUNDS)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, value: float) -> None:
+        self.buckets[bisect_left(_BOUNDS, value)] += 1
+        self.sum += value
+
+
+class _EventCollector(Collector):
+    """The event series of a :class:`GatewayMetrics`, built at each scrape.
+
+    The families, their samples and their order are those
+    ``prometheus_client``'s ``Counter`` and ``Histogram`` give: labelled
+    series in the order first counted, ``_created`` unless disabled.
+    """
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        m = self.metrics
+        created = prometheus_metrics._use_created
+        yield _counter(
+            "ledgerq_batches_accepted",
+            "Batches accepted by POST /batches.",
+            None,
+            {"": _Total(m.accepted_total, m._accepted_created)},
+            created,
+        )
+        yield _counter(
+            "ledgerq_submission_attempts",
+            "POSTs of a batch to the ledger, by the ledger's response.",
+            "response",
+            m._attempts_by,
+            created,
+        )
+        yield _counter(
+            "ledgerq_monitor_polls",
+            "Batch status reads of the ledger.",
+            "result",
+            {"ok": m._polls_ok, "error": m._polls_error},
+            created,
+        )
+        yield _counter(
+            "ledgerq_ledger_statuses",
+            "Batch statuses reported by the ledger (polls and events).",
+            "status",
+            m._reported_by,
+            created,
+        )
+        yield _histogram(
+            "ledgerq_stage_latency_seconds",
+            "Per-stage latency: queued (accepted to first POST), submit (one POST), "
+            "ledger (first POST to final status).",
+            "stage",
+            {"submit": m._stage_submit, "queued": m._stage_queued, "ledger": m._stage_ledger},
+            created,
+        )
+        yield _histogram(
+            "ledgerq_end_to_end_latency_seconds",
+            "From acceptance by POST /batches to a final status on the ledger.",
+            None,
+            {"": m._e2e},
+            created,
+        )
+
+
+class _Total(NamedTuple):
+    value: int
+    created: float
+
+
+def _counter(
+    name: str,
+    doc: str,
+    label: str | None,
+    series: Mapping[str, _Count | _Total],
+    created: bool,
+) -> Metric:
+    family = Metric(name, doc, "counter")
+    for value, count in series.items():
+        labels = {} if label is None else {label: value}
+        family.add_sample(name + "_total", labels, count.value)
+        if created:
+            family.add_sample(name + "_created", labels, count.created)
+    return family
+
+
+def _histogram(
+    name: str, doc: str, label: str | None, series: Mapping[str, _Histogram], created: bool
+) -> Metric:
+    family = Metric(name, doc, "histogram")
+    for value, h in series.items():
+        labels = {} if label is None else {label: value}
+        acc = 0
+        for le, n in zip(_LE, h.buckets, strict=True):
+            acc += n
+            family.add_sample(name + "_bucket", {**labels, "le": le}, acc)
+        family.add_sample(name + "_count", labels, acc)
+        family.add_sample(name + "_sum", labels, h.sum)
+        if created:
+            family.add_sample(name + "_created", labels, h.created)
+    return family
+
+
 class InstrumentedLedger:
     """A :class:`~ledgerq.ledgers.base.LedgerClient` that counts and times what it forwards."""
 
@@ -419,9 +532,9 @@ class InstrumentedLedger:
         try:
             statuses = await self.inner.batch_statuses(service_id, batch_ids, wait_s=wait_s)
         except Exception:
-            self.metrics.polls_error.inc()
+            self.metrics.polled(False)
             raise
-        self.metrics.polls_ok.inc()
+        self.metrics.polled(True)
         for s in statuses:
             self.metrics.status_reported(s.batch_id, s.status)
         return statuses

@@ -1,0 +1,150 @@
+"""The gateway's event metrics: what ``/metrics`` exposes for a known sequence of events.
+
+The exposition is compared with the text the metrics gave when every event
+went through ``prometheus_client``'s own ``Counter`` and ``Histogram``
+(``tests/data/metrics_*.txt``: names, help, types, labels, order, values,
+``_created``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from ledgerq.ledgers.base import (
+    Accepted,
+    Ambiguous,
+    Busy,
+    LedgerBatchStatus,
+    Rejected,
+    Unjudged,
+    Unreachable,
+)
+from ledgerq.model import BatchStatus, Committed, Invalid, Pending, TrackingBatch, Unknown
+from ledgerq.operator.metrics import _LATENCY_BUCKETS, GatewayMetrics
+
+CREATED = 1_700_000_000.0
+DATA = Path(__file__).parent.parent / "data"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.ms = 1_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+class _Ledger:
+    description = "fake"
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[LedgerBatchStatus, ...] | Exception] = []
+
+    async def batch_statuses(
+        self, service_id: str, batch_ids: Sequence[str], *, wait_s: float = 0.0
+    ) -> tuple[LedgerBatchStatus, ...]:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _batch(batch_id: str, created_at: int = 0) -> TrackingBatch:
+    return TrackingBatch("svc", batch_id, None, "key", False, b"", created_at=created_at)
+
+
+def _status(batch_id: str, status: BatchStatus) -> tuple[LedgerBatchStatus, ...]:
+    return (LedgerBatchStatus(batch_id, status),)
+
+
+async def _events(metrics: GatewayMetrics, clock: _Clock) -> None:
+    ledger = _Ledger()
+    instrumented = metrics.instrument(ledger)  # type: ignore[arg-type]
+    metrics.batches_accepted([_batch("b1", 999_000), _batch("b2", 999_990), _batch("b3")])
+    metrics.batches_accepted([])
+    clock.ms += 3
+    metrics.posted("b1", Busy(503), 0.005)  # on a bucket's bound
+    metrics.posted("b1", Accepted(), 0.0004)
+    clock.ms += 20
+    metrics.posted("b2", Busy(429), 0.02)
+    metrics.posted("b3", Unreachable("down"), 400.0)  # above every bound
+    metrics.posted("b3", Rejected(400, "no"), 0.0)
+    metrics.posted("b3", Rejected(500, "no"), 1.5)
+    metrics.posted("b3", Unjudged(404, "?"), 0.3)
+    metrics.posted("b3", Ambiguous("reset"), 0.07)
+    metrics.posted("b3", Busy(500), 0.07)
+    metrics.posted("adopted", Accepted(), 0.001)  # accepted by another instance
+    ledger.answers = [
+        _status("b1", Pending()),
+        RuntimeError("connection reset"),
+        _status("b1", Committed()),
+        (*_status("b2", Invalid()), *_status("b3", Unknown())),
+        _status("adopted", Committed()),
+        (),
+    ]
+    for n in range(len(ledger.answers)):
+        clock.ms += 1_000 * n + 7
+        with contextlib.suppress(RuntimeError):
+            await instrumented.batch_statuses("svc", ["b1"], wait_s=1.0)
+    metrics.status_reported("b3", Committed())  # from an event stream
+    metrics.batches_accepted([_batch("b4", clock.ms - 2)])
+
+
+async def test_exposition_after_known_events_is_what_prometheus_client_gave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(time, "time", lambda: CREATED)
+    clock = _Clock()
+    metrics = GatewayMetrics(clock=clock)
+    fresh = metrics.exposition().decode()
+    assert fresh == (DATA / "metrics_fresh.txt").read_text()
+    await _events(metrics, clock)
+    assert metrics.exposition().decode() == (DATA / "metrics_after_events.txt").read_text()
+    assert metrics.accepted_total == 4
+
+
+def _histogram_lines(text: str, stage: str) -> list[str]:
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith("ledgerq_stage_latency_seconds") and f'stage="{stage}"' in line
+    ]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from([*_LATENCY_BUCKETS, 0.0]),
+            st.floats(min_value=0.0, max_value=1_000.0, allow_nan=False),
+        ),
+        max_size=40,
+    )
+)
+def test_histogram_buckets_sum_and_count_match_prometheus_client(seconds: list[float]) -> None:
+    metrics = GatewayMetrics()
+    reference = Histogram(
+        "ledgerq_stage_latency_seconds",
+        "reference",
+        ["stage"],
+        buckets=_LATENCY_BUCKETS,
+        registry=(registry := CollectorRegistry()),
+    ).labels("submit")
+    for s in seconds:
+        metrics.posted("b", Accepted(), s)
+        reference.observe(s)
+    ours = _histogram_lines(metrics.exposition().decode(), "submit")
+    theirs = _histogram_lines(generate_latest(registry).decode(), "submit")
+    created = [line for line in theirs if "_created" in line]
+    assert [line for line in ours if "_created" not in line] == [
+        line for line in theirs if "_created" not in line
+    ]
+    assert len(created) == 1 and len([line for line in ours if "_created" in line]) == 1
