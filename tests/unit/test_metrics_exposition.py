@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import metrics as prometheus_metrics
 
 from ledgerq.ledgers.base import (
     Accepted,
@@ -148,3 +149,16 @@ def test_histogram_buckets_sum_and_count_match_prometheus_client(seconds: list[f
         line for line in theirs if "_created" not in line
     ]
     assert len(created) == 1 and len([line for line in ours if "_created" in line]) == 1
+
+
+async def test_created_series_follow_prometheus_clients_switch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(time, "time", lambda: CREATED)
+    clock = _Clock()
+    metrics = GatewayMetrics(clock=clock)
+    await _events(metrics, clock)
+    monkeypatch.setattr(prometheus_metrics, "_use_created", False)
+    expected = (DATA / "metrics_after_events.txt").read_text().splitlines()
+    without = [line for line in expected if "_created" not in line]
+    assert metrics.exposition().decode().splitlines() == without

@@ -428,7 +428,9 @@ class _EventCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         m = self.metrics
-        created = prometheus_metrics._use_created
+        # prometheus_client's own switch (PROMETHEUS_DISABLE_CREATED_SERIES,
+        # disable_created_metrics()); a private name, so read with a default.
+        created = bool(getattr(prometheus_metrics, "_use_created", True))
         yield _counter(
             "ledgerq_batches_accepted",
             "Batches accepted by POST /batches.",
