@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 
 import pytest
@@ -14,6 +15,7 @@ from ledgerq.codec.wire import (
     split_repeated_field,
 )
 from ledgerq.errors import InvalidBatchError
+from ledgerq.node import Node
 from ledgerq.node.decoding import BatchDecoder, _decode, _flatten, _rebuild
 from ledgerq.node.families import default_registry
 from ledgerq.node.families.intkey import IntkeyHandler
@@ -77,3 +79,33 @@ def test_a_pooled_result_sends_each_batch_as_its_span_of_the_body() -> None:
     assert [b.serialized for b in rebuilt] == [b.serialized for b in inline]
     as_bytes = _flatten(decode_batch_list(body), default_registry().preparers())
     assert len(pickle.dumps(flat)) < len(pickle.dumps(as_bytes))
+
+
+async def test_a_status_read_is_answered_between_small_posts_decoded_on_the_loop() -> None:
+    """Small bodies are decoded on the event loop one per pass, in order of
+    arrival: a status read that comes while twenty wait is answered after at
+    most one of them, not after all (by order, not by time)."""
+    node = await Node.open(None, shards=1)
+    decoder = BatchDecoder(workers=0)
+    bodies = [
+        encode_batch_list([make_intkey_batch(SIGNER, [("set", f"q{i}", i)])]) for i in range(20)
+    ]
+    order: list[str] = []
+
+    async def post(i: int) -> None:
+        await decoder.decode(bodies[i])
+        order.append(f"post {i}")
+
+    async def read() -> None:
+        await node.batch_statuses(["ab" * 64])
+        order.append("status")
+
+    try:
+        posts = [asyncio.create_task(post(i)) for i in range(20)]
+        status = asyncio.create_task(read())
+        await asyncio.gather(*posts, status)
+    finally:
+        await node.close()
+    assert order.index("status") <= 1
+    assert [o for o in order if o != "status"] == [f"post {i}" for i in range(20)]
+    assert decoder.inline_waits == 19
