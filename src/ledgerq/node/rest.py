@@ -400,8 +400,10 @@ def make_app(
                     break
                 data = json.dumps(event.info.to_json(), separators=(",", ":"))
                 await response.write(f"id: {event.seq}\ndata: {data}\n\n".encode())
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
+        except ConnectionResetError:
+            # The subscriber went away (a gateway stopped or was killed): the
+            # stream ends here, not with a traceback in the node's log.
+            return response
         finally:
             with contextlib.suppress(Exception):
                 await stream.aclose()  # type: ignore[attr-defined]

@@ -221,6 +221,27 @@ async def test_event_stream_and_resume(server: Server) -> None:
     assert (seq, data["id"]) == ("4", late.header_signature)
 
 
+async def test_a_subscriber_going_away_ends_its_stream_quietly(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET /events HTTP/1.1\r\nHost: " + host.encode() + b"\r\n\r\n")
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b": ledgerq node events"), 10)
+    assert b"text/event-stream" in head
+    writer.close()  # gone, as a killed gateway
+    await writer.wait_closed()
+    # Events for the stream to write to the closed connection.
+    for i in range(3):
+        batch = make_intkey_batch(SIGNER, [("set", f"gone{i}", i)])
+        await post(server, encode_batch_list([batch]))
+        await statuses(server, [batch.header_signature])
+    await asyncio.sleep(0.2)
+    errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not errors, [r.getMessage() for r in errors]
+
+
 def _manifest(name: str) -> dict:  # type: ignore[type-arg]
     path = VECTORS / name / "manifest.json"
     assert path.exists(), f"Sawtooth SDK vectors missing at {path}"
