@@ -12,6 +12,17 @@
 -- Expiry: a claim expires at the later of its own expiry (set when it was
 -- taken) and its holder's lease (gateway_instances.expiry_1/2, renewed by
 -- every heartbeat): greatest() ignores a NULL lease.
+--
+-- Mid-submission (a batch submitted, not final, its status None, Unknown or
+-- Delayed) is tested per service as `coalesce(b.status, 'Unknown') IN
+-- ('Unknown', 'Delayed')`, the same set, so that no plan can read it
+-- through the index on status: with `status IS NULL OR status IN (...)` the
+-- planner (statistics stale, as in a database filling up) intersected each
+-- service's open batches with every batch of status NULL -- every batch
+-- not yet submitted, thousands in a failover -- once per candidate:
+-- 0.8-0.9 s for 500 candidates against 24-39 ms on a failover's database,
+-- 1.2-7.2 s per take-over under its load, the claim rows locked and the
+-- renewal waiting meanwhile (docs/BENCHMARKS.md, docs/ha.md).
 
 -- name: take_candidates
 -- Take-over, first statement: lock the claims of other instances whose
@@ -45,7 +56,7 @@ SELECT c.service_id,
            WHERE b.service_id = c.service_id
              AND b.submitted
              AND NOT b.final
-             AND (b.status IS NULL OR b.status IN ('Unknown', 'Delayed'))
+             AND coalesce(b.status, 'Unknown') IN ('Unknown', 'Delayed')
            ORDER BY b.seq)
        END AS mid,
        EXISTS (SELECT 1 FROM queue_heads AS h
@@ -73,7 +84,7 @@ WHERE i.instance_id <> %(me)s
              WHERE b.service_id = c.service_id
                AND b.submitted
                AND NOT b.final
-               AND (b.status IS NULL OR b.status IN ('Unknown', 'Delayed')))
+               AND coalesce(b.status, 'Unknown') IN ('Unknown', 'Delayed'))
   )
 -- Services with work waiting first (a batch not final): taken in a first,
 -- small transaction, their work resumes before the idle ones are moved.
@@ -113,7 +124,7 @@ WHERE old.service_id = c.service_id
              WHERE b.service_id = c.service_id
                AND b.submitted
                AND NOT b.final
-               AND (b.status IS NULL OR b.status IN ('Unknown', 'Delayed')))
+               AND coalesce(b.status, 'Unknown') IN ('Unknown', 'Delayed'))
   )
 RETURNING c.service_id, c.epoch, old.claimant AS previous_claimant,
           greatest(old.expiry_2, i.expiry_2) <= %(now)s AS slow_path;
