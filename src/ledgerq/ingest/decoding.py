@@ -52,6 +52,7 @@ from ledgerq.codec import parse_batch_list
 from ledgerq.errors import InvalidBatchError
 from ledgerq.model import TrackingBatch
 from ledgerq.procpool import Priority, WorkerPool
+from ledgerq.turns import OnePerPass
 
 #: Bodies at least this large are decoded in a worker process (about 100
 #: single-transaction batches; below, the round trip costs more than it saves).
@@ -143,11 +144,17 @@ class BatchListDecoder:
         self.abandoned = 0
         #: Bodies waiting for their turn now.
         self.waiting = 0
-        # Small bodies are decoded on the event loop one per turn, in order
-        # of arrival (see ``decode``).
-        self._inline_turn = asyncio.Lock()
-        #: Small bodies that waited for another's decoding (for tests).
-        self.inline_waits = 0
+        # Small bodies are decoded on the event loop one per pass, in order
+        # of arrival: posts arriving together were all decoded in one pass
+        # (about 10 ms each for 40 batches), and the answers that came
+        # meanwhile waited for all of them; on PostgreSQL the first post of
+        # ten took 100 ms to insert instead of 30.
+        self._inline = OnePerPass()
+
+    @property
+    def inline_waits(self) -> int:
+        """Small bodies that waited for another's decoding on the loop (for tests)."""
+        return self._inline.waits
 
     async def decode(
         self, body: bytes, service_id: str | None, *, gone: Callable[[], bool] = lambda: False
@@ -158,7 +165,9 @@ class BatchListDecoder:
         turn comes, so that a post abandoned while it waited costs no
         decoding (raises :class:`ClientGone`)."""
         if len(body) < self.pool_bytes:
-            return await self._decode_inline(body, service_id)
+            return await self._inline.run(
+                parse_batch_list, body, service_id, max_bytes=self.max_bytes
+            )
         large = len(body) >= self.yielding.bytes
         self.waiting += 1
         try:
@@ -186,25 +195,6 @@ class BatchListDecoder:
             self._turns.release()
             if large:
                 self._large_turns.release()
-
-    async def _decode_inline(self, body: bytes, service_id: str | None) -> Sequence[TrackingBatch]:
-        """A small body, decoded on the event loop: one per pass of the loop,
-        first come first served.
-
-        Posts that arrive together were all decoded in one pass of the loop
-        (about 10 ms each for 40 batches), and every answer that came
-        meanwhile (the database's to the first post's insert, to a round or
-        a write; the ledger's) waited for all of them: on PostgreSQL the
-        first post of ten took 100 ms to insert instead of 30. Holding the
-        turn until the loop's next pass lets the loop read its sockets and
-        run what they woke between two decodes."""
-        turn = self._inline_turn
-        if turn.locked():
-            self.inline_waits += 1
-        async with turn:
-            batches = parse_batch_list(body, service_id, max_bytes=self.max_bytes)
-            await asyncio.sleep(0)  # the next pass of the loop: its I/O first
-            return batches
 
     async def _decode_yielding(
         self, body: bytes, service_id: str | None

@@ -7,7 +7,7 @@ least ``pool_bytes`` is decoded and verified in a pool of worker
 keeps its own), which answers the decoded batches; the event loop only
 unpickles them. Smaller bodies are decoded inline, where a round trip to
 another process would cost more than it saves, one per pass of the event
-loop (:meth:`BatchDecoder.decode`). The pool
+loop (:class:`ledgerq.turns.OnePerPass`). The pool
 (:class:`ledgerq.procpool.WorkerPool`) starts on first use (``spawn``: no
 state of the node is copied into it) and stops with
 :meth:`BatchDecoder.close`; on Linux its workers die with the node's process
@@ -32,7 +32,6 @@ to unpickle and build (about 5 µs; measured on 200 batches of ten).
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -41,6 +40,7 @@ from ledgerq.codec import DEFAULT_MAX_BYTES, ParsedBatch, decode_batch_list
 from ledgerq.codec.parsed import ParsedTransaction, TransactionHeader
 from ledgerq.codec.wire import BATCH_LIST_BATCHES_FIELD, repeated_field_spans
 from ledgerq.procpool import WorkerPool
+from ledgerq.turns import OnePerPass
 
 #: Bodies at least this large go to the pool (about 40 single-transaction batches).
 DEFAULT_POOL_BYTES = 16 * 1024
@@ -64,37 +64,24 @@ class BatchDecoder:
         self.pool_bytes = pool_bytes
         self.workers = default_workers() if workers is None else workers
         self.pool = WorkerPool(self.workers) if self.workers > 0 else None
-        # Bodies decoded on the event loop take turns, one per pass (see _decode_inline).
-        self._inline_turn = asyncio.Lock()
-        #: Bodies decoded on the event loop that waited for another's turn (for tests).
-        self.inline_waits = 0
+        # Bodies decoded on the event loop take turns, one per pass: posts of
+        # one batch each, arriving together, were all decoded in one pass, and
+        # every request that came meanwhile waited for all of them. In ``bench
+        # failover`` at 10,000 services a pass held 31 such decodes for 125 ms
+        # of a 237 ms pass, and a survivor's read of the statuses of the
+        # batches it took over waited for the pass (a status read takes no turn).
+        self._inline = OnePerPass()
+
+    @property
+    def inline_waits(self) -> int:
+        """Bodies that waited for another's decoding on the loop (for tests)."""
+        return self._inline.waits
 
     async def decode(self, body: bytes) -> Sequence[ParsedBatch]:
         """The verified batches of a BatchList (raises ``InvalidBatchError``)."""
         if len(body) < self.pool_bytes or self.pool is None:
-            return await self._decode_inline(body)
+            return await self._inline.run(decode_batch_list, body, max_bytes=self.max_bytes)
         return _rebuild(await self.pool.run(_decode, body, self.max_bytes, self.preparers), body)
-
-    async def _decode_inline(self, body: bytes) -> Sequence[ParsedBatch]:
-        """A small body, decoded and verified on the event loop: one per pass
-        of the loop, first come first served.
-
-        Posts of one batch each, arriving together, were all decoded in one
-        pass of the loop, and every request that came meanwhile waited for
-        all of them: in ``bench failover`` at 10,000 services (three
-        gateways posting one batch per POST, the machine's cores shared by
-        them, PostgreSQL and the node) a pass held 31 such decodes for
-        125 ms of a 237 ms pass, and a survivor's read of the statuses of
-        the batches it took over waited for the pass. Holding the turn until
-        the loop's next pass lets the loop read its sockets and answer what
-        they brought (a status read takes no turn) between two decodes."""
-        turn = self._inline_turn
-        if turn.locked():
-            self.inline_waits += 1
-        async with turn:
-            batches = decode_batch_list(body, max_bytes=self.max_bytes)
-            await asyncio.sleep(0)  # the next pass of the loop: its I/O first
-            return batches
 
     def close(self) -> None:
         if self.pool is not None:
