@@ -20,14 +20,30 @@ connection after accepting some, and forgets some accepted batches before
 committing them. Every run is judged as the end-to-end tests judge: each
 batch's verdict, each name's final value and commit order equal a serial run
 (the serial oracle), no POST of a batch the ledger held, and no two
-conflicting batches pending together. The gateway's delay window is 300 ms
-in both strategies (a ``Delayed`` batch would otherwise wait 15 s).
+conflicting batches pending together. The gateway's delay window is
+``--delay-window-ms`` in both strategies (a ``Delayed`` batch would otherwise
+wait 15 s).
+
+*The faults' bound.* Faults cost time whatever the client does: a refused
+POST is sent again after a backoff (the submitter's first, at least 10 ms
+with its jitter, before any delay window: a batch is only ``Delayed`` after
+``max_retries`` refusals in a row), a forgotten batch is only known lost when its commit was due and
+waits a second commit. Each run reports its *bound*: the least time a client
+with no cost of its own could have taken given the faults the ledger dealt
+in that run (per batch, the commit delay for each acceptance plus 10 ms for
+each refused POST; summed along each chain of batches that must go one
+after the other: a service in ``serial``, a name in ``parallel``; the
+longest chain). Before the runs, the same bound is drawn 2,000 times from
+the fault plan's probabilities alone (every POST of one batch): the ratio
+such a client would reach under these faults, the ceiling the measured
+ratio is read against.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -39,16 +55,15 @@ import click
 
 from bench import _harness as harness
 from bench import report
+from ledgerq.submit.submitter import SubmitterSettings
 from ledgerq.testing.fault_ledger import FaultLedger, FaultPlan
+from ledgerq.testing.intkey import names_of
 from ledgerq.testing.workload import KeyedWorkload
 
 _FAULTS = (
     "with faults (503: 5 %, connection dropped after accepting: 3 %, accepted batch forgotten: 3 %)"
 )
-GATEWAY_ENV = {
-    "LEDGERQ_DELAY_WINDOW_MS": "300",
-    "LEDGERQ_LOG_LEVEL": "WARNING",
-}
+GATEWAY_ENV = {"LEDGERQ_LOG_LEVEL": "WARNING"}
 
 
 @dataclass(frozen=True)
@@ -61,10 +76,70 @@ class Run:
     faults: dict[str, int]
     peak_pending: int
     problems: list[str]
+    #: The least time the faults of this run allowed any client (module docstring).
+    bound_s: float
 
     @property
     def rate(self) -> float:
         return self.batches / self.seconds
+
+
+def _chains(workload: KeyedWorkload, strategy: str) -> list[list[str]]:
+    """Batch ids that must commit one after the other: each service's whole
+    list in ``serial``; in ``parallel`` each name's batches of a service."""
+    chains: list[list[str]] = []
+    for batches in workload.batches.values():
+        if strategy == "serial":
+            chains.append([b.header_signature for b in batches])
+            continue
+        by_name: dict[tuple[str, ...], list[str]] = {}
+        for b in batches:
+            by_name.setdefault(names_of(b), []).append(b.header_signature)
+        chains.extend(by_name.values())
+    return chains
+
+
+#: What a refused POST costs at least: the submitter's first backoff (its
+#: default), of which the jitter keeps at least half.
+REFUSED_S = SubmitterSettings().backoff_initial_ms / 2000
+
+
+def _bound(chains: list[list[str]], ledger: FaultLedger) -> float:
+    """The longest chain's commit delays and first backoffs, from what the ledger dealt."""
+    commit_s = ledger.plan.commit_delay_ms / 1000
+
+    def cost(batch_id: str) -> float:
+        record = ledger.batches[batch_id]
+        return commit_s * record.acceptances + REFUSED_S * (record.posts - record.acceptances)
+
+    return max(sum(cost(b) for b in chain) for chain in chains)
+
+
+def _ceiling(
+    plan: FaultPlan, services: int, batches: int, names: int, trials: int = 2000
+) -> list[float]:
+    """Serial ÷ parallel bound of a client with no cost of its own, drawn
+    ``trials`` times from ``plan``'s probabilities (sorted)."""
+    rng = random.Random(0)
+    commit_s = plan.commit_delay_ms / 1000
+
+    def batch() -> float:
+        spent = 0.0
+        while True:
+            if rng.random() < plan.busy_503 + plan.busy_429:
+                spent += REFUSED_S
+                continue
+            spent += commit_s
+            if rng.random() >= plan.forget:
+                return spent
+
+    def longest(chains: int, length: int) -> float:
+        return max(sum(batch() for _ in range(length)) for _ in range(chains))
+
+    per_name = -(-batches // names)
+    return sorted(
+        longest(services, batches) / longest(services * names, per_name) for _ in range(trials)
+    )
 
 
 def _plan(commit_delay_ms: int, faults: bool) -> FaultPlan:
@@ -113,6 +188,7 @@ async def _one(
     db: str,
     pg_admin: str,
     seed: int,
+    window_ms: int = 300,
 ) -> Run:
     with tempfile.TemporaryDirectory(prefix="ledgerq-bench-parallel-") as tmp:
         url = (
@@ -123,7 +199,10 @@ async def _one(
         try:
             async with FaultLedger(plan, seed=seed, judge_overlaps=True, verify=False) as ledger:
                 gateway = harness.gateway_proc(
-                    Path(tmp), url, f"sawtooth+{ledger.url}", env=GATEWAY_ENV
+                    Path(tmp),
+                    url,
+                    f"sawtooth+{ledger.url}",
+                    env={**GATEWAY_ENV, "LEDGERQ_DELAY_WINDOW_MS": str(window_ms)},
                 )
                 gateway.args += ["--strategy", strategy]
                 await gateway.start()
@@ -159,6 +238,7 @@ async def _one(
                     dict(ledger.counts),
                     ledger.peak_pending,
                     problems,
+                    _bound(_chains(workload, strategy), ledger),
                 )
         finally:
             if db == "postgresql":
@@ -174,6 +254,13 @@ def _median(runs: list[Run], case: str, strategy: str) -> float:
 @click.option("--batches", default=40, show_default=True, help="Batches per service.")
 @click.option("--names", default=8, show_default=True, help="Independent names per service.")
 @click.option("--commit-delay-ms", default=100, show_default=True)
+@click.option(
+    "--delay-window-ms",
+    "window_ms",
+    default=300,
+    show_default=True,
+    help="The gateway's delay window after a refused POST (both strategies).",
+)
 @click.option("--rounds", default=3, show_default=True, help="Runs per case and strategy.")
 @click.option("--faults/--no-faults", default=True, show_default=True)
 @click.option(
@@ -186,6 +273,7 @@ def command(
     batches: int,
     names: int,
     commit_delay_ms: int,
+    window_ms: int,
     rounds: int,
     faults: bool,
     db: str,
@@ -199,15 +287,25 @@ def command(
         "independent": KeyedWorkload(services, batches, names=names, spread="round-robin"),
         "one name": KeyedWorkload(services, batches, names=1),
     }
+    ceiling = _ceiling(plan, services, batches, names)
+    ceiling_text = (
+        f"a client with no cost of its own would reach {statistics.median(ceiling):.2f} × "
+        f"(median; 10th–90th percentile {ceiling[len(ceiling) // 10]:.2f}–"
+        f"{ceiling[len(ceiling) * 9 // 10]:.2f} ×) under these faults"
+    )
+    report.console.print(f"The faults' ceiling: {ceiling_text}.")
     runs: list[Run] = []
     for r in range(rounds):
         for case, workload in cases.items():
             for strategy in ("serial", "parallel") if r % 2 == 0 else ("parallel", "serial"):
-                run = asyncio.run(_one(case, strategy, workload, plan, db, pg_admin, seed=r))
+                run = asyncio.run(
+                    _one(case, strategy, workload, plan, db, pg_admin, seed=r, window_ms=window_ms)
+                )
                 runs.append(run)
                 report.console.print(
                     f"{case:>11} {strategy:>8}: {run.rate:7.1f} batches/s "
-                    f"({run.seconds:.2f} s, {run.posts} POSTs, peak {run.peak_pending} pending)"
+                    f"({run.seconds:.2f} s, the faults' bound {run.bound_s:.2f} s, "
+                    f"{run.posts} POSTs, peak {run.peak_pending} pending)"
                     + (f" PROBLEMS: {run.problems}" if run.problems else "")
                 )
     load_after = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -224,6 +322,8 @@ def command(
                 r.strategy,
                 f"{r.rate:.1f}",
                 f"{r.seconds:.2f}",
+                f"{r.bound_s:.2f}",
+                f"{r.bound_s / r.seconds:.2f}",
                 str(r.posts),
                 faults_seen or "–",
                 str(r.peak_pending),
@@ -236,6 +336,8 @@ def command(
             "strategy",
             "batches/s",
             "seconds",
+            "the faults' bound, s",
+            "bound ÷ seconds",
             "POSTs",
             "faults",
             "peak pending",
@@ -246,16 +348,23 @@ def command(
     ratios = {
         case: _median(runs, case, "parallel") / _median(runs, case, "serial") for case in cases
     }
+    bound_ratio = statistics.median(
+        r.bound_s for r in runs if r.case == "independent" and r.strategy == "serial"
+    ) / statistics.median(
+        r.bound_s for r in runs if r.case == "independent" and r.strategy == "parallel"
+    )
     problems = sum(1 for r in runs if r.problems)
     summary = (
         f"{services} services × {batches} batches, the ledger committing each batch "
         f"{commit_delay_ms} ms after accepting it, store {db}, "
-        f"{_FAULTS if faults else 'no faults'}; "
+        f"{_FAULTS if faults else 'no faults'}, the gateway's delay window {window_ms} ms; "
         f"{rounds} rounds, the strategies taking turns. Load average (1, 5, 15 min) "
         f"before: {load_before}; after: {load_after} — the machine is shared.\n\n"
         f"**Median parallel ÷ serial batches/s: {ratios['independent']:.2f} × with "
         f"{names} independent names per service (target ≥ 5), {ratios['one name']:.2f} × "
-        f"with every batch on one name (target ≥ 0.9).** Runs with a problem: {problems}."
+        f"with every batch on one name (target ≥ 0.9).** Runs with a problem: {problems}.\n\n"
+        f"The faults' ceiling: {ceiling_text}; the faults these runs were dealt allowed "
+        f"{bound_ratio:.2f} × with independent names (serial ÷ parallel bound, medians)."
     )
     report.console.print(summary)
     if write:
