@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import psycopg
 import pytest
 from harness import (
     FAST_GATEWAY_ENV,
@@ -53,6 +54,20 @@ async def judge(
     await check_no_service_locked(session, gateway.url)
 
 
+async def lock_entries_written(url: str) -> tuple[bool, int]:
+    """Whether the database keeps the parallel queuer's lock entries, and how
+    many batches of it were ever given a blocker or an entry."""
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cur = await conn.execute("SELECT kept FROM lock_entries_kept")
+        kept = await cur.fetchone()
+        cur = await conn.execute(
+            "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'batch_locks'"
+        )
+        entries = await cur.fetchone()
+    assert kept is not None and entries is not None
+    return bool(kept[0]), int(entries[0])
+
+
 @pytest.mark.parametrize("db", ["sqlite", pytest.param("pg", marks=pytest.mark.pg)])
 async def test_ambiguous_posts_are_asked_about_never_resent_blindly(
     tmp_path: Path, session: aiohttp.ClientSession, db: str, request: pytest.FixtureRequest
@@ -81,6 +96,10 @@ async def test_ambiguous_posts_are_asked_about_never_resent_blindly(
             assert any(r.posts > 1 for r in ledger.batches.values())
         finally:
             await gateway.stop()
+        if db == "pg":
+            # Every service serial: none of the gateway's stores (its own, the
+            # claim thread's) turned the parallel queuer's lock entries on.
+            assert await lock_entries_written(url) == (False, 0)
 
 
 @pytest.mark.parametrize("db", ["sqlite", pytest.param("pg", marks=pytest.mark.pg)])

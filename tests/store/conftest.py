@@ -93,5 +93,7 @@ def store_url(backend: str, store_url_factory: Callable[[str], str]) -> str:
 
 @pytest.fixture
 async def store(store_url: str, clock: ManualClock) -> AsyncIterator[BatchTrackingStore]:
-    async with await open_store(store_url, clock=clock) as s:
+    # Lock entries kept, as a gateway with parallel services keeps them: the
+    # contract holds either way, and the parallel queuer's reads need them.
+    async with await open_store(store_url, clock=clock, lock_entries=True) as s:
         yield s

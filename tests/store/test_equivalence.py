@@ -127,7 +127,7 @@ async def _snapshot(store: BatchTrackingStore) -> dict[str, object]:
 async def _run(ops: list[tuple[Any, ...]], url: str) -> list[object]:
     clock = ManualClock()
     trace: list[object] = []
-    async with await open_store(url, clock=clock) as store:
+    async with await open_store(url, clock=clock, lock_entries=True) as store:
         for op in ops:
             try:
                 result: object = await _apply(store, clock, op)

@@ -123,13 +123,13 @@ async def test_a_serial_store_keeps_no_entries_until_one_asks(
         # without a batch in flight ("a" has one Pending), as ever.
         heads = await lean.queue_round(now=clock(), delay_window_ms=WINDOW)
         assert {b.service_id for b in heads} == {"b", "c", "d"}
-    async with await open_store(full_url, clock=clock) as full:
+    async with await open_store(full_url, clock=clock, lock_entries=True) as full:
         assert await _kept(full_url)
         full_added = await _drive(full, clock)
         full_state = _by_position(full_added, await _lock_state(full_url))
         full_rounds = await _rounds(full, clock)
     # Another store asking for them computes them for every open batch.
-    async with await open_store(lean_url, clock=clock) as asked:
+    async with await open_store(lean_url, clock=clock, lock_entries=True) as asked:
         assert await _kept(lean_url)
         assert _by_position(lean_added, await _lock_state(lean_url)) == full_state
         pos = {b.batch_header: i for i, b in enumerate(lean_added)}

@@ -62,13 +62,13 @@ async def test_a_serial_store_keeps_no_entries_until_one_asks(
         # without a batch in flight ("a" has one Pending), as ever.
         heads = await lean.queue_round(now=clock(), delay_window_ms=15_000)
         assert {b.service_id for b in heads} == {"b", "c", "d"}
-    async with await open_store(full_url, clock=clock) as full:
+    async with await open_store(full_url, clock=clock, lock_entries=True) as full:
         assert _kept(full_path)
         full_added = await _drive(full, clock)
         full_state = _by_position(full_added, _lock_state(full_path))
         full_rounds = await _rounds(full, clock)
     # Another store asking for them computes them for every open batch.
-    async with await open_store(lean_url, clock=clock) as asked:
+    async with await open_store(lean_url, clock=clock, lock_entries=True) as asked:
         assert _kept(lean_path)
         assert _by_position(lean_added, _lock_state(lean_path)) == full_state
         pos = {b.batch_header: i for i, b in enumerate(lean_added)}
@@ -105,7 +105,7 @@ async def test_a_serial_store_sees_entries_turned_on_by_another(
     url = f"sqlite:///{path}"
     async with await open_store(url, clock=clock, lock_entries=False) as serial:
         [first] = await serial.add_batches([batch("s", [A], [A])])
-        async with await open_store(url, clock=clock) as parallel:
+        async with await open_store(url, clock=clock, lock_entries=True) as parallel:
             assert _kept(path)
             [second] = await serial.add_batches([batch("s", [A], [A])])
             _, held = _lock_state(path)

@@ -252,7 +252,7 @@ async def test_batches_tracked_before_the_migration_go_one_at_a_time(
                     (service, bid),
                 )
     await migrate_database(url)
-    async with await open_store(url, clock=clock) as store:
+    async with await open_store(url, clock=clock, lock_entries=True) as store:
         [new] = await store.add_batches([batch("s", [A], [A])])
         assert await ready(store, clock, "s") == [rows[0][1]]
         for _, bid in rows:
@@ -321,7 +321,7 @@ async def test_a_store_upgraded_to_set_based_release_keeps_its_holds(
         )
     result = await migrate_database(url)
     assert (result.before, result.after) == (release - 1, len(migrations))
-    async with await open_store(url, clock=clock) as store:
+    async with await open_store(url, clock=clock, lock_entries=True) as store:
         assert await ready(store, clock, "s") == [bids[1]]
         assert await store.queue_round(now=clock(), delay_window_ms=WINDOW) == [
             await store.get_batch(bids[1], "s")

@@ -101,7 +101,9 @@ specs = st.builds(
 async def sql_store(
     request: pytest.FixtureRequest, store_url_factory: Callable[[str], str]
 ) -> AsyncIterator[BatchTrackingStore]:
-    async with await open_store(store_url_factory(request.param), clock=ManualClock(NOW)) as s:
+    async with await open_store(
+        store_url_factory(request.param), clock=ManualClock(NOW), lock_entries=True
+    ) as s:
         yield s
 
 

@@ -61,7 +61,7 @@ def odd_batch(service: str, n: int) -> TrackingBatch:
 
 
 async def test_every_value_reads_back_as_sent(path: str, pg_url: str) -> None:
-    store = await open_store(pg_url)
+    store = await open_store(pg_url, lock_entries=True)
     try:
         sent = [odd_batch(service, n) for n, service in enumerate(["s,1", 's"2', "s 3"] * 4)]
         stored = await store.add_batches(sent)
@@ -127,7 +127,7 @@ async def test_blockers_are_what_ledgerq_blocker_says(
     path: str, make_pg_database: Callable[[], str], seed: int
 ) -> None:
     url = make_pg_database()
-    store = await open_store(url)
+    store = await open_store(url, lock_entries=True)
     try:
         for call in population(random.Random(seed)):
             await store.add_batches(call)

@@ -119,7 +119,7 @@ async def open_store(
     clock: Clock = now_ms,
     pg_pool_max_size: int = 8,
     pg_idle_in_transaction_ms: int | None = None,
-    lock_entries: bool = True,
+    lock_entries: bool = False,
 ) -> BatchTrackingStore:
     """Open the store at ``url``; close it with ``await store.close()`` or ``async with``.
 
@@ -130,8 +130,10 @@ async def open_store(
 
     ``lock_entries``: PostgreSQL keeps the parallel queuer's lock entries and
     blockers only once a store asked for them; ``True`` asks (for good, for
-    the database), ``False`` leaves the database as it is: a gateway whose
-    services are all serial (docs/store.md). A parallel round asks anyway.
+    the database: a gateway with parallel services), ``False`` (the default)
+    leaves the database as it is, so that opening a store to read, migrate or
+    answer a take-over never turns them on for a gateway whose services are
+    all serial (docs/store.md). A parallel round asks anyway.
     """
     if _dialect(url) == "memory":
         return MemoryStore(clock=clock)
