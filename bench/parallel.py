@@ -27,16 +27,16 @@ wait 15 s).
 *The faults' bound.* Faults cost time whatever the client does: a refused
 POST is sent again after a backoff (the submitter's first, at least 10 ms
 with its jitter, before any delay window: a batch is only ``Delayed`` after
-``max_retries`` refusals in a row), a forgotten batch is only known lost when its commit was due and
-waits a second commit. Each run reports its *bound*: the least time a client
-with no cost of its own could have taken given the faults the ledger dealt
-in that run (per batch, the commit delay for each acceptance plus 10 ms for
-each refused POST; summed along each chain of batches that must go one
-after the other: a service in ``serial``, a name in ``parallel``; the
-longest chain). Before the runs, the same bound is drawn 2,000 times from
-the fault plan's probabilities alone (every POST of one batch): the ratio
-such a client would reach under these faults, the ceiling the measured
-ratio is read against.
+``max_retries`` refusals in a row), and a forgotten batch is only known lost
+when its commit was due, then waits for a second commit. Each run reports
+its *bound*: the least time a client with no cost of its own could have
+taken given the faults the ledger dealt in that run (per batch, the commit
+delay for each acceptance plus 10 ms for each refused POST; summed along
+each chain of batches that must go one after the other: a service in
+``serial``, a name in ``parallel``; the longest chain). Before the runs, the
+same bound is drawn 2,000 times from the fault plan's probabilities alone
+(every POST of one batch): the ratio such a client would reach under these
+faults, the ceiling the measured ratio is read against.
 """
 
 from __future__ import annotations
