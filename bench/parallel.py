@@ -64,6 +64,9 @@ _FAULTS = (
     "with faults (503: 5 %, connection dropped after accepting: 3 %, accepted batch forgotten: 3 %)"
 )
 GATEWAY_ENV = {"LEDGERQ_LOG_LEVEL": "WARNING"}
+#: The gateway's delay window in both strategies (its default, 15 s, would
+#: hold a Delayed batch past the whole run).
+DELAY_WINDOW_MS = 300
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ async def _one(
     db: str,
     pg_admin: str,
     seed: int,
-    window_ms: int = 300,
+    window_ms: int = DELAY_WINDOW_MS,
 ) -> Run:
     with tempfile.TemporaryDirectory(prefix="ledgerq-bench-parallel-") as tmp:
         url = (
@@ -257,7 +260,7 @@ def _median(runs: list[Run], case: str, strategy: str) -> float:
 @click.option(
     "--delay-window-ms",
     "window_ms",
-    default=300,
+    default=DELAY_WINDOW_MS,
     show_default=True,
     help="The gateway's delay window after a refused POST (both strategies).",
 )

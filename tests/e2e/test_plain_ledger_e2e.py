@@ -56,8 +56,21 @@ async def judge(
 
 async def lock_entries_written(url: str) -> tuple[bool, int]:
     """Whether the database keeps the parallel queuer's lock entries, and how
-    many batches of it were ever given a blocker or an entry."""
-    async with await psycopg.AsyncConnection.connect(url) as conn:
+    many entries were ever written. The gateway's sessions report their
+    statistics as they end: read once every other session of the database
+    has ended (autocommit, so that each read sees them anew)."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        for _ in range(200):
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            others = await cur.fetchone()
+            if others is not None and others[0] == 0:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the gateway's sessions did not end")
         cur = await conn.execute("SELECT kept FROM lock_entries_kept")
         kept = await cur.fetchone()
         cur = await conn.execute(
