@@ -109,6 +109,8 @@ async def run_gateway(
             pg_idle_in_transaction_ms=settings.claims.claim_ttl_ms,
             # Lock entries only if some service may be parallel (docs/store.md).
             lock_entries=settings.strategies.uniform is not Strategy.SERIAL,
+            # PostgreSQL: the hot statements prepared before the first request.
+            warm=True,
         )
         stack.push_async_callback(store.close)
         pipeline = worker is None or worker.role == "gateway"

@@ -120,6 +120,7 @@ async def open_store(
     pg_pool_max_size: int = 8,
     pg_idle_in_transaction_ms: int | None = None,
     lock_entries: bool = False,
+    warm: bool = False,
 ) -> BatchTrackingStore:
     """Open the store at ``url``; close it with ``await store.close()`` or ``async with``.
 
@@ -134,6 +135,10 @@ async def open_store(
     leaves the database as it is, so that opening a store to read, migrate or
     answer a take-over never turns them on for a gateway whose services are
     all serial (docs/store.md). A parallel round asks anyway.
+
+    ``warm``: PostgreSQL opens a few pooled connections and prepares the
+    statements a gateway sends most on each (``PostgresBackend.warm``), so
+    that its first requests do not pay for it.
     """
     if _dialect(url) == "memory":
         return MemoryStore(clock=clock)
@@ -144,12 +149,14 @@ async def open_store(
         pg_pool_max_size=pg_pool_max_size,
         pg_idle_in_transaction_ms=pg_idle_in_transaction_ms,
     )
-    if lock_entries:
-        try:
+    try:
+        if lock_entries:
             await store.keep_lock_entries()
-        except BaseException:
-            await store.close()
-            raise
+        if warm:
+            await store.warm()
+    except BaseException:
+        await store.close()
+        raise
     return store
 
 

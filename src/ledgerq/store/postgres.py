@@ -15,6 +15,7 @@ Driver errors are translated here: connection failures become
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import re
@@ -78,6 +79,40 @@ def _translate(exc: psycopg.Error, url: str) -> StoreError:
 #: may switch to a generic plan chosen without the list, which took 609 ms where
 #: the planned one took 32 ms for 5,000 services (docs/BENCHMARKS.md, anomaly 3).
 PLANNED_EACH_TIME = frozenset({"queue_round_services", "parallel_round_services"})
+
+#: The statements a gateway's ingest and pipeline send on almost every
+#: connection: an insert, a take, a status, a take of the batches a final
+#: status frees. :meth:`PostgresBackend.warm` prepares them on a few pooled
+#: connections as the gateway starts. Otherwise each is prepared in the first
+#: message that needs it on each connection, and the server spends up to
+#: 9 ms parsing and analysing one of these set-based statements inside the
+#: first requests' transactions: 52 such PREPAREs on 4 connections in the
+#: first 0.65 s of a parallel run (docs/store.md, "Warm connections").
+WARM_STATEMENTS = (
+    # add_batches
+    "lock_services",
+    "lock_queue_heads",
+    "allocate_seqs",
+    "insert_batch_rows",
+    "insert_transaction_rows",
+    "insert_service_claims",
+    "lock_entries_kept",
+    "share_lock_entries_switch",
+    "insert_lock_rows",
+    "blockers_of",
+    # apply_writes: takes, statuses, freed batches
+    "lock_finishing_heads",
+    "lock_group_rows",
+    "batch_states",
+    "hold_claims",
+    "next_open_checks",
+    "record_attempt_set",
+    "write_status_checked_set",
+    "upsert_submission_error_set",
+    "take_freed",
+)
+#: Pooled connections :meth:`PostgresBackend.warm` opens and prepares.
+WARM_CONNECTIONS = 4
 
 
 _PARAM = re.compile(r"%\((\w+)\)s")
@@ -283,6 +318,17 @@ class _Session:
             )
             self._prepared.names = {str(row[0]) for row in await cur.fetchall()}
             self._prepared.known = True
+
+    async def prepare_named(self, names: Sequence[str]) -> None:
+        """``PREPARE`` each of ``names`` not yet prepared on this connection, in one message."""
+        await self.prepare()
+        for name in names:
+            statement = f"lq_{name}"
+            if name in PLANNED_EACH_TIME or statement in self._prepared.names:
+                continue
+            self._prepared.names.add(statement)
+            self._held.append(f"PREPARE {statement} AS {_positional(self._q[name])[0]}")
+        await self.flush()
 
     def _bind(self, name: str, params: Params) -> str:
         """``EXECUTE`` of the query prepared under its name on this connection
@@ -782,6 +828,23 @@ class PostgresBackend:
                         {"version": m.version, "name": m.name, "applied_at": now_ms()},
                     )
         return MigrationResult(plan.before, plan.after)
+
+    async def warm(self, connections: int = WARM_CONNECTIONS) -> None:
+        """Open ``connections`` pooled connections (at most the pool's size)
+        and prepare :data:`WARM_STATEMENTS` on each, once the schema is
+        current: a gateway's first requests then neither wait for a new
+        connection nor have the server prepare statements inside their
+        transactions. The pool keeps them while they are used (it closes a
+        connection above its minimum after ten idle minutes; one opened later
+        prepares as it goes)."""
+        async with contextlib.AsyncExitStack() as stack:
+            conns = [
+                await stack.enter_async_context(self._connection())
+                for _ in range(min(connections, self._pool.max_size))
+            ]
+            await asyncio.gather(
+                *(_Session(conn, self).prepare_named(WARM_STATEMENTS) for conn in conns)
+            )
 
     async def close(self) -> None:
         await self._pool.close()

@@ -257,6 +257,13 @@ class SqlStore:
             await keep()
         self._lock_entries_kept = True
 
+    async def warm(self) -> None:
+        """Prepare the backend for a gateway's first requests, where it can
+        (PostgreSQL: ``PostgresBackend.warm``)."""
+        warm = getattr(self._backend, "warm", None)
+        if warm is not None:
+            await warm()
+
     async def __aenter__(self) -> Self:
         return self
 
