@@ -118,6 +118,13 @@ def _ledger_client(value: str) -> str:
     return kind
 
 
+def _verify_thread(value: Any) -> str:
+    kind = str(value).strip().lower()
+    if kind not in ("auto", "on", "off"):
+        raise ConfigError(f"decode_verify_thread must be auto, on or off, not {value!r}")
+    return kind
+
+
 def _log_level(value: str) -> str:
     level = str(value).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -291,6 +298,13 @@ KEYS: tuple[Key, ...] = (
         _priority,
         "idle",
         "CPU priority of the decoding processes: idle, normal or a nice value 0-19",
+    ),
+    Key(
+        "decode_verify_thread",
+        _verify_thread,
+        "auto",
+        "signatures of small BatchLists verified on a thread beside the event loop: auto "
+        "(when the gateway is one process on a machine with a core to spare), on or off",
     ),
     Key(
         "decode_yield_bytes",

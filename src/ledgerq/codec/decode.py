@@ -34,6 +34,11 @@ Within a batch the checks run in the order listed, cheap string checks
 before any signature, so a malformed batch costs no curve arithmetic.
 With ``verify=False`` only the signature checks (``bad_*_signature``) are
 skipped, for bytes that were verified before (e.g. read back from the store).
+With ``verify=checks`` (a list) they are collected into it instead, each a
+:data:`~ledgerq.codec.signing.SignatureCheck`, for the caller to verify
+elsewhere (:func:`~ledgerq.codec.signing.signatures_hold`: libsecp256k1 runs
+without the GIL, so a thread can) and, should one fail, decode again with
+``verify=True`` for the error this module would have raised.
 
 Unknown protobuf fields are accepted and kept: signatures are checked over
 the header bytes as sent, and ``ParsedBatch.serialized`` is the batch's own
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
@@ -51,6 +57,7 @@ from ledgerq.codec import batch_pb2, transaction_pb2
 from ledgerq.codec.parsed import ParsedBatch, ParsedTransaction, TransactionHeader
 from ledgerq.codec.signing import (
     SIGNATURE_HEX_LENGTH,
+    SignatureCheck,
     is_lower_hex,
     load_public_key,
     verify_checked,
@@ -65,6 +72,23 @@ from ledgerq.model import (
     TrackingBatch,
     TrackingTransaction,
 )
+
+if TYPE_CHECKING:
+    import coincurve
+
+#: What a decode does with the signatures: check them (``True``), skip them
+#: (``False``), or collect them into the list for the caller (module notes).
+Verify = bool | list[SignatureCheck]
+
+
+def _signed(verify: Verify, key: coincurve.PublicKey, message: bytes, signature: str) -> bool:
+    """False only when ``verify`` asks for the check here and it fails."""
+    if verify is True:
+        return verify_checked(key, message, signature)
+    if verify is not False:
+        verify.append((key, message, signature))
+    return True
+
 
 #: Largest accepted BatchList body, in bytes (the REST API's default limit).
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
@@ -88,7 +112,7 @@ def decode_batch_list(
     data: bytes,
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
-    verify: bool = True,
+    verify: Verify = True,
     pace: Callable[[], None] | None = None,
 ) -> tuple[ParsedBatch, ...]:
     """Decode a serialized ``BatchList`` and verify every batch in it.
@@ -136,7 +160,7 @@ def decode_batch(serialized: bytes, *, verify: bool = True) -> ParsedBatch:
     return _decode_batch(bytes(serialized), None, verify)
 
 
-def _decode_batch(serialized: bytes, index: int | None, verify: bool) -> ParsedBatch:
+def _decode_batch(serialized: bytes, index: int | None, verify: Verify) -> ParsedBatch:
     where = "the batch" if index is None else f"batch #{index}"
     try:
         message = batch_pb2.Batch.FromString(serialized)
@@ -196,7 +220,7 @@ def _decode_batch(serialized: bytes, index: int | None, verify: bool) -> ParsedB
             batch_id=batch_id,
             transaction_id=duplicate,
         )
-    if verify and not verify_checked(signer_key, header_bytes, batch_id):
+    if not _signed(verify, signer_key, header_bytes, batch_id):
         raise InvalidBatchError(
             f"the header_signature of {where} is not a signature of its header by "
             f"{signer}; sign the serialized BatchHeader with the signer's key",
@@ -231,7 +255,7 @@ def _decode_transaction(
     batch_where: str,
     batch_id: str,
     batch_signer: str,
-    verify: bool,
+    verify: Verify,
 ) -> ParsedTransaction:
     tx_id = message.header_signature
     if not is_lower_hex(tx_id, SIGNATURE_HEX_LENGTH):
@@ -286,7 +310,7 @@ def _decode_transaction(
             batch_id=batch_id,
             transaction_id=tx_id,
         )
-    if verify and not verify_checked(key, header_bytes, tx_id):
+    if not _signed(verify, key, header_bytes, tx_id):
         raise InvalidBatchError(
             f"the header_signature of {_tx_where(number, tx_id, batch_where)} is not a "
             f"signature of its header by {signer}; sign the serialized TransactionHeader "
@@ -416,14 +440,15 @@ def parse_batch_list(
     max_bytes: int = DEFAULT_MAX_BYTES,
     created_at: int = 0,
     pace: Callable[[], None] | None = None,
+    verify: Verify = True,
 ) -> tuple[TrackingBatch, ...]:
     """Decode and verify a ``BatchList`` into tracking batches for ``service_id``.
 
     ``service_id=None`` means a ledger without services (:data:`NO_SERVICE`);
-    ``pace`` as for :func:`decode_batch_list`.
+    ``pace`` and ``verify`` as for :func:`decode_batch_list`.
     """
     service = NO_SERVICE if service_id is None else check_service_id(service_id)
-    batches = decode_batch_list(data, max_bytes=max_bytes, pace=pace)
+    batches = decode_batch_list(data, max_bytes=max_bytes, pace=pace, verify=verify)
     for index, batch in enumerate(batches):
         check_storable(batch, index)
     return tuple(to_tracking_batch(batch, service, created_at) for batch in batches)

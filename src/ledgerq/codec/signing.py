@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import coincurve
@@ -102,6 +102,18 @@ def verify_signature(public_key_hex: str, message: bytes, signature_hex: str) ->
     if key is None or not is_lower_hex(signature_hex, SIGNATURE_HEX_LENGTH):
         return False
     return verify_checked(key, message, signature_hex)
+
+
+#: A signature to verify: the signer's loaded key, the signed bytes, the
+#: signature (already known to be :data:`SIGNATURE_HEX_LENGTH` lowercase hex).
+SignatureCheck = tuple[coincurve.PublicKey, bytes, str]
+
+
+def signatures_hold(checks: Sequence[SignatureCheck]) -> bool:
+    """Whether every one of ``checks`` verifies (:func:`verify_checked`), in
+    order, stopping at the first that does not. libsecp256k1 runs without
+    the GIL: a thread calling this leaves the event loop free."""
+    return all(verify_checked(key, message, signature) for key, message, signature in checks)
 
 
 def verify_checked(key: coincurve.PublicKey, message: bytes, signature_hex: str) -> bool:

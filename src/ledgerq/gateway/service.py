@@ -36,8 +36,9 @@ from ledgerq.follow.follower import Follower
 from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
 from ledgerq.gateway.ha import ClaimBoundLedger
 from ledgerq.gateway.takeover import TakeOverAsks, ledger_reader, store_opener
+from ledgerq.gateway.workers import resolve_workers
 from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
-from ledgerq.ingest.decoding import Yielding
+from ledgerq.ingest.decoding import Yielding, verify_thread_wanted
 from ledgerq.ingest.guard import GuardedSite, HttpLimits, request_line_limit
 from ledgerq.ledgers.base import LedgerClient
 from ledgerq.ledgers.health import LedgerHealth
@@ -188,6 +189,9 @@ class Gateway:
                 max_wait_s=settings["decode_yield_max_wait_s"],
             ),
             pipeline_busy=self._pipeline_busy,
+            verify_thread=verify_thread_wanted(
+                settings["decode_verify_thread"], resolve_workers(settings)
+            ),
             changes=self.changes,
             clock=clock,
             claims=claims,

@@ -392,6 +392,7 @@ class GatewayApi:
         decode_priority: Priority = DEFAULT_PRIORITY,
         decode_yielding: Yielding | None = None,
         pipeline_busy: Callable[[], bool] = lambda: False,
+        verify_thread: bool = False,
     ) -> None:
         """``acceptor``: what stores accepted batches (default: ``store``);
         ``ledger_problem``: the ledger's open problem for a service, if any;
@@ -400,7 +401,9 @@ class GatewayApi:
         large BatchLists decoded and verified at once, off the event loop
         (the others wait their turn), in processes at ``decode_priority``;
         the largest of them yield to the pipeline while ``pipeline_busy()``
-        as ``decode_yielding`` says (:mod:`ledgerq.ingest.decoding`)."""
+        as ``decode_yielding`` says (:mod:`ledgerq.ingest.decoding`);
+        ``verify_thread``: smaller ones have their signatures verified on a
+        thread beside the loop."""
         self.max_status_ids = max_status_ids
         #: Posts below the yielding size being taken in now (pipeline work).
         self.posting = 0
@@ -410,6 +413,7 @@ class GatewayApi:
             priority=decode_priority,
             yielding=decode_yielding,
             busy=lambda: self.posting > 0 or pipeline_busy(),
+            verify_thread=verify_thread,
         )
         self.ledger_problem = ledger_problem
         self.store = store

@@ -43,12 +43,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from ledgerq.codec import parse_batch_list
+from ledgerq.codec.signing import SignatureCheck, signatures_hold
 from ledgerq.errors import InvalidBatchError
 from ledgerq.model import TrackingBatch
 from ledgerq.procpool import Priority, WorkerPool
@@ -106,9 +109,13 @@ class BatchListDecoder:
         priority: Priority = DEFAULT_PRIORITY,
         yielding: Yielding | None = None,
         busy: Callable[[], bool] = lambda: False,
+        verify_thread: bool = False,
     ) -> None:
         """``busy``: whether the pipeline has work in flight now (sampled
-        while a large post is verified, see :class:`Yielding`)."""
+        while a large post is verified, see :class:`Yielding`).
+        ``verify_thread``: small bodies are parsed and checked on the event
+        loop as before, and their signatures verified on a thread of their
+        own (:meth:`_decode_small`)."""
         self.max_bytes = max_bytes
         self.slots = slots
         self.pool_bytes = pool_bytes
@@ -150,6 +157,13 @@ class BatchListDecoder:
         # meanwhile waited for all of them; on PostgreSQL the first post of
         # ten took 100 ms to insert instead of 30.
         self._inline = OnePerPass()
+        self._verifier = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledgerq-verify")
+            if verify_thread
+            else None
+        )
+        #: Small bodies whose signatures the thread verified (for tests and metrics).
+        self.thread_verified = 0
 
     @property
     def inline_waits(self) -> int:
@@ -165,9 +179,7 @@ class BatchListDecoder:
         turn comes, so that a post abandoned while it waited costs no
         decoding (raises :class:`ClientGone`)."""
         if len(body) < self.pool_bytes:
-            return await self._inline.run(
-                parse_batch_list, body, service_id, max_bytes=self.max_bytes
-            )
+            return await self._decode_small(body, service_id)
         large = len(body) >= self.yielding.bytes
         self.waiting += 1
         try:
@@ -242,10 +254,59 @@ class BatchListDecoder:
         """Pauses the workers took so far."""
         return int(self._holds.value)
 
+    async def _decode_small(self, body: bytes, service_id: str | None) -> Sequence[TrackingBatch]:
+        """A small body on the event loop, in its turn; with the verifying
+        thread, its signatures there.
+
+        About two thirds of a small list's decoding is secp256k1 verification
+        (two signatures for a one-transaction batch), which libsecp256k1 does
+        without the GIL: on the thread it runs beside the loop, on another
+        core. The loop parses and checks everything else first; a list that
+        fails anything (a check on the loop, a signature on the thread) is
+        decoded again on the loop with every check in the codec's order, so
+        its client gets exactly the error a decode in one piece gives. A
+        thread rather than a process: nothing to copy, and the GIL is not
+        held while it verifies (a thread decoding whole lists, parsing
+        included, held it against the loop: docs/BENCHMARKS.md).
+        """
+        if self._verifier is None:
+            return await self._inline.run(
+                parse_batch_list, body, service_id, max_bytes=self.max_bytes
+            )
+        checks: list[SignatureCheck] = []
+        try:
+            batches = await self._inline.run(
+                parse_batch_list, body, service_id, max_bytes=self.max_bytes, verify=checks
+            )
+        except InvalidBatchError:
+            pass
+        else:
+            loop = asyncio.get_running_loop()
+            if await loop.run_in_executor(self._verifier, signatures_hold, checks):
+                self.thread_verified += 1
+                return batches
+        return await self._inline.run(parse_batch_list, body, service_id, max_bytes=self.max_bytes)
+
     def close(self) -> None:
         if self._sampler is not None:
             self._sampler.cancel()
         self.pool.close()
+        if self._verifier is not None:
+            self._verifier.shutdown(wait=False, cancel_futures=True)
+
+
+def verify_thread_wanted(mode: str, processes: int) -> bool:
+    """Whether ``decode_verify_thread = mode`` puts a verifying thread beside
+    the loop of a gateway running ``processes`` processes: ``auto`` does when
+    the gateway is one process and this process may run on another core
+    (with several, each worker already has a core of its own)."""
+    if mode != "auto":
+        return mode == "on"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return processes == 1 and cores > 1
 
 
 def parse_batch_list_in_worker(
