@@ -112,6 +112,16 @@ async def test_a_valid_list_is_verified_on_the_thread_with_the_same_batches() ->
     assert seen and all(name.startswith("ledgerq-verify") for name in seen)
 
 
+async def test_a_list_decoded_as_the_decoder_closes_is_verified_on_the_loop() -> None:
+    decoder = BatchListDecoder(max_bytes=1 << 20, verify_thread=True)
+    decoder.close()
+    body = _good(3)
+    assert await decoder.decode(body, "svc") == parse_batch_list(body, "svc")
+    with pytest.raises(InvalidBatchError) as refused:
+        await decoder.decode(batch_list([_forged_batch()]), "svc")
+    assert refused.value.rule == "bad_batch_signature"
+
+
 @pytest.mark.parametrize(
     "parts",
     [

@@ -282,7 +282,11 @@ class BatchListDecoder:
             pass
         else:
             loop = asyncio.get_running_loop()
-            if await loop.run_in_executor(self._verifier, signatures_hold, checks):
+            try:
+                held = await loop.run_in_executor(self._verifier, signatures_hold, checks)
+            except RuntimeError:  # the decoder closed (the gateway stopping): on the loop
+                held = signatures_hold(checks)
+            if held:
                 self.thread_verified += 1
                 return batches
         return await self._inline.run(parse_batch_list, body, service_id, max_bytes=self.max_bytes)
