@@ -51,22 +51,24 @@ def _forged_batch() -> bytes:
     return hand_batch(ALICE, [tx], header=header, signature=sign(BOB, header))[1]
 
 
-def _outcome(run: object) -> object:
-    try:
-        return run()  # type: ignore[operator]
-    except InvalidBatchError as exc:
-        return ("refused", exc.rule, str(exc), exc.batch_id, exc.transaction_id)
+def _refusal(exc: InvalidBatchError) -> tuple[object, ...]:
+    return ("refused", exc.rule, str(exc), exc.batch_id, exc.transaction_id)
 
 
 async def _both(body: bytes) -> tuple[object, object, BatchListDecoder]:
+    """What the decoder with the thread answers, and a decode in one piece."""
     threaded = BatchListDecoder(max_bytes=1 << 20, verify_thread=True)
+    got: object
+    want: object
     try:
-        got: object
         try:
             got = await threaded.decode(body, "svc")
         except InvalidBatchError as exc:
-            got = ("refused", exc.rule, str(exc), exc.batch_id, exc.transaction_id)
-        want = _outcome(lambda: parse_batch_list(body, "svc", max_bytes=1 << 20))
+            got = _refusal(exc)
+        try:
+            want = parse_batch_list(body, "svc", max_bytes=1 << 20)
+        except InvalidBatchError as exc:
+            want = _refusal(exc)
         return got, want, threaded
     finally:
         threaded.close()
@@ -92,21 +94,19 @@ def test_a_forged_signature_is_collected_and_fails_the_check() -> None:
     assert not signatures_hold(checks)
 
 
-async def test_a_valid_list_is_verified_on_the_thread_with_the_same_batches() -> None:
+async def test_a_valid_list_is_verified_on_the_thread_with_the_same_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     body = _good(20)
     assert len(body) < decoding.POOL_BYTES
     seen: list[str] = []
-    real = decoding.signatures_hold
 
     def spy(checks: list[SignatureCheck]) -> bool:
         seen.append(threading.current_thread().name)
-        return real(checks)
+        return signatures_hold(checks)
 
-    decoding.signatures_hold = spy  # type: ignore[assignment]
-    try:
-        got, want, threaded = await _both(body)
-    finally:
-        decoding.signatures_hold = real  # type: ignore[assignment]
+    monkeypatch.setattr(decoding, "signatures_hold", spy)
+    got, want, threaded = await _both(body)
     assert got == want
     assert threaded.thread_verified == 1
     assert seen and all(name.startswith("ledgerq-verify") for name in seen)
