@@ -622,6 +622,34 @@ async def test_wake_ups_that_find_nothing_to_claim_come_at_the_idle_gap(db: str)
         await asyncio.wait_for(task, 30)
 
 
+async def test_a_new_service_after_an_idle_full_cycle_is_claimed_at_once(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full cycle that claimed nothing (an idle gateway) does not space the
+    next wake-up's claim WAKE_IDLE_GAP_MS away: the gateway's first service
+    is claimed when it arrives. With the idle gap at an hour and full cycles
+    ten minutes apart, only that answers within the test's wait."""
+    from ledgerq.claims import manager as claims_manager
+
+    monkeypatch.setattr(claims_manager, "WAKE_IDLE_GAP_MS", 3_600_000)
+    clock = ManualClock(T0)
+    a = manager(
+        db, "a", clock, renew_interval_ms=600_000, claim_ttl_ms=3_600_000, slow_ttl_ms=3_600_001
+    )
+    changes: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+    a.add_listener(lambda gained, _lost: changes.put_nowait(gained))
+    full = _count_full_cycles(a)
+    async with a:
+        task = asyncio.create_task(a.run())
+        await asyncio.sleep(0.2)
+        assert full[0] == 1 and a.claimed_services() == frozenset()  # idle
+        await a.register_services(["first"])  # wakes the claim thread
+        assert await asyncio.wait_for(changes.get(), 30) == {"first"}
+        assert full[0] == 1  # claimed by the wake-up's claim, not a later full cycle
+        a.stop()
+        await asyncio.wait_for(task, 30)
+
+
 async def test_the_next_cycle_comes_when_a_foreign_claim_can_expire(db: str) -> None:
     clock = ManualClock(T0)
     a = manager(db, "a", clock)

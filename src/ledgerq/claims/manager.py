@@ -159,10 +159,11 @@ TAKE_LIMIT = 500
 #: lists of a run posted together, inserted in three or four groups, had
 #: their services claimed 100 ms apart (``bench parallel``, PostgreSQL).
 WAKE_GAP_MS = 25
-#: The gap after a cycle that claimed nothing. With several instances most
-#: wake-ups come from batches for services another instance holds; each
-#: claim then finds nothing to take, and these claims come no more often
-#: than the whole cycles did before.
+#: The gap after a claim a wake-up asked for that took nothing. With several
+#: instances most wake-ups come from batches for services another instance
+#: holds; each claim then finds nothing to take, and these claims come no
+#: more often than the whole cycles did before (after a full cycle, one
+#: more: the first wake-up after it is answered at once).
 WAKE_IDLE_GAP_MS = 100
 
 
@@ -420,8 +421,12 @@ class ClaimManager:
         # wake-up runs only the claim (claim_new).
         due = 0.0
         quick = False
-        # Whether the last cycle claimed a service: wake-ups then come every
-        # WAKE_GAP_MS (new services arriving), else every WAKE_IDLE_GAP_MS.
+        # Whether the last claim a wake-up asked for took a service: wake-ups
+        # then come every WAKE_GAP_MS (new services arriving), else every
+        # WAKE_IDLE_GAP_MS. A full cycle that took nothing says nothing of
+        # the wake-ups (an idle gateway's cycles take nothing): the first
+        # wake-up after one is answered at once, not up to
+        # WAKE_IDLE_GAP_MS later, as a gateway's first service was.
         claimed_any = True
         try:
             while not self._stopping:
@@ -436,7 +441,8 @@ class ClaimManager:
                     if quick:
                         claimed_any = bool(await self.claim_new())
                     else:
-                        claimed_any = bool((await self.cycle()).claimed)
+                        claimed_any = True
+                        await self.cycle()
                 except StoreError as exc:
                     log.warning("claim cycle of %s failed: %s", self.instance_id, exc)
                 began = time.monotonic()
