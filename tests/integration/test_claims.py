@@ -12,6 +12,7 @@ import psycopg.errors
 import pytest
 
 from ledgerq.claims import ClaimChange, ClaimManager, ClaimSettings
+from ledgerq.claims import manager as claims_manager
 from ledgerq.claims.manager import WAKE_IDLE_GAP_MS
 from ledgerq.claims.queries import claim_queries
 from ledgerq.clock import ManualClock
@@ -557,19 +558,27 @@ def _count_full_cycles(a: ClaimManager) -> list[int]:
     return full
 
 
-async def test_a_wake_up_only_claims(db: str) -> None:
+async def test_a_wake_up_only_claims_and_at_once_after_an_idle_cycle(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A wake-up (a new service) before the next full cycle is due is
     answered by the claim alone (one transaction, not the five of a cycle).
-    The interval is long enough that a slow machine still wakes it early."""
+    And a full cycle that claimed nothing (an idle gateway's) does not space
+    that claim WAKE_IDLE_GAP_MS away: with the idle gap at an hour and full
+    cycles ten minutes apart, only a claim at once answers within the wait."""
+    monkeypatch.setattr(claims_manager, "WAKE_IDLE_GAP_MS", 3_600_000)
     clock = ManualClock(T0)
-    a = manager(db, "a", clock, renew_interval_ms=5_000, claim_ttl_ms=60_000, slow_ttl_ms=61_000)
+    a = manager(
+        db, "a", clock, renew_interval_ms=600_000, claim_ttl_ms=3_600_000, slow_ttl_ms=3_600_001
+    )
     changes: asyncio.Queue[frozenset[str]] = asyncio.Queue()
     a.add_listener(lambda gained, _lost: changes.put_nowait(gained))
     full = _count_full_cycles(a)
     async with a:
         task = asyncio.create_task(a.run())
-        await asyncio.sleep(0.05)
-        assert full[0] == 1  # the first cycle is a full one
+        await asyncio.sleep(0.2)
+        # The first cycle is a full one, and takes nothing.
+        assert full[0] == 1 and a.claimed_services() == frozenset()
         await a.register_services(["s1"])  # wakes the claim thread
         assert await asyncio.wait_for(changes.get(), 30) == {"s1"}
         assert a.claim_only_cycles >= 1
@@ -618,34 +627,6 @@ async def test_wake_ups_that_find_nothing_to_claim_come_at_the_idle_gap(db: str)
             await asyncio.sleep(0.005)
         quick = a.claim_only_cycles - before
         assert 1 <= quick <= 1.0 / (WAKE_IDLE_GAP_MS / 1000) + 2, quick
-        a.stop()
-        await asyncio.wait_for(task, 30)
-
-
-async def test_a_new_service_after_an_idle_full_cycle_is_claimed_at_once(
-    db: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A full cycle that claimed nothing (an idle gateway) does not space the
-    next wake-up's claim WAKE_IDLE_GAP_MS away: the gateway's first service
-    is claimed when it arrives. With the idle gap at an hour and full cycles
-    ten minutes apart, only that answers within the test's wait."""
-    from ledgerq.claims import manager as claims_manager
-
-    monkeypatch.setattr(claims_manager, "WAKE_IDLE_GAP_MS", 3_600_000)
-    clock = ManualClock(T0)
-    a = manager(
-        db, "a", clock, renew_interval_ms=600_000, claim_ttl_ms=3_600_000, slow_ttl_ms=3_600_001
-    )
-    changes: asyncio.Queue[frozenset[str]] = asyncio.Queue()
-    a.add_listener(lambda gained, _lost: changes.put_nowait(gained))
-    full = _count_full_cycles(a)
-    async with a:
-        task = asyncio.create_task(a.run())
-        await asyncio.sleep(0.2)
-        assert full[0] == 1 and a.claimed_services() == frozenset()  # idle
-        await a.register_services(["first"])  # wakes the claim thread
-        assert await asyncio.wait_for(changes.get(), 30) == {"first"}
-        assert full[0] == 1  # claimed by the wake-up's claim, not a later full cycle
         a.stop()
         await asyncio.wait_for(task, 30)
 
