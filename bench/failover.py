@@ -193,6 +193,8 @@ class Sample:
     #: The new holders' writes for it after the kill, in order: (batch is the one
     #: left mid-submission, what).
     writes: list[tuple[bool, str]] = field(default_factory=list)
+    #: The gateway whose claim of it was written first after the kill.
+    taker: str | None = None
 
 
 @dataclass
@@ -359,6 +361,8 @@ def measure_failover(
             if what == "claimed" and service_id in held_at_kill:
                 moved.setdefault(service_id, (at - killed_ms) / 1000)
             x = samples.get(service_id)
+            if x is not None and what == "claimed" and x.taker is None:
+                x.taker = writer
             if x is not None and batch_id:
                 x.writes.append((batch_id == x.left, what))
         return FailoverRun(
@@ -475,6 +479,30 @@ def _path_rows(samples: list[Sample], target: float) -> list[list[object]]:
     ]
 
 
+def _late(samples: list[Sample], target: float, most: int = 10) -> list[str]:
+    """The samples resumed after ``target`` (or never), each with its claim, its first
+    write and who took it: what a miss needs looked at (the gateways' logs)."""
+    late = sorted(
+        (x for x in samples if x.resumed_s is None or x.resumed_s > target),
+        key=lambda x: x.resumed_s if x.resumed_s is not None else float("inf"),
+    )
+    if not late:
+        return []
+
+    def one(x: Sample) -> str:
+        path = "slow" if x.mid_submission else "fast"
+        claimed = f"{x.claimed_s:.2f} s" if x.claimed_s is not None else "not seen"
+        first = f"{x.resumed_s:.2f} s" if x.resumed_s is not None else "none seen"
+        what = f" ({x.writes[0][1]})" if x.writes else ""
+        return (
+            f"{x.service_id} ({path}, by {x.taker or '?'}: claimed {claimed}, "
+            f"first write {first}{what})"
+        )
+
+    more = f"; {len(late) - most} more" if len(late) > most else ""
+    return [f"* Over {target:.0f} s: " + ", ".join(one(x) for x in late[:most]) + more + "."]
+
+
 def _counts(items: list[str]) -> str:
     counts: dict[str, int] = {}
     for item in items:
@@ -573,6 +601,7 @@ def failover_markdown(
         "",
         _samples("fast", fast),
         _samples("slow", slow),
+        *_late(run.samples, target),
         (
             f"* All {run.held:,} services the victim held at the kill, with work or not: "
             f"{len(run.moved):,} claimed by another gateway, "

@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 
 from bench._cluster import LedgerCut
-from bench.failover import _balanced
+from bench.failover import Sample, _balanced, _late
 
 
 class _Ledger(http.server.BaseHTTPRequestHandler):
@@ -122,3 +122,25 @@ def test_balanced_needs_every_instance_at_half_its_share() -> None:
     assert _balanced({"a": services[:50], "b": services[50:75], "c": services[75:]}, 90)
     assert not _balanced({"a": services[:70], "b": services[70:80], "c": services[80:]}, 90)
     assert not _balanced({"a": services[:45], "b": services[45:]}, 90)
+
+
+def test_the_late_samples_are_named_with_their_claim_and_first_write() -> None:
+    on_time = Sample("svc-1", False, resumed_s=5.2, claimed_s=5.0, taker="gw-b-2")
+    late = Sample(
+        "svc-2",
+        False,
+        resumed_s=6.4,
+        claimed_s=5.0,
+        writes=[(False, "marked submitted")],
+        taker="gw-c-3",
+    )
+    never = Sample("svc-3", True, left="b3", claimed_s=5.5, taker="gw-b-2")
+    [line] = _late([on_time, late, never], target=6.0)
+    assert "svc-1" not in line
+    assert line.index("svc-2") < line.index("svc-3")
+    assert "svc-2 (fast, by gw-c-3: claimed 5.00 s, first write 6.40 s (marked submitted))" in line
+    assert "svc-3 (slow, by gw-b-2: claimed 5.50 s, first write none seen)" in line
+    assert _late([on_time], target=6.0) == []
+    many = [Sample(f"svc-{i}", False, resumed_s=7.0 + i) for i in range(12)]
+    [capped] = _late(many, target=6.0, most=10)
+    assert capped.endswith("; 2 more.")
