@@ -453,8 +453,8 @@ async def test_a_cancelled_wait_leaves_nothing_behind_and_wakes_still_reach_othe
 async def test_offered_picks_are_queued_without_a_round(
     store: MemoryRounds, clock: ManualClock
 ) -> None:
-    # A take-over's picks, read on the claim thread, go to the end of the
-    # round as a round of those services would put them, with no query.
+    # A take-over's picks, read on the claim thread, are queued as a round
+    # of those services would put them, with no query.
     a = store.add("a", 2)
     src = source(store, clock)
     assert await ids(src, 1) == [a[0]]
@@ -470,6 +470,26 @@ async def test_offered_picks_are_queued_without_a_round(
     # Offered again (a second take-over's stale read): queued once only.
     src.offer(picks, frozenset({"t"}))
     assert src.queued == 0
+
+
+async def test_offered_picks_go_before_the_rest_of_the_current_round(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    # Their services' work waited since the previous holder stopped: ahead of
+    # the round this instance's own services were given meanwhile, in the
+    # order the take-over's round gave them; each service once per round.
+    own = {s: store.add(s, 2) for s in ("a", "b", "c")}
+    src = source(store, clock)
+    assert await ids(src, 1) == [own["a"][0]]  # a round of a, b, c is under way
+    taken = {s: store.add(s, 2) for s in ("u", "t")}
+    picks = select_round(
+        store.batches.values(), now=clock(), delay_window_ms=0, services={"t", "u"}
+    )
+    src.offer(picks, frozenset({"t", "u"}))
+    src.offer(picks, frozenset({"t", "u"}))  # a stale second read: queued once
+    in_order = [b.batch_id for b in picks]
+    assert in_order == [taken["u"][0], taken["t"][0]]  # the store's round order
+    assert await ids(src, 4) == [*in_order, own["b"][0], own["c"][0]]
 
 
 async def test_an_offered_pick_of_a_service_handed_out_lately_is_a_wake_up(
