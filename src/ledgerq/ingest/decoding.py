@@ -269,27 +269,25 @@ class BatchListDecoder:
         held while it verifies (a thread decoding whole lists, parsing
         included, held it against the loop: docs/BENCHMARKS.md).
         """
-        if self._verifier is None:
-            return await self._inline.run(
-                parse_batch_list, body, service_id, max_bytes=self.max_bytes
-            )
-        checks: list[SignatureCheck] = []
-        try:
-            batches = await self._inline.run(
-                parse_batch_list, body, service_id, max_bytes=self.max_bytes, verify=checks
-            )
-        except InvalidBatchError:
-            pass
-        else:
-            loop = asyncio.get_running_loop()
-            try:
-                held = await loop.run_in_executor(self._verifier, signatures_hold, checks)
-            except RuntimeError:  # the decoder closed (the gateway stopping): on the loop
-                held = signatures_hold(checks)
-            if held:
-                self.thread_verified += 1
-                return batches
+        if self._verifier is not None:
+            checks: list[SignatureCheck] = []
+            with contextlib.suppress(InvalidBatchError):
+                batches = await self._inline.run(
+                    parse_batch_list, body, service_id, max_bytes=self.max_bytes, verify=checks
+                )
+                if await self._signatures_hold(self._verifier, checks):
+                    self.thread_verified += 1
+                    return batches
         return await self._inline.run(parse_batch_list, body, service_id, max_bytes=self.max_bytes)
+
+    @staticmethod
+    async def _signatures_hold(verifier: ThreadPoolExecutor, checks: list[SignatureCheck]) -> bool:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                verifier, signatures_hold, checks
+            )
+        except RuntimeError:  # the decoder closed (the gateway stopping): on the loop
+            return signatures_hold(checks)
 
     def close(self) -> None:
         if self._sampler is not None:

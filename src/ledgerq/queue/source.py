@@ -260,7 +260,7 @@ class QueueSource:
         self._forget_touches(self._clock())
         by_service = {b.service_id: b for b in picks}
         allowed = self._allowed(set(services))
-        first: list[TrackingBatch] = []
+        queued: set[str] = set()
         for service_id in services:
             if (
                 service_id in self._touched
@@ -275,12 +275,10 @@ class QueueSource:
             if _key(batch) in self._held:
                 self.wake(service_id)  # handed out long ago: let a round decide
                 continue
-            first.append(batch)
+            queued.add(service_id)
             self._in_round[service_id] = 1
-        if first:
-            order = {_key(b): i for i, b in enumerate(picks)}
-            first.sort(key=lambda b: order[_key(b)])
-            self._round.extendleft(reversed(first))
+        if queued:
+            self._round.extendleft(reversed([b for b in picks if b.service_id in queued]))
             self._woke = True
             for waiter in self._waiters:
                 _settle(waiter)

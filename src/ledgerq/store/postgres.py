@@ -323,12 +323,18 @@ class _Session:
         """``PREPARE`` each of ``names`` not yet prepared on this connection, in one message."""
         await self.prepare()
         for name in names:
-            statement = f"lq_{name}"
-            if name in PLANNED_EACH_TIME or statement in self._prepared.names:
-                continue
+            if name not in PLANNED_EACH_TIME:
+                self._hold_prepare(name)
+        await self.flush()
+
+    def _hold_prepare(self, name: str) -> str:
+        """The name ``name`` is prepared under on this connection, its
+        ``PREPARE`` held to go first when the connection has not got it yet."""
+        statement = f"lq_{name}"
+        if statement not in self._prepared.names:
             self._prepared.names.add(statement)
             self._held.append(f"PREPARE {statement} AS {_positional(self._q[name])[0]}")
-        await self.flush()
+        return statement
 
     def _bind(self, name: str, params: Params) -> str:
         """``EXECUTE`` of the query prepared under its name on this connection
@@ -337,19 +343,14 @@ class _Session:
             self._binder = psycopg.AsyncClientCursor(self.conn)
         if name in PLANNED_EACH_TIME:
             return self._binder.mogrify(self._q[name], params)
-        sql, names = _positional(self._q[name])
-        statement = f"lq_{name}"
-        execute = self._binder.mogrify(
+        names = _positional(self._q[name])[1]
+        statement = self._hold_prepare(name)
+        return self._binder.mogrify(
             f"EXECUTE {statement}({', '.join(f'%({n})s' for n in names)})"
             if names
             else f"EXECUTE {statement}",
             params,
         )
-        if statement in self._prepared.names:
-            return execute
-        self._prepared.names.add(statement)
-        self._held.append(f"PREPARE {statement} AS {sql}")
-        return execute
 
     async def _send(self, statements: Sequence[str]) -> list[tuple[list[Row], int]]:
         """The held statements, then ``statements``, in one message; the rows
