@@ -25,6 +25,9 @@ from ledgerq.claims.queries import claim_queries
 from ledgerq.claims.settings import ClaimSettings
 from ledgerq.errors import StoreError, StoreUnavailableError
 
+#: The planner's cost of a random page read on the claims' connection.
+RANDOM_PAGE_COST = 1.1
+
 T = TypeVar("T")
 Row = dict[str, Any]
 Conn = psycopg.AsyncConnection[Row]
@@ -115,6 +118,10 @@ class ClaimSession:
             f"SET idle_in_transaction_session_timeout = {int(self.settings.claim_ttl_ms)}".encode()
         )
         await conn.execute(f"SET statement_timeout = {int(self.settings.db_timeout_ms)}".encode())
+        # Index probes priced as in memory, as the store's sessions
+        # (ledgerq.store.postgres.RANDOM_PAGE_COST): a table of one row per
+        # service is otherwise read whole to find a few.
+        await conn.execute(f"SET random_page_cost = {RANDOM_PAGE_COST}".encode())
         self._conn = conn
         return conn
 

@@ -60,6 +60,13 @@ DEFAULT_STATEMENT_TIMEOUT_MS = 60_000
 #: frozen gateway must not keep row locks (a fenced write share-locks its
 #: claim row) that other instances' claim maintenance waits for.
 DEFAULT_IDLE_IN_TRANSACTION_MS = 5_000
+#: The planner's cost of a random page read in this store's sessions. The
+#: server's default (4) prices every index probe as a disk seek, so for the
+#: tables of one row per service (``queue_heads``, ``service_id_claims``) and
+#: a young store's ``submissions`` it scans the whole table instead of
+#: probing a few keys, and a statement planned once keeps that plan as the
+#: table grows. 1.1: the working set is in memory (docs/store.md).
+RANDOM_PAGE_COST = 1.1
 
 
 def _translate(exc: psycopg.Error, url: str) -> StoreError:
@@ -503,7 +510,8 @@ class PostgresBackend:
                 "autocommit": True,
                 "connect_timeout": max(1, int(pool_timeout_s)),
                 "options": f"-c statement_timeout={int(statement_timeout_ms)}"
-                f" -c idle_in_transaction_session_timeout={int(idle_in_transaction_ms)}",
+                f" -c idle_in_transaction_session_timeout={int(idle_in_transaction_ms)}"
+                f" -c random_page_cost={RANDOM_PAGE_COST}",
             },
         )
 
