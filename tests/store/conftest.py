@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,6 +59,16 @@ def make_batch(
             for i in range(txns)
         ),
     )
+
+
+@contextlib.asynccontextmanager
+async def pooled_connections(store: BatchTrackingStore, n: int) -> AsyncIterator[list[Any]]:
+    """``n`` distinct pooled connections of a PostgreSQL store, held together."""
+    backend = store._backend  # type: ignore[attr-defined]
+    async with contextlib.AsyncExitStack() as stack:
+        conns = [await stack.enter_async_context(backend._connection()) for _ in range(n)]
+        assert len({id(c) for c in conns}) == n
+        yield conns
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ in docs/BENCHMARKS.md).
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
 from ledgerq.claims.session import RANDOM_PAGE_COST as CLAIMS_RANDOM_PAGE_COST
@@ -21,18 +19,15 @@ from ledgerq.claims.settings import ClaimSettings
 from ledgerq.store import open_store
 from ledgerq.store import postgres as pg
 
+from .conftest import pooled_connections
+
 pytestmark = pytest.mark.pg
 
 
 async def test_every_pooled_store_session_prices_index_probes_as_in_memory(pg_url: str) -> None:
     store = await open_store(pg_url, warm=True)
     try:
-        backend = store._backend  # type: ignore[attr-defined]
-        async with contextlib.AsyncExitStack() as stack:
-            conns = [
-                await stack.enter_async_context(backend._connection())
-                for _ in range(pg.WARM_CONNECTIONS)
-            ]
+        async with pooled_connections(store, pg.WARM_CONNECTIONS) as conns:
             for conn in conns:
                 cur = await conn.execute(b"SHOW random_page_cost")
                 row = await cur.fetchone()

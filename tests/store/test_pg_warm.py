@@ -10,7 +10,6 @@ their transactions.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
 
@@ -18,7 +17,7 @@ from ledgerq.model import Committed, Pending
 from ledgerq.store import BatchWrite, open_store
 from ledgerq.store import postgres as pg
 
-from .conftest import make_batch
+from .conftest import make_batch, pooled_connections
 
 pytestmark = pytest.mark.pg
 
@@ -34,12 +33,7 @@ async def test_warm_prepares_the_hot_statements_on_pooled_connections(pg_url: st
     store = await open_store(pg_url, warm=True)
     try:
         backend = store._backend  # type: ignore[attr-defined]
-        async with contextlib.AsyncExitStack() as stack:
-            conns = [
-                await stack.enter_async_context(backend._connection())
-                for _ in range(pg.WARM_CONNECTIONS)
-            ]
-            assert len({id(c) for c in conns}) == pg.WARM_CONNECTIONS
+        async with pooled_connections(store, pg.WARM_CONNECTIONS) as conns:
             for conn in conns:
                 # On the server, and known to the store (it will not PREPARE them again).
                 assert await _prepared(conn) >= WANTED
