@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from ledgerq.clock import now_ms
@@ -477,6 +478,23 @@ class _Session:
         return await cur.fetchone()
 
 
+def session_options(url: str, **settings: object) -> str:
+    """libpq ``options`` for the store's sessions: those the connection
+    string ``url`` carries (``?options=-c search_path=ledgerq``, say), kept,
+    then ``settings`` as ``-c name=value``. A setting given in both takes the
+    store's value (PostgreSQL applies the last), so the time-outs the gateway
+    counts on hold whatever the URL says.
+
+    A connection argument replaces the URL's ``options`` outright, which is
+    why they are joined here rather than passed separately."""
+    try:
+        given = conninfo_to_dict(url).get("options") or ""
+    except psycopg.ProgrammingError:
+        given = ""  # connect() reports the URL with the driver's own message
+    ours = " ".join(f"-c {name}={value}" for name, value in settings.items())
+    return f"{given} {ours}" if given else ours
+
+
 class PostgresBackend:
     dialect = "postgresql"
 
@@ -509,9 +527,12 @@ class PostgresBackend:
                 # statement instead of BEGIN and COMMIT around them.
                 "autocommit": True,
                 "connect_timeout": max(1, int(pool_timeout_s)),
-                "options": f"-c statement_timeout={int(statement_timeout_ms)}"
-                f" -c idle_in_transaction_session_timeout={int(idle_in_transaction_ms)}"
-                f" -c random_page_cost={RANDOM_PAGE_COST}",
+                "options": session_options(
+                    url,
+                    statement_timeout=int(statement_timeout_ms),
+                    idle_in_transaction_session_timeout=int(idle_in_transaction_ms),
+                    random_page_cost=RANDOM_PAGE_COST,
+                ),
             },
         )
 
