@@ -13,6 +13,7 @@ from ledgerq.config import load_settings
 from ledgerq.errors import ConfigError
 from ledgerq.gateway.bus import WorkerBus, WorkerInfo, socket_pairs
 from ledgerq.gateway.workers import (
+    Supervisor,
     WorkerSpec,
     listening_socket,
     resolve_workers,
@@ -101,6 +102,27 @@ def test_workers_share_one_port(tmp_path: Path) -> None:
     finally:
         for s in (placeholder, first, second):
             s.close()
+
+
+def test_a_port_another_gateway_listens_on_is_refused(tmp_path: Path) -> None:
+    # Another `serve --workers N`: its placeholder and a listening worker,
+    # both with SO_REUSEPORT, which our workers could otherwise join.
+    placeholder = listening_socket("127.0.0.1", 0, listen=False)
+    port = placeholder.getsockname()[1]
+    worker = listening_socket("127.0.0.1", port, listen=True)
+    try:
+        settings = load_settings({"bind": f"127.0.0.1:{port}"}, environ={}, cwd=tmp_path)
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{port}: another process already listens"):
+            Supervisor(settings, 2, worker_module="ledgerq.commands.worker")
+    finally:
+        worker.close()
+        placeholder.close()
+    # Once it is gone the port is ours; our own placeholder does not count.
+    supervisor = Supervisor(settings, 2, worker_module="ledgerq.commands.worker")
+    try:
+        assert supervisor.port == port
+    finally:
+        supervisor._close()
 
 
 def _info(index: int, role: str = "gateway") -> WorkerInfo:

@@ -7,7 +7,11 @@ the supervisor here runs N of them:
   keeps that socket (not listening) for its lifetime, so the port stays
   reserved; every worker binds and listens on the same port with
   ``SO_REUSEPORT``, and the kernel spreads new connections across the
-  workers' sockets.
+  workers' sockets. ``SO_REUSEPORT`` would as well let the workers join
+  those of another ``ledgerq serve`` already listening there (any process
+  of the same user may), and the kernel would split the connections
+  between two unrelated gateways: the supervisor first checks that nothing
+  listens on the address and refuses to start otherwise.
 * **PostgreSQL**: every worker is a full gateway instance — its own claim
   manager and instance id, sharing services with the other workers and with
   any other ``ledgerq serve`` through claims (``docs/ha.md``). A configured
@@ -101,6 +105,30 @@ def listening_socket(host: str, port: int, *, listen: bool, backlog: int = 1024)
     return sock
 
 
+def reserve_port(host: str, port: int) -> socket.socket:
+    """The supervisor's placeholder on (host, port), once no other process listens there.
+
+    A socket without ``SO_REUSEPORT`` cannot listen beside a listening one,
+    whoever owns it; the placeholder itself (not listening) does not count.
+    """
+    placeholder = listening_socket(host, port, listen=False)
+    bound = int(placeholder.getsockname()[1])
+    probe = socket.socket(placeholder.family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, bound))
+        probe.listen(1)
+    except OSError as exc:
+        placeholder.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{bound}: another process already listens there "
+            f"({exc.strerror}); stop it or choose another --bind"
+        ) from exc
+    finally:
+        probe.close()
+    return placeholder
+
+
 @dataclass
 class WorkerSpec:
     """What a worker needs to know, handed over on its standard input."""
@@ -158,6 +186,11 @@ class Supervisor:
     """Runs and supervises the workers of one ``ledgerq serve``."""
 
     def __init__(self, settings: Settings, count: int, *, worker_module: str) -> None:
+        host, port = settings.bind
+        # First: nothing below is left behind when the port is taken.
+        self._placeholder = reserve_port(host, port)
+        self.host = host
+        self.port = int(self._placeholder.getsockname()[1])
         self.settings = settings
         self.count = count
         self._module = worker_module
@@ -169,10 +202,6 @@ class Supervisor:
         self._sockets_dir = tempfile.mkdtemp(prefix="ledgerq-workers-")
         self._lifeline_r, self._lifeline_w = os.pipe()
         os.set_inheritable(self._lifeline_r, True)
-        host, port = settings.bind
-        self._placeholder = listening_socket(host, port, listen=False)
-        self.host = host
-        self.port = int(self._placeholder.getsockname()[1])
         self._stopping = asyncio.Event()
         self._ready = asyncio.Event()
         self._watchers: set[asyncio.Task[None]] = set()
