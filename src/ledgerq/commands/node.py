@@ -19,8 +19,9 @@ from typing import Any
 import click
 from aiohttp import web
 
-from ledgerq.config import Settings, load_settings
+from ledgerq.config import Settings, load_settings, parse_bind
 from ledgerq.errors import ConfigError
+from ledgerq.gateway.workers import bind_failure
 from ledgerq.logs import add_secret
 from ledgerq.node import Node, memdebug
 from ledgerq.node.access import AccessPolicy, is_loopback
@@ -37,10 +38,10 @@ def tune_gc() -> None:
 
 
 def _parse_bind(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit():
-        raise click.BadParameter(f"{value!r}: expected HOST:PORT, e.g. 127.0.0.1:8008")
-    return host, int(port)
+    try:
+        return parse_bind(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc}; expected HOST:PORT, e.g. 127.0.0.1:8008") from exc
 
 
 @click.command("node")
@@ -241,12 +242,17 @@ async def _serve(
     # No per-request access log: a busy gateway posts thousands of batches a second.
     runner = web.AppRunner(app, shutdown_timeout=2.0, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0] if runner.addresses else (host, port)
-    # Tests read this line to learn the port when binding port 0.
-    click.echo(f"ledgerq node listening on http://{bound[0]}:{bound[1]}", err=True)
     try:
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot listen on {host}:{port}: {bind_failure(exc)}"
+            ) from exc
+        bound = runner.addresses[0] if runner.addresses else (host, port)
+        # Tests read this line to learn the port when binding port 0.
+        click.echo(f"ledgerq node listening on http://{bound[0]}:{bound[1]}", err=True)
         await stop.wait()
     finally:
         await runner.cleanup()

@@ -32,11 +32,12 @@ from aiohttp import web
 from ledgerq.claims import ClaimChange, TakeOverListener
 from ledgerq.clock import Clock, now_ms
 from ledgerq.config import Settings
+from ledgerq.errors import ConfigError
 from ledgerq.follow.follower import Follower
 from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
 from ledgerq.gateway.ha import ClaimBoundLedger
 from ledgerq.gateway.takeover import TakeOverAsks, ledger_reader, store_opener
-from ledgerq.gateway.workers import resolve_workers
+from ledgerq.gateway.workers import bind_failure, resolve_workers
 from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
 from ledgerq.ingest.decoding import Yielding, verify_thread_wanted
 from ledgerq.ingest.guard import GuardedSite, HttpLimits, request_line_limit
@@ -325,7 +326,13 @@ class Gateway:
         await runner.setup()
         try:
             site = GuardedSite(runner, limits, host, port, sock=sock)
-            await site.start()
+            try:
+                await site.start()
+            except OSError as exc:
+                for coro in extra:
+                    if asyncio.iscoroutine(coro):
+                        coro.close()  # never started: no "never awaited" warning
+                raise ConfigError(f"cannot listen on {host}:{port}: {bind_failure(exc)}") from exc
             self.port = runner.addresses[0][1]
             log.info(
                 "gateway listening on http://%s:%s, ledger %s",

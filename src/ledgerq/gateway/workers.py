@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -101,8 +102,16 @@ def listening_socket(host: str, port: int, *, listen: bool, backlog: int = 1024)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
+        raise ConfigError(f"cannot listen on {host}:{port}: {bind_failure(exc)}") from exc
     return sock
+
+
+def bind_failure(exc: OSError) -> str:
+    """Why a listening socket could not be had, and what to do (asyncio words it its own way)."""
+    reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
+    if exc.errno == errno.EADDRINUSE:
+        return f"{reason}; stop what listens there or choose another --bind"
+    return f"{reason}; choose another --bind"
 
 
 def reserve_port(host: str, port: int) -> socket.socket:

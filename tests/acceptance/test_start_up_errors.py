@@ -1,0 +1,56 @@
+"""``ledgerq serve`` and ``ledgerq node`` that cannot start: one line saying why, no traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+#: The console script installed beside this interpreter (the real CLI).
+LEDGERQ = str(Path(sys.executable).parent / "ledgerq")
+
+
+def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERQ_")}
+    return subprocess.run(
+        [LEDGERQ, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
+    )
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port some other program listens on."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        yield int(other.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["serve", "--workers", "1"],
+        ["serve", "--workers", "2"],
+        ["node"],
+    ],
+)
+def test_a_port_in_use_is_named_without_a_traceback(
+    tmp_path: Path, taken_port: int, command: list[str]
+) -> None:
+    done = _run(tmp_path, *command, "--bind", f"127.0.0.1:{taken_port}")
+    assert done.returncode == 1, done.stderr
+    assert f"Error: cannot listen on 127.0.0.1:{taken_port}: Address already in use" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "never awaited" not in done.stderr
+
+
+def test_the_node_refuses_a_port_out_of_range(tmp_path: Path) -> None:
+    done = _run(tmp_path, "node", "--bind", "127.0.0.1:70000")
+    assert done.returncode == 2
+    assert "port 70000 is out of range 0-65535" in done.stderr
+    assert "Traceback" not in done.stderr
