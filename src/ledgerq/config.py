@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -48,28 +49,44 @@ def parse_bind(value: str) -> tuple[str, int]:
     return host.strip("[]"), port
 
 
-def _ledger(value: str) -> str:
-    if value == "node" or value.startswith(
+#: What a TOML value that is not a string is called in an error.
+_TOML_TYPES = {bool: "a boolean", int: "an integer", float: "a number", list: "an array"}
+
+
+def _text(value: Any) -> str:
+    """A string, as every textual key takes: a TOML number, array or date is refused
+    (without echoing it: the key may be a token)."""
+    if isinstance(value, str):
+        return value
+    kind = _TOML_TYPES.get(type(value), f"a {type(value).__name__}")
+    raise ValueError(f"{kind} is not text; write the value as a string, in quotes")
+
+
+def _ledger(value: Any) -> str:
+    text = _text(value)
+    if text == "node" or text.startswith(
         ("sawtooth+http://", "sawtooth+https://", "splinter+http://", "splinter+https://")
     ):
-        return value
-    raise ValueError(f"{value!r}: use node, sawtooth+http://HOST:PORT or splinter+http://HOST:PORT")
+        return text
+    raise ValueError(f"{text!r}: use node, sawtooth+http://HOST:PORT or splinter+http://HOST:PORT")
 
 
-def _db(value: str) -> str:
-    if value.startswith(("sqlite:///", "postgresql://", "postgres://", "memory://")):
-        return value
-    raise ValueError(f"{value!r}: use sqlite:///PATH, postgresql://... or memory://")
+def _db(value: Any) -> str:
+    text = _text(value)
+    if text.startswith(("sqlite:///", "postgresql://", "postgres://", "memory://")):
+        return text
+    raise ValueError(f"{text!r}: use sqlite:///PATH, postgresql://... or memory://")
 
 
-def _bind(value: str) -> str:
-    parse_bind(value)
-    return value
+def _bind(value: Any) -> str:
+    text = _text(value)
+    parse_bind(text)
+    return text
 
 
 def _positive(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
-        v = kind(value)
+        v = _finite(kind(value))
         if v <= 0:
             raise ValueError(f"{value!r} must be greater than 0")
         return v
@@ -79,7 +96,7 @@ def _positive(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 def _non_negative(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
-        v = kind(value)
+        v = _finite(kind(value))
         if v < 0:
             raise ValueError(f"{value!r} must not be negative")
         return v
@@ -98,9 +115,19 @@ def _bool(value: Any) -> bool:
     raise ValueError(f"{value!r} is not a boolean (true/false)")
 
 
+def _finite(v: Any) -> Any:
+    # nan passes every comparison's "not too small" test; inf is no duration.
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"{v!r} is not a finite number")
+    return v
+
+
 def _int(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not an integer")
+    if isinstance(value, float) and not value.is_integer():
+        # int() would cut 1.5 down to 1 without a word.
+        raise ValueError(f"{value!r} is not a whole number")
     return int(value)
 
 
@@ -133,14 +160,14 @@ def _log_level(value: str) -> str:
 
 
 def _token(value: Any) -> str:
-    token = str(value)
+    token = _text(value)
     if token and (len(token) < 16 or not token.isprintable() or " " in token):
         raise ValueError("use at least 16 printable characters without spaces, or leave it empty")
     return token
 
 
 def _origins(value: Any) -> str:
-    origins = [o.strip() for o in str(value).split(",") if o.strip()]
+    origins = [o.strip() for o in _text(value).split(",") if o.strip()]
     for origin in origins:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise ValueError(f"{origin!r}: origins look like https://host[:port], or *")
@@ -170,7 +197,7 @@ def _strategy_rules(value: Any) -> str:
 
 
 def _hosts(value: Any) -> str:
-    hosts = [h.strip().lower() for h in str(value).split(",") if h.strip()]
+    hosts = [h.strip().lower() for h in _text(value).split(",") if h.strip()]
     for host in hosts:
         if "/" in host or " " in host:
             raise ValueError(f"{host!r}: list host names or addresses, without scheme or path")
@@ -178,7 +205,7 @@ def _hosts(value: Any) -> str:
 
 
 def _public_url(value: Any) -> str:
-    url = str(value).strip().rstrip("/")
+    url = _text(value).strip().rstrip("/")
     if url and (not url.startswith(("http://", "https://")) or "?" in url or "#" in url):
         raise ValueError(f"{url!r}: give the gateway's base URL, e.g. https://gw.example.com")
     return url
@@ -261,7 +288,7 @@ KEYS: tuple[Key, ...] = (
         "uvloop",
         "uvloop (asyncio's if not installed) or asyncio",
     ),
-    Key("node.data_dir", str, "", "in-process node data directory (default: next to the db)"),
+    Key("node.data_dir", _text, "", "in-process node data directory (default: next to the db)"),
     Key("node.shards", _positive(_int), 4, "in-process node shard count"),
     Key("node.ephemeral", _bool, False, "in-process node forgets pending batches on restart"),
     Key("node.token", _token, "", "`ledgerq node`: bearer token on every route (secret)"),
@@ -335,7 +362,7 @@ KEYS: tuple[Key, ...] = (
     Key("submitter.poll_timeout_s", _positive(float), 1.0, "queue poll fallback (s)"),
     Key(
         "ledger_token",
-        str,
+        _text,
         "",
         "bearer token the gateway sends to an HTTP ledger (a `ledgerq node`'s node.token; secret)",
     ),
@@ -364,7 +391,7 @@ KEYS: tuple[Key, ...] = (
         5_000,
         "longest retry of a failed status read (ms)",
     ),
-    Key("claims.instance_id", str, "", "HA instance id (default: host-pid-random)"),
+    Key("claims.instance_id", _text, "", "HA instance id (default: host-pid-random)"),
     Key("claims.renew_interval_ms", _positive(_int), 1_000, "claim cycle period (ms)"),
     Key("claims.ttl_ms", _positive(_int), 5_000, "first claim expiry: idle failover (ms)"),
     Key(

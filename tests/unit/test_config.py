@@ -64,6 +64,36 @@ def test_bad_file_is_refused(tmp_path: Path) -> None:
         load_settings(environ={}, config_file=tmp_path / "missing.toml")
 
 
+@pytest.mark.parametrize(
+    ("toml", "key", "why"),
+    [
+        # Not text: refused by name, not an AttributeError from deep inside.
+        ("bind = 8080", "bind", "an integer is not text"),
+        ("db = 1", "db", "an integer is not text"),
+        ('ledger = ["node"]', "ledger", "an array is not text"),
+        ('allowed_hosts = ["a.example", "b.example"]', "allowed_hosts", "an array is not text"),
+        ("[auth]\ntoken = 12345678901234567890", "auth.token", "an integer is not text"),
+        # Numbers that would have been changed or made meaningless without a word.
+        ("[submitter]\nslots = 1.5", "submitter.slots", "1.5 is not a whole number"),
+        ("[http]\nkeepalive_s = nan", "http.keepalive_s", "nan is not a finite number"),
+        ("[monitor]\nwait_s = inf", "monitor.wait_s", "inf is not a finite number"),
+    ],
+)
+def test_a_file_value_of_the_wrong_type_is_refused_naming_the_key(
+    tmp_path: Path, toml: str, key: str, why: str
+) -> None:
+    cfg = tmp_path / "ledgerq.toml"
+    cfg.write_text(toml + "\n")
+    with pytest.raises(ConfigError, match=rf"invalid {key} \(from {cfg}\): {why}"):
+        load_settings(environ={}, cwd=tmp_path)
+
+
+def test_whole_numbers_may_be_written_as_floats_or_strings(tmp_path: Path) -> None:
+    (tmp_path / "ledgerq.toml").write_text('workers = "2"\n[submitter]\nslots = 2.0\n')
+    s = load_settings(environ={}, cwd=tmp_path)
+    assert s["workers"] == 2 and s.submitter.slots == 2
+
+
 def test_parse_bind() -> None:
     assert parse_bind("[::1]:80") == ("::1", 80)
     with pytest.raises(ValueError, match="out of range"):
