@@ -54,3 +54,49 @@ def test_the_node_refuses_a_port_out_of_range(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "port 70000 is out of range 0-65535" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (
+            ["node", "--data-dir", "a-file/node"],
+            "cannot use a-file/node as the node data directory",
+        ),
+        (
+            ["serve", "--workers", "1", "--node-data-dir", "a-file"],
+            "cannot use a-file as the node data directory: a-file is not a directory",
+        ),
+        (
+            ["serve", "--workers", "2", "--db", "sqlite:///a-file/q.sqlite3"],
+            "cannot create the lock file of the SQLite database a-file/q.sqlite3",
+        ),
+    ],
+)
+def test_a_path_that_cannot_be_written_is_named_without_a_traceback(
+    tmp_path: Path, command: list[str], says: str
+) -> None:
+    (tmp_path / "a-file").write_text("not a directory\n")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    done = _run(tmp_path, *command, "--bind", f"127.0.0.1:{port}")
+    assert done.returncode == 1, done.stderr
+    assert f"Error: {says}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_node_data_directory_in_use_is_named_without_a_traceback(tmp_path: Path) -> None:
+    from ledgerq.node.datadir import lock_data_dir
+
+    held = lock_data_dir(tmp_path / "node")
+    try:
+        done = _run(tmp_path, "node", "--data-dir", "node", "--bind", "127.0.0.1:0")
+    finally:
+        held.release()
+    assert done.returncode == 1, done.stderr
+    assert (
+        f"Error: the node data directory node is in use by another node (process {os.getpid()})"
+        in done.stderr
+    )
+    assert "Traceback" not in done.stderr

@@ -34,8 +34,14 @@ class SingleInstanceLock:
         """Take the lock, or raise :class:`InstanceLockedError` saying who holds it."""
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LedgerqError(
+                f"cannot create the lock file of the SQLite database {self.database}: "
+                f"{exc.strerror} ({exc.filename}); check the path and its permissions"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -20,7 +20,7 @@ import click
 from aiohttp import web
 
 from ledgerq.config import Settings, load_settings, parse_bind
-from ledgerq.errors import ConfigError
+from ledgerq.errors import ConfigError, LedgerqError
 from ledgerq.gateway.workers import bind_failure
 from ledgerq.logs import add_secret
 from ledgerq.node import Node, memdebug
@@ -174,7 +174,10 @@ def node(
     check_bind(host, settings)
     if settings["node.token"]:
         add_secret(settings["node.token"])
-    failpoints.configure()  # fault tests only; nothing armed when unset
+    try:
+        failpoints.configure()  # fault tests only; nothing armed when unset
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
     tune_gc()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     options: dict[str, Any] = {
@@ -189,7 +192,10 @@ def node(
         "held_expiry_s": settings["node.held_expiry_s"],
         "max_waiters": settings["node.max_waiters"],
     }
-    asyncio.run(_serve(host, port, data_dir, options, settings))
+    try:
+        asyncio.run(_serve(host, port, data_dir, options, settings))
+    except LedgerqError as exc:  # a data directory in use, unwritable or not a node's
+        raise click.ClickException(str(exc)) from exc
 
 
 def check_bind(host: str, settings: Settings) -> None:

@@ -35,9 +35,18 @@ class DataDirLock:
 
 def lock_data_dir(directory: Path) -> DataDirLock:
     """Lock ``directory`` (created if missing) for this node, or refuse clearly."""
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        # mkdir over a file says "File exists": name what is really wrong.
+        taken = isinstance(exc, FileExistsError | NotADirectoryError)
+        raise NodeDataError(
+            f"cannot use {directory} as the node data directory: "
+            f"{exc.filename} {'is not a directory' if taken else exc.strerror}; "
+            "give a directory this process may create and write"
+        ) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
