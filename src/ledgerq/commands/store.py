@@ -117,7 +117,8 @@ def clean(db_url: str, older_than: str) -> None:
 
     Batches still waiting, in flight, Pending, Delayed or Unknown are never deleted.
     """
-    cutoff = now_ms() - parse_duration_ms(older_than)
+    # An age reaching back before 1970 deletes nothing (and fits the column).
+    cutoff = max(0, now_ms() - parse_duration_ms(older_than))
 
     async def run() -> int:
         async with await open_store(db_url) as s:
