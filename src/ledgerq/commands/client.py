@@ -74,6 +74,15 @@ class ExitError(click.ClickException):
         vars(self)["exit_code"] = code
 
 
+def _gateway_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    # Without a scheme the request fails later as "the gateway did not answer" (exit 3).
+    url = value.strip().rstrip("/")
+    host = url.partition("://")[2]
+    if not url.startswith(("http://", "https://")) or not host or host.startswith("/"):
+        raise click.BadParameter(f"{value!r} is not the gateway's URL; write http://HOST:PORT")
+    return url
+
+
 def url_option(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option(
         "--token",
@@ -86,6 +95,7 @@ def url_option(f: Callable[..., Any]) -> Callable[..., Any]:
         envvar="LEDGERQ_URL",
         default=DEFAULT_URL,
         show_default=True,
+        callback=_gateway_url,
         help="The gateway [env LEDGERQ_URL].",
     )(f)
 

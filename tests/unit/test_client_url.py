@@ -1,0 +1,22 @@
+"""The client commands' ``--url`` (or ``$LEDGERQ_URL``): a URL, checked before any request."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from ledgerq.cli import cli
+
+BATCH_ID = "a" * 128
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["services"], ["instances"], ["batches"], ["status", BATCH_ID], ["submit", "--generate", "1"]],
+)
+@pytest.mark.parametrize("url", ["127.0.0.1:8080", "localhost", "http://", "ftp://gw.example"])
+def test_a_gateway_url_without_http_is_wrong_usage(args: list[str], url: str) -> None:
+    for given in (["--url", url], []):
+        result = CliRunner().invoke(cli, [*args, *given], env={"LEDGERQ_URL": url})
+        assert result.exit_code == 2, result.output
+        assert "is not the gateway's URL; write http://HOST:PORT" in result.output
