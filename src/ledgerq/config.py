@@ -62,6 +62,13 @@ def _text(value: Any) -> str:
     raise ValueError(f"{kind} is not text; write the value as a string, in quotes")
 
 
+def _items(value: Any) -> list[str]:
+    """The entries of a list key: comma-separated text, or a TOML array of strings."""
+    if isinstance(value, list):
+        return [_text(item).strip() for item in value if _text(item).strip()]
+    return [item.strip() for item in _text(value).split(",") if item.strip()]
+
+
 def _ledger(value: Any) -> str:
     text = _text(value)
     if text == "node" or text.startswith(
@@ -167,7 +174,7 @@ def _token(value: Any) -> str:
 
 
 def _origins(value: Any) -> str:
-    origins = [o.strip() for o in _text(value).split(",") if o.strip()]
+    origins = _items(value)
     for origin in origins:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise ValueError(f"{origin!r}: origins look like https://host[:port], or *")
@@ -192,12 +199,12 @@ def _strategy(value: Any) -> str:
 
 
 def _strategy_rules(value: Any) -> str:
-    rules = StrategyMap.parse("serial", str(value)).rules
+    rules = StrategyMap.parse("serial", ",".join(_items(value))).rules
     return ",".join(f"{pattern}={strategy.value}" for pattern, strategy in rules)
 
 
 def _hosts(value: Any) -> str:
-    hosts = [h.strip().lower() for h in _text(value).split(",") if h.strip()]
+    hosts = [h.lower() for h in _items(value)]
     for host in hosts:
         if "/" in host or " " in host:
             raise ValueError(f"{host!r}: list host names or addresses, without scheme or path")

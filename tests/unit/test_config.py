@@ -71,7 +71,7 @@ def test_bad_file_is_refused(tmp_path: Path) -> None:
         ("bind = 8080", "bind", "an integer is not text"),
         ("db = 1", "db", "an integer is not text"),
         ('ledger = ["node"]', "ledger", "an array is not text"),
-        ('allowed_hosts = ["a.example", "b.example"]', "allowed_hosts", "an array is not text"),
+        ('allowed_hosts = ["a.example", 1]', "allowed_hosts", "an integer is not text"),
         ("[auth]\ntoken = 12345678901234567890", "auth.token", "an integer is not text"),
         # Numbers that would have been changed or made meaningless without a word.
         ("[submitter]\nslots = 1.5", "submitter.slots", "1.5 is not a whole number"),
@@ -86,6 +86,16 @@ def test_a_file_value_of_the_wrong_type_is_refused_naming_the_key(
     cfg.write_text(toml + "\n")
     with pytest.raises(ConfigError, match=rf"invalid {key} \(from {cfg}\): {why}"):
         load_settings(environ={}, cwd=tmp_path)
+
+
+def test_a_list_key_takes_a_toml_array_or_comma_separated_text(tmp_path: Path) -> None:
+    cfg = tmp_path / "ledgerq.toml"
+    cfg.write_text(
+        'allowed_hosts = ["A.example", " b.example "]\n[cors]\norigins = "https://x.example"\n'
+    )
+    s = load_settings(environ={}, cwd=tmp_path)
+    assert s["allowed_hosts"] == "a.example,b.example"
+    assert s["cors.origins"] == "https://x.example"
 
 
 def test_whole_numbers_may_be_written_as_floats_or_strings(tmp_path: Path) -> None:
