@@ -4,34 +4,75 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from ledgerq.clock import now_ms
-from ledgerq.errors import LedgerqError
+from ledgerq.config import load_settings
+from ledgerq.errors import ConfigError, LedgerqError
 from ledgerq.store import migrate_database, open_store
 from ledgerq.store.migrate import redact
+from ledgerq.store.sqlite import path_from_url
 
-#: The embedded default: a SQLite file in the working directory.
-DEFAULT_DB = "sqlite:///ledgerq.sqlite3"
 
-db_option = click.option(
-    "--db",
-    "db_url",
-    envvar="LEDGERQ_DB",
-    default=DEFAULT_DB,
-    show_default=True,
-    show_envvar=True,
-    help="Store URL: sqlite:///path, postgresql://user@host:port/db.",
-)
+def _store_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--db`` and ``--config``: the store ``ledgerq serve`` would open."""
+    func = click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False),
+        help="TOML settings file whose db key names the store (default: $LEDGERQ_CONFIG, "
+        "else ./ledgerq.toml if present).",
+    )(func)
+    return click.option(
+        "--db",
+        "db_url",
+        default=None,
+        help="Store URL: sqlite:///path, postgresql://user@host:port/db. Default: as "
+        "ledgerq serve resolves its db key ($LEDGERQ_DB, the settings file, "
+        "sqlite:///ledgerq.sqlite3).",
+    )(func)
+
+
+def resolve_db(db_url: str | None, config_file: str | None) -> str:
+    """The store URL: ``--db``, else the ``db`` setting as ``ledgerq serve``
+    reads it (``LEDGERQ_DB``, the settings file, the default)."""
+    try:
+        settings = load_settings(
+            {"db": db_url} if db_url is not None else {}, config_file=config_file
+        )
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    return str(settings.db)
+
+
+def _existing(url: str) -> str:
+    """``url``, once the store it names exists: an inspection command opened
+    on a mistyped SQLite path must not create an empty store there and
+    report it empty."""
+    if url.startswith("sqlite:///"):
+        try:
+            path = Path(path_from_url(url))
+        except LedgerqError as exc:
+            raise click.UsageError(str(exc)) from exc
+        if not path.is_file():
+            raise click.ClickException(
+                f"no store at {path}: the file does not exist; check --db, or run "
+                "ledgerq migrate to create it"
+            )
+    return url
 
 
 @click.command()
-@db_option
-def migrate(db_url: str) -> None:
+@_store_options
+def migrate(db_url: str | None, config_file: str | None) -> None:
     """Bring the store's schema up to date (creating it if the database is empty)."""
+    db_url = resolve_db(db_url, config_file)
     try:
         result = asyncio.run(migrate_database(db_url))
     except LedgerqError as exc:
@@ -49,7 +90,7 @@ def store() -> None:
 
 
 @store.command()
-@db_option
+@_store_options
 @click.option(
     "--services",
     "max_services",
@@ -57,8 +98,9 @@ def store() -> None:
     show_default=True,
     help="Show at most this many services.",
 )
-def summary(db_url: str, max_services: int) -> None:
+def summary(db_url: str | None, config_file: str | None, max_services: int) -> None:
     """Migrate the store if needed, then print batches per status and per service."""
+    db_url = _existing(resolve_db(db_url, config_file))
 
     async def run() -> None:
         async with await open_store(db_url) as s:
@@ -105,18 +147,19 @@ def parse_duration_ms(text: str) -> int:
 
 
 @store.command()
-@db_option
+@_store_options
 @click.option(
     "--older-than",
     "older_than",
     required=True,
     help="Delete final batches whose final status is older than this (e.g. 7d, 12h).",
 )
-def clean(db_url: str, older_than: str) -> None:
+def clean(db_url: str | None, config_file: str | None, older_than: str) -> None:
     """Delete final (Committed, Valid, Invalid) batches whose outcome is older than a cut-off.
 
     Batches still waiting, in flight, Pending, Delayed or Unknown are never deleted.
     """
+    db_url = _existing(resolve_db(db_url, config_file))
     # An age reaching back before 1970 deletes nothing (and fits the column).
     cutoff = max(0, now_ms() - parse_duration_ms(older_than))
 
