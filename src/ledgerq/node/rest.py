@@ -82,15 +82,16 @@ def _error(status: int, code: int, title: str, message: str) -> web.Response:
 
 
 def _parse_wait(request: web.Request) -> float | None:
+    """Seconds a status request may wait, as Sawtooth's REST API reads ``wait``:
+    absent or ``false`` (any case) is no wait; a number is seconds (0 to 300);
+    anything else (empty, ``true``, ``yes``) is the longest wait, 300 s."""
     raw = request.query.get("wait")
-    if raw is None:
+    if raw is None or raw.lower() == "false":
         return None
-    if raw in ("", "true", "True"):
-        return 300.0
     try:
         value = float(raw)
     except ValueError:
-        return None
+        return 300.0
     return max(0.0, min(value, 300.0))
 
 

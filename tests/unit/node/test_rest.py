@@ -357,3 +357,40 @@ async def test_hundreds_of_http_long_polls_wake_on_commit() -> None:
         await srv.session.close()
         await srv.runner.cleanup()
         await node.close()
+
+
+@pytest.mark.parametrize(
+    ("wait", "waits"),
+    [("yes", True), ("", True), ("TRUE", True), ("5", True), ("false", False), ("FALSE", False)],
+)
+async def test_wait_is_read_as_sawtooth_reads_it(wait: str, waits: bool) -> None:
+    # Sawtooth's REST API: absent or "false" (any case) is no wait, an integer
+    # is seconds, any other value the longest wait.
+    now = [0]
+    node = await Node.open(None, commit_delay_ms=1_000, clock=lambda: now[0])
+    srv = await start(node)
+    try:
+        batch = make_intkey_batch(SIGNER, [("set", "wt", 1)])
+        bid = batch.header_signature
+        assert (await post(srv, encode_batch_list([batch])))[0] == 202
+
+        async def poll() -> str:
+            async with srv.session.get(f"{srv.url}/batch_statuses?id={bid}&wait={wait}") as r:
+                return str((await r.json())["data"][0]["status"])
+
+        task = asyncio.create_task(poll())
+        for _ in range(500):
+            if task.done() or node._waiters.get(bid):
+                break
+            await asyncio.sleep(0.01)
+        if not waits:
+            assert await asyncio.wait_for(task, 10) == "PENDING"
+            return
+        assert not task.done() and node._waiters.get(bid)  # parked: the clock is stopped
+        now[0] += 1_000
+        node._wake.set()
+        assert await asyncio.wait_for(task, 10) == "COMMITTED"
+    finally:
+        await srv.session.close()
+        await srv.runner.cleanup()
+        await node.close()
