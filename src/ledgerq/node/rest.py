@@ -320,6 +320,15 @@ def make_app(
         if refused is not None:
             return refused
         start = request.query.get("start", "")
+        if not _PREFIX.fullmatch(start):
+            # The store seeks to it as bytes: anything but lowercase hex is no position.
+            return _error(
+                400,
+                54,
+                "Invalid Paging Query",
+                f"'start' {start[:80]!r} is not a state address: use the 'next_position' of "
+                "a page (lowercase hex, at most 70 characters)",
+            )
         if request.query.get("reverse", "false").lower() not in ("false", "0", "no"):
             return _error(
                 400,

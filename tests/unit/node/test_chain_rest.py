@@ -152,6 +152,14 @@ async def test_state_head_and_paging(chain: Chain) -> None:
     assert len(rest["data"]) == 1 and "next" not in rest["paging"]
 
 
+@pytest.mark.parametrize("start", ["zz", "1cfz", "1CF126", "g" * 70, "1" * 71])
+async def test_state_start_that_is_no_address_is_a_paging_error(chain: Chain, start: str) -> None:
+    # Not a 500 from the store's seek: a start that is no position is Sawtooth's
+    # "Invalid Paging Query".
+    refused = await chain.get(f"/state?start={start}", 400)
+    assert refused["error"]["code"] == 54
+
+
 async def test_submitting_through_rest_then_reading_the_chain(chain: Chain) -> None:
     batch = make_intkey_batch(SIGNER, [("set", "z", 9)])
     async with chain.session.post(
