@@ -9,9 +9,10 @@ store), never from a full scan.
 
 * ``GET /blocks``, ``/batches``, ``/transactions``: newest first from
   ``head`` (default: the latest block; a block id or number), ``reverse``
-  for oldest first; ``start`` (an id, inclusive) and ``limit`` (default 100,
-  at most 1000) page; ``paging`` has ``start``, ``limit``, ``next_position``
-  and ``next`` (a link to the next page) when there is more.
+  for oldest first; ``start`` (an id, inclusive) and ``limit`` (default 100;
+  above 1000, pages of 1000, as Sawtooth's validator gives) page; ``paging``
+  has ``start``, ``limit``, ``next_position`` and ``next`` (a link to the
+  next page) when there is more.
 * ``GET /blocks/{id}``, ``/batches/{id}``, ``/transactions/{id}``: one item,
   404 (codes 70, 71, 72) when the chain does not hold it.
 * ``GET /receipts?id=a,b`` and ``POST /receipts`` (JSON array of ids): one
@@ -22,8 +23,9 @@ store), never from a full scan.
 * ``GET /status``: ``{"endpoint": "", "peers": []}``; ``GET /peers``: ``[]``:
   the node has no peers.
 
-Errors use Sawtooth's codes: 50 (head not found), 53/54 (bad ``limit`` or
-paging), 60 (malformed id), 81-83 (receipts requests).
+Errors use Sawtooth's codes: 50 (head not found), 53/54 (a ``limit`` that is
+not a positive integer, or bad paging), 60 (malformed id), 81-83 (receipts
+requests).
 """
 
 from __future__ import annotations
@@ -153,10 +155,9 @@ def _paging(request: web.Request) -> tuple[str | None, int, bool]:
         limit = int(raw)
     except ValueError:
         limit = 0
-    if not 0 < limit <= MAX_LIMIT:
-        raise RequestError(
-            400, 53, "Invalid Count Query", f"'limit' must be an integer from 1 to {MAX_LIMIT}"
-        )
+    if limit <= 0:
+        raise RequestError(400, 53, "Invalid Count Query", "'limit' must be a positive integer")
+    limit = min(limit, MAX_LIMIT)  # as Sawtooth's validator: a larger limit gets full pages
     start = request.query.get("start") or None
     reverse = request.query.get("reverse", "false").lower() not in ("false", "0", "no")
     return start, limit, reverse

@@ -152,6 +152,17 @@ async def test_state_head_and_paging(chain: Chain) -> None:
     assert len(rest["data"]) == 1 and "next" not in rest["paging"]
 
 
+@pytest.mark.parametrize("path", ["/blocks", "/batches", "/transactions", "/state"])
+async def test_a_limit_above_the_largest_page_gets_the_largest_page(
+    chain: Chain, path: str
+) -> None:
+    # Sawtooth's validator pages a limit above 1000 by 1000; it is no error.
+    page = await chain.get(f"{path}?limit=5000")
+    assert page["data"] and page["paging"]["limit"] == 1000
+    for bad in ("0", "-1", "many"):
+        assert (await chain.get(f"{path}?limit={bad}", 400))["error"]["code"] == 53
+
+
 @pytest.mark.parametrize("start", ["zz", "1cfz", "1CF126", "g" * 70, "1" * 71])
 async def test_state_start_that_is_no_address_is_a_paging_error(chain: Chain, start: str) -> None:
     # Not a 500 from the store's seek: a start that is no position is Sawtooth's
