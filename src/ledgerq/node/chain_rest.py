@@ -44,6 +44,9 @@ from ledgerq.node.disk import CommitRecord
 from ledgerq.node.node import Node
 
 _ID = re.compile(r"[0-9a-f]{128}")
+# ASCII digits only: str.isdigit() also takes "²", and int() refuses it (and
+# strings past 4,300 digits), which made such a head a 500.
+_NUM = re.compile(r"[0-9]{1,20}")
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1_000
 
@@ -107,7 +110,7 @@ class Chain:
         latest = self.node.ledger.event_seq
         if raw in ("", "latest"):
             return latest
-        if raw.isdigit():
+        if _NUM.fullmatch(raw):
             num = int(raw)
             if 0 < num <= latest:
                 return num

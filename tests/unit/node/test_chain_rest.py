@@ -152,6 +152,15 @@ async def test_state_head_and_paging(chain: Chain) -> None:
     assert len(rest["data"]) == 1 and "next" not in rest["paging"]
 
 
+@pytest.mark.parametrize("head", ["\u00b2", "9" * 5000, "0", "-1", "5"])
+@pytest.mark.parametrize("path", ["/blocks", "/state", f"/state/{make_address('a')}"])
+async def test_a_head_that_is_no_block_number_is_head_not_found(
+    chain: Chain, path: str, head: str
+) -> None:
+    refused = await chain.get(f"{path}?head={head}", 404)
+    assert refused["error"]["code"] == 50
+
+
 @pytest.mark.parametrize("path", ["/blocks", "/batches", "/transactions", "/state"])
 async def test_a_limit_above_the_largest_page_gets_the_largest_page(
     chain: Chain, path: str
