@@ -17,6 +17,7 @@ from ledgerq.model import Committed, TrackingBatch
 from ledgerq.record.recorder import Recorder
 from ledgerq.store import open_store
 
+JSON = {"Content-Type": "application/json"}
 OCTET = {"Content-Type": "application/octet-stream"}
 
 
@@ -83,6 +84,11 @@ async def test_post_errors_name_the_problem(
         assert r.status == 202
     async with http.get(f"{url}/batch_statuses") as r:
         assert r.status == 400
+    # Ids nested past the JSON parser's recursion limit: a malformed list too.
+    deep = b"[" * 4_000
+    async with http.post(f"{url}/batch_statuses", data=deep, headers=JSON) as r:
+        assert r.status == 400
+        assert "JSON array of batch ids" in (await r.json())["error"]["message"]
 
 
 async def test_wait_returns_when_final(

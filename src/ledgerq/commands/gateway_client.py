@@ -16,6 +16,7 @@ from typing import Any, Self
 
 import aiohttp
 
+from ledgerq import jsontext
 from ledgerq.errors import LedgerqError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -125,10 +126,9 @@ class GatewayClient:
 
 
 def _message(status: int, text: str) -> str:
-    import json
 
     try:
-        doc = json.loads(text)
+        doc = jsontext.loads(text)
         err = doc["error"]
         return f"HTTP {status} {err.get('title', '')}: {err.get('message', '')}".strip()
     except (ValueError, KeyError, TypeError):

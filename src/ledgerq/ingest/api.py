@@ -60,6 +60,7 @@ from urllib.parse import quote_plus, urlencode
 
 from aiohttp import web
 
+from ledgerq import jsontext
 from ledgerq.claims import ClaimInfo, InstanceInfo
 from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import (
@@ -633,7 +634,7 @@ class GatewayApi:
         if request.content_length is not None and request.content_length > limit:
             return _error(413, "Request Entity Too Large", f"the id list exceeds {limit} bytes")
         try:
-            ids = json.loads(await request.read())
+            ids = jsontext.loads(await request.read())
         except ValueError:
             ids = None
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import functools
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from ledgerq import jsontext
 from ledgerq.errors import LedgerError
 from ledgerq.ledgers.base import (
     Accepted,
@@ -145,7 +145,7 @@ def error_message(body: bytes, status: int) -> str:
     """The ledger's explanation from a Sawtooth/Grid JSON error body, else the text."""
     text = body.decode("utf-8", "replace").strip()
     with contextlib.suppress(ValueError, AttributeError, TypeError):
-        doc = json.loads(text)
+        doc = jsontext.loads(text)
         err = doc.get("error", doc) if isinstance(doc, dict) else doc
         if isinstance(err, dict):
             title = str(err.get("title") or "").strip()
@@ -161,7 +161,7 @@ def error_message(body: bytes, status: int) -> str:
 def error_code(body: bytes) -> int | None:
     """The ``error.code`` of a Sawtooth/Grid JSON error body, if it has one."""
     with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
-        doc = json.loads(body)
+        doc = jsontext.loads(body)
         code = doc["error"]["code"]
         if isinstance(code, int) and not isinstance(code, bool):
             return code

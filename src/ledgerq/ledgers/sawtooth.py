@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
 
+from ledgerq import jsontext
 from ledgerq.backoff import Backoff
 from ledgerq.errors import LedgerError
 from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, SubmitResult, batch_list_bytes
@@ -313,7 +314,7 @@ _NO_ADDRESS = "ledgerq:blocks-only"
 
 def _is_block(data: str, url: str) -> bool:
     try:
-        doc = json.loads(data)
+        doc = jsontext.loads(data)
     except ValueError:
         doc = None
     if isinstance(doc, dict) and "block_id" in doc:
@@ -324,7 +325,7 @@ def _is_block(data: str, url: str) -> bool:
 
 def _parse_event(data: str, event_id: str | None) -> CommitEvent | None:
     try:
-        doc = json.loads(data)
+        doc = jsontext.loads(data)
         status = sawtooth_status(doc)
     except (ValueError, LedgerError):
         log.warning("ignoring an event that is not a batch status: %.200s", data)

@@ -13,13 +13,13 @@ leaves the batch unjudged.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 
+from ledgerq import jsontext
 from ledgerq.errors import LedgerError
 from ledgerq.ledgers.base import (
     CommitEvent,
@@ -59,7 +59,7 @@ def scabbard_judged(status: int, body: bytes) -> bool:
     if status != 400:
         return False
     try:
-        doc = json.loads(body)
+        doc = jsontext.loads(body)
     except ValueError:
         return False
     return isinstance(doc, dict) and isinstance(doc.get("message"), str)

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ledgerq import jsontext
 from ledgerq.errors import LedgerError
 from ledgerq.ledgers.base import LedgerBatchStatus
 from ledgerq.model import (
@@ -144,7 +144,7 @@ def parse_status_list(
 ) -> tuple[LedgerBatchStatus, ...]:
     """A status read's body (``{"data": [...]}`` or a bare array) as statuses of ``batch_ids``."""
     try:
-        doc = json.loads(body)
+        doc = jsontext.loads(body)
     except ValueError as exc:
         raise LedgerError(f"{url} answered a body that is not JSON", cause=MALFORMED) from exc
     entries = doc.get("data") if isinstance(doc, Mapping) else doc

@@ -31,13 +31,13 @@ requests).
 from __future__ import annotations
 
 import base64
-import json
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
 
+from ledgerq import jsontext
 from ledgerq.codec import ParsedBatch, decode_batch
 from ledgerq.node.blocks import NULL_BLOCK_ID
 from ledgerq.node.disk import CommitRecord
@@ -377,7 +377,7 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
                 "'application/json'",
             ).response
         try:
-            ids = json.loads(await request.read())
+            ids = jsontext.loads(await request.read())
         except ValueError:
             ids = None
         if (

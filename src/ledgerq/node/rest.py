@@ -33,6 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ledgerq import jsontext
 from ledgerq.codec import DEFAULT_MAX_BYTES
 from ledgerq.codec.decode import decode_batch_list
 from ledgerq.errors import InvalidBatchError, NodeBusyError, NodeError
@@ -246,7 +247,7 @@ def make_app(
                 "header of 'application/json'",
             )
         try:
-            ids = json.loads(await request.read())
+            ids = jsontext.loads(await request.read())
         except ValueError:
             ids = None
         if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):

@@ -35,6 +35,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from ledgerq import jsontext
 from ledgerq.node.node import Node
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class _Session:
 
     async def handle(self, text: str) -> None:
         try:
-            message = json.loads(text)
+            message = jsontext.loads(text)
         except ValueError:
             message = None
         if not isinstance(message, dict):

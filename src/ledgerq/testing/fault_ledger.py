@@ -83,6 +83,9 @@ MALFORMED_KINDS = (
     "entry_without_status",
     "html",
     "unknown_status",
+    # Arrays nested past any parser's recursion limit (json.loads raises
+    # RecursionError, not ValueError, for these).
+    "nested_too_deep",
 )
 
 
@@ -545,6 +548,8 @@ class FaultLedger:
         }
         if kind == "truncated":
             return web.Response(text='{"data": [{"id": "', content_type="application/json")
+        if kind == "nested_too_deep":
+            return web.Response(text='{"data": ' + "[" * 100_000, content_type="application/json")
         if kind == "html":
             return web.Response(text="<html><body>gateway</body></html>", content_type="text/html")
         return web.json_response(bodies[kind])

@@ -168,6 +168,14 @@ async def test_full_queue_is_429() -> None:
         ),
         ("post", "/batch_statuses", {"json": []}, 400, 46),
         ("post", "/batch_statuses", {"json": {"id": 1}}, 400, 46),
+        # Nested past the parser's recursion limit: still a malformed body.
+        (
+            "post",
+            "/batch_statuses",
+            {"data": b"[" * 100_000, "headers": {"Content-Type": "application/json"}},
+            400,
+            46,
+        ),
         ("get", "/state/1cf126", {}, 400, 62),
         ("get", "/state/" + "a" * 70, {}, 404, 75),
         ("get", "/state?address=XYZ", {}, 400, 62),
