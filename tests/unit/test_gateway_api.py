@@ -152,6 +152,21 @@ async def test_a_batch_is_found_by_id_alone_across_services(
         assert "in any service" in (await r.json())["error"]["message"]
 
 
+@pytest.mark.parametrize("path_id", ["zz", "a%00b", "AB" * 64, "dc:", "dc:a%00b"])
+async def test_a_malformed_batch_id_is_a_400_naming_it(
+    api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession, path_id: str
+) -> None:
+    # As for status requests: a NUL reached PostgreSQL and came back a 500.
+    url, _, _ = api
+    async with http.get(f"{url}/batches/{path_id}") as r:
+        assert r.status == 400
+        error = (await r.json())["error"]
+    assert error["rule"] == "malformed_id"
+    assert "128 lowercase hex" in error["message"] or "data change id" in error["message"]
+    async with http.get(f"{url}/batches/dc:order-17") as r:
+        assert r.status == 404
+
+
 async def test_listing_pagination_services_health(
     api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
 ) -> None:

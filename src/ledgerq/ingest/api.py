@@ -27,7 +27,8 @@
   an unparsable ``wait`` is a 400; parked requests are capped (429).
 * ``GET /batches?service_id=&status=&limit=&after=`` — tracked batches in
   acceptance order, paginated by ``seq`` (``paging.next`` links the next page).
-* ``GET /batches/{id}?service_id=S`` — one batch.
+* ``GET /batches/{id}?service_id=S`` — one batch (a malformed id is a 400,
+  as in a status request).
 * ``GET /services`` — queue depth, head batch, in-flight batch, lock reason,
   the ledger's open problem for the service (what it last answered instead of
   a usable answer, since when, how often); under high availability also the
@@ -741,6 +742,9 @@ class GatewayApi:
 
     async def get_batch(self, request: web.Request) -> web.Response:
         batch_id = request.match_info["batch_id"]
+        problem = _id_problem(batch_id)
+        if problem is not None:
+            return _error(400, "Invalid Id", problem, "malformed_id")
         given = request.query.get("service_id")
         scope = scope_of(request)
         if given and not scope.covers(given):
