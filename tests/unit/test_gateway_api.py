@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -200,6 +201,40 @@ async def test_listing_pagination_services_health(
         assert r.status == 200
     async with http.get(f"{url}/ready") as r:
         assert r.status == 200
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("limit=x", "limit"),
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("after=x", "after"),
+        ("after=1.5", "after"),
+        ("after=9223372036854775808", "after"),
+        ("after=-99999999999999999999", "after"),
+    ],
+)
+async def test_a_bad_listing_query_is_a_400_naming_the_parameter(
+    tmp_path: Path, http: aiohttp.ClientSession, query: str, named: str
+) -> None:
+    # On SQLite (and PostgreSQL) an after beyond 64 bits was a 500.
+    async with await open_store(f"sqlite:///{tmp_path / 'store.sqlite3'}") as store:
+        runner = web.AppRunner(GatewayApi(store).app())
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with http.get(f"{url}/batches?{query}") as r:
+                assert r.status == 400
+                message = (await r.json())["error"]["message"]
+            assert message.startswith(f"{named} must be an integer from")
+            assert repr(query.partition("=")[2]) in message
+            async with http.get(f"{url}/batches?after=9223372036854775807&limit=1000") as r:
+                assert r.status == 200
+                assert (await r.json())["data"] == []
+        finally:
+            await runner.cleanup()
 
 
 async def test_a_repost_of_held_batches_is_a_retry_a_changed_one_a_conflict(

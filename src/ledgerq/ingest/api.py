@@ -55,7 +55,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote_plus, urlencode
 
@@ -270,6 +270,26 @@ def _parse_wait(raw: str | None) -> float:
             f"{MAX_WAIT_S}), true or false; got {raw!r}"
         )
     return min(value, float(MAX_WAIT_S))
+
+
+#: The largest ``seq`` a store holds (a signed 64-bit integer): a larger
+#: ``after`` is no page, it is a client's mistake (and no database takes it).
+MAX_SEQ = 2**63 - 1
+
+
+def _int_param(query: Mapping[str, str], name: str, low: int, high: int) -> int | None:
+    """The integer query parameter ``name`` (None when absent or empty);
+    ValueError naming it when it is not an integer from ``low`` to ``high``."""
+    raw = query.get(name, "")
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be an integer from {low} to {high}; got {raw!r}")
+    return value
 
 
 def _pending(ids: Sequence[str], found: dict[str, TrackingBatch]) -> list[str]:
@@ -758,10 +778,8 @@ class GatewayApi:
     async def list_batches(self, request: web.Request) -> web.Response:
         q = request.query
         try:
-            limit = int(q.get("limit", "100"))
-            after = int(q["after"]) if q.get("after") else None
-            if not 1 <= limit <= 1000:
-                raise ValueError("limit must be 1-1000")
+            limit = _int_param(q, "limit", 1, 1000) or 100
+            after = _int_param(q, "after", -MAX_SEQ - 1, MAX_SEQ)
             status: Any = None
             if q.get("status"):
                 status = (
