@@ -237,6 +237,20 @@ async def test_a_bad_listing_query_is_a_400_naming_the_parameter(
             await runner.cleanup()
 
 
+async def test_services_after_a_control_character_is_a_400(
+    api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
+) -> None:
+    # PostgreSQL refuses a NUL in a query: the page was a 500 there.
+    url, _, _ = api
+    for after in ("a%00b", "%0a"):
+        async with http.get(f"{url}/services?after={after}") as r:
+            assert r.status == 400
+            assert "after must be the last service id" in (await r.json())["error"]["message"]
+    for after in ("", "%23none", "a::b"):
+        async with http.get(f"{url}/services?after={after}") as r:
+            assert r.status == 200
+
+
 async def test_a_repost_of_held_batches_is_a_retry_a_changed_one_a_conflict(
     api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
 ) -> None:

@@ -810,10 +810,18 @@ class GatewayApi:
             return _error(400, "Bad Query", "limit must be an integer")
         if not 1 <= limit <= 10_000:
             return _error(400, "Bad Query", "limit must be 1-10000")
+        after = request.query.get("after")
+        if after is not None and not after.isprintable():
+            # No service id holds one (and PostgreSQL refuses a NUL in a query).
+            return _error(
+                400,
+                "Bad Query",
+                f"after must be the last service id of the previous page; got {after!r}",
+            )
         scope = scope_of(request)
         listed = [
             s
-            for s in await self.store.list_services(limit=limit, after=request.query.get("after"))
+            for s in await self.store.list_services(limit=limit, after=after)
             if scope.covers(s.service_id)
         ]
         claims: dict[str, ClaimInfo] = {}
