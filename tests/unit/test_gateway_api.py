@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import pytest
@@ -58,8 +59,15 @@ async def test_post_stores_in_order_and_links_statuses(
     assert [b.seq for b in accepted] == sorted(b.seq for b in accepted)
     assert all(b.service_id == "c1::s1" for b in accepted)
     async with http.get(link) as r:
-        data = (await r.json())["data"]
+        status = await r.json()
+    data = status["data"]
     assert [d["id"] for d in data] == [b.batch_id for b in accepted]
+    # Absolute, as Sawtooth's, and the same request.
+    assert status["link"].startswith(f"{url}/batch_statuses?")
+    assert parse_qs(urlsplit(status["link"]).query) == parse_qs(urlsplit(link).query)
+    ids = [b.batch_id for b in accepted]
+    async with http.post(f"{url}/batch_statuses", json=ids) as r:
+        assert (await r.json())["link"].startswith(f"{url}/batch_statuses?id=")
     assert {d["status"] for d in data} == {"PENDING"}
     async with http.get(f"{url}/batch_statuses?id={'0' * 128}") as r:
         assert (await r.json())["data"][0]["status"] == "UNKNOWN"

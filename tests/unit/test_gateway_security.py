@@ -177,9 +177,11 @@ async def test_links_come_from_public_url_or_the_checked_host_never_a_forged_one
         _gw,
     ):
         async with aiohttp.ClientSession() as http:
-            status, doc, _ids = await post(http, url, "svc", ADMIN)
+            status, doc, ids = await post(http, url, "svc", ADMIN)
             assert status == 202
             assert doc["link"].startswith("https://gw.example.com/batch_statuses?id=")
+            status, doc = await get(http, url, "/batch_statuses", ADMIN, id=ids[0])
+            assert doc["link"] == f"https://gw.example.com/batch_statuses?id={ids[0]}"
     async with running_gateway(pipeline=False) as (url, _gw):
         async with aiohttp.ClientSession() as http:
             headers = {"X-Forwarded-Host": "evil.example", "X-Forwarded-Proto": "https"}

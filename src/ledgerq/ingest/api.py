@@ -634,9 +634,10 @@ class GatewayApi:
             )
         except StoreError as exc:
             return _store_failed(exc)
-        link = str(request.rel_url)
+        # Absolute, as Sawtooth's and as the link of POST /batches.
+        link = f"{_base(request)}{request.rel_url}"
         if request.method == "POST":
-            link = f"/batch_statuses?{urlencode({'id': ','.join(ids)})}"
+            link = f"{_base(request)}/batch_statuses?{urlencode({'id': ','.join(ids)})}"
         return web.Response(
             text=status_body(ids, found, link, self.changes.final),
             content_type="application/json",
