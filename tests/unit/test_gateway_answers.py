@@ -174,3 +174,42 @@ async def test_a_body_over_the_limit_is_a_json_413_on_any_route(
             assert r.status == 413
             assert r.content_type == "application/json"
             assert (await r.json())["error"]["code"] == 413
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/batches",
+        f"/batches/{TX_ID}",
+        "/services",
+        f"/batch_statuses?id={TX_ID}",
+    ],
+)
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (StoreUnavailableError("PostgreSQL is down"), 503),
+        (StoreError("PostgreSQL failed: something odd"), 500),
+    ],
+)
+async def test_a_read_the_store_cannot_answer_says_so(
+    served: tuple[str, _RefusingAcceptor, GatewayApi],
+    http: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    error: StoreError,
+    status: int,
+) -> None:
+    url, _, api = served
+
+    async def failing(*_args: Any, **_kwargs: Any) -> Any:
+        raise error
+
+    for read in ("list_batches", "get_batches_by_id", "list_services", "get_batch_statuses_by_id"):
+        monkeypatch.setattr(api.store, read, failing)
+    async with http.get(f"{url}{path}") as r:
+        assert r.status == status
+        body = await r.json()
+    assert str(error) in body["error"]["message"]
+    assert ("retry" in body["error"]["message"]) is (status == 503)
+    assert "stored" not in body["error"]["message"]  # a read stores nothing

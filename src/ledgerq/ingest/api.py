@@ -75,7 +75,7 @@ from ledgerq.errors import (
 )
 from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone, Yielding
-from ledgerq.ingest.errors import error_body, json_errors
+from ledgerq.ingest.errors import Handler, error_body, json_errors
 from ledgerq.ingest.guard import guard_middleware, on_disconnect
 from ledgerq.ingest.longpoll import Changes as Changes
 from ledgerq.ingest.longpoll import FinalCache
@@ -462,7 +462,8 @@ class GatewayApi:
     def app(self) -> web.Application:
         # One byte over the limit lets us tell "too large" from "exactly full".
         app = web.Application(
-            client_max_size=self.max_body_bytes + 1, middlewares=[guard_middleware, json_errors]
+            client_max_size=self.max_body_bytes + 1,
+            middlewares=[guard_middleware, json_errors, read_failures],
         )
         app.router.add_post("/batches", self.post_batches)
         app.router.add_get("/batches", self.list_batches)
@@ -633,7 +634,7 @@ class GatewayApi:
                 headers={"Retry-After": "1"},
             )
         except StoreError as exc:
-            return _store_failed(exc)
+            return _read_failed(exc)
         # Absolute, as Sawtooth's and as the link of POST /batches.
         link = f"{_base(request)}{request.rel_url}"
         if request.method == "POST":
@@ -907,6 +908,27 @@ def _store_failed(exc: StoreError) -> web.Response:
         return _error(503, "Store Unavailable", f"{exc}; retry later")
     log.error("the store failed: %s", exc)
     return _error(500, "Store Error", f"{exc}; nothing was stored")
+
+
+def _read_failed(exc: StoreError) -> web.Response:
+    """The answer to a read the store could not make: ``503`` when it is
+    unavailable (worth a retry), ``500`` otherwise; either names the failure."""
+    if isinstance(exc, StoreUnavailableError):
+        log.error("cannot read the store: %s", exc)
+        return _error(503, "Store Unavailable", f"{exc}; retry later")
+    log.error("the store failed a read: %s", exc)
+    return _error(500, "Store Error", str(exc))
+
+
+@web.middleware
+async def read_failures(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A store failure a handler lets through (the reads: listings, one
+    batch, services, instances) answered as :func:`_read_failed` says, not
+    as an unexplained 500 with a traceback per request."""
+    try:
+        return await handler(request)
+    except StoreError as exc:
+        return _read_failed(exc)
 
 
 def _workers(workers: Sequence[Any]) -> list[dict[str, Any]]:
