@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ledgerq.errors import StoreError
+from ledgerq.errors import StoreError, StoreUnavailableError
 from tests.operator_fakes import batch_list, running_gateway
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -221,6 +221,25 @@ async def test_every_answer_carries_the_security_headers() -> None:
                     csp = r.headers["Content-Security-Policy"]
                     assert "frame-ancestors 'none'" in csp, path
                     assert "script-src 'self'" in csp and "unsafe-inline" not in csp, path
+
+
+async def test_failures_carry_the_security_headers_too() -> None:
+    async with running_gateway(pipeline=False) as (url, gw):
+
+        async def unavailable(**_kwargs: Any) -> Any:
+            raise StoreUnavailableError("the database is down")
+
+        async def broken(*_args: Any, **_kwargs: Any) -> Any:
+            raise RuntimeError("a bug")
+
+        gw.store.list_batches = unavailable  # type: ignore[method-assign]
+        gw.store.list_services = broken  # type: ignore[method-assign]
+        async with aiohttp.ClientSession() as http:
+            for path, expected in (("/batches", 503), ("/services", 500)):
+                async with http.get(url + path) as r:
+                    assert r.status == expected, path
+                    assert r.headers["X-Content-Type-Options"] == "nosniff", path
+                    assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
 
 
 async def test_ready_never_shows_the_database_address() -> None:

@@ -26,8 +26,8 @@ from ledgerq.node import Node
 from ledgerq.operator import dashboard, openapi
 from ledgerq.operator.metrics import CONTENT_TYPE, GatewayMetrics, node_registry
 from ledgerq.operator.security import (
+    add_security_headers,
     cors_middleware,
-    headers_middleware,
     host_middleware,
     parse_origins,
     service_id_middleware,
@@ -61,10 +61,10 @@ def register_secrets(settings: Settings) -> None:
 
 
 def secure(app: web.Application, settings: Settings) -> None:
-    """Install the middlewares (outermost first: security headers, Host check,
-    CORS, tokens, service id)."""
+    """Install the security headers and the middlewares (outermost first:
+    Host check, CORS, tokens, service id)."""
     register_secrets(settings)
-    app.middlewares.append(headers_middleware)
+    app.on_response_prepare.append(add_security_headers)
     app.middlewares.append(
         host_middleware(
             [h for h in settings["allowed_hosts"].split(",") if h],

@@ -193,16 +193,11 @@ SECURITY_HEADERS = {
 }
 
 
-@web.middleware
-async def headers_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        response = await handler(request)
-    except web.HTTPException as exc:
-        exc.headers.update(SECURITY_HEADERS)
-        raise
-    if not response.prepared:
-        response.headers.update(SECURITY_HEADERS)
-    return response
+async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Set on every answer as it is sent (``on_response_prepare``), whatever
+    made it: a handler, a middleware's refusal, or the JSON error the
+    outermost middlewares make of a failure."""
+    response.headers.update(SECURITY_HEADERS)
 
 
 def cors_middleware(origins: Collection[str]) -> Callable[..., Awaitable[web.StreamResponse]]:
