@@ -68,6 +68,16 @@ async def test_post_stores_in_order_and_links_statuses(
     ids = [b.batch_id for b in accepted]
     async with http.post(f"{url}/batch_statuses", json=ids) as r:
         assert (await r.json())["link"].startswith(f"{url}/batch_statuses?id=")
+    # The link of a POST asks what it asked: its ids, in its service.
+    async with http.post(f"{url}/batch_statuses?service_id=c1::s1", json=ids) as r:
+        posted = await r.json()
+    async with http.get(posted["link"]) as r:
+        assert (await r.json())["data"] == posted["data"]
+    async with http.post(f"{url}/batch_statuses?service_id=c2", json=ids) as r:
+        posted = await r.json()
+    assert {d["status"] for d in posted["data"]} == {"UNKNOWN"}
+    async with http.get(posted["link"]) as r:
+        assert (await r.json())["data"] == posted["data"]
     assert {d["status"] for d in data} == {"PENDING"}
     async with http.get(f"{url}/batch_statuses?id={'0' * 128}") as r:
         assert (await r.json())["data"][0]["status"] == "UNKNOWN"

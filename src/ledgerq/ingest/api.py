@@ -638,7 +638,11 @@ class GatewayApi:
         # Absolute, as Sawtooth's and as the link of POST /batches.
         link = f"{_base(request)}{request.rel_url}"
         if request.method == "POST":
-            link = f"{_base(request)}/batch_statuses?{urlencode({'id': ','.join(ids)})}"
+            # The same question as a GET: the ids, and where they were looked for.
+            query = {"id": ",".join(ids)}
+            if service_id is not None:
+                query["service_id"] = service_id
+            link = f"{_base(request)}/batch_statuses?{urlencode(query)}"
         return web.Response(
             text=status_body(ids, found, link, self.changes.final),
             content_type="application/json",
