@@ -261,10 +261,10 @@ def _parse_wait(raw: str | None) -> float:
     if word == "false":
         return 0.0
     try:
-        value = float(word)
+        value = float(word)  # 1e400 and inf are more than the most: they count as the most
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < 0:
+    if math.isnan(value) or value < 0:
         raise ValueError(
             f"wait must be a number of seconds from 0 to {MAX_WAIT_S} (more counts as "
             f"{MAX_WAIT_S}), true or false; got {raw!r}"
