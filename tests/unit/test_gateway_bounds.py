@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
+import zlib
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
@@ -384,6 +386,45 @@ async def test_what_aiohttp_refuses_before_any_handler_is_json_too() -> None:
     finally:
         await runner.cleanup()
         await store.close()
+
+
+async def test_a_body_in_an_encoding_not_taken_is_a_415_naming_those_taken(
+    served: Served, http: aiohttp.ClientSession
+) -> None:
+    url, _, _, accepted = served
+    signer = Signer.generate()
+    body = encode_batch_list([make_intkey_batch(signer, [("set", "enc", 1)]).serialized])
+    # br and zstd: aiohttp knows them but has no decoder here (it said "install Brotli", 400).
+    for encoding in ("br", "zstd", "compress", "x-gzip", "gzip, br"):
+        for path, kind in (
+            ("/batches", "application/octet-stream"),
+            ("/batch_statuses", "application/json"),
+        ):
+            headers = {"Content-Type": kind, "Content-Encoding": encoding}
+            async with http.post(f"{url}{path}", data=body, headers=headers) as r:
+                assert r.status == 415, (encoding, path, await r.text())
+                assert r.headers["Accept-Encoding"] == "identity, gzip, deflate"
+                error = (await r.json())["error"]
+            assert error["rule"] == "unsupported_encoding"
+            assert error["message"].endswith("one of identity, gzip, deflate")
+    assert accepted == []
+    for encoding, data in (
+        ("gzip", gzip.compress(body)),
+        ("deflate", zlib.compress(body)),
+        ("identity", body),
+        ("GZIP", gzip.compress(body)),
+    ):
+        headers = {"Content-Type": "application/octet-stream", "Content-Encoding": encoding}
+        async with http.post(f"{url}/batches", data=data, headers=headers) as r:
+            assert r.status == 202, (encoding, await r.text())
+    assert len(accepted) == 1
+    # A body that does not decode as its encoding says: the client's mistake (it was a 500).
+    for encoding, data in (("gzip", body), ("deflate", b"\x00" * 8)):
+        headers = {"Content-Type": "application/octet-stream", "Content-Encoding": encoding}
+        async with http.post(f"{url}/batches", data=data, headers=headers) as r:
+            assert r.status == 400, (encoding, await r.text())
+            message = (await r.json())["error"]["message"]
+        assert message.startswith("the request body cannot be read: "), message
 
 
 async def test_a_large_post_whose_client_leaves_while_it_waits_is_not_decoded() -> None:

@@ -12,7 +12,7 @@
   batch id is tracked with another body or in another service (or a list
   mixes new and tracked batches; a data change id or transaction id is
   taken), 413 for a body over ``max_body_bytes``, 415 for any other content
-  type.
+  type or a ``Content-Encoding`` other than identity, gzip and deflate.
 * ``GET /batch_statuses?id=a,b&service_id=S&wait=N`` — Sawtooth's shape
   (``{"data": [{"id", "status", "invalid_transactions"}], "link"}``): a batch
   ledgerq still holds is ``PENDING``, one it never saw ``UNKNOWN``; with
@@ -76,7 +76,12 @@ from ledgerq.errors import (
 from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone, Yielding
 from ledgerq.ingest.errors import Handler, error_body, json_errors
-from ledgerq.ingest.guard import guard_middleware, on_disconnect
+from ledgerq.ingest.guard import (
+    ACCEPTED_ENCODINGS,
+    encoding_refusal,
+    guard_middleware,
+    on_disconnect,
+)
 from ledgerq.ingest.longpoll import Changes as Changes
 from ledgerq.ingest.longpoll import FinalCache
 from ledgerq.ingest.longpoll import TooManyWaitersError as TooManyWaitersError
@@ -484,6 +489,9 @@ class GatewayApi:
                 "Unsupported Media Type",
                 f"send the BatchList as application/octet-stream, not {request.content_type!r}",
             )
+        encoding = request.headers.get("Content-Encoding")
+        if encoding and encoding.lower() not in ACCEPTED_ENCODINGS:
+            return encoding_refusal(encoding)
         service_id = request.query.get("service_id") or None
         scope = scope_of(request)
         if not scope.covers(service_id or NO_SERVICE):
@@ -656,6 +664,9 @@ class GatewayApi:
                 "Unsupported Media Type",
                 "send the batch ids as a JSON array with Content-Type application/json",
             )
+        encoding = request.headers.get("Content-Encoding")
+        if encoding and encoding.lower() not in ACCEPTED_ENCODINGS:
+            return encoding_refusal(encoding)
         # An id is at most 259 characters, quoted and separated.
         limit = self.max_status_ids * 262 + 2
         if request.content_length is not None and request.content_length > limit:

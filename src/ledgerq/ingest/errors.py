@@ -4,9 +4,10 @@ The handlers answer every refusal as ``{"error": {"code", "title",
 "message"}}``; aiohttp's own answers (no route: 404, wrong method: 405, body
 over the limit: 413, a handler that raised: 500) would be plain text. This
 middleware, the outermost one, turns every such error into the same JSON
-shape, keeping its status and headers (``Allow`` on a 405). A handler's
-exception is logged with its traceback and answered as a 500 that says
-nothing about the internals.
+shape, keeping its status and headers (``Allow`` on a 405). A body aiohttp
+cannot read (a gzip or deflate body that does not decode, a broken chunk)
+is a 400 saying so. Any other exception of a handler is logged with its
+traceback and answered as a 500 that says nothing about the internals.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status < 400 or exc.content_type == "application/json":
             raise
         return _json_from(exc, request)
+    except web.RequestPayloadError as exc:
+        # The client's mistake, not the gateway's: no traceback, no 500.
+        why = getattr(exc.__cause__, "message", None) or "it is malformed or ended early"
+        response = web.json_response(
+            error_body(400, "Bad Request", f"the request body cannot be read: {why}"), status=400
+        )
+        response.force_close()  # the rest of the body is not worth reading
+        return response
     except Exception:
         if request.transport is None or request.transport.is_closing():
             raise  # the connection is gone (cut off, or the client left): nobody to answer

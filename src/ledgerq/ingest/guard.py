@@ -16,7 +16,10 @@ or its body, and hold a connection (and a file descriptor) for ever. A
   complete within ``body_timeout_s``, else ``408`` and close;
 * **JSON errors** — what aiohttp refuses before any handler runs (a
   malformed request, a request line or header over its limits) is answered
-  in the gateway's JSON error shape, not aiohttp's plain text;
+  in the gateway's JSON error shape, not aiohttp's plain text; a body in a
+  ``Content-Encoding`` it knows but cannot decode here (``br``, ``zstd``
+  without their libraries) is a ``415`` naming :data:`ACCEPTED_ENCODINGS`,
+  as the handlers answer any other encoding (:func:`encoding_refusal`);
 * **disconnects** — a handler may ask to hear when its client goes away
   (:func:`on_disconnect`): a parked long-poll then stops waiting at once,
   instead of holding its slot until its ``wait`` ends.
@@ -39,6 +42,7 @@ from http import HTTPStatus
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
@@ -63,6 +67,27 @@ def request_line_limit(max_ids: int) -> int:
     """Longest request line that holds ``max_ids`` batch ids in a query
     (``%2C``-separated, the way a status link writes them) and a service id."""
     return max(8190, max_ids * (128 + 3) + 1024)
+
+
+#: The ``Content-Encoding`` of a request body the gateway takes (aiohttp
+#: decodes gzip and deflate before a handler reads the body).
+ACCEPTED_ENCODINGS = ("identity", "gzip", "deflate")
+
+
+def encoding_refusal(encoding: str | None) -> web.Response:
+    """The ``415`` for a body in a ``Content-Encoding`` the gateway does not take
+    (``None``: one aiohttp refused before saying which)."""
+    given = "this Content-Encoding" if encoding is None else f"Content-Encoding {encoding!r}"
+    return web.json_response(
+        error_body(
+            415,
+            "Unsupported Media Type",
+            f"{given} is not supported; send the body in one of {', '.join(ACCEPTED_ENCODINGS)}",
+            "unsupported_encoding",
+        ),
+        status=415,
+        headers={"Accept-Encoding": ", ".join(ACCEPTED_ENCODINGS)},
+    )
 
 
 def _raw_error(status: int, reason: str, message: str, **headers: str) -> bytes:
@@ -236,6 +261,12 @@ class _JsonErrorHandler(RequestHandler):
         message: str | None = None,
     ) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs, checks nothing was sent
+        if status == 400 and isinstance(exc, ContentEncodingError):
+            # Raised with the headers (the body not read): an encoding aiohttp
+            # names but has no decoder for here, not a malformed request.
+            response = encoding_refusal(None)
+            response.force_close()
+            return response
         reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
         if status >= 500 or not message:
             text = "the gateway failed on this request; see its log"
