@@ -255,6 +255,53 @@ async def test_a_bad_listing_query_is_a_400_naming_the_parameter(
             await runner.cleanup()
 
 
+async def test_a_parameter_given_twice_with_different_values_is_a_400_naming_it(
+    api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
+) -> None:
+    # The first value was taken and the others dropped without a word.
+    url, _, accepted = api
+    body = encode_batch_list(batches(1, "a"))
+    async with http.post(f"{url}/batches?service_id=a", data=body, headers=OCTET) as r:
+        assert r.status == 202
+    one = accepted[0].batch_id
+    for method, path, named in (
+        ("POST", "/batches?service_id=a&service_id=b", "service_id"),
+        ("GET", f"/batch_statuses?id={one}&service_id=a&service_id=b", "service_id"),
+        ("GET", f"/batch_statuses?id={one}&wait=0&wait=false", "wait"),
+        ("POST", "/batch_statuses?service_id=a&service_id=", "service_id"),
+        ("GET", f"/batches/{one}?service_id=a&service_id=b", "service_id"),
+        ("GET", "/batches?service_id=a&service_id=b", "service_id"),
+        ("GET", "/batches?status=none&status=Pending", "status"),
+        ("GET", "/batches?limit=1&limit=2", "limit"),
+        ("GET", "/batches?after=1&after=2", "after"),
+        ("GET", "/services?limit=1&limit=2", "limit"),
+        ("GET", "/services?after=a&after=b", "after"),
+    ):
+        if method == "GET":
+            request = http.get(f"{url}{path}")
+        elif path.startswith("/batches"):
+            request = http.post(f"{url}{path}", data=body, headers=OCTET)
+        else:
+            request = http.post(f"{url}{path}", json=[one])
+        async with request as r:
+            assert r.status == 400, (path, await r.text())
+            error = (await r.json())["error"]
+        assert error["rule"] == "repeated_parameter", path
+        assert error["message"].startswith(f"{named} is given 2 times with different values")
+    assert len(accepted) == 1
+    # The same value twice is no question.
+    async with http.get(f"{url}/batches?service_id=a&service_id=a&limit=5&limit=5") as r:
+        assert [d["id"] for d in (await r.json())["data"]] == [one]
+    async with http.get(f"{url}/services?limit=5&limit=5") as r:
+        assert r.status == 200
+    # Ids given twice are one list, as comma-separated ones.
+    unknown = "f" * 128
+    async with http.get(f"{url}/batch_statuses?id={one}&id={unknown},{one}&wait=0&wait=0") as r:
+        assert r.status == 200
+        data = (await r.json())["data"]
+    assert [(d["id"], d["status"]) for d in data] == [(one, "PENDING"), (unknown, "UNKNOWN")]
+
+
 async def test_services_after_a_control_character_is_a_400(
     api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
 ) -> None:

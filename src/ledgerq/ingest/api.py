@@ -40,6 +40,10 @@
 * ``GET /health`` — the process answers; ``GET /ready`` — the store answers
   and the pipeline runs (503 otherwise).
 
+A query parameter given twice with different values is a 400 naming it
+(which was meant cannot be told); ``id`` given twice is one list, as
+``id=a,b``.
+
 Without ``service_id`` a batch is posted to :data:`~ledgerq.model.NO_SERVICE`;
 read without ``service_id``, a batch is found by its id in whichever service
 tracks it (a batch id names one batch in one service).
@@ -55,11 +59,12 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote_plus, urlencode
 
 from aiohttp import web
+from multidict import MultiMapping
 
 from ledgerq import jsontext
 from ledgerq.claims import ClaimInfo, InstanceInfo
@@ -282,10 +287,36 @@ def _parse_wait(raw: str | None) -> float:
 MAX_SEQ = 2**63 - 1
 
 
-def _int_param(query: Mapping[str, str], name: str, low: int, high: int) -> int | None:
+class RepeatedParameterError(ValueError):
+    """A query parameter given twice with different values: which one was meant?"""
+
+
+def _param(query: MultiMapping[str], name: str) -> str | None:
+    """The query parameter ``name`` (None when absent); given more than once,
+    the same value each time (else :class:`RepeatedParameterError` naming it:
+    aiohttp's ``query.get`` would take the first and drop the others)."""
+    values = query.getall(name, ())
+    if not values:
+        return None
+    first = values[0]
+    for other in values[1:]:
+        if other != first:
+            raise RepeatedParameterError(
+                f"{name} is given {len(values)} times with different values ({first!r}, "
+                f"{other!r}); give it once"
+            )
+    return first
+
+
+def _repeated(exc: RepeatedParameterError) -> web.Response:
+    return _error(400, "Bad Query", str(exc), "repeated_parameter")
+
+
+def _int_param(query: MultiMapping[str], name: str, low: int, high: int) -> int | None:
     """The integer query parameter ``name`` (None when absent or empty);
-    ValueError naming it when it is not an integer from ``low`` to ``high``."""
-    raw = query.get(name, "")
+    ValueError naming it when it is not an integer from ``low`` to ``high``
+    (or given twice: :func:`_param`)."""
+    raw = _param(query, name)
     if not raw:
         return None
     try:
@@ -492,7 +523,10 @@ class GatewayApi:
         encoding = request.headers.get("Content-Encoding")
         if encoding and encoding.lower() not in ACCEPTED_ENCODINGS:
             return encoding_refusal(encoding)
-        service_id = request.query.get("service_id") or None
+        try:
+            service_id = _param(request.query, "service_id") or None
+        except RepeatedParameterError as exc:
+            return _repeated(exc)
         scope = scope_of(request)
         if not scope.covers(service_id or NO_SERVICE):
             return _out_of_scope(scope, service_id or NO_SERVICE, "post into")
@@ -590,7 +624,10 @@ class GatewayApi:
                 return ids_or_error
             raw_ids = ids_or_error
         else:
-            raw_ids = [i.strip() for i in request.query.get("id", "").split(",")]
+            # Repeated, the ids are one list: id=a&id=b asks what id=a,b asks.
+            asked = request.query.getall("id", ())
+            joined = asked[0] if len(asked) == 1 else ",".join(asked)
+            raw_ids = [i.strip() for i in joined.split(",")]
         # De-duplicated, in the order asked.
         ids = list(dict.fromkeys(i for i in raw_ids if i))
         if not ids:
@@ -609,10 +646,12 @@ class GatewayApi:
                 if problem is not None:
                     return _error(400, "Invalid Id", problem, "malformed_id")
         try:
-            wait_s = _parse_wait(request.query.get("wait"))
+            service_id = _param(request.query, "service_id") or None
+            wait_s = _parse_wait(_param(request.query, "wait"))
+        except RepeatedParameterError as exc:
+            return _repeated(exc)
         except ValueError as exc:
             return _error(400, "Bad Query", str(exc), "bad_wait")
-        service_id = request.query.get("service_id") or None
         scope = scope_of(request)
         if service_id and not scope.covers(service_id):
             return _out_of_scope(scope, service_id, "read")
@@ -782,7 +821,10 @@ class GatewayApi:
         problem = _id_problem(batch_id)
         if problem is not None:
             return _error(400, "Invalid Id", problem, "malformed_id")
-        given = request.query.get("service_id")
+        try:
+            given = _param(request.query, "service_id")
+        except RepeatedParameterError as exc:
+            return _repeated(exc)
         scope = scope_of(request)
         if given and not scope.covers(given):
             return _out_of_scope(scope, given, "read")
@@ -795,20 +837,21 @@ class GatewayApi:
     async def list_batches(self, request: web.Request) -> web.Response:
         q = request.query
         try:
+            service_id = _param(q, "service_id") or None
             limit = _int_param(q, "limit", 1, 1000) or 100
             after = _int_param(q, "after", -MAX_SEQ - 1, MAX_SEQ)
-            status: Any = None
-            if q.get("status"):
-                status = (
-                    "none" if q["status"].lower() == "none" else BatchStatusName.parse(q["status"])
-                )
+            status: Any = _param(q, "status") or None
+            if status is not None:
+                status = "none" if status.lower() == "none" else BatchStatusName.parse(status)
+        except RepeatedParameterError as exc:
+            return _repeated(exc)
         except ValueError as exc:
             return _error(400, "Bad Query", str(exc))
         scope = scope_of(request)
-        if q.get("service_id") and not scope.covers(q["service_id"]):
-            return _out_of_scope(scope, q["service_id"], "read")
+        if service_id and not scope.covers(service_id):
+            return _out_of_scope(scope, service_id, "read")
         listed = await self.store.list_batches(
-            service_id=q.get("service_id") or None, status=status, limit=limit, after_seq=after
+            service_id=service_id, status=status, limit=limit, after_seq=after
         )
         # A scoped token's page may hold fewer than ``limit``: the paging
         # follows the store's page, not what the token sees of it.
@@ -822,12 +865,16 @@ class GatewayApi:
 
     async def services(self, request: web.Request) -> web.Response:
         try:
-            limit = int(request.query.get("limit", "1000"))
+            raw_limit = _param(request.query, "limit")
+            after = _param(request.query, "after")
+        except RepeatedParameterError as exc:
+            return _repeated(exc)
+        try:
+            limit = int("1000" if raw_limit is None else raw_limit)
         except ValueError:
             return _error(400, "Bad Query", "limit must be an integer")
         if not 1 <= limit <= 10_000:
             return _error(400, "Bad Query", "limit must be 1-10000")
-        after = request.query.get("after")
         if after is not None and not after.isprintable():
             # No service id holds one (and PostgreSQL refuses a NUL in a query).
             return _error(
