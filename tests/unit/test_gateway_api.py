@@ -302,6 +302,35 @@ async def test_a_parameter_given_twice_with_different_values_is_a_400_naming_it(
     assert [(d["id"], d["status"]) for d in data] == [(one, "PENDING"), (unknown, "UNKNOWN")]
 
 
+async def test_services_pages_link_the_next_one(
+    api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
+) -> None:
+    url, _, _ = api
+    services = ["s1", "s2", "s3", "s4", "s5"]
+    for service in services:
+        body = encode_batch_list(batches(1, service))
+        async with http.post(f"{url}/batches?service_id={service}", data=body, headers=OCTET):
+            pass
+    for limit, pages in ((2, 3), (5, 2), (6, 1)):
+        seen: list[str] = []
+        links = 0
+        next_url: str | None = f"{url}/services?limit={limit}"
+        while next_url:
+            async with http.get(next_url) as r:
+                page = await r.json()
+            seen += [s["service_id"] for s in page["data"]]
+            assert page["paging"]["limit"] == limit
+            next_url = page["paging"]["next"]
+            if next_url is not None:
+                links += 1
+                # Absolute, as every link the gateway gives, and the same question.
+                assert next_url.startswith(f"{url}/services?")
+                query = parse_qs(urlsplit(next_url).query)
+                assert query == {"limit": [str(limit)], "after": [seen[-1]]}
+        assert seen == services
+        assert links + 1 == pages, limit
+
+
 async def test_services_after_a_control_character_is_a_400(
     api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
 ) -> None:

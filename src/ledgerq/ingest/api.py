@@ -29,10 +29,11 @@
   acceptance order, paginated by ``seq`` (``paging.next`` links the next page).
 * ``GET /batches/{id}?service_id=S`` — one batch (a malformed id is a 400,
   as in a status request).
-* ``GET /services`` — queue depth, head batch, in-flight batch, lock reason,
-  the ledger's open problem for the service (what it last answered instead of
-  a usable answer, since when, how often); under high availability also the
-  claimant, claim epoch and expiries.
+* ``GET /services?limit=&after=`` — in service id order, paginated by id
+  (``paging.next`` links the next page): queue depth, head batch, in-flight
+  batch, lock reason, the ledger's open problem for the service (what it
+  last answered instead of a usable answer, since when, how often); under
+  high availability also the claimant, claim epoch and expiries.
 * ``GET /instances`` — the gateway instances sharing the database: id,
   start, last renewal, claims held, live or not (empty on a single instance);
   with ``serve --workers N``, also ``workers``: the processes behind this
@@ -883,11 +884,8 @@ class GatewayApi:
                 f"after must be the last service id of the previous page; got {after!r}",
             )
         scope = scope_of(request)
-        listed = [
-            s
-            for s in await self.store.list_services(limit=limit, after=after)
-            if scope.covers(s.service_id)
-        ]
+        page = await self.store.list_services(limit=limit, after=after)
+        listed = [s for s in page if scope.covers(s.service_id)]
         claims: dict[str, ClaimInfo] = {}
         if self.claims is not None:
             claims = await self.claims.claims_for([s.service_id for s in listed])
@@ -919,7 +917,14 @@ class GatewayApi:
                 if (claim is None or claim.claimant is None) and item["lock_reason"] is None:
                     item["lock_reason"] = "no gateway instance holds a claim on it yet"
             data.append(item)
-        return web.json_response({"data": data})
+        # As /batches: a full store page may have more after it (a scoped
+        # token's share of it may be smaller, even empty).
+        next_link = None
+        if len(page) == limit:
+            params = {k: v for k, v in request.query.items() if k != "after"}
+            params["after"] = page[-1].service_id
+            next_link = f"{_base(request)}/services?{urlencode(params)}"
+        return web.json_response({"data": data, "paging": {"limit": limit, "next": next_link}})
 
     async def instances(self, request: web.Request) -> web.Response:
         workers = {} if self.workers is None else {"workers": _workers(self.workers())}
