@@ -70,10 +70,16 @@ def _in_flight(s: dict[str, Any]) -> str:
 @click.command()
 @url_option
 @json_option
-@click.option("--limit", default=1000, show_default=True, help="Show at most this many services.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 10_000),
+    default=1000,
+    show_default=True,
+    help="Show at most this many services (1-10000, as the gateway takes).",
+)
 def services(url: str, token: str | None, as_json: bool, limit: int) -> None:
     """List services: queue depth, in-flight batch, lock reason and claimant."""
-    body = _get(url, "/services", token, limit=int(limit))
+    body = _get(url, "/services", token, limit=limit)
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return
