@@ -129,13 +129,26 @@ def _finite(v: Any) -> Any:
     return v
 
 
+def _numeric(value: Any, what: str) -> Any:
+    """``value`` when it may be read as a number (a number, or text such as
+    an environment variable's): a TOML boolean, date, time or array is
+    refused by what it is, not by a complaint of int() about its type."""
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        return value
+    kind = _TOML_TYPES.get(type(value), f"a {type(value).__name__}")
+    raise ValueError(f"{kind} is not {what}; write the value as a number")
+
+
 def _int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not an integer")
+    value = _numeric(value, "an integer")
     if isinstance(value, float) and not value.is_integer():
         # int() would cut 1.5 down to 1 without a word.
         raise ValueError(f"{value!r} is not a whole number")
     return int(value)
+
+
+def _float(value: Any) -> float:
+    return float(_numeric(value, "a number"))
 
 
 def _event_loop(value: str) -> str:
@@ -182,9 +195,7 @@ def _origins(value: Any) -> str:
 
 
 def _share(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a number")
-    share = float(value)
+    share = _float(value)
     if not 0 <= share <= 1:
         raise ValueError(f"{value!r}: a share of one core is 0-1")
     return share
@@ -309,12 +320,12 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("node.max_held", _positive(_int), 10_000, "node: batches held on dependencies, at most"),
     Key(
-        "node.held_expiry_s", _positive(float), 300.0, "node: a held batch turns INVALID after (s)"
+        "node.held_expiry_s", _positive(_float), 300.0, "node: a held batch turns INVALID after (s)"
     ),
     Key("node.max_status_ids", _positive(_int), 1_000, "node: batch ids per status request"),
     Key("node.max_waiters", _positive(_int), 10_000, "node: status long-polls parked at once"),
     Key("node.max_scabbard_services", _positive(_int), 64, "node: scabbard ledgers open at once"),
-    Key("node.scabbard_idle_s", _positive(float), 300.0, "node: close a scabbard ledger idle (s)"),
+    Key("node.scabbard_idle_s", _positive(_float), 300.0, "node: close a scabbard ledger idle (s)"),
     Key("delay_window_ms", _non_negative(_int), 15_000, "wait after a Delayed batch (ms)"),
     Key("queuer.strategy", _strategy, "serial", "serial (Grid's plan) or parallel (per key)"),
     Key(
@@ -354,19 +365,19 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "decode_yield_max_wait_s",
-        _non_negative(float),
+        _non_negative(_float),
         30.0,
         "longest such a list is held back in all, then it runs unthrottled (s)",
     ),
-    Key("http.keepalive_s", _positive(float), 15.0, "close a connection idle this long (s)"),
-    Key("http.header_timeout_s", _positive(float), 10.0, "a request's headers must arrive in (s)"),
-    Key("http.body_timeout_s", _positive(float), 60.0, "a request's body must arrive in (s)"),
+    Key("http.keepalive_s", _positive(_float), 15.0, "close a connection idle this long (s)"),
+    Key("http.header_timeout_s", _positive(_float), 10.0, "a request's headers must arrive in (s)"),
+    Key("http.body_timeout_s", _positive(_float), 60.0, "a request's body must arrive in (s)"),
     Key("http.max_connections", _positive(_int), 2_048, "open connections (then 503 and close)"),
     Key("submitter.slots", _positive(_int), 256, "concurrent submissions"),
     Key("submitter.max_retries", _non_negative(_int), 5, "busy retries before Delayed"),
     Key("submitter.backoff_initial_ms", _non_negative(_int), 20, "first retry backoff (ms)"),
     Key("submitter.backoff_max_ms", _non_negative(_int), 2_000, "longest retry backoff (ms)"),
-    Key("submitter.poll_timeout_s", _positive(float), 1.0, "queue poll fallback (s)"),
+    Key("submitter.poll_timeout_s", _positive(_float), 1.0, "queue poll fallback (s)"),
     Key(
         "ledger_token",
         _text,
@@ -379,12 +390,15 @@ KEYS: tuple[Key, ...] = (
         "lean",
         "HTTP client of a Sawtooth ledger's POSTs and status reads: lean or aiohttp",
     ),
-    Key("ledger_timeout.connect_s", _positive(float), 3.0, "ledger connect timeout (s)"),
-    Key("ledger_timeout.submit_s", _positive(float), 10.0, "ledger POST timeout (s)"),
+    Key("ledger_timeout.connect_s", _positive(_float), 3.0, "ledger connect timeout (s)"),
+    Key("ledger_timeout.submit_s", _positive(_float), 10.0, "ledger POST timeout (s)"),
     Key(
-        "monitor.poll_interval_s", _positive(float), 1.0, "safety-net scan of in-flight batches (s)"
+        "monitor.poll_interval_s",
+        _positive(_float),
+        1.0,
+        "safety-net scan of in-flight batches (s)",
     ),
-    Key("monitor.wait_s", _positive(float), 5.0, "wait of a parked status read (s)"),
+    Key("monitor.wait_s", _positive(_float), 5.0, "wait of a parked status read (s)"),
     Key("monitor.max_parked", _positive(_int), 1024, "status reads parked at once"),
     Key(
         "monitor.backoff_initial_ms",

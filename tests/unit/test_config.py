@@ -77,6 +77,13 @@ def test_bad_file_is_refused(tmp_path: Path) -> None:
         ("[submitter]\nslots = 1.5", "submitter.slots", "1.5 is not a whole number"),
         ("[http]\nkeepalive_s = nan", "http.keepalive_s", "nan is not a finite number"),
         ("[monitor]\nwait_s = inf", "monitor.wait_s", "inf is not a finite number"),
+        # Not a number: refused by what it is, not by int()'s complaint about its type.
+        ("delay_window_ms = 2024-01-01", "delay_window_ms", "a date is not an integer"),
+        ("[claims]\nttl_ms = 2024-01-01T10:00:00", "claims.ttl_ms", "a datetime is not an integer"),
+        ("[http]\nkeepalive_s = 10:00:00", "http.keepalive_s", "a time is not a number"),
+        ("[submitter]\nslots = [4]", "submitter.slots", "an array is not an integer"),
+        ("decode_yield_share = 1979-05-27", "decode_yield_share", "a date is not a number"),
+        ("[http]\nkeepalive_s = true", "http.keepalive_s", "a boolean is not a number"),
     ],
 )
 def test_a_file_value_of_the_wrong_type_is_refused_naming_the_key(
