@@ -49,6 +49,16 @@ def test_a_port_in_use_is_named_without_a_traceback(
     assert "never awaited" not in done.stderr
 
 
+def test_serve_workers_refused_at_the_port_leaves_no_database_behind(
+    tmp_path: Path, taken_port: int
+) -> None:
+    # The SQLite file (and its lock file) were made and migrated before the port was tried.
+    done = _run(tmp_path, "serve", "--workers", "2", "--bind", f"127.0.0.1:{taken_port}")
+    assert done.returncode == 1, done.stderr
+    assert "Address already in use" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_the_node_refuses_a_port_out_of_range(tmp_path: Path) -> None:
     done = _run(tmp_path, "node", "--bind", "127.0.0.1:70000")
     assert done.returncode == 2

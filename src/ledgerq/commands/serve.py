@@ -182,16 +182,18 @@ async def _supervise(settings: Settings, count: int) -> None:
     from ledgerq.store import open_store
     from ledgerq.store.sqlite import path_from_url
 
+    # First the port: a start refused there leaves no database file (nor lock
+    # file) behind.
+    supervisor = Supervisor(settings, count, worker_module="ledgerq.commands.worker")
     lock = None
-    if settings.db.startswith("sqlite:///"):
-        # One gateway per SQLite file; this supervisor's workers share it.
-        lock = SingleInstanceLock(path_from_url(settings.db))
-        lock.acquire()
     try:
+        if settings.db.startswith("sqlite:///"):
+            # One gateway per SQLite file; this supervisor's workers share it.
+            lock = SingleInstanceLock(path_from_url(settings.db))
+            lock.acquire()
         # Migrate once, before the workers open the store.
         store = await open_store(settings.db, migrate=True, lock_entries=False)
         await store.close()
-        supervisor = Supervisor(settings, count, worker_module="ledgerq.commands.worker")
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, supervisor.stop)
@@ -202,5 +204,6 @@ async def _supervise(settings: Settings, count: int) -> None:
 
         await supervisor.run(on_ready=announce)
     finally:
+        supervisor.close()
         if lock is not None:
             lock.release()

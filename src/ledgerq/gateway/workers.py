@@ -215,6 +215,7 @@ class Supervisor:
         self._ready = asyncio.Event()
         self._watchers: set[asyncio.Task[None]] = set()
         self.failure: str | None = None
+        self._closed = False
 
     @property
     def url(self) -> str:
@@ -236,7 +237,7 @@ class Supervisor:
                 await self._stopping.wait()
                 await self._stop_all()
         finally:
-            self._close()
+            self.close()
         if self.failure is not None:
             raise LedgerqError(self.failure)
 
@@ -361,7 +362,12 @@ class Supervisor:
             if pending:
                 await asyncio.wait(pending, timeout=10)
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Give back the port, pipes and sockets directory (once: ``run`` ends
+        with it; a start refused before ``run`` calls it itself)."""
+        if self._closed:
+            return
+        self._closed = True
         shutil.rmtree(self._sockets_dir, ignore_errors=True)
         self._placeholder.close()
         for inbox, outbox in self._pairs:
