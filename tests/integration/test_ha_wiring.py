@@ -194,3 +194,34 @@ async def test_services_taken_over_idle_are_not_woken_nor_scanned_for(
             gateway._claims_changed(change)
             assert sorted(queued) == [("r", False), ("w", True)] and len(scans) == 2
             await client.close()
+
+
+@pytest.mark.pg
+async def test_a_stopped_gateway_ends_its_claim_cycles_and_gives_its_claims_back_at_once(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # SIGTERM: once the submitter drained, the claim thread must end (and the
+    # claims go back) at once, not renew them while the gateway waits out
+    # its other tasks (5 s), the services held by an instance submitting
+    # nothing.
+    async with await open_store(pg_url) as store:
+        await store.add_batches([make_batch("s1")])
+        settings = load_settings(
+            {"db": pg_url, "ledger": "sawtooth+http://127.0.0.1:9", "bind": "127.0.0.1:0"},
+            environ={"LEDGERQ_CLAIMS_INSTANCE_ID": "gw"},
+            cwd=tmp_path,
+        )
+        async with AsyncExitStack() as stack:
+            claims = await open_high_availability(settings, stack)
+            assert claims is not None and claims.claimed_services() == {"s1"}
+            client = http_ledger_client(settings.ledger, HttpTimeouts(connect=3, submit=3))
+            stack.push_async_callback(client.close)
+            gateway = Gateway(settings, store, client, claims=claims)
+            run = asyncio.create_task(gateway.run(extra=[claims.run()]))
+            await asyncio.wait_for(gateway.started.wait(), 10)
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            gateway.stop()
+            await asyncio.wait_for(run, 10)
+            assert loop.time() - began < 2
+        assert claimants(pg_url) == {"s1": None}

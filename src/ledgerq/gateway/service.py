@@ -83,6 +83,8 @@ class Claims(ClaimsView, Protocol):
 
     def wake(self) -> None: ...
 
+    def stop(self) -> None: ...
+
     def add_change_listener(self, listener: Callable[[ClaimChange], None]) -> None: ...
 
     def add_take_over_listener(self, listener: TakeOverListener) -> None: ...
@@ -356,6 +358,11 @@ class Gateway:
                     self.follower.stop()
                     await follower
                 self.take_over.stop()
+                if self.claims is not None:
+                    # Nothing is submitted any more: the claim cycles end
+                    # now, and the claims are given back (docs/ha.md), not
+                    # renewed (or new ones taken) until the extras time out.
+                    self.claims.stop()
                 for w in self._wakeups:
                     w.stop()
                 # Extras get a moment to end by themselves, then are cancelled.
