@@ -217,3 +217,26 @@ def test_expositions_add_up_sample_by_sample() -> None:
     assert "x_depth 7.0" in lines  # the store's figure, once
     assert lines.count("# TYPE x_accepted_total counter") == 1
     assert merge_expositions(b"a 1\n", []) == b"a 1.0\n"
+
+
+def test_claims_held_add_up_as_every_worker_holds_them_now() -> None:
+    # A worker's exposition reaches another worker's /metrics without a
+    # scrape (a refresh) of its own: its claims are read as it makes it, not
+    # as they were the last time the kernel routed /metrics to it.
+    from ledgerq.operator.metrics import GatewayMetrics, merge_expositions
+
+    class Claims:
+        def __init__(self, *services: str) -> None:
+            self.services = frozenset(services)
+
+        def claimed_services(self, now: int | None = None) -> frozenset[str]:
+            return self.services
+
+    own, peer = GatewayMetrics(), GatewayMetrics()
+    assert "ledgerq_claims_held 0.0" in own.exposition().decode().splitlines()
+    own.claims, peer.claims = Claims("a"), Claims("b", "c")
+    merged = merge_expositions(own.exposition(), [peer.exposition()]).decode()
+    assert "ledgerq_claims_held 3.0" in merged.splitlines()
+    peer.claims = Claims("b", "c", "d", "e")  # a rebalance since
+    merged = merge_expositions(own.exposition(), [peer.exposition()]).decode()
+    assert "ledgerq_claims_held 5.0" in merged.splitlines()

@@ -176,6 +176,7 @@ class Gateway:
         # Its service stays locked by the batch taken along: nothing to queue.
         self.recorder.add_moved_on_listener(lambda service_id: self.wake(service_id, queue=False))
         self.metrics.watch_follower(self.follower)
+        self.metrics.claims = claims
         self.metrics.watch_submitter(self.submitter)
         self.api = GatewayApi(
             store,

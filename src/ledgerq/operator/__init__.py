@@ -87,7 +87,7 @@ def gateway_app(gateway: OperatedGateway) -> web.Application:
     app[METRICS_KEY] = gateway.metrics
 
     async def metrics(request: web.Request) -> web.Response:
-        await gateway.metrics.refresh(gateway.store, getattr(gateway, "claims", None))
+        await gateway.metrics.refresh(gateway.store)
         return web.Response(
             body=await gateway.metrics.scrape(), headers={"Content-Type": CONTENT_TYPE}
         )

@@ -29,8 +29,9 @@ gateways in one process (tests) never share a series. What is measured:
   ``ledgerq_service_queue_depth{service_id}`` for the ``top_services``
   deepest services plus one ``service_id="other"`` series summing the rest,
   so label cardinality stays at most ``top_services + 1`` however many
-  services exist; ``ledgerq_services``, ``ledgerq_services_in_flight``,
-  ``ledgerq_claims_held`` (high availability; 0 otherwise).
+  services exist; ``ledgerq_services``, ``ledgerq_services_in_flight``.
+* Read from the claim manager at every exposition: ``ledgerq_claims_held``
+  (high availability; 0 otherwise).
 
 With ``serve --workers N`` every worker counts its own events; the worker
 that answers ``/metrics`` adds the other workers' counters, histograms and
@@ -116,6 +117,12 @@ class FollowerStats(Protocol):
     def settings(self) -> Any: ...
 
 
+class HeldClaims(Protocol):
+    """What the metrics read of the claim manager (``ledgerq.claims.ClaimManager``)."""
+
+    def claimed_services(self, now: int | None = None) -> frozenset[str]: ...
+
+
 class MetricsStore(Protocol):
     async def status_counts(self) -> dict[str, int]: ...
 
@@ -197,9 +204,11 @@ class GatewayMetrics:
         self.in_flight = Gauge(
             "ledgerq_services_in_flight", "Services with a batch being submitted.", registry=r
         )
-        self.claims_held = Gauge(
-            "ledgerq_claims_held", "Service claims this instance holds.", registry=r
-        )
+        #: The claim manager (high availability), read at each exposition:
+        #: a worker's own exposition, added up by another worker's /metrics
+        #: (``serve --workers``), is made without a refresh of its own.
+        self.claims: HeldClaims | None = None
+        r.register(_ClaimsCollector(self))
         self._created: dict[str, int] = {}
         self._posted: dict[str, int] = {}
         self._accepted_window = _Window(THROUGHPUT_WINDOW_S)
@@ -269,8 +278,8 @@ class GatewayMetrics:
 
     # -- scrape ---------------------------------------------------------------
 
-    async def refresh(self, store: MetricsStore, claims: Any = None) -> None:
-        """Read the store's gauges (statuses, queue depths, claims)."""
+    async def refresh(self, store: MetricsStore) -> None:
+        """Read the store's gauges (statuses, queue depths)."""
         counts = await store.status_counts()
         self.batches.clear()
         for name, n in counts.items():
@@ -294,10 +303,6 @@ class GatewayMetrics:
         for depth, service_id in depths[: self.top_services]:
             self.service_depth.labels(service_id).set(depth)
         self.service_depth.labels("other").set(sum(d for d, _ in depths[self.top_services :]))
-        held = 0
-        if claims is not None and hasattr(claims, "claimed_services"):
-            held = len(claims.claimed_services())
-        self.claims_held.set(held)
 
     def watch_follower(self, follower: FollowerStats) -> None:
         """Expose the follower's parked reads and followed batches at every scrape."""
@@ -594,6 +599,19 @@ class _FollowerCollector(Collector):
         )
         yield CounterMetricFamily(
             "ledgerq_follow_scans", "Safety-net scans of the in-flight batches.", value=f.scans
+        )
+
+
+class _ClaimsCollector(Collector):
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        claims = self.metrics.claims
+        yield GaugeMetricFamily(
+            "ledgerq_claims_held",
+            "Service claims this instance holds.",
+            value=0 if claims is None else len(claims.claimed_services()),
         )
 
 
