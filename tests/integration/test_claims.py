@@ -4,6 +4,7 @@ release, retries. Time moves through an injected clock; nothing sleeps."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Mapping
 
@@ -190,6 +191,53 @@ async def test_a_paused_instance_reclaiming_gets_a_new_epoch(db: str) -> None:
         new = a.fence_for("s")
         assert old is not None and new is not None
         assert new.instance_id == "a" and new.epoch > old.epoch
+
+
+async def test_an_instance_whose_claims_were_taken_over_says_so(
+    db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Paused past its lease, an instance wakes to find its services with
+    # others: a warning, not only the fenced writes it then has refused.
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock)
+    b = manager(db, "b", clock)
+    async with a, b:
+        await a.register_services(["s1", "s2"])
+        await a.cycle()
+        await b.cycle()
+        clock.advance(6_000)  # a is paused
+        await b.cycle()
+        assert claimants(db) == {"s1": "b", "s2": "b"}
+        with caplog.at_level(logging.WARNING, logger="ledgerq.claims.manager"):
+            await a.cycle()
+        (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert "instance a lost its claims on 2 services (s1, s2)" in line
+        assert "its lease ran out 1000 ms ago" in line
+
+
+async def test_claims_handed_over_or_forgotten_are_not_reported_lost(
+    db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock(T0)
+    a = manager(db, "a", clock, forget_service_ms=5_000)
+    b = manager(db, "b", clock)
+    async with a, b:
+        await a.register_services(["s1", "s2", "done"])
+        put_batch(db, "s1", "o1")
+        put_batch(db, "s2", "o2")
+        put_batch(db, "done", "d1", status="Committed")
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute("UPDATE batches SET created_at = %s", (T0,))
+        with caplog.at_level(logging.WARNING, logger="ledgerq.claims.manager"):
+            await a.cycle()
+            await b.cycle()
+            for _ in range(8):
+                clock.advance(1_000)
+                await a.cycle()
+                await b.cycle()
+        assert "done" not in claimants(db)  # forgotten by a
+        assert "b" in claimants(db).values()  # handed over by a
+        assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 async def test_a_new_instance_gets_its_fair_share_within_a_few_periods(db: str) -> None:

@@ -650,6 +650,7 @@ class ClaimManager:
         released: tuple[str, ...] = ()
         if handed is not None:
             released, held = handed
+            self._log_lost(held, (*released, *forgotten), now)
             self._set_held(held)
         self._full_cycle_ms = (time.monotonic() - started) * 1000
         self._log_slow_cycle(time.monotonic() - started, took, len(voided))
@@ -672,8 +673,31 @@ class ClaimManager:
 
         claimed, held = await self._cs.transact("claim new", go)
         self.claim_only_cycles += 1
+        self._log_lost(held, (), now)
         self._set_held(held)
         return claimed
+
+    def _log_lost(self, held: _Held, released: Collection[str], now: int) -> None:
+        """Claims gone from what the database says this instance holds, which
+        it did not hand over, were taken over by others: its lease ran out (a
+        paused process, renewals that could not reach the database). Worth a
+        warning: the operator otherwise sees only its fenced writes refused."""
+        lost = self._held.services - held.services - frozenset(released)
+        if not lost:
+            return
+        lease = self._held.lease
+        shown = ", ".join(sorted(lost)[:5]) + (", …" if len(lost) > 5 else "")
+        log.warning(
+            "instance %s lost its claims on %d services (%s) to other instances%s; "
+            "their new holders carry on, and this instance's writes for them are refused",
+            self.instance_id,
+            len(lost),
+            shown,
+            ""
+            if lease is None or now < lease
+            else f": its lease ran out {now - lease} ms ago (paused, or renewals could not "
+            "reach the database)",
+        )
 
     def _log_slow_cycle(self, total_s: float, took: Mapping[str, float], taken: int) -> None:
         """A cycle longer than half a renewal interval is worth a line: it
