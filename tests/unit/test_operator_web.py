@@ -299,3 +299,17 @@ async def test_node_metrics_and_spec() -> None:
     assert _sample(text, "ledgerq_node_transactions_pending") == 0
     assert _sample(text, "ledgerq_node_final_statuses_total") == 3
     assert spec["info"]["title"] == "ledgerq node"
+
+
+async def test_ready_says_stopping_once_the_gateway_drains() -> None:
+    # A load balancer's readiness probe, or an operator, reading /ready
+    # after SIGTERM: the gateway is going away, not coming up.
+    async with running_gateway(pipeline=False) as (url, gateway):
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/ready") as r:
+                assert r.status == 503
+                assert (await r.json())["status"] == "starting"
+            gateway.stop()
+            async with http.get(url + "/ready") as r:
+                assert r.status == 503
+                assert (await r.json())["status"] == "stopping"

@@ -183,6 +183,7 @@ class Gateway:
             on_accepted=self._accepted,
             check_service_id=check_service_id,
             is_ready=lambda: self._running,
+            is_stopping=lambda: self._stop.is_set(),
             max_body_bytes=settings["max_body_bytes"],
             max_status_ids=settings["max_status_ids"],
             decode_slots=settings["decode_slots"],

@@ -439,6 +439,7 @@ class GatewayApi:
         on_accepted: Callable[[Sequence[TrackingBatch]], None] = lambda _b: None,
         check_service_id: Callable[[str], None] = lambda _s: None,
         is_ready: Callable[[], bool] = lambda: True,
+        is_stopping: Callable[[], bool] = lambda: False,
         max_body_bytes: int = 10 * 1024 * 1024,
         changes: Changes | None = None,
         clock: Clock = now_ms,
@@ -484,6 +485,7 @@ class GatewayApi:
         self.on_accepted = on_accepted
         self.check_service_id = check_service_id
         self.is_ready = is_ready
+        self.is_stopping = is_stopping
         self.max_body_bytes = max_body_bytes
         self.changes = changes or Changes()
         self.changes.reader = lambda ids: self.store.get_batch_statuses_by_id(ids)
@@ -959,7 +961,9 @@ class GatewayApi:
                 status=503,
             )
         if not self.is_ready():
-            return web.json_response({"status": "starting"}, status=503)
+            # Stopping: draining its submissions (SIGTERM), not coming up.
+            status = "stopping" if self.is_stopping() else "starting"
+            return web.json_response({"status": status}, status=503)
         return web.json_response({"status": "ready", "batches": counts})
 
 
