@@ -15,7 +15,7 @@ from ledgerq.claims import ClaimInfo, InstanceInfo
 from ledgerq.follow.in_flight import StoreMonitorSource
 from ledgerq.gateway.ha import ClaimBoundLedger
 from ledgerq.ingest.api import GatewayApi
-from ledgerq.ledgers.base import Ambiguous
+from ledgerq.ledgers.base import Abandoned, Ambiguous
 from ledgerq.model import BatchStatusName, Delayed, Pending, TrackingBatch
 
 T0 = 1_700_000_000_000
@@ -207,7 +207,7 @@ async def test_a_claim_bound_post_is_abandoned_when_the_claim_lapses() -> None:
     assert isinstance(result, Ambiguous) and not inner.started.is_set()
     # Time left: the POST runs, and is cut when the claim lapses.
     result = await ledger.submit("s", "b1", b"x")
-    assert isinstance(result, Ambiguous) and "20 ms left" in result.message
+    assert isinstance(result, Abandoned) and "20 ms left" in result.message
     assert inner.cancelled and ledger.abandoned == 1
     assert await ledger.batch_statuses("s", ["b1"], wait_s=1.0) == ("statuses", "s", ("b1",), 1.0)
     await ledger.close()

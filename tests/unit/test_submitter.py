@@ -10,7 +10,15 @@ from pipeline_fakes import MemoryPipelineStore, ScriptedLedger, batch
 from ledgerq.backoff import no_jitter
 from ledgerq.clock import ManualClock
 from ledgerq.errors import ConfigError
-from ledgerq.ledgers.base import Accepted, Ambiguous, Busy, Rejected, Unjudged, Unreachable
+from ledgerq.ledgers.base import (
+    Abandoned,
+    Accepted,
+    Ambiguous,
+    Busy,
+    Rejected,
+    Unjudged,
+    Unreachable,
+)
 from ledgerq.model import BatchStatusName, Committed, Invalid
 from ledgerq.record.recorder import Recorder
 from ledgerq.submit.submitter import Submitter, SubmitterSettings
@@ -253,6 +261,31 @@ async def test_an_ambiguous_batch_is_asked_about_not_handed_out_again() -> None:
     assert asked == [(first.batch_id, "s")]
     submitter.stop()
     await asyncio.wait_for(task, 5)
+
+
+async def test_a_post_the_gateway_abandoned_is_asked_about_but_is_no_ledger_problem() -> None:
+    # Under HA a POST still without an answer when its claim lapses (a
+    # paused instance) is ended by the gateway: ambiguous, so the ledger is
+    # asked first, but the ledger did nothing wrong. As a ledger problem it
+    # showed on the dashboard ("POSTs failing") and on /services until this
+    # instance's next good POST, possibly never (its services gone).
+    store = MemoryPipelineStore()
+    mine, theirs = batch("paused", 1), batch("slow", 1)
+    store.add(mine, theirs)
+    ledger = ScriptedLedger()
+    ledger.script = {
+        mine.batch_id: [Abandoned("no answer within the 900 ms left on this instance's claim")],
+        theirs.batch_id: [Ambiguous("no answer within the submit timeout")],
+    }
+    submitter, recorder, _ = make(store, ledger)
+    asked: list[str] = []
+    recorder.add_ask_listener(lambda b, s: asked.append(s))
+    await run_until(submitter, lambda: len(asked) == 2)
+    assert sorted(asked) == ["paused", "slow"]
+    assert submitter.health.for_service("paused") is None
+    problem = submitter.health.for_service("slow")
+    assert problem is not None and problem.cause == "ambiguous"
+    assert submitter.health.snapshot()["problems_total"]["submit"] == 1
 
 
 async def test_an_unjudged_refusal_is_retried_and_never_made_final() -> None:

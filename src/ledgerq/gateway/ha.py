@@ -28,7 +28,7 @@ from ledgerq.claims import ClaimManager, SingleInstanceLock
 from ledgerq.config import Settings
 from ledgerq.errors import StoreError, StoreUnavailableError
 from ledgerq.ledgers.base import (
-    Ambiguous,
+    Abandoned,
     CommitEvent,
     LedgerBatchStatus,
     LedgerClient,
@@ -47,9 +47,10 @@ class ClaimBoundLedger:
 
     Each ``submit`` is given the time left, as last renewed, on the claim its
     submission was taken under; a POST without an answer by then is
-    abandoned (the connection is closed) and reported :class:`Ambiguous`, so
-    the batch stays ``submitted`` and whoever holds the service asks the
-    ledger before anything is resent. Everything else is forwarded unchanged.
+    abandoned (the connection is closed) and reported
+    :class:`~ledgerq.ledgers.base.Abandoned` (ambiguous, but no ledger
+    problem), so the batch stays ``submitted`` and whoever holds the service
+    asks the ledger before anything is resent. Everything else is forwarded unchanged.
     """
 
     def __init__(self, inner: LedgerClient, budget_ms: PostBudget) -> None:
@@ -62,13 +63,13 @@ class ClaimBoundLedger:
     async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
         budget = self._budget_ms(service_id, batch_id)
         if budget <= 0:
-            return Ambiguous("this instance's claim on the service lapsed before the POST")
+            return Abandoned("this instance's claim on the service lapsed before the POST")
         try:
             async with asyncio.timeout(budget / 1000):
                 return await self.inner.submit(service_id, batch_id, serialized_batch)
         except TimeoutError:
             self.abandoned += 1
-            return Ambiguous(
+            return Abandoned(
                 f"no answer within the {budget} ms left on this instance's claim on the "
                 "service; the POST was abandoned"
             )

@@ -20,6 +20,9 @@ A submission ends in exactly one :data:`SubmitResult`:
 * :class:`Ambiguous` — the request may or may not have reached the ledger
   (timeout, connection reset after sending, 5xx other than 503). The caller
   must ask the ledger before sending again; a blind resend could reorder.
+  :class:`Abandoned`, an ``Ambiguous`` the gateway itself ended (its claim on
+  the service lapsing, ``docs/ha.md``), is handled the same way but says
+  nothing about the ledger: it is not a ledger problem.
 
 Statuses are read with :meth:`LedgerClient.batch_statuses`, which long-polls
 for up to ``wait_s`` seconds and returns one :class:`LedgerBatchStatus` per
@@ -74,6 +77,13 @@ class Unjudged:
 class Ambiguous:
     message: str
     status: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Abandoned(Ambiguous):
+    """A POST the gateway gave up on itself, with no answer yet: its claim on
+    the service lapsed (a paused process, renewals that could not reach the
+    database). Ambiguous all the same, but nothing the ledger did."""
 
 
 SubmitResult: TypeAlias = Accepted | Busy | Unreachable | Rejected | Unjudged | Ambiguous

@@ -54,6 +54,7 @@ from ledgerq.backoff import Backoff, Jitter, equal_jitter
 from ledgerq.errors import ConfigError, LedgerqError
 from ledgerq.failpoints import failpoint
 from ledgerq.ledgers.base import (
+    Abandoned,
     Accepted,
     Ambiguous,
     Busy,
@@ -486,6 +487,10 @@ class Submitter:
         match result:
             case Accepted() | Rejected():
                 self.health.ok("submit", service_id)
+            case Abandoned():
+                # Ended by this instance (its claim lapsing), not the ledger:
+                # no ledger problem on the dashboard or /services for it.
+                pass
             case Busy(status=status, message=message):
                 self.health.problem("submit", service_id, f"HTTP {status}", message)
             case Unjudged(status=status, message=message):
