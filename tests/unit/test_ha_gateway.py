@@ -101,6 +101,14 @@ class FakeClaims:
         }
 
 
+class LongIdClaims(FakeClaims):
+    async def list_instances(self, now: int | None = None) -> list[InstanceInfo]:
+        long = InstanceInfo(
+            "gw-2.example.com-48213-9f3e2a1c", T0, T0, "gw-2.example.com:8080", 0, False
+        )
+        return [*await super().list_instances(now), long]
+
+
 async def _get(api: GatewayApi, path: str) -> Any:
     async with TestClient(TestServer(api.app())) as client:
         resp = await client.get(path)
@@ -146,13 +154,15 @@ async def test_cli_shows_instances_and_claimants() -> None:
 
     from ledgerq.cli import cli
 
-    api = GatewayApi(FakeApiStore(), claims=FakeClaims())  # type: ignore[arg-type]
+    api = GatewayApi(FakeApiStore(), claims=LongIdClaims())  # type: ignore[arg-type]
     async with TestClient(TestServer(api.app(), host="127.0.0.1", port=0)) as client:
         url = str(client.make_url(""))
         runner = CliRunner()
         shown = await asyncio.to_thread(runner.invoke, cli, ["instances", "--url", url])
         assert shown.exit_code == 0, shown.output
-        assert "gw-1" in shown.output
+        # Whole, though the output is no terminal (80 columns by default).
+        assert "gw-2.example.com-48213-9f3e2a1c" in shown.output
+        assert "gw-2.example.com:8080" in shown.output
         assert "yes" in shown.output
         listed = await asyncio.to_thread(runner.invoke, cli, ["services", "--url", url])
         assert listed.exit_code == 0, listed.output

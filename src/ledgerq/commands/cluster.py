@@ -55,7 +55,9 @@ def instances(url: str, token: str | None, as_json: bool) -> None:
             _time(i["started_at"]),
             i.get("address") or "-",
         )
-    Console().print(table)
+    # Wide, as ``services``: on 80 columns the ids and addresses were cut
+    # ("vm-9576-e839…", "127.0.0.1:2…"), the instances impossible to tell apart.
+    Console(width=200).print(table)
 
 
 def _in_flight(s: dict[str, Any]) -> str:
