@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from pipeline_fakes import MemoryPipelineStore, ScriptedLedger, batch
@@ -286,6 +287,28 @@ async def test_a_post_the_gateway_abandoned_is_asked_about_but_is_no_ledger_prob
     problem = submitter.health.for_service("slow")
     assert problem is not None and problem.cause == "ambiguous"
     assert submitter.health.snapshot()["problems_total"]["submit"] == 1
+
+
+async def test_a_submission_fenced_off_is_a_warning_not_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Under HA, an instance that lost a service's claim (paused, cut off)
+    # has its writes refused: expected, the new holder carries on. Logged
+    # at ERROR, a paused instance's wake-up read as a failure.
+    store = MemoryPipelineStore()
+    b = batch("moved", 1)
+    store.add(b)
+    recorder = Recorder(store, clock=ManualClock(), fences=lambda _s: None)
+    s = SubmitterSettings(poll_timeout_s=0.05)
+    submitter = Submitter(store, ScriptedLedger(), recorder, s, sleep=Sleeps(), jitter=no_jitter)
+    with caplog.at_level(logging.INFO, logger="ledgerq.submit.submitter"):
+        await run_until(
+            submitter, lambda: any("not recorded" in r.getMessage() for r in caplog.records)
+        )
+    (line,) = [r for r in caplog.records if "not recorded" in r.getMessage()]
+    assert line.levelno == logging.WARNING
+    assert "holds no valid claim on service 'moved'" in line.getMessage()
+    assert not store.batches[b.batch_id].submitted
 
 
 async def test_an_unjudged_refusal_is_retried_and_never_made_final() -> None:

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ledgerq.backoff import Backoff, Jitter, equal_jitter
-from ledgerq.errors import ConfigError, LedgerqError
+from ledgerq.errors import ConfigError, FencedOffError, LedgerqError
 from ledgerq.failpoints import failpoint
 from ledgerq.ledgers.base import (
     Abandoned,
@@ -434,6 +434,16 @@ class Submitter:
             await self._record(batch, outcome)
             failpoint("after_record")
             self.submitted_total += 1
+        except FencedOffError as exc:
+            # The service moved to another instance (this one was paused, or
+            # could not renew): expected under HA, the new holder asks the
+            # ledger about the batch. Not an error of this instance's.
+            log.warning(
+                "submission of batch=%s service=%s not recorded: %s",
+                batch.batch_id[:16],
+                batch.service_id,
+                exc,
+            )
         except LedgerqError as exc:
             # The store failed: the batch stays {submitted, ...} and the
             # follower's next scan asks the ledger about it.
