@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from ledgerq.claims import ClaimChange
 from ledgerq.claims.lock import InstanceLockedError
 from ledgerq.clock import ManualClock
 from ledgerq.config import load_settings
-from ledgerq.gateway.ha import open_high_availability
+from ledgerq.gateway.ha import advertised_address, open_high_availability
 from ledgerq.gateway.service import Gateway
 from ledgerq.ledgers import HttpTimeouts, http_ledger_client
 from ledgerq.store import open_store
@@ -225,3 +226,29 @@ async def test_a_stopped_gateway_ends_its_claim_cycles_and_gives_its_claims_back
             await asyncio.wait_for(run, 10)
             assert loop.time() - began < 2
         assert claimants(pg_url) == {"s1": None}
+
+
+def test_a_wildcard_bind_is_advertised_under_the_machines_name() -> None:
+    # /instances lists where each instance's API listens; "0.0.0.0:8080" on
+    # every machine of the cluster would not tell them apart.
+    name = socket.gethostname()
+    assert advertised_address("0.0.0.0", 8080) == f"{name}:8080"
+    assert advertised_address("::", 8080) == f"{name}:8080"
+    assert advertised_address("10.0.0.7", 8080) == "10.0.0.7:8080"
+
+
+@pytest.mark.pg
+async def test_a_wildcard_bound_instance_registers_its_machines_name(
+    pg_url: str, tmp_path: Path
+) -> None:
+    await (await open_store(pg_url)).close()  # the schema
+    settings = load_settings(
+        {"db": pg_url, "bind": "0.0.0.0:8080", "insecure_allow_remote": True},
+        environ={"LEDGERQ_CLAIMS_INSTANCE_ID": "gw"},
+        cwd=tmp_path,
+    )
+    async with AsyncExitStack() as stack:
+        claims = await open_high_availability(settings, stack)
+        assert claims is not None
+        (me,) = await claims.list_instances()
+        assert me.address == f"{socket.gethostname()}:8080"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 
@@ -89,6 +90,19 @@ class ClaimBoundLedger:
         await self.inner.close()
 
 
+#: Bind addresses that name no one address: every interface.
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+
+def advertised_address(host: str, port: int) -> str:
+    """Where an instance's API is reached, as ``/instances`` shows it: the
+    bound host, or this machine's name for a wildcard bind (``0.0.0.0:8080``
+    on every machine tells an operator nothing)."""
+    if host in WILDCARD_HOSTS:
+        host = socket.gethostname() or host
+    return f"{host}:{port}"
+
+
 async def open_high_availability(
     settings: Settings,
     stack: AsyncExitStack,
@@ -111,7 +125,9 @@ async def open_high_availability(
         return None
     if not db.startswith(("postgresql://", "postgres://")):
         return None
-    claims = ClaimManager(db, settings.claims, address=address or settings["bind"])
+    if address is None:
+        address = advertised_address(*settings.bind)
+    claims = ClaimManager(db, settings.claims, address=address)
     stack.push_async_callback(claims.close)
     try:
         report = await claims.cycle()

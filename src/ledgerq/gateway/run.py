@@ -20,7 +20,7 @@ from ledgerq.clock import now_ms
 from ledgerq.config import Settings
 from ledgerq.errors import InvalidBatchError, LedgerError
 from ledgerq.gateway.bus import MetricsSockets, WorkerBus, WorkerInfo
-from ledgerq.gateway.ha import open_high_availability
+from ledgerq.gateway.ha import advertised_address, open_high_availability
 from ledgerq.gateway.service import Gateway
 from ledgerq.gateway.wakeups import PgWakeups
 from ledgerq.gateway.workers import WorkerSpec, listening_socket
@@ -165,7 +165,8 @@ async def run_gateway(
 
             async def advertise() -> None:
                 await gateway.started.wait()
-                claims.set_address(f"{settings.bind[0]}:{gateway.port}")
+                host, port = settings.bind
+                claims.set_address(advertised_address(host, gateway.port or port))
 
             extra.append(advertise())
         if settings.db.startswith(("postgresql://", "postgres://")):
