@@ -243,3 +243,29 @@ async def test_a_take_over_asks_across_services_only_where_the_status_route_allo
     finally:
         await sawtooth.close()
         await splinter.close()
+
+
+async def test_cli_shows_the_workers_behind_the_port() -> None:
+    # operations.md: `ledgerq instances` lists the workers of serve --workers
+    # with their pid, role, restarts and batches accepted.
+    from click.testing import CliRunner
+
+    from ledgerq.cli import cli
+    from ledgerq.gateway.bus import WorkerInfo
+
+    def workers() -> list[WorkerInfo]:
+        return [
+            WorkerInfo(0, 2, 4101, "gateway", "gw-0", T0, 0, accepted=120),
+            WorkerInfo(1, 2, 4177, "gateway", "gw-1.2", T0, 2, accepted=95),
+        ]
+
+    for claims in (FakeClaims(), None):
+        api = GatewayApi(FakeApiStore(), claims=claims)  # type: ignore[arg-type]
+        api.workers = workers
+        async with TestClient(TestServer(api.app(), host="127.0.0.1", port=0)) as client:
+            url = str(client.make_url(""))
+            shown = await asyncio.to_thread(CliRunner().invoke, cli, ["instances", "--url", url])
+        assert shown.exit_code == 0, shown.output
+        lines = shown.output.splitlines()
+        assert any("4101" in r and "gw-0" in r and "120" in r for r in lines), shown.output
+        assert any("4177" in r and "gw-1.2" in r and "95" in r for r in lines), shown.output

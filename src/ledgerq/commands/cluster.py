@@ -2,9 +2,10 @@
 
 Both ask a gateway's REST API (``--url``): ``GET /instances`` lists the
 gateway instances sharing its database (id, start, last renewal, claims
-held, live or not); ``GET /services`` the services with queue depth,
-in-flight batch, lock reason and, under high availability, the claimant and
-its claim expiries. ``--json`` prints the API's answer as is.
+held, live or not) and, behind a ``serve --workers N`` port, its workers;
+``GET /services`` the services with queue depth, in-flight batch, lock
+reason and, under high availability, the claimant and its claim expiries.
+``--json`` prints the API's answer as is.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def instances(url: str, token: str | None, as_json: bool) -> None:
         return
     if not body.get("high_availability"):
         click.echo("single instance (SQLite store): no claims, this gateway serves every service")
+        _print_workers(body.get("workers") or [])
         return
     table = Table(title="gateway instances")
     for col in ("instance", "live", "claims", "last renewal (UTC)", "started (UTC)", "address"):
@@ -57,6 +59,27 @@ def instances(url: str, token: str | None, as_json: bool) -> None:
         )
     # Wide, as ``services``: on 80 columns the ids and addresses were cut
     # ("vm-9576-e839…", "127.0.0.1:2…"), the instances impossible to tell apart.
+    Console(width=200).print(table)
+    _print_workers(body.get("workers") or [])
+
+
+def _print_workers(workers: list[dict[str, Any]]) -> None:
+    """The processes of ``serve --workers N`` behind the gateway's port."""
+    if not workers:
+        return
+    table = Table(title="workers behind this port (serve --workers)")
+    for col in ("worker", "pid", "role", "instance", "restarts", "accepted", "started (UTC)"):
+        table.add_column(col)
+    for w in workers:
+        table.add_row(
+            str(w["index"]),
+            str(w["pid"]),
+            w["role"],
+            w.get("instance_id") or "-",
+            str(w["restarts"]),
+            str(w["accepted"]),
+            _time(w.get("started_at")),
+        )
     Console(width=200).print(table)
 
 
