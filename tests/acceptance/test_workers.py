@@ -174,6 +174,11 @@ def test_sqlite_workers_share_the_port_and_the_work(
             if line.startswith('ledgerq_submission_attempts_total{response="accepted"}')
         )
         assert posted >= len(ids)
+    # So does the dashboard's data: throughput and recent batches of both.
+    for _ in range(6):
+        doc = _get(f"{gw.url}/dashboard/data?recent=200&seconds=600")
+        assert sum(doc["throughput"]["accepted"]) == len(ids)
+        assert sorted(b["id"] for b in doc["recent"]) == sorted(ids)
 
 
 def test_a_dead_worker_is_restarted_and_workers_die_with_the_supervisor(

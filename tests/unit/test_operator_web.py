@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -229,6 +230,40 @@ async def test_dashboard_page_assets_and_data() -> None:
     assert {b["status"] for b in doc["recent"]} == {"Committed"}
     assert doc["counts"]["Committed"] == 3
     assert sum(doc["throughput"]["accepted"]) == 3
+
+
+async def test_dashboard_data_adds_up_the_other_workers(tmp_path: Path) -> None:
+    # serve --workers: the worker that answers adds every other worker's
+    # throughput and recent batches (each counts what it accepted), read
+    # over the workers' sockets.
+    from ledgerq.gateway.bus import MetricsSockets
+
+    async with running_gateway() as (url, gw), aiohttp.ClientSession() as http:
+        posted = {}
+        for service, n in (("w0", 3), ("w1", 2)):
+            body, ids = batch_list(n, service)
+            async with http.post(
+                f"{url}/batches", params={"service_id": service}, data=body, headers=OCTET
+            ) as r:
+                assert r.status == 202
+            await _wait_final(http, url, ids, service)
+            posted[service] = ids
+        # A second worker that accepted the two batches of w1 (as well).
+        peer = GatewayMetrics()
+        peer.batches_accepted([await gw.store.get_batch(i, "w1") for i in posted["w1"]])
+        stop_peer = await MetricsSockets(str(tmp_path), 1, 2).serve(
+            peer.exposition, peer.dashboard_part
+        )
+        try:
+            gw.metrics.peer_dashboards = MetricsSockets(str(tmp_path), 0, 2).peer_dashboards
+            async with http.get(url + "/dashboard/data", params={"seconds": "60"}) as r:
+                doc = await r.json()
+        finally:
+            await stop_peer()
+    assert sum(doc["throughput"]["accepted"]) == 5 + 2
+    assert len(doc["throughput"]["accepted"]) == 60
+    # Once each, newest first across the workers.
+    assert [b["id"] for b in doc["recent"]] == (posted["w0"] + posted["w1"])[::-1]
 
 
 def test_secrets_are_redacted_from_log_lines(capsys: pytest.CaptureFixture[str]) -> None:

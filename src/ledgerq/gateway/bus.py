@@ -37,6 +37,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -218,14 +219,30 @@ class MetricsSockets:
     def path(self, index: int) -> str:
         return os.path.join(self._dir, f"w{index}.sock")
 
-    async def serve(self, exposition: Callable[[], bytes]) -> Callable[[], Awaitable[None]]:
-        """Serve this worker's exposition; returns the coroutine function that stops it."""
+    async def serve(
+        self,
+        exposition: Callable[[], bytes],
+        dashboard_part: Callable[[int, int], dict[str, Any]] | None = None,
+    ) -> Callable[[], Awaitable[None]]:
+        """Serve this worker's exposition (``/``) and its share of the
+        dashboard (``/dashboard?seconds=N&until=S``); returns the coroutine
+        function that stops it."""
 
         async def own(_request: web.Request) -> web.Response:
             return web.Response(body=exposition())
 
+        async def dashboard(request: web.Request) -> web.Response:
+            if dashboard_part is None:
+                raise web.HTTPNotFound()
+            try:
+                seconds, until = int(request.query["seconds"]), int(request.query["until"])
+            except (KeyError, ValueError):
+                raise web.HTTPBadRequest() from None
+            return web.json_response(dashboard_part(seconds, until))
+
         app = web.Application()
         app.router.add_get("/", own)
+        app.router.add_get("/dashboard", dashboard)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         path = self.path(self.index)
@@ -234,8 +251,9 @@ class MetricsSockets:
         await web.UnixSite(runner, path).start()
         return runner.cleanup
 
-    async def peers(self) -> list[bytes]:
-        """The other workers' expositions; a worker that does not answer in 2 s is left out."""
+    async def _from_peers(self, path: str) -> list[bytes]:
+        """``path`` read from every other worker; one that does not answer
+        it in 2 s is left out."""
 
         async def one(index: int) -> bytes | None:
             try:
@@ -244,14 +262,24 @@ class MetricsSockets:
                     aiohttp.ClientSession(
                         connector=connector, timeout=aiohttp.ClientTimeout(total=2)
                     ) as session,
-                    session.get("http://worker/") as resp,
+                    session.get(f"http://worker{path}") as resp,
                 ):
+                    resp.raise_for_status()
                     return await resp.read()
             except (aiohttp.ClientError, OSError, TimeoutError):
                 return None
 
         got = await asyncio.gather(*(one(i) for i in range(self.count) if i != self.index))
         return [g for g in got if g is not None]
+
+    async def peers(self) -> list[bytes]:
+        """The other workers' expositions."""
+        return await self._from_peers("/")
+
+    async def peer_dashboards(self, seconds: int, until_s: int) -> list[dict[str, Any]]:
+        """The other workers' shares of the dashboard (``dashboard_part``)."""
+        bodies = await self._from_peers(f"/dashboard?seconds={int(seconds)}&until={int(until_s)}")
+        return [json.loads(b) for b in bodies]
 
 
 def socket_pairs(count: int) -> list[tuple[socket.socket, socket.socket]]:

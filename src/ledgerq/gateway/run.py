@@ -158,8 +158,12 @@ async def run_gateway(
             extra.append(bus.run())
             # /metrics of any worker adds up every worker's counters.
             sockets = MetricsSockets(worker.sockets_dir, worker.index, worker.count)
-            stack.push_async_callback(await sockets.serve(gateway.metrics.exposition))
+            stack.push_async_callback(
+                await sockets.serve(gateway.metrics.exposition, gateway.metrics.dashboard_part)
+            )
             gateway.metrics.peers = sockets.peers
+            # /dashboard/data of any worker adds up every worker's throughput and recent batches.
+            gateway.metrics.peer_dashboards = sockets.peer_dashboards
         if claims is not None:
             extra.append(claims.run())
 

@@ -8,8 +8,11 @@ error, the ledger's open problems; a token limited to some services sees
 only their recent batches, and no instance-wide counts or throughput: both
 are ``null``), ``GET /services`` (with each service's
 open ledger problem) and ``GET /instances``. Recent batches and
-throughput are this instance's own: what it accepted and what it saw reach a
-final status.
+throughput are what this gateway accepted and saw reach a final status:
+with ``serve --workers`` the worker that answers adds the other workers'
+(each worker counts its own; behind one port a client's posts are spread
+over them), the recent batches then in acceptance order across them. Other
+instances on the same database (other ``ledgerq serve``) are not included.
 """
 
 from __future__ import annotations
@@ -72,7 +75,19 @@ def add_routes(app: web.Application, gateway: Any) -> None:
             )
         metrics = gateway.metrics
         scope = scope_of(request)
+        throughput = metrics.throughput(seconds)
         wanted = [(i, s) for i, s in list(metrics.recent)[::-1] if scope.covers(s)][:recent_n]
+        parts = []
+        if metrics.peer_dashboards is not None:
+            parts = await metrics.peer_dashboards(
+                throughput["seconds"], throughput["until"] // 1000
+            )
+        for part in parts:
+            for key in ("accepted", "final"):
+                throughput[key] = [a + b for a, b in zip(throughput[key], part[key], strict=True)]
+            theirs = [(str(i), str(s)) for i, s in part["recent"][::-1]]
+            wanted.extend([(i, s) for i, s in theirs if scope.covers(s)][:recent_n])
+        wanted = list(dict.fromkeys(wanted))
 
         async def one(batch_id: str, service_id: str) -> dict[str, Any] | None:
             try:
@@ -82,6 +97,10 @@ def add_routes(app: web.Application, gateway: Any) -> None:
             return None if b is None else batch_json(b)
 
         found = await asyncio.wait_for(asyncio.gather(*(one(i, s) for i, s in wanted)), 10)
+        recent = [b for b in found if b is not None]
+        if parts:
+            # Several workers' batches: newest first by acceptance order.
+            recent = sorted(recent, key=lambda b: b["seq"] or 0, reverse=True)[:recent_n]
         # Counts and throughput are instance-wide: only for a token that sees
         # every service (null for a scoped one; the page then hides them).
         everything = scope.sees_everything
@@ -89,8 +108,8 @@ def add_routes(app: web.Application, gateway: Any) -> None:
         return web.json_response(
             {
                 "counts": counts,
-                "throughput": metrics.throughput(seconds) if everything else None,
-                "recent": [b for b in found if b is not None],
+                "throughput": throughput if everything else None,
+                "recent": recent,
                 "ledger": gateway.ledger.description,
                 "ledger_health": (
                     gateway.health.snapshot() if getattr(gateway, "health", None) else None

@@ -40,7 +40,10 @@ store-derived gauges stand for all (every worker reads the same store).
 
 It also keeps, for the dashboard, per-second counts of accepted and final
 batches over the last :data:`THROUGHPUT_WINDOW_S` seconds and the ids of the
-most recently accepted batches.
+most recently accepted batches. With ``--workers`` the worker that answers
+``/dashboard/data`` adds the others' (:meth:`GatewayMetrics.dashboard_part`,
+fed by ``peer_dashboards``): behind one port a client's requests, and so
+its batches, are spread over the workers.
 """
 
 from __future__ import annotations
@@ -217,6 +220,8 @@ class GatewayMetrics:
         self._node_added = False
         #: The other workers' own expositions (``serve --workers``), or None.
         self.peers: Callable[[], Awaitable[list[bytes]]] | None = None
+        #: The other workers' :meth:`dashboard_part` for (seconds, until_s), or None.
+        self.peer_dashboards: Callable[[int, int], Awaitable[list[dict[str, Any]]]] | None = None
 
     # -- events ---------------------------------------------------------------
 
@@ -274,6 +279,18 @@ class GatewayMetrics:
             "until": now_s * 1000,
             "accepted": self._accepted_window.series(now_s, seconds),
             "final": self._final_window.series(now_s, seconds),
+        }
+
+    def dashboard_part(self, seconds: int, until_s: int) -> dict[str, Any]:
+        """This process's share of a dashboard answer another worker makes:
+        its per-second counts of the ``seconds`` ending with ``until_s`` (the
+        asking worker's clock, so the series line up) and its recently
+        accepted batches, oldest first."""
+        seconds = max(1, min(seconds, THROUGHPUT_WINDOW_S))
+        return {
+            "accepted": self._accepted_window.series(until_s, seconds),
+            "final": self._final_window.series(until_s, seconds),
+            "recent": [list(pair) for pair in self.recent],
         }
 
     # -- scrape ---------------------------------------------------------------
