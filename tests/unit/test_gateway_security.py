@@ -15,6 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from ledgerq.codec import Signer, encode_batch_list
+from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.errors import StoreError, StoreUnavailableError
 from tests.operator_fakes import batch_list, running_gateway
 
@@ -138,6 +140,43 @@ async def test_scoped_tokens_see_only_their_services() -> None:
             assert len(doc["recent"]) == 4 and doc["counts"] is not None
             async with http.get(f"{url}/metrics", headers=bearer(ADMIN)) as r:
                 assert r.status == 200
+
+
+async def test_a_conflict_never_names_a_service_outside_the_token() -> None:
+    signer = Signer.generate()
+    theirs = make_intkey_batch(signer, [("set", "g", 1)])
+    mine = make_intkey_batch(signer, [("set", "a", 1)])
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with running_gateway(flags, pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+
+            async def post_list(batches: list[Any], token: str) -> tuple[int, str]:
+                async with http.post(
+                    f"{url}/batches",
+                    params={"service_id": "acme-orders"},
+                    data=encode_batch_list(batches),
+                    headers=bearer(token, **OCTET),
+                ) as r:
+                    return r.status, (await r.json())["error"]["message"]
+
+            async with http.post(
+                f"{url}/batches",
+                params={"service_id": "globex::ledger"},
+                data=encode_batch_list([theirs]),
+                headers=bearer(GLOBEX, **OCTET),
+            ) as r:
+                assert r.status == 202
+            # Globex's batch re-posted by acme, alone or beside a new one:
+            # taken, but by whom is globex's business.
+            for batches in ([theirs], [mine, theirs]):
+                status, message = await post_list(batches, ACME)
+                assert status == 409
+                assert "another service" in message
+                assert "globex" not in message
+            # A token that sees the holder is told which service it is.
+            status, message = await post_list([theirs], ADMIN)
+            assert status == 409
+            assert "'globex::ledger'" in message
 
 
 async def test_scoped_tokens_alone_guard_every_route() -> None:

@@ -540,15 +540,15 @@ class GatewayApi:
         except web.HTTPRequestEntityTooLarge:
             return _too_large(self.max_body_bytes)
         if len(body) >= self.decoder.yielding.bytes:
-            return await self._take_in(request, body, service_id)
+            return await self._take_in(request, body, service_id, scope)
         self.posting += 1
         try:
-            return await self._take_in(request, body, service_id)
+            return await self._take_in(request, body, service_id, scope)
         finally:
             self.posting -= 1
 
     async def _take_in(
-        self, request: web.Request, body: bytes, service_id: str | None
+        self, request: web.Request, body: bytes, service_id: str | None, scope: Scope
     ) -> web.Response:
         """Decode, verify and store a posted body; the answer."""
         try:
@@ -565,7 +565,7 @@ class GatewayApi:
             stored = await self.acceptor.add_batches(list(batches), now=self.clock())
         except DuplicateBatchError as exc:
             try:
-                conflict = await self._conflict(batches, exc)
+                conflict = await self._conflict(batches, exc, scope)
             except StoreError as store_exc:
                 return _store_failed(store_exc)
             if conflict is not None:
@@ -596,9 +596,11 @@ class GatewayApi:
         await asyncio.to_thread(self.decoder.close)
 
     async def _conflict(
-        self, batches: Sequence[TrackingBatch], refusal: DuplicateBatchError
+        self, batches: Sequence[TrackingBatch], refusal: DuplicateBatchError, scope: Scope
     ) -> str | None:
-        """Why a refused list is not a retry of batches already held (None if it is)."""
+        """Why a refused list is not a retry of batches already held (None if it
+        is). A service outside ``scope`` is not named: a scoped token learns
+        only that the batch id is taken, not which tenant holds it."""
         held = {
             b.batch_id: b for b in await self.store.get_batches_by_id([b.batch_id for b in batches])
         }
@@ -607,8 +609,12 @@ class GatewayApi:
             if h is None:
                 # Not a pure retry: a new batch beside held ones, or a data
                 # change id or transaction id that another batch holds.
+                if refusal.service_id is not None and not scope.covers(refusal.service_id):
+                    return _taken_elsewhere(refusal.batch_id or b.batch_id, b.service_id)
                 return str(refusal)
             if h.service_id != b.service_id:
+                if not scope.covers(h.service_id):
+                    return _taken_elsewhere(b.batch_id, b.service_id)
                 return (
                     f"batch {b.batch_id} is already tracked in service {h.service_id!r}, not "
                     f"{b.service_id!r}; a batch belongs to one service"
@@ -1016,6 +1022,14 @@ def _status_link(
     if service_id is not None:
         query += "&" + urlencode({"service_id": service_id})
     return web.json_response({"link": f"{_base(request)}/batch_statuses?{query}"}, status=202)
+
+
+def _taken_elsewhere(batch_id: str, service_id: str) -> str:
+    """The conflict of a batch held in a service the caller may not see, unnamed."""
+    return (
+        f"batch {batch_id} is already tracked in another service, not {service_id!r}; "
+        "a batch belongs to one service"
+    )
 
 
 def _too_large(limit: int) -> web.Response:
