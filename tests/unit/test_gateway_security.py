@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import pytest
@@ -177,6 +178,40 @@ async def test_a_conflict_never_names_a_service_outside_the_token() -> None:
             status, message = await post_list([theirs], ADMIN)
             assert status == 409
             assert "'globex::ledger'" in message
+
+
+async def test_services_paging_never_names_a_service_outside_the_token() -> None:
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with running_gateway(flags, pipeline=False) as (url, _gw):
+        async with aiohttp.ClientSession() as http:
+            for service, token in (
+                ("acme-a", ACME),
+                ("acme-b", ACME),
+                ("globex::x", GLOBEX),
+                ("globex::y", GLOBEX),
+                ("zeta-z", ADMIN),
+            ):
+                status, _doc, _ids = await post(http, url, service, token)
+                assert status == 202
+            # Page by page, limit 1, from wherever the caller starts: the
+            # pages hold acme's services and the links only ever name them.
+            for start, expected in ((None, ["acme-a", "acme-b"]), ("b", []), ("acme-b", [])):
+                seen: list[str] = []
+                params = {"limit": "1"} if start is None else {"limit": "1", "after": start}
+                next_link: str | None = f"{url}/services?{urlencode(params)}"
+                while next_link is not None:
+                    async with http.get(next_link, headers=bearer(ACME)) as r:
+                        assert r.status == 200
+                        text = await r.text()
+                    assert "globex" not in text and "zeta" not in text
+                    doc = json.loads(text)
+                    seen += [s["service_id"] for s in doc["data"]]
+                    next_link = doc["paging"]["next"]
+                assert seen == expected, start
+            # The full token pages through every service, as before.
+            status, doc = await get(http, url, "/services", ADMIN, limit="2", after="acme-b")
+            assert [s["service_id"] for s in doc["data"]] == ["globex::x", "globex::y"]
+            assert "after=globex%3A%3Ay" in doc["paging"]["next"]
 
 
 async def test_scoped_tokens_alone_guard_every_route() -> None:

@@ -109,6 +109,9 @@ MAX_WAIT_S = 300
 #: Status requests reading the store at once (the others wait their turn;
 #: beyond max_waiters waiting, 429).
 STATUS_READS = 2
+#: Services read from the store at a time for a scoped token's /services
+#: page, which skips the services it may not see.
+SERVICE_SCAN = 1000
 #: Request keys the security middlewares set (:mod:`ledgerq.operator.security`):
 #: the caller's token scope, and the base URL links are built from.
 # (aiohttp's typed RequestKey where it exists: it warns on plain string keys.)
@@ -891,9 +894,7 @@ class GatewayApi:
                 "Bad Query",
                 f"after must be the last service id of the previous page; got {after!r}",
             )
-        scope = scope_of(request)
-        page = await self.store.list_services(limit=limit, after=after)
-        listed = [s for s in page if scope.covers(s.service_id)]
+        listed, more = await self._services_page(scope_of(request), limit, after)
         claims: dict[str, ClaimInfo] = {}
         if self.claims is not None:
             claims = await self.claims.claims_for([s.service_id for s in listed])
@@ -925,14 +926,33 @@ class GatewayApi:
                 if (claim is None or claim.claimant is None) and item["lock_reason"] is None:
                     item["lock_reason"] = "no gateway instance holds a claim on it yet"
             data.append(item)
-        # As /batches: a full store page may have more after it (a scoped
-        # token's share of it may be smaller, even empty).
         next_link = None
-        if len(page) == limit:
+        if more:
             params = {k: v for k, v in request.query.items() if k != "after"}
-            params["after"] = page[-1].service_id
+            params["after"] = listed[-1].service_id
             next_link = f"{_base(request)}/services?{urlencode(params)}"
         return web.json_response({"data": data, "paging": {"limit": limit, "next": next_link}})
+
+    async def _services_page(
+        self, scope: Scope, limit: int, after: str | None
+    ) -> tuple[Sequence[ServiceInfo], bool]:
+        """Up to ``limit`` services after ``after`` that ``scope`` sees, and
+        whether more may follow. A scoped token's page is read on past the
+        services it may not see, so that it ends on one of its own: the next
+        page's ``after`` never names another tenant's service."""
+        if scope.sees_everything:
+            page = await self.store.list_services(limit=limit, after=after)
+            return page, len(page) == limit
+        step = max(limit, SERVICE_SCAN)
+        listed: list[ServiceInfo] = []
+        while True:
+            page = await self.store.list_services(limit=step, after=after)
+            listed.extend(s for s in page if scope.covers(s.service_id))
+            if len(listed) >= limit or len(page) < step:
+                break
+            after = page[-1].service_id
+        more = len(listed) > limit or (len(listed) == limit and len(page) == step)
+        return listed[:limit], more
 
     async def instances(self, request: web.Request) -> web.Response:
         workers = {} if self.workers is None else {"workers": _workers(self.workers())}
