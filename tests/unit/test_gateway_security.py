@@ -214,6 +214,29 @@ async def test_services_paging_never_names_a_service_outside_the_token() -> None
             assert "after=globex%3A%3Ay" in doc["paging"]["next"]
 
 
+async def test_the_dashboard_shows_the_ledgers_bursts_to_the_full_token_only() -> None:
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with running_gateway(flags, pipeline=False) as (url, gw):
+        # A burst holds the last failure of whichever service: here another
+        # tenant's circuit, as a Splinter URL names it.
+        gw.health.problem(
+            "submit",
+            "globex::ledger",
+            "HTTP 404",
+            "http://splinter:8085/scabbard/globex/ledger/batches answered 404: no such service",
+        )
+        async with aiohttp.ClientSession() as http:
+            for token in (ACME, AUDIT):
+                async with http.get(f"{url}/dashboard/data", headers=bearer(token)) as r:
+                    assert r.status == 200
+                    text = await r.text()
+                assert "globex" not in text
+                assert json.loads(text)["ledger_health"] is None
+            status, doc = await get(http, url, "/dashboard/data", ADMIN)
+            assert status == 200
+            assert doc["ledger_health"]["bursts"]["submit"]["cause"] == "HTTP 404"
+
+
 async def test_scoped_tokens_alone_guard_every_route() -> None:
     async with running_gateway({"auth.tokens": TOKENS}, pipeline=False) as (url, _gw):
         async with aiohttp.ClientSession() as http:

@@ -5,8 +5,8 @@ build step, no CDN) refreshes itself every two seconds from
 ``GET /dashboard/data`` (batch counts by status, per-second throughput of the
 last minutes, the most recently accepted batches with their status and
 error, the ledger's open problems; a token limited to some services sees
-only their recent batches, and no instance-wide counts or throughput: both
-are ``null``), ``GET /services`` (with each service's
+only their recent batches, and no instance-wide counts, throughput or
+ledger problems: all three are ``null``), ``GET /services`` (with each service's
 open ledger problem) and ``GET /instances``. Recent batches and
 throughput are what this gateway accepted and saw reach a final status:
 with ``serve --workers`` the worker that answers adds the other workers'
@@ -101,19 +101,20 @@ def add_routes(app: web.Application, gateway: Any) -> None:
         if parts:
             # Several workers' batches: newest first by acceptance order.
             recent = sorted(recent, key=lambda b: b["seq"] or 0, reverse=True)[:recent_n]
-        # Counts and throughput are instance-wide: only for a token that sees
-        # every service (null for a scoped one; the page then hides them).
+        # Counts, throughput and the ledger's bursts are instance-wide: only
+        # for a token that sees every service (null for a scoped one; the page
+        # then hides them). A burst's message is the last failure of any
+        # service: a Splinter URL naming a circuit, a status read's batch ids.
         everything = scope.sees_everything
         counts = await asyncio.wait_for(gateway.store.status_counts(), 10) if everything else None
+        health = getattr(gateway, "health", None)
         return web.json_response(
             {
                 "counts": counts,
                 "throughput": throughput if everything else None,
                 "recent": recent,
                 "ledger": gateway.ledger.description,
-                "ledger_health": (
-                    gateway.health.snapshot() if getattr(gateway, "health", None) else None
-                ),
+                "ledger_health": health.snapshot() if health and everything else None,
             }
         )
 
