@@ -21,9 +21,11 @@ _PAIRS = re.compile(r"\b(batch|service)=(\S+)")
 
 
 def add_secret(value: str) -> None:
-    """Never write ``value`` to the log (short values are ignored: too many false hits)."""
+    """Never write ``value`` to the log (short values are ignored: too many false hits),
+    as it is or as a JSON log line escapes it (a ``"`` or ``\\`` in it)."""
     if len(value) >= 4:
         _SECRETS.add(value)
+        _SECRETS.add(json.dumps(value)[1:-1])
 
 
 def redact(text: str) -> str:

@@ -278,6 +278,27 @@ def test_secrets_are_redacted_from_log_lines(capsys: pytest.CaptureFixture[str])
     logging.getLogger().handlers[:] = []
 
 
+def test_a_secret_a_json_line_escapes_is_redacted_too(capsys: pytest.CaptureFixture[str]) -> None:
+    # A JSON log line writes " and \ escaped: the secret as written must go too.
+    token = 'quote"and\\back-0123456789'
+    add_secret(token)
+    configure_logging("INFO", json_lines=True)
+    logging.getLogger("ledgerq.test").warning("token is %s", token)
+    err = capsys.readouterr().err
+    logging.getLogger().handlers[:] = []
+    assert "0123456789" not in err and "***" in err
+
+
+def test_the_token_sent_to_the_ledger_is_a_log_secret() -> None:
+    from ledgerq.config import load_settings
+    from ledgerq.logs import redact
+    from ledgerq.operator import register_secrets
+
+    token = "ledger-token-0123456789abcdef"
+    register_secrets(load_settings({"ledger_token": token}, environ={}))
+    assert redact(f"POST with Bearer {token}") == "POST with Bearer ***"
+
+
 async def test_instrumented_ledger_keeps_the_pipeline_working_under_busy_answers() -> None:
     from tests.operator_fakes import CommittingLedger
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import logging
 import signal
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from aiohttp import web
 from ledgerq.config import Settings, load_settings, parse_bind
 from ledgerq.errors import ConfigError, LedgerqError
 from ledgerq.gateway.workers import bind_failure
-from ledgerq.logs import add_secret
+from ledgerq.logs import add_secret, configure_logging
 from ledgerq.node import Node, memdebug
 from ledgerq.node.access import AccessPolicy, is_loopback
 from ledgerq.node.rest import RestLimits, make_app
@@ -179,7 +178,8 @@ def node(
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     tune_gc()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # The redacting handler, as the gateway's: the node's token never reaches its log.
+    configure_logging(settings["log.level"], json_lines=settings["log.json"])
     options: dict[str, Any] = {
         "shards": shards,
         "ephemeral": ephemeral,

@@ -52,9 +52,12 @@ class OperatedGateway(Protocol):
 
 
 def register_secrets(settings: Settings) -> None:
-    """Keep the token and the database password out of every log line."""
+    """Keep the tokens (the clients' and the one sent to the ledger) and the
+    database password out of every log line."""
     for token, _scope in settings.tokens:
         add_secret(token)
+    if settings["ledger_token"]:
+        add_secret(settings["ledger_token"])
     password = urlsplit(settings.db).password
     if password:
         add_secret(password)
