@@ -12,6 +12,13 @@
   fields and the body. So every byte of the file is checked, and every group
   says which records it holds. The ``on_durable`` callback sees the records of
   each flush in record order.
+* A flush that fails (a full disk, an I/O error) **breaks** the journal:
+  its group is cut off the file again (best effort; what is left of it is a
+  torn tail), and that append, every appender waiting for it and every later
+  one raise the same :class:`OSError`. Nothing is written after a failed
+  group: a later group would leave a hole that no restart could read past,
+  and its records would have been acknowledged by a node that reported
+  itself stopped.
 * :meth:`Journal.open_segment` asks for a new segment; the next flush starts
   it, named after the first record it writes, so a segment's name is always
   the number of its first record, whatever appenders are waiting meanwhile.
@@ -168,6 +175,8 @@ class Journal:
         self._rotate = True
         self.last_seq = 0
         self._durable_seq = 0
+        self._failure: OSError | None = None  # a failed flush: nothing more is written
+        self._size = 0  # bytes synced in the current segment
 
     # --- reading --------------------------------------------------------------
 
@@ -250,6 +259,7 @@ class Journal:
         """Append records (their ``seq`` is assigned here) and return once they are on disk."""
         if not records:
             return
+        self._check_failure()
         target = self.last_seq + len(records)
         for record in records:
             self.last_seq += 1
@@ -259,16 +269,30 @@ class Journal:
         while self._durable_seq < target:
             if self._flushing:
                 await asyncio.wait_for(self._flushed.wait(), 60)
+                self._check_failure()
                 continue
             await self._flush()
+
+    def _check_failure(self) -> None:
+        if self._failure is not None:
+            raise OSError(self._failure.errno, self._failure.strerror)
 
     async def _flush(self) -> None:
         self._flushing = True
         try:
             records, self._buffer = self._buffer, []
-            if self._rotate or self._file is None:
-                self._start_segment(records[0].seq)
-            await asyncio.to_thread(_write_and_sync, self._file, encode_group(records))
+            group = encode_group(records)
+            try:
+                if self._rotate or self._file is None:
+                    self._start_segment(records[0].seq)
+                await asyncio.to_thread(_write_and_sync, self._file, group)
+            except OSError as exc:
+                self._failure = exc
+                self._buffer.clear()  # their appenders raise too
+                if self._file is not None:
+                    await asyncio.to_thread(_cut_back, self._file, self._size)
+                raise
+            self._size += len(group)
             failpoint("node_journal_synced")
             self._durable_seq = records[-1].seq
             self._on_durable(records)
@@ -280,7 +304,10 @@ class Journal:
     def _start_segment(self, first: int) -> None:
         if self._file is not None:
             self._file.close()
-        self._file = (self.directory / f"journal-{first:012d}.log").open("ab")
+            self._file = None
+        # Unbuffered: a failed write leaves nothing in a buffer for close() to write.
+        self._file = (self.directory / f"journal-{first:012d}.log").open("ab", buffering=0)
+        self._size = self._file.seek(0, os.SEEK_END)
         fsync_dir(self.directory)
         self._rotate = False
 
@@ -302,9 +329,20 @@ class Journal:
 
 
 def _write_and_sync(file: Any, data: bytes) -> None:
-    file.write(data)
-    file.flush()
+    view = memoryview(data)
+    while view:
+        view = view[file.write(view) :]
     os.fsync(file.fileno())
+
+
+def _cut_back(file: Any, size: int) -> None:
+    """After a failed group: cut the file back to the groups that were synced (best
+    effort: if this fails too, the group's remains are a torn tail, cut at restart)."""
+    try:
+        os.ftruncate(file.fileno(), size)
+        os.fsync(file.fileno())
+    except OSError as exc:
+        log.warning("cannot cut a failed journal write off %s: %s", file.name, exc)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -373,6 +373,63 @@ async def test_a_journal_write_failure_stops_the_node(
         await node.close()
 
 
+async def test_no_batch_is_journaled_after_a_failed_journal_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submit waiting for a flush that fails is refused too, and nothing is written
+    after the failed group: the directory opens again once the disk is fixed."""
+    import threading
+
+    from ledgerq.errors import NodeError
+    from ledgerq.node import journal as journal_module
+
+    write = journal_module._write_and_sync
+    failing = threading.Event()
+    failing.set()
+    waiting = threading.Event()
+
+    def full_disk_once(file: object, data: bytes) -> None:
+        if not failing.is_set():
+            write(file, data)  # type: ignore[arg-type]
+            return
+        failing.clear()
+        file.write(data[: len(data) // 2])  # type: ignore[attr-defined]
+        waiting.wait(5)  # until the second submit waits for this flush
+        raise OSError(28, "No space left on device")
+
+    node = await Node.open(tmp_path)
+    monkeypatch.setattr(journal_module, "_write_and_sync", full_disk_once)
+    first = make_intkey_batch(SIGNER, [("set", "f", 1)])
+    second = make_intkey_batch(SIGNER, [("set", "g", 1)])
+
+    async def submit_second() -> None:
+        await asyncio.sleep(0.01)
+        submitting = asyncio.ensure_future(node.submit([second]))
+        await asyncio.sleep(0.01)
+        waiting.set()
+        await submitting
+
+    try:
+        results = await asyncio.gather(
+            node.submit([first]), submit_second(), return_exceptions=True
+        )
+        assert [type(r) for r in results] == [NodeError, NodeError]
+        assert "cannot write its journal" in str(results[1])
+    finally:
+        await node.close()
+    monkeypatch.setattr(journal_module, "_write_and_sync", write)
+    again = await Node.open(tmp_path)
+    try:
+        ids = [first.header_signature, second.header_signature]
+        infos = await again.batch_statuses(ids)
+        assert [infos[i].status for i in ids] == ["UNKNOWN", "UNKNOWN"]
+        await again.submit([second])
+        infos = await again.batch_statuses([second.header_signature], wait=10)
+        assert infos[second.header_signature].status == "COMMITTED"
+    finally:
+        await again.close()
+
+
 async def test_commits_reach_the_store_without_being_asked(tmp_path: Path) -> None:
     node = await Node.open(tmp_path, store_interval_s=0.01)
     try:
