@@ -110,3 +110,35 @@ def test_a_node_data_directory_in_use_is_named_without_a_traceback(tmp_path: Pat
         in done.stderr
     )
     assert "Traceback" not in done.stderr
+
+
+def _node_store(tmp_path: Path) -> Path:
+    """A node data directory whose store has one commit; its ``data.mdb``."""
+    from ledgerq.node.disk import CommitRecord, LmdbStore
+
+    store = LmdbStore(tmp_path / "node" / "store")
+    store.write([CommitRecord(1, "ab" * 64, "COMMITTED", None, (), b"", ())], 1, 1)
+    store.close()
+    return tmp_path / "node" / "store" / "data.mdb"
+
+
+def test_a_node_store_cut_short_is_named_without_a_crash(tmp_path: Path) -> None:
+    data = _node_store(tmp_path)
+    os.truncate(data, data.stat().st_size // 2)  # a read past its end would be a SIGBUS
+    done = _run(tmp_path, "node", "--data-dir", "node", "--bind", "127.0.0.1:0")
+    assert done.returncode == 1, done.stderr
+    assert f"Error: the node store's {Path('node/store/data.mdb')} is cut short" in done.stderr
+    assert "move it aside" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_damaged_node_store_is_named_without_a_traceback(tmp_path: Path) -> None:
+    data = _node_store(tmp_path)
+    with data.open("r+b") as f:  # the key filter's pages, which opening reads
+        f.seek(100 * 4096)
+        f.write(b"\xa5" * (200 * 4096))
+    done = _run(tmp_path, "node", "--data-dir", "node", "--bind", "127.0.0.1:0")
+    assert done.returncode == 1, done.stderr
+    assert "Error: the node store in node/store is damaged" in done.stderr
+    assert "move it aside" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -41,6 +41,10 @@ consistent but may take back the last write, which the journal still holds
 (see :mod:`ledgerq.node.committed`). Writes run in a thread; reads may run
 on the event loop at the same time (LMDB readers never wait for the writer).
 
+Opening refuses, with a :class:`~ledgerq.errors.NodeDataError`, a ``data.mdb``
+shorter than its pages (a read through the map past the end of the file is a
+``SIGBUS``) and pages LMDB finds corrupt while opening.
+
 :class:`MemoryStore` is the same store in dictionaries, for a node without a
 data directory.
 """
@@ -199,6 +203,35 @@ class MappedPages:
             self._statm = None
 
 
+#: What LMDB raises on pages that are not what its B-trees say they are.
+_DAMAGED = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.BadChecksumError,
+    lmdb.InvalidError,
+)
+
+
+def _way_out(path: Path) -> str:
+    return (
+        f"restore {path} from a backup, or move it aside: the node rebuilds its store "
+        "from a journal that still starts at record 1 (journal-000000000001.log)"
+    )
+
+
+def _check_size(path: Path, env: Any) -> None:
+    """Refuse a ``data.mdb`` shorter than its pages: LMDB reads through a memory map,
+    and a read past the end of the file kills the process (``SIGBUS``)."""
+    data_file = path / "data.mdb"
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    size = data_file.stat().st_size
+    if size < needed:
+        raise NodeDataError(
+            f"the node store's {data_file} is cut short ({size} bytes; its pages need "
+            f"{needed}); {_way_out(path)}"
+        )
+
+
 def _mapping_of(data_file: Path) -> tuple[int, int] | None:
     """The address range of this process's mapping of ``data_file`` (the largest)."""
     try:
@@ -309,8 +342,8 @@ class LmdbStore:
     def __init__(
         self, path: Path, *, map_size: int = DEFAULT_MAP_SIZE, filter_blocks: int = DEFAULT_BLOCKS
     ) -> None:
-        path.mkdir(parents=True, exist_ok=True)
         try:
+            path.mkdir(parents=True, exist_ok=True)
             self._env = lmdb.open(
                 str(path),
                 map_size=map_size,
@@ -320,8 +353,22 @@ class LmdbStore:
                 readahead=False,
                 meminit=False,
             )
-        except lmdb.Error as exc:
+        except (OSError, lmdb.Error) as exc:
             raise NodeDataError(f"cannot open the node store in {path}: {exc}") from exc
+        try:
+            _check_size(path, self._env)
+            self._open(path, filter_blocks)
+        except BaseException as exc:
+            self._env.close()
+            if isinstance(exc, _DAMAGED):
+                raise NodeDataError(
+                    f"the node store in {path} is damaged ({exc}); {_way_out(path)}"
+                ) from exc
+            if isinstance(exc, lmdb.Error):
+                raise NodeDataError(f"cannot open the node store in {path}: {exc}") from exc
+            raise
+
+    def _open(self, path: Path, filter_blocks: int) -> None:
         env = self._env
         self._meta = env.open_db(b"meta")
         self._state = env.open_db(b"state")
