@@ -147,6 +147,8 @@ class Node:
         self._wake = asyncio.Event()
         self._next_commit_at: int | None = None
         self._closed = False
+        #: Why the node stopped accepting batches on its own (a disk it cannot write).
+        self._failure: str | None = None
         self._driver: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._segment_first = 0
@@ -299,7 +301,7 @@ class Node:
         Raises :class:`NodeBusyError` when the pending queue is full.
         """
         if self._closed:
-            raise NodeError("the node is closed")
+            raise NodeError("the node is closed" if self._failure is None else self._failure)
         fresh: list[ParsedBatch] = []
         seen: set[str] = set()
         for batch in batches:
@@ -399,12 +401,10 @@ class Node:
                 await journal.append([entry.record() for entry in batches])
             except OSError as exc:
                 # The journal's tail is now unknown: accepting more could lose them.
-                self._closed = True
                 for entry in batches:
                     self._forget_pending(entry.batch)
                 raise NodeError(
-                    f"the node cannot write its journal in {self.data_dir} ({exc}); "
-                    "it stopped accepting batches: fix the disk and restart it"
+                    self._fail(f"cannot write its journal in {self.data_dir} ({exc})")
                 ) from exc
         else:
             for entry in batches:
@@ -573,11 +573,23 @@ class Node:
             await self.committed.run()
         except asyncio.CancelledError:
             raise
-        except BaseException:
-            log.exception("the node cannot write its store; it stops accepting batches")
-            self._closed = True
+        except BaseException as exc:
+            self._fail(f"cannot write its store in {self.data_dir} ({exc})")
+            log.debug("the store write that failed", exc_info=True)
             self._wake.set()
             raise
+
+    def _fail(self, why: str) -> str:
+        """Stop accepting batches because of ``why`` (logged once, in one line); the
+        refusal every later submit gets."""
+        if self._failure is None:
+            self._failure = (
+                f"the node is closed: it {why}; it stopped accepting batches: fix the "
+                "disk and restart it"
+            )
+            log.error("%s", self._failure)
+        self._closed = True
+        return self._failure
 
     def _on_written(self, durable: int) -> None:
         """The store holds every record up to ``durable`` for good: drop older segments."""

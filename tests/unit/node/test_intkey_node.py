@@ -430,6 +430,37 @@ async def test_no_batch_is_journaled_after_a_failed_journal_write(
         await again.close()
 
 
+async def test_a_store_write_failure_is_said_in_one_line_and_to_every_submit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import lmdb
+
+    from ledgerq.errors import NodeError
+    from ledgerq.node.disk import LmdbStore
+
+    def failing_write(*args: object) -> None:
+        raise lmdb.Error("mdb_txn_commit: Input/output error")
+
+    monkeypatch.setattr(LmdbStore, "write", failing_write)
+    node = await Node.open(tmp_path, store_interval_s=0.01)
+    try:
+        await node.submit([make_intkey_batch(SIGNER, [("set", "w", 1)])])
+        for _ in range(500):
+            if node.committed.failure is not None:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(NodeError, match=r"cannot write its store .*Input/output error"):
+            await node.submit([make_intkey_batch(SIGNER, [("set", "v", 1)])])
+    finally:
+        await node.close()
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [r.getMessage() for r in errors] == [
+        f"the node is closed: it cannot write its store in {tmp_path} (mdb_txn_commit: "
+        "Input/output error); it stopped accepting batches: fix the disk and restart it"
+    ]
+    assert errors[0].exc_info is None
+
+
 async def test_commits_reach_the_store_without_being_asked(tmp_path: Path) -> None:
     node = await Node.open(tmp_path, store_interval_s=0.01)
     try:
