@@ -29,6 +29,9 @@
   it, and cut short by the end of the file or holding an all-zero 512-byte
   sector (what a crash in the middle of a write leaves). A torn tail was never
   acknowledged (its fsync did not return); it is cut off with a warning.
+  Damage followed by a valid group (or by the next segment) whose first
+  record the store already covers is skipped with a warning: the records it
+  held are in the store, and a replay does not read them.
 """
 
 from __future__ import annotations
@@ -148,6 +151,36 @@ def _valid_group_after(data: bytes, pos: int) -> int | None:
     return None
 
 
+def _covered_damage(
+    path: Path, data: bytes, pos: int, after: int, following: int | None
+) -> tuple[int, int] | None:
+    """Where to read on past a bad group at ``pos`` when every record it can hold is
+    one the store covers (``<= after``): (offset, record expected there), or None.
+
+    The next valid group in the segment, or else the next segment, says which
+    record follows the damage; only records the store holds are skipped.
+    """
+    at = _valid_group_after(data, pos)
+    if at is not None:
+        resume, first = at, _GROUP.unpack_from(data, at)[2]
+    elif following is not None:
+        resume, first = len(data), following
+    else:
+        return None
+    if first - 1 > after:
+        return None
+    log.warning(
+        "journal segment %s is damaged from offset %d to %d, before record %d: the store "
+        "holds every record up to %d, so nothing there is needed; skipped",
+        path.name,
+        pos,
+        resume,
+        first,
+        after,
+    )
+    return resume, first
+
+
 def _looks_torn(data: bytes, pos: int) -> bool:
     """A crash mid-write: the group runs past the end of the file or holds a zero sector."""
     if pos + _GROUP.size > len(data):
@@ -213,7 +246,12 @@ class Journal:
             while pos < len(data):
                 group = _read_group(data, pos)
                 if group is None:
-                    self._bad_group(path, data, pos, last=index == len(segments) - 1)
+                    following = segments[index + 1][0] if index + 1 < len(segments) else None
+                    resume = _covered_damage(path, data, pos, after, following)
+                    if resume is not None:
+                        pos, expected = resume
+                        continue
+                    self._bad_group(path, data, pos, last=following is None)
                     break
                 end, records = group
                 if records[0].seq != expected:

@@ -147,6 +147,38 @@ async def test_a_bad_group_in_an_older_segment_is_corruption(tmp_path: Path) -> 
         list(Journal(tmp_path, lambda records: None).replay(after=0))
 
 
+async def test_damage_to_records_the_store_holds_is_skipped(tmp_path: Path) -> None:
+    """A bad group is refused only if the store may need what it held: one before a
+    valid group (or the next segment) whose first record the store covers is not."""
+    journal = Journal(tmp_path, lambda records: None)
+    await journal.append([Record(0, b"a" * 3000)])
+    await journal.append([Record(0, b"b" * 3000)])
+    await journal.append([Record(0, b"c" * 10)])
+    journal.open_segment()
+    await journal.append([Record(0, b"d" * 10)])
+    journal.close()
+    old = tmp_path / "journal-000000000001.log"
+    data = bytearray(old.read_bytes())
+    data[100] ^= 0x10  # inside record 1
+    old.write_bytes(bytes(data))
+    with pytest.raises(NodeDataError, match=r"journal-000000000001\.log is corrupt at offset 0"):
+        list(Journal(tmp_path, lambda records: None).replay(after=0))
+    replayed = list(Journal(tmp_path, lambda records: None).replay(after=1))
+    assert [r.seq for r in replayed] == [2, 3, 4]
+
+    data[4000] ^= 0x10  # inside record 2 too: the next group holds record 3
+    old.write_bytes(bytes(data))
+    with pytest.raises(NodeDataError, match="corrupt"):
+        list(Journal(tmp_path, lambda records: None).replay(after=1))
+    assert [r.seq for r in Journal(tmp_path, lambda records: None).replay(after=2)] == [3, 4]
+
+    old.write_bytes(bytes(data[:-5]))  # record 3 cut short: the next segment starts at 4
+    with pytest.raises(NodeDataError, match="corrupt"):
+        list(Journal(tmp_path, lambda records: None).replay(after=2))
+    assert [r.seq for r in Journal(tmp_path, lambda records: None).replay(after=3)] == [4]
+    assert old.stat().st_size == len(data) - 5  # skipped, not cut
+
+
 async def test_refusals_and_resubmissions_survive_a_reopen(tmp_path: Path) -> None:
     journal = Journal(tmp_path, lambda records: None)
     await journal.append(
