@@ -434,20 +434,14 @@ class Submitter:
             await self._record(batch, outcome)
             failpoint("after_record")
             self.submitted_total += 1
-        except FencedOffError as exc:
-            # The service moved to another instance (this one was paused, or
-            # could not renew): expected under HA, the new holder asks the
-            # ledger about the batch. Not an error of this instance's.
-            log.warning(
-                "submission of batch=%s service=%s not recorded: %s",
-                batch.batch_id[:16],
-                batch.service_id,
-                exc,
-            )
         except LedgerqError as exc:
             # The store failed: the batch stays {submitted, ...} and the
-            # follower's next scan asks the ledger about it.
-            log.error(
+            # follower's next scan asks the ledger about it. Fenced off, the
+            # service moved to another instance (this one was paused, or
+            # could not renew): expected under HA, the new holder asks the
+            # ledger about the batch; not an error of this instance's.
+            log.log(
+                logging.WARNING if isinstance(exc, FencedOffError) else logging.ERROR,
                 "submission of batch=%s service=%s not recorded: %s",
                 batch.batch_id[:16],
                 batch.service_id,
