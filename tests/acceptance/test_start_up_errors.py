@@ -49,13 +49,16 @@ def test_a_port_in_use_is_named_without_a_traceback(
     assert "never awaited" not in done.stderr
 
 
-def test_serve_workers_refused_at_the_port_leaves_no_database_behind(
-    tmp_path: Path, taken_port: int
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_refused_at_the_port_leaves_no_database_behind(
+    tmp_path: Path, taken_port: int, workers: str
 ) -> None:
-    # The SQLite file (and its lock file) were made and migrated before the port was tried.
-    done = _run(tmp_path, "serve", "--workers", "2", "--bind", f"127.0.0.1:{taken_port}")
+    # The SQLite file (and its lock file, and with one worker the in-process
+    # node's data) were made before the port was tried.
+    done = _run(tmp_path, "serve", "--workers", workers, "--bind", f"127.0.0.1:{taken_port}")
     assert done.returncode == 1, done.stderr
     assert "Address already in use" in done.stderr
+    assert "Traceback" not in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 

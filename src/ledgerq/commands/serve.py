@@ -156,13 +156,16 @@ def serve(
     from ledgerq.commands.node import tune_gc
     from ledgerq.gateway.loop import run
     from ledgerq.gateway.run import run_gateway
-    from ledgerq.gateway.workers import resolve_workers
+    from ledgerq.gateway.workers import check_port_free, resolve_workers
 
     try:
         count = resolve_workers(settings)
         if count > 1:
             asyncio.run(_supervise(settings, count))
             return
+        # First the port: a start refused there leaves no database file,
+        # lock file or node data behind.
+        check_port_free(*settings.bind)
         tune_gc()
         run(
             run_gateway(settings, install_signals=True, on_started=_announce),

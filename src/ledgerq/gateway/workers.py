@@ -114,6 +114,31 @@ def bind_failure(exc: OSError) -> str:
     return f"{reason}; choose another --bind"
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse (``ConfigError``) when another process listens on ``port`` at any
+    address ``host`` names: checked before a one-process gateway makes its
+    store and node data, which a refused start would otherwise leave behind.
+    Port 0 (any free port) is not checked; the listening socket itself is
+    bound later, and a port taken in between is still refused then."""
+    if port == 0:
+        return
+    try:
+        addresses = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc}; choose another --bind") from exc
+    for family, kind, proto, _name, address in addresses:
+        probe = socket.socket(family, kind, proto)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {bind_failure(exc)}") from exc
+        finally:
+            probe.close()
+
+
 def reserve_port(host: str, port: int) -> socket.socket:
     """The supervisor's placeholder on (host, port), once no other process listens there.
 
