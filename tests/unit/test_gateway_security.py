@@ -14,11 +14,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
+import jsonschema_rs
 import pytest
 
 from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.errors import StoreError, StoreUnavailableError
+from ledgerq.operator.openapi import load_spec
 from tests.operator_fakes import batch_list, running_gateway
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -231,10 +233,21 @@ async def test_the_dashboard_shows_the_ledgers_bursts_to_the_full_token_only() -
                     assert r.status == 200
                     text = await r.text()
                 assert "globex" not in text
-                assert json.loads(text)["ledger_health"] is None
+                doc = json.loads(text)
+                assert doc["ledger_health"] is None
+                assert doc["counts"] is None and doc["throughput"] is None
+                _matches_spec(doc, "/dashboard/data")
             status, doc = await get(http, url, "/dashboard/data", ADMIN)
             assert status == 200
             assert doc["ledger_health"]["bursts"]["submit"]["cause"] == "HTTP 404"
+            _matches_spec(doc, "/dashboard/data")
+
+
+def _matches_spec(doc: Any, path: str) -> None:
+    """``doc`` is what the served spec says a 200 of ``GET path`` holds."""
+    spec = load_spec("gateway.openapi.json")
+    op = spec["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]
+    jsonschema_rs.validator_for({**op["schema"], "components": spec["components"]}).validate(doc)
 
 
 async def test_scoped_tokens_alone_guard_every_route() -> None:
