@@ -352,6 +352,54 @@ async def test_failures_carry_the_security_headers_too() -> None:
                     assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
 
 
+@pytest.mark.parametrize(
+    ("failure", "expected"),
+    [(StoreUnavailableError("the database is down"), 503), (StoreError("disk I/O error"), 500)],
+)
+async def test_store_failures_answer_a_status_the_spec_documents(
+    failure: StoreError, expected: int
+) -> None:
+    async with running_gateway(pipeline=False) as (url, gw):
+
+        async def failing(*_args: Any, **_kwargs: Any) -> Any:
+            raise failure
+
+        for name in (
+            "add_batches",
+            "get_batches_by_id",
+            "get_batch_statuses_by_id",
+            "list_batches",
+            "list_services",
+            "status_counts",
+        ):
+            setattr(gw.store, name, failing)
+        spec = load_spec("gateway.openapi.json")
+        body, ids = batch_list(1, "k")
+        requests = [
+            ("post", "/batches", "/batches", body, OCTET),
+            ("get", "/batches", "/batches", None, {}),
+            ("get", "/batches/{batch_id}", f"/batches/{ids[0]}", None, {}),
+            ("get", "/batch_statuses", f"/batch_statuses?id={ids[0]}", None, {}),
+            ("post", "/batch_statuses", "/batch_statuses", json.dumps(ids), {}),
+            ("get", "/services", "/services", None, {}),
+            ("get", "/metrics", "/metrics", None, {}),
+            ("get", "/dashboard/data", "/dashboard/data", None, {}),
+        ]
+        async with aiohttp.ClientSession() as http:
+            for method, route, path, data, headers in requests:
+                if method == "post" and route == "/batch_statuses":
+                    headers = {"Content-Type": "application/json"}
+                async with http.request(method, url + path, data=data, headers=headers) as r:
+                    assert r.status == expected, path
+                    doc = await r.json()
+                documented = spec["paths"][route][method]["responses"]
+                assert str(expected) in documented, (method, route)
+                assert documented[str(expected)]["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/Error"
+                }
+                assert doc["error"]["code"] == expected, path
+
+
 async def test_ready_never_shows_the_database_address() -> None:
     async with running_gateway(pipeline=False) as (url, gw):
 
