@@ -310,6 +310,19 @@ async def test_large_bodies_are_decoded_in_worker_processes_refusals_intact(
         await store.close()
 
 
+def _assert_secured(head: bytes) -> None:
+    """The answer's head carries the security headers, as every answer does
+    (here, from the bare API app: only the connection guard can have set them)."""
+    lines = head.decode("latin-1").split("\r\n")
+    assert "X-Content-Type-Options: nosniff" in lines, head
+    assert "X-Frame-Options: DENY" in lines, head
+    assert "Referrer-Policy: no-referrer" in lines, head
+    assert any(
+        line.startswith("Content-Security-Policy: ") and "frame-ancestors 'none'" in line
+        for line in lines
+    ), head
+
+
 async def _read_all(reader: asyncio.StreamReader) -> bytes:
     return await asyncio.wait_for(reader.read(), 10)
 
@@ -327,6 +340,7 @@ async def test_slow_headers_and_bodies_are_cut_off_idle_connections_closed_and_c
         w1.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: a")
         answer = await _read_all(r1)
         assert answer.startswith(b"HTTP/1.1 408 ") and b"headers" in answer
+        _assert_secured(answer.partition(b"\r\n\r\n")[0])
         w1.close()
 
         # A body that stops short: 408, then closed.
@@ -356,6 +370,7 @@ async def test_slow_headers_and_bodies_are_cut_off_idle_connections_closed_and_c
         r4, w4 = await asyncio.open_connection("127.0.0.1", port)
         answer = await _read_all(r4)
         assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in answer
+        _assert_secured(answer.partition(b"\r\n\r\n")[0])
         w4.close()
         for writer in held:
             writer.close()
@@ -373,6 +388,9 @@ async def test_what_aiohttp_refuses_before_any_handler_is_json_too() -> None:
         for request in (
             b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
             b"NOT-HTTP\r\n\r\n",
+            # An encoding aiohttp has no decoder for: refused before the app.
+            b"POST /batches HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+            b"Content-Encoding: br\r\nContent-Length: 1\r\n\r\nx",
         ):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(request)
@@ -383,6 +401,7 @@ async def test_what_aiohttp_refuses_before_any_handler_is_json_too() -> None:
             assert 400 <= status < 500, answer[:200]
             assert b"application/json" in head
             assert json.loads(body)["error"]["code"] == status
+            _assert_secured(head)
     finally:
         await runner.cleanup()
         await store.close()

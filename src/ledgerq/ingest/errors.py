@@ -29,6 +29,22 @@ _HINTS = {
 }
 
 
+#: Set on every answer: by the gateway app as it sends one
+#: (``ledgerq.operator.security``), and by the connection guard on the
+#: answers it makes before any app runs (``ledgerq.ingest.guard``).
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    # The dashboard loads its own script and stylesheet only, and talks to
+    # its own origin; nothing inline, nothing framed.
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+}
+
+
 def error_body(status: int, title: str, message: str, rule: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"code": status, "title": title, "message": message}
     if rule is not None:

@@ -46,7 +46,7 @@ from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from ledgerq.ingest.errors import error_body
+from ledgerq.ingest.errors import SECURITY_HEADERS, error_body
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ def _raw_error(status: int, reason: str, message: str, **headers: str) -> bytes:
         f"Content-Length: {len(body)}",
         "Connection: close",
         *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items()),
+        *(f"{k}: {v}" for k, v in SECURITY_HEADERS.items()),
     ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
@@ -265,6 +266,7 @@ class _JsonErrorHandler(RequestHandler):
             # Raised with the headers (the body not read): an encoding aiohttp
             # names but has no decoder for here, not a malformed request.
             response = encoding_refusal(None)
+            response.headers.update(SECURITY_HEADERS)  # no app sees this answer to add them
             response.force_close()
             return response
         reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
@@ -272,7 +274,9 @@ class _JsonErrorHandler(RequestHandler):
             text = "the gateway failed on this request; see its log"
         else:
             text = f"{message}; send a well-formed HTTP/1.1 request within the limits"
-        response = web.json_response(error_body(status, reason, text), status=status)
+        response = web.json_response(
+            error_body(status, reason, text), status=status, headers=SECURITY_HEADERS
+        )
         response.force_close()
         return response
 

@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from aiohttp import web
 
 from ledgerq.ingest.api import BASE_URL, SCOPE
+from ledgerq.ingest.errors import SECURITY_HEADERS
 from ledgerq.model import MAX_SERVICE_ID_LENGTH
 from ledgerq.node.access import host_name, is_loopback
 from ledgerq.scopes import Scope
@@ -178,19 +179,6 @@ def host_middleware(
         return await handler(request)
 
     return check
-
-
-SECURITY_HEADERS = {
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    # The dashboard loads its own script and stylesheet only, and talks to
-    # its own origin; nothing inline, nothing framed.
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-    ),
-}
 
 
 async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
