@@ -162,3 +162,44 @@ async def test_created_series_follow_prometheus_clients_switch(
     expected = (DATA / "metrics_after_events.txt").read_text().splitlines()
     without = [line for line in expected if "_created" not in line]
     assert metrics.exposition().decode().splitlines() == without
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    async def status_counts(self) -> dict[str, int]:
+        return self.counts
+
+    async def list_services(self, *, limit: int = 1000, after: str | None = None) -> list[object]:
+        return []
+
+
+def _status_series(metrics: GatewayMetrics) -> dict[str, float]:
+    prefix = 'ledgerq_batches{status="'
+    return {
+        line[len(prefix) :].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.exposition().decode().splitlines()
+        if line.startswith(prefix)
+    }
+
+
+async def test_batches_by_status_drop_to_zero_instead_of_vanishing() -> None:
+    metrics = GatewayMetrics()
+    store = _Store()
+    store.counts = {"none": 3, "Delayed": 2, "Committed": 5}
+    await metrics.refresh(store)
+    assert _status_series(metrics) == {
+        "none": 3,
+        "Unknown": 0,
+        "Pending": 0,
+        "Delayed": 2,
+        "Invalid": 0,
+        "Valid": 0,
+        "Committed": 5,
+    }
+    store.counts = {"Committed": 10}
+    await metrics.refresh(store)
+    series = _status_series(metrics)
+    assert series["none"] == series["Delayed"] == series["Pending"] == 0
+    assert series["Committed"] == 10

@@ -25,7 +25,7 @@ gateways in one process (tests) never share a series. What is measured:
   what ``prometheus_client``'s ``Counter`` and ``Histogram`` would
   (``_total``, buckets, ``_sum``, ``_count``, ``_created``).
 * Read from the store when ``/metrics`` is scraped: ``ledgerq_batches`` by
-  status, ``ledgerq_queue_depth`` (all services), and
+  status (every status, 0 when no batch has it), ``ledgerq_queue_depth`` (all services), and
   ``ledgerq_service_queue_depth{service_id}`` for the ``top_services``
   deepest services plus one ``service_id="other"`` series summing the rest,
   so label cardinality stays at most ``top_services + 1`` however many
@@ -73,7 +73,8 @@ from ledgerq.ledgers.base import (
     Unjudged,
     Unreachable,
 )
-from ledgerq.model import BatchStatus, TrackingBatch
+from ledgerq.model import BatchStatus, BatchStatusName, TrackingBatch
+from ledgerq.store.base import NO_STATUS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 THROUGHPUT_WINDOW_S = 600
@@ -88,6 +89,8 @@ STORE_FAMILIES = frozenset(
     }
 )
 RECENT_BATCHES = 200
+#: The values of ``ledgerq_batches``'s ``status`` label, each always exposed.
+_STATUSES: tuple[str, ...] = (NO_STATUS, *(name.value for name in BatchStatusName))
 #: Services read per query at a scrape (the store's largest page).
 _SERVICES_PAGE = 10_000
 #: Batches followed for latency at once; beyond it the oldest are forgotten.
@@ -299,8 +302,13 @@ class GatewayMetrics:
         """Read the store's gauges (statuses, queue depths)."""
         counts = await store.status_counts()
         self.batches.clear()
+        # Every status has its series, 0 when no batch has it: a series that
+        # vanished when its batches moved on would read as "no data", not 0.
+        for name in _STATUSES:
+            self.batches.labels(name).set(counts.get(name, 0))
         for name, n in counts.items():
-            self.batches.labels(name).set(n)
+            if name not in _STATUSES:
+                self.batches.labels(name).set(n)
         depths: list[tuple[int, str]] = []
         in_flight = 0
         after: str | None = None
