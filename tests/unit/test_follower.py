@@ -255,7 +255,7 @@ async def test_the_submitter_tells_its_listeners_as_it_takes_a_batch() -> None:
     store.add(a)
     submitter = Submitter(store, ledger, recorder, SubmitterSettings(poll_timeout_s=0.01))
     taken: list[str] = []
-    submitter.take_listeners.append(taken.append)
+    submitter.take_listeners.append(lambda b: taken.append(b.batch_id))
     task = asyncio.create_task(submitter.run())
     await until(lambda: bool(taken))
     assert taken == [a.batch_id]

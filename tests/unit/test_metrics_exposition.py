@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,23 @@ async def test_batches_by_status_drop_to_zero_instead_of_vanishing() -> None:
     series = _status_series(metrics)
     assert series["none"] == series["Delayed"] == series["Pending"] == 0
     assert series["Committed"] == 10
+
+
+def test_a_batch_accepted_by_another_process_is_timed_from_its_acceptance() -> None:
+    clock = _Clock()
+    metrics = GatewayMetrics(clock=clock)
+    # Accepted by another worker or instance 250 ms ago; taken and posted here.
+    metrics.batch_taken(_batch("elsewhere", clock.ms - 250))
+    metrics.posted("elsewhere", Accepted(), 0.002)
+    clock.ms += 100
+    metrics.status_reported("elsewhere", Committed())
+    # Attempted before (a resubmission): its first POST was not this one.
+    again = replace(_batch("again", clock.ms - 5_000), attempts=1)
+    metrics.batch_taken(again)
+    metrics.posted("again", Accepted(), 0.002)
+    metrics.status_reported("again", Committed())
+    text = metrics.exposition().decode()
+    assert 'ledgerq_stage_latency_seconds_count{stage="queued"} 1.0' in text
+    assert 'ledgerq_stage_latency_seconds_sum{stage="queued"} 0.25' in text
+    assert "ledgerq_end_to_end_latency_seconds_count 1.0" in text
+    assert "ledgerq_end_to_end_latency_seconds_sum 0.35" in text

@@ -167,7 +167,7 @@ class Gateway:
             held=self.submitter.held_batches,
             health=self.health,
         )
-        self.submitter.take_listeners.append(self.follower.resending)
+        self.submitter.take_listeners.append(lambda batch: self.follower.resending(batch.batch_id))
         # The commit → next POST merge (docs/gateway.md): a batch's final
         # status and its service's next batch taken in one transaction.
         self.submitter.may_take = self.queue.idle
@@ -178,6 +178,7 @@ class Gateway:
         self.metrics.watch_follower(self.follower)
         self.metrics.claims = claims
         self.metrics.watch_submitter(self.submitter)
+        self.submitter.take_listeners.append(self.metrics.batch_taken)
         self.api = GatewayApi(
             store,
             on_accepted=self._accepted,

@@ -18,8 +18,9 @@ gateways in one process (tests) never share a series. What is measured:
   (``monitor.max_parked``), ``ledgerq_follow_waiting_for_slot``,
   ``ledgerq_followed_batches``, ``ledgerq_follow_asked_batches_total``,
   ``ledgerq_follow_scans_total``. A batch
-  accepted by another instance (high availability) has no acceptance time
-  here, so only its ``submit`` and ``ledger`` stages are observed. These
+  accepted by another process (a worker of ``serve --workers``, or another
+  instance under high availability) is timed from the acceptance time its
+  record holds when this process's submitter takes it. These
   event series are counted in plain numbers on the event loop (no lock per
   event) and built into families only when scraped; what they expose is
   what ``prometheus_client``'s ``Counter`` and ``Histogram`` would
@@ -237,6 +238,14 @@ class GatewayMetrics:
             self.recent.append((b.batch_id, b.service_id))
         self.accepted_total += n
         self._accepted_window.add(now // 1000, n)
+
+    def batch_taken(self, batch: TrackingBatch) -> None:
+        """A submission of this process takes ``batch``: one accepted by
+        another process (another worker or instance) is timed from its
+        acceptance (``created_at``) too, for ``queued`` and end-to-end. Not
+        one attempted before (a resubmission): its first POST was elsewhere."""
+        if batch.attempts == 0 and batch.created_at and batch.batch_id not in self._created:
+            _remember(self._created, batch.batch_id, batch.created_at)
 
     def posted(self, batch_id: str, result: SubmitResult, seconds: float) -> None:
         label = response_label(result)

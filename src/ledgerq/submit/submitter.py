@@ -166,10 +166,11 @@ class Submitter:
         self._busy: dict[str, int] = {}
         #: Batch ids being submitted right now (live; the follower leaves them alone).
         self.held_batches: set[str] = set()
-        #: Called with a batch id as a submission takes it, before anything is
+        #: Called with a batch as a submission takes it, before anything is
         #: recorded: the follower forgets reads of it already under way, whose
-        #: answers predate this submission.
-        self.take_listeners: list[Callable[[str], None]] = []
+        #: answers predate this submission; the metrics learn when it was
+        #: accepted (by whichever process accepted it).
+        self.take_listeners: list[Callable[[TrackingBatch], None]] = []
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self._stopped: asyncio.Future[None] | None = None
@@ -279,7 +280,7 @@ class Submitter:
         self._in_flight[batch.batch_id] = take.service_id
         self.held_batches.add(batch.batch_id)
         for listener in self.take_listeners:
-            listener(batch.batch_id)
+            listener(batch)
 
     def _start_next(self, take: _NextTake, batch: TrackingBatch) -> None:
         self._reserved -= 1
@@ -293,7 +294,7 @@ class Submitter:
         self._busy[batch.service_id] = self._busy.get(batch.service_id, 0) + 1
         self.held_batches.add(batch.batch_id)
         for listener in self.take_listeners:
-            listener(batch.batch_id)
+            listener(batch)
 
     def _untake(self, batch: TrackingBatch) -> None:
         """Undo :meth:`_take` (the submission ended, or never started)."""
