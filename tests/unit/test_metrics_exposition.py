@@ -26,6 +26,7 @@ from ledgerq.ledgers.base import (
     Busy,
     LedgerBatchStatus,
     Rejected,
+    SubmitResult,
     Unjudged,
     Unreachable,
 )
@@ -67,23 +68,29 @@ def _status(batch_id: str, status: BatchStatus) -> tuple[LedgerBatchStatus, ...]
     return (LedgerBatchStatus(batch_id, status),)
 
 
+def _post(metrics: GatewayMetrics, batch_id: str, result: SubmitResult, seconds: float) -> None:
+    """One POST, as :class:`InstrumentedLedger` reports it: its start, then its answer."""
+    metrics.posting(batch_id)
+    metrics.posted(batch_id, result, seconds)
+
+
 async def _events(metrics: GatewayMetrics, clock: _Clock) -> None:
     ledger = _Ledger()
     instrumented = metrics.instrument(ledger)  # type: ignore[arg-type]
     metrics.batches_accepted([_batch("b1", 999_000), _batch("b2", 999_990), _batch("b3")])
     metrics.batches_accepted([])
     clock.ms += 3
-    metrics.posted("b1", Busy(503), 0.005)  # on a bucket's bound
-    metrics.posted("b1", Accepted(), 0.0004)
+    _post(metrics, "b1", Busy(503), 0.005)  # on a bucket's bound
+    _post(metrics, "b1", Accepted(), 0.0004)
     clock.ms += 20
-    metrics.posted("b2", Busy(429), 0.02)
-    metrics.posted("b3", Unreachable("down"), 400.0)  # above every bound
-    metrics.posted("b3", Rejected(400, "no"), 0.0)
-    metrics.posted("b3", Rejected(500, "no"), 1.5)
-    metrics.posted("b3", Unjudged(404, "?"), 0.3)
-    metrics.posted("b3", Ambiguous("reset"), 0.07)
-    metrics.posted("b3", Busy(500), 0.07)
-    metrics.posted("adopted", Accepted(), 0.001)  # accepted by another instance
+    _post(metrics, "b2", Busy(429), 0.02)
+    _post(metrics, "b3", Unreachable("down"), 400.0)  # above every bound
+    _post(metrics, "b3", Rejected(400, "no"), 0.0)
+    _post(metrics, "b3", Rejected(500, "no"), 1.5)
+    _post(metrics, "b3", Unjudged(404, "?"), 0.3)
+    _post(metrics, "b3", Ambiguous("reset"), 0.07)
+    _post(metrics, "b3", Busy(500), 0.07)
+    _post(metrics, "adopted", Accepted(), 0.001)  # accepted by another instance
     ledger.answers = [
         _status("b1", Pending()),
         RuntimeError("connection reset"),
@@ -211,16 +218,47 @@ def test_a_batch_accepted_by_another_process_is_timed_from_its_acceptance() -> N
     metrics = GatewayMetrics(clock=clock)
     # Accepted by another worker or instance 250 ms ago; taken and posted here.
     metrics.batch_taken(_batch("elsewhere", clock.ms - 250))
-    metrics.posted("elsewhere", Accepted(), 0.002)
+    _post(metrics, "elsewhere", Accepted(), 0.002)
     clock.ms += 100
     metrics.status_reported("elsewhere", Committed())
     # Attempted before (a resubmission): its first POST was not this one.
     again = replace(_batch("again", clock.ms - 5_000), attempts=1)
     metrics.batch_taken(again)
-    metrics.posted("again", Accepted(), 0.002)
+    _post(metrics, "again", Accepted(), 0.002)
     metrics.status_reported("again", Committed())
     text = metrics.exposition().decode()
     assert 'ledgerq_stage_latency_seconds_count{stage="queued"} 1.0' in text
     assert 'ledgerq_stage_latency_seconds_sum{stage="queued"} 0.25' in text
     assert "ledgerq_end_to_end_latency_seconds_count 1.0" in text
     assert "ledgerq_end_to_end_latency_seconds_sum 0.35" in text
+
+
+class _FastLedger:
+    """A ledger whose commit event comes in before the answer to the POST."""
+
+    description = "fast"
+
+    def __init__(self, metrics: GatewayMetrics, clock: _Clock) -> None:
+        self.metrics = metrics
+        self.clock = clock
+
+    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> Accepted:
+        self.clock.ms += 3
+        self.metrics.status_reported(batch_id, Committed())  # from the event stream
+        self.clock.ms += 2
+        return Accepted()
+
+
+async def test_a_final_status_before_the_posts_answer_still_times_every_stage() -> None:
+    clock = _Clock()
+    metrics = GatewayMetrics(clock=clock)
+    ledger = metrics.instrument(_FastLedger(metrics, clock))  # type: ignore[arg-type]
+    metrics.batches_accepted([_batch("fast", clock.ms)])
+    clock.ms += 10
+    assert await ledger.submit("svc", "fast", b"") == Accepted()
+    text = metrics.exposition().decode()
+    assert 'ledgerq_stage_latency_seconds_sum{stage="queued"} 0.01' in text
+    assert 'ledgerq_stage_latency_seconds_count{stage="ledger"} 1.0' in text
+    assert 'ledgerq_stage_latency_seconds_sum{stage="ledger"} 0.003' in text
+    assert "ledgerq_end_to_end_latency_seconds_sum 0.013" in text
+    assert not metrics._posted  # nothing left behind for a batch already final

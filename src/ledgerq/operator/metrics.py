@@ -247,19 +247,25 @@ class GatewayMetrics:
         if batch.attempts == 0 and batch.created_at and batch.batch_id not in self._created:
             _remember(self._created, batch.batch_id, batch.created_at)
 
-    def posted(self, batch_id: str, result: SubmitResult, seconds: float) -> None:
-        label = response_label(result)
-        attempts = self._attempts_by.get(label)
-        if attempts is None:
-            attempts = self._attempts_by[label] = _Count()
-        attempts.value += 1
-        self._stage_submit.observe(seconds)
+    def posting(self, batch_id: str) -> None:
+        """A POST of the batch starts: its first ends the ``queued`` stage and
+        starts the ``ledger`` one, before the answer (the final status may
+        come, from an event stream, before the POST is answered)."""
         if batch_id not in self._posted:
             now = self.clock()
             _remember(self._posted, batch_id, now)
             created = self._created.get(batch_id)
             if created is not None:
                 self._stage_queued.observe(max(0, now - created) / 1000)
+
+    def posted(self, batch_id: str, result: SubmitResult, seconds: float) -> None:
+        """A POST of the batch (announced by :meth:`posting`) was answered."""
+        label = response_label(result)
+        attempts = self._attempts_by.get(label)
+        if attempts is None:
+            attempts = self._attempts_by[label] = _Count()
+        attempts.value += 1
+        self._stage_submit.observe(seconds)
 
     def polled(self, ok: bool) -> None:
         """One status read of the ledger answered (``ok``) or failed."""
@@ -562,6 +568,7 @@ class InstrumentedLedger:
         self.description = inner.description
 
     async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
+        self.metrics.posting(batch_id)
         started = time.monotonic()
         result = await self.inner.submit(service_id, batch_id, serialized_batch)
         self.metrics.posted(batch_id, result, time.monotonic() - started)
