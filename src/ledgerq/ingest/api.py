@@ -266,22 +266,23 @@ def _all_batch_ids(ids: Sequence[str]) -> bool:
 
 
 def _parse_wait(raw: str | None) -> float:
-    """Seconds to wait: absent or ``false`` 0, empty or ``true`` the most."""
+    """Seconds to wait, as Sawtooth's REST API reads ``wait``: absent or
+    ``false`` (any case) 0; a number, those seconds (more than the most, ``inf``
+    included, counts as the most); any other word (empty, ``true``, ``yes``)
+    the most. A number that is no duration (``nan``, negative) is refused."""
     if raw is None:
         return 0.0
     word = raw.strip().lower()
-    if word in ("", "true"):
-        return float(MAX_WAIT_S)
     if word == "false":
         return 0.0
     try:
         value = float(word)  # 1e400 and inf are more than the most: they count as the most
     except ValueError:
-        value = math.nan
+        return float(MAX_WAIT_S)
     if math.isnan(value) or value < 0:
         raise ValueError(
             f"wait must be a number of seconds from 0 to {MAX_WAIT_S} (more counts as "
-            f"{MAX_WAIT_S}), true or false; got {raw!r}"
+            f"{MAX_WAIT_S}), or false; got {raw!r}"
         )
     return min(value, float(MAX_WAIT_S))
 
