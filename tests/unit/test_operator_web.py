@@ -26,6 +26,17 @@ async def _wait_final(http: aiohttp.ClientSession, url: str, ids: list[str], ser
     assert [e["status"] for e in doc["data"]] == ["COMMITTED"] * len(ids)
 
 
+async def _post_final(http: aiohttp.ClientSession, url: str, n: int, service: str) -> list[str]:
+    """Post ``n`` batches to ``service`` and wait for them to be final; their ids."""
+    body, ids = batch_list(n, service)
+    async with http.post(
+        f"{url}/batches", params={"service_id": service}, data=body, headers=OCTET
+    ) as r:
+        assert r.status == 202
+    await _wait_final(http, url, ids, service)
+    return ids
+
+
 def _sample(text: str, name: str) -> float:
     for line in text.splitlines():
         if line.startswith(name + " ") or line == name:
@@ -37,12 +48,7 @@ async def test_metrics_count_batches_attempts_latency_and_bound_service_labels()
     async with running_gateway({"metrics.top_services": 2}) as (url, _gw):
         async with aiohttp.ClientSession() as http:
             for service, n in (("svc-a", 3), ("svc-b", 2), ("svc-c", 1), ("svc-d", 1)):
-                body, ids = batch_list(n, service)
-                async with http.post(
-                    f"{url}/batches", params={"service_id": service}, data=body, headers=OCTET
-                ) as r:
-                    assert r.status == 202
-                await _wait_final(http, url, ids, service)
+                await _post_final(http, url, n, service)
             async with http.get(f"{url}/metrics") as r:
                 assert r.status == 200
                 assert r.headers["Content-Type"].startswith("text/plain")
@@ -239,15 +245,10 @@ async def test_dashboard_data_adds_up_the_other_workers(tmp_path: Path) -> None:
     from ledgerq.gateway.bus import MetricsSockets
 
     async with running_gateway() as (url, gw), aiohttp.ClientSession() as http:
-        posted = {}
-        for service, n in (("w0", 3), ("w1", 2)):
-            body, ids = batch_list(n, service)
-            async with http.post(
-                f"{url}/batches", params={"service_id": service}, data=body, headers=OCTET
-            ) as r:
-                assert r.status == 202
-            await _wait_final(http, url, ids, service)
-            posted[service] = ids
+        posted = {
+            service: await _post_final(http, url, n, service)
+            for service, n in (("w0", 3), ("w1", 2))
+        }
         # A second worker that accepted the two batches of w1 (as well).
         peer = GatewayMetrics()
         peer.batches_accepted([await gw.store.get_batch(i, "w1") for i in posted["w1"]])
