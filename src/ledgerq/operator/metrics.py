@@ -681,7 +681,8 @@ class _NodeCollector(Collector):
         ledger = self.node.ledger
         yield CounterMetricFamily(
             "ledgerq_node_transactions_committed",
-            "Transactions (Sawtooth batches) committed by the node; rate() gives transactions/s.",
+            "Transactions (Sawtooth batches) the node's ordering machine has executed, "
+            "COMMITTED or INVALID alike; rate() gives transactions/s.",
             value=ledger.committed,
         )
         yield CounterMetricFamily(
