@@ -53,20 +53,22 @@ def parse_bind(value: str) -> tuple[str, int]:
 _TOML_TYPES = {bool: "a boolean", int: "an integer", float: "a number", list: "an array"}
 
 
+def _kind(value: Any) -> str:
+    """What a TOML value is called in an error (not the value: it may be a token)."""
+    return _TOML_TYPES.get(type(value), f"a {type(value).__name__}")
+
+
 def _text(value: Any) -> str:
-    """A string, as every textual key takes: a TOML number, array or date is refused
-    (without echoing it: the key may be a token)."""
+    """A string, as every textual key takes: a TOML number, array or date is refused."""
     if isinstance(value, str):
         return value
-    kind = _TOML_TYPES.get(type(value), f"a {type(value).__name__}")
-    raise ValueError(f"{kind} is not text; write the value as a string, in quotes")
+    raise ValueError(f"{_kind(value)} is not text; write the value as a string, in quotes")
 
 
 def _items(value: Any) -> list[str]:
     """The entries of a list key: comma-separated text, or a TOML array of strings."""
-    if isinstance(value, list):
-        return [_text(item).strip() for item in value if _text(item).strip()]
-    return [item.strip() for item in _text(value).split(",") if item.strip()]
+    items = [_text(v) for v in value] if isinstance(value, list) else _text(value).split(",")
+    return [item.strip() for item in items if item.strip()]
 
 
 def _ledger(value: Any) -> str:
@@ -135,8 +137,7 @@ def _numeric(value: Any, what: str) -> Any:
     refused by what it is, not by a complaint of int() about its type."""
     if isinstance(value, int | float | str) and not isinstance(value, bool):
         return value
-    kind = _TOML_TYPES.get(type(value), f"a {type(value).__name__}")
-    raise ValueError(f"{kind} is not {what}; write the value as a number")
+    raise ValueError(f"{_kind(value)} is not {what}; write the value as a number")
 
 
 def _int(value: Any) -> int:

@@ -255,6 +255,17 @@ async def test_a_bad_listing_query_is_a_400_naming_the_parameter(
             await runner.cleanup()
 
 
+@pytest.mark.parametrize("limit", ["x", "0", "10001", "1.5"])
+async def test_a_bad_services_limit_is_a_400_naming_it(
+    api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession, limit: str
+) -> None:
+    url, _, _ = api
+    async with http.get(f"{url}/services", params={"limit": limit}) as r:
+        assert r.status == 400
+        message = (await r.json())["error"]["message"]
+    assert message == f"limit must be an integer from 1 to 10000; got {limit!r}"
+
+
 async def test_a_parameter_given_twice_with_different_values_is_a_400_naming_it(
     api: tuple[str, GatewayApi, list[TrackingBatch]], http: aiohttp.ClientSession
 ) -> None:

@@ -110,7 +110,7 @@ def bind_failure(exc: OSError) -> str:
     """Why a listening socket could not be had, and what to do (asyncio words it its own way)."""
     reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or str(exc)
     if exc.errno == errno.EADDRINUSE:
-        return f"{reason}; stop what listens there or choose another --bind"
+        return f"{reason}: another process listens there; stop it or choose another --bind"
     return f"{reason}; choose another --bind"
 
 
@@ -142,24 +142,16 @@ def check_port_free(host: str, port: int) -> None:
 def reserve_port(host: str, port: int) -> socket.socket:
     """The supervisor's placeholder on (host, port), once no other process listens there.
 
-    A socket without ``SO_REUSEPORT`` cannot listen beside a listening one,
-    whoever owns it; the placeholder itself (not listening) does not count.
+    The placeholder (not listening) does not count in :func:`check_port_free`:
+    a probe without ``SO_REUSEPORT`` binds beside a socket that does not
+    listen, never beside one that does, whoever owns it.
     """
     placeholder = listening_socket(host, port, listen=False)
-    bound = int(placeholder.getsockname()[1])
-    probe = socket.socket(placeholder.family, socket.SOCK_STREAM)
     try:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind((host, bound))
-        probe.listen(1)
-    except OSError as exc:
+        check_port_free(host, int(placeholder.getsockname()[1]))
+    except ConfigError:
         placeholder.close()
-        raise ConfigError(
-            f"cannot listen on {host}:{bound}: another process already listens there "
-            f"({exc.strerror}); stop it or choose another --bind"
-        ) from exc
-    finally:
-        probe.close()
+        raise
     return placeholder
 
 

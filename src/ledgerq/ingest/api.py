@@ -82,12 +82,7 @@ from ledgerq.errors import (
 from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone, Yielding
 from ledgerq.ingest.errors import Handler, error_body, json_errors
-from ledgerq.ingest.guard import (
-    ACCEPTED_ENCODINGS,
-    encoding_refusal,
-    guard_middleware,
-    on_disconnect,
-)
+from ledgerq.ingest.guard import guard_middleware, on_disconnect, refuse_encoding
 from ledgerq.ingest.longpoll import Changes as Changes
 from ledgerq.ingest.longpoll import FinalCache
 from ledgerq.ingest.longpoll import TooManyWaitersError as TooManyWaitersError
@@ -527,9 +522,9 @@ class GatewayApi:
                 "Unsupported Media Type",
                 f"send the BatchList as application/octet-stream, not {request.content_type!r}",
             )
-        encoding = request.headers.get("Content-Encoding")
-        if encoding and encoding.lower() not in ACCEPTED_ENCODINGS:
-            return encoding_refusal(encoding)
+        refused = refuse_encoding(request)
+        if refused is not None:
+            return refused
         try:
             service_id = _param(request.query, "service_id") or None
         except RepeatedParameterError as exc:
@@ -716,9 +711,9 @@ class GatewayApi:
                 "Unsupported Media Type",
                 "send the batch ids as a JSON array with Content-Type application/json",
             )
-        encoding = request.headers.get("Content-Encoding")
-        if encoding and encoding.lower() not in ACCEPTED_ENCODINGS:
-            return encoding_refusal(encoding)
+        refused = refuse_encoding(request)
+        if refused is not None:
+            return refused
         # An id is at most 259 characters, quoted and separated.
         limit = self.max_status_ids * 262 + 2
         if request.content_length is not None and request.content_length > limit:
@@ -878,16 +873,12 @@ class GatewayApi:
 
     async def services(self, request: web.Request) -> web.Response:
         try:
-            raw_limit = _param(request.query, "limit")
+            limit = _int_param(request.query, "limit", 1, 10_000) or 1000
             after = _param(request.query, "after")
         except RepeatedParameterError as exc:
             return _repeated(exc)
-        try:
-            limit = int("1000" if raw_limit is None else raw_limit)
-        except ValueError:
-            return _error(400, "Bad Query", "limit must be an integer")
-        if not 1 <= limit <= 10_000:
-            return _error(400, "Bad Query", "limit must be 1-10000")
+        except ValueError as exc:
+            return _error(400, "Bad Query", str(exc))
         if after is not None and not after.isprintable():
             # No service id holds one (and PostgreSQL refuses a NUL in a query).
             return _error(

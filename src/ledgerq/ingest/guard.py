@@ -90,6 +90,15 @@ def encoding_refusal(encoding: str | None) -> web.Response:
     )
 
 
+def refuse_encoding(request: web.BaseRequest) -> web.Response | None:
+    """The ``415`` for a request whose body is in an encoding the gateway does
+    not take; None when it takes it (none given, identity, gzip, deflate)."""
+    encoding = request.headers.get("Content-Encoding")
+    if encoding and encoding.lower() not in ACCEPTED_ENCODINGS:
+        return encoding_refusal(encoding)
+    return None
+
+
 def _raw_error(status: int, reason: str, message: str, **headers: str) -> bytes:
     body = json.dumps({"error": {"code": status, "title": reason, "message": message}}).encode()
     lines = [
