@@ -124,3 +124,7 @@ class NodeBusyError(NodeError):
 
 class NodeDataError(NodeError):
     """The node's data directory is unreadable or was written by something else."""
+
+
+#: Errors a store reports per write of a group instead of failing the group.
+WRITE_REFUSALS = (BatchNotFoundError, FencedOffError, StatusTransitionError, StoreInputError)

@@ -248,6 +248,58 @@ class Fence:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchWrite:
+    """One write of a batch's state: the store's one write verb (``apply_writes``).
+
+    ``attempt=False`` writes what the ledger (or a submission's outcome) said:
+    ``status`` (a :data:`BatchStatus` with its details, or None to leave it),
+    its receipts and ``submission_error``. ``attempt=True`` records an attempt
+    (``submitted``, one more attempt, its time), with ``status`` a name or
+    None. Under high availability ``fence`` is the claim the write is made
+    under; the store's clock is used when ``now`` is None.
+    """
+
+    service_id: str
+    id: str
+    status: BatchStatus | BatchStatusName | None = None
+    transaction_receipts: tuple[TransactionReceipt, ...] = ()
+    submission_error: SubmissionError | None = None
+    attempt: bool = False
+    now: int | None = None
+    fence: Fence | None = None
+    #: A *conditional take* (``attempt=True`` only): applied after the
+    #: group's other writes, and only if batch ``after`` of the service is
+    #: final by then and this batch is what the serial queuer would pick
+    #: (the service's first non-final batch, not submitted, without a status,
+    #: and no non-final batch of the service submitted or with a status);
+    #: otherwise refused with ``StatusTransitionError``, nothing written. A
+    #: final status and the next batch's ``submitted`` in one transaction
+    #: (``docs/gateway.md``, "Commit to next POST").
+    after: str | None = None
+    #: A final status (``attempt=False``) that *takes what it frees*: after
+    #: the group's writes, in its transaction, up to this many of the batches
+    #: this one blocked that are free by then (not final, no blocker left,
+    #: never taken, no status) are recorded taken (an attempt, under this
+    #: write's fence), first in acceptance order, and appended, fully loaded,
+    #: to :attr:`freed`. Only where the store's ``takes_freed`` says so;
+    #: elsewhere nothing is taken.
+    take_freed: int = 0
+    #: Where the batches taken by :attr:`take_freed` go (the caller's list).
+    freed: list[TrackingBatch] | None = field(default=None, compare=False)
+
+    @property
+    def frees_service(self) -> bool:
+        """Whether the service may move on once this write lands: a final
+        status, or one that makes the batch resendable (``Unknown``,
+        ``Delayed``)."""
+        status = self.status
+        if status is None:
+            return False
+        name = status if isinstance(status, BatchStatusName) else status.name
+        return name.is_final or name in (BatchStatusName.UNKNOWN, BatchStatusName.DELAYED)
+
+
+@dataclass(frozen=True, slots=True)
 class TrackingBatchList:
     batches: tuple[TrackingBatch, ...] = field(default_factory=tuple)
 

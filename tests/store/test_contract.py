@@ -28,7 +28,7 @@ from ledgerq.model import (
     Valid,
     ValidTransaction,
 )
-from ledgerq.store import BatchTrackingStore, StatusUpdate
+from ledgerq.store import BatchTrackingStore
 
 from .conftest import make_batch
 
@@ -493,57 +493,6 @@ async def test_clean_stale_records_deletes_only_old_final_batches(
     assert await store.get_batch_status(re_added.batch_header, SVC) is None
     assert await store.clean_stale_records(t0 + 10_000) == 1  # new_done; old_open stays
     assert await store.get_batch(old_open.batch_header, SVC) is not None
-
-
-# -- several updates at once --------------------------------------------------
-
-
-async def test_update_batch_statuses_applies_every_update(store: BatchTrackingStore) -> None:
-    a, b, c = await store.add_batches(
-        [make_batch(SVC, data_change_id="c") for _ in range(1)]
-        + [make_batch(SVC) for _ in range(2)]
-    )
-    tid = a.transactions[0].transaction_header
-    await store.update_batch_statuses(
-        SVC,
-        [
-            StatusUpdate(
-                a.batch_header,
-                Committed((ValidTransaction(tid),)),
-                (TransactionReceipt(tid, True),),
-            ),
-            StatusUpdate(b.batch_header, Unknown(), (), SubmissionError("ambiguous", "reset")),
-            StatusUpdate(c.batch_header, Pending()),
-            StatusUpdate(c.batch_header, Delayed()),  # same id: applied in list order
-        ],
-    )
-    assert await store.get_batch_status("dc:c", SVC) == Committed((ValidTransaction(tid),))
-    got_b = await store.get_batch(b.batch_header, SVC)
-    assert got_b is not None and got_b.batch_status == Unknown()
-    assert got_b.submission_error == SubmissionError("ambiguous", "reset")
-    assert await store.get_batch_status(c.batch_header, SVC) == Delayed()
-    await store.update_batch_statuses(SVC, [])
-
-
-@pytest.mark.parametrize("failure", ["unknown id", "final to pending"])
-async def test_update_batch_statuses_is_all_or_nothing(
-    store: BatchTrackingStore, failure: str
-) -> None:
-    a, b = await store.add_batches([make_batch(SVC) for _ in range(2)])
-    await store.update_batch_status(b.batch_header, SVC, Committed())
-    tid = a.transactions[0].transaction_header
-    bad = (
-        StatusUpdate("ff" * 64, Pending())
-        if failure == "unknown id"
-        else StatusUpdate(b.batch_header, Pending())
-    )
-    good = StatusUpdate(a.batch_header, Invalid((InvalidTransaction(tid, error_message="no"),)), ())
-    with pytest.raises((BatchNotFoundError, StatusTransitionError)):
-        await store.update_batch_statuses(SVC, [good, bad])
-    assert await store.get_batch_status(a.batch_header, SVC) is None
-    got_b = await store.get_batch(b.batch_header, SVC)
-    assert got_b is not None and got_b.status_name is BatchStatusName.COMMITTED
-    assert [x.batch_header for x in await store.get_failed_batches()] == []
 
 
 async def test_status_written_twice_in_one_millisecond_keeps_the_injected_clock(

@@ -28,7 +28,7 @@ from ledgerq.model import (
     Unknown,
     Valid,
 )
-from ledgerq.store import BatchTrackingStore, StatusUpdate, open_store
+from ledgerq.store import BatchTrackingStore, BatchWrite, open_store
 
 from .conftest import make_batch
 
@@ -94,12 +94,8 @@ async def _apply(store: BatchTrackingStore, clock: ManualClock, op: tuple[Any, .
             _id(i, by_dc), POOL[i].service_id, status, receipts, error
         )
     if kind == "updates":
-        updates = [
-            StatusUpdate(POOL[i].batch_header, s)
-            for i, s in op[1]
-            if POOL[i].service_id == SERVICES[0]
-        ]
-        return await store.update_batch_statuses(SERVICES[0], updates)
+        writes = [BatchWrite(POOL[i].service_id, POOL[i].batch_header, s) for i, s in op[1]]
+        return [type(e).__name__ if e else None for e in await store.apply_writes(writes)]
     if kind == "clean":
         return await store.clean_stale_records(clock.value - op[1] * 1000)
     clock.advance(op[1] * 1000)

@@ -57,10 +57,9 @@ from ledgerq.ledgers import HttpTimeouts, http_ledger_client
 from ledgerq.ledgers.base import LedgerClient
 from ledgerq.ledgers.inprocess import NodeClient
 from ledgerq.ledgers.sawtooth import SawtoothClient
-from ledgerq.model import BatchStatus, BatchStatusName, Fence, Pending, TrackingBatch
+from ledgerq.model import BatchStatus, BatchStatusName, BatchWrite, Fence, Pending, TrackingBatch
 from ledgerq.record.recorder import receipts_of
 from ledgerq.store import open_store
-from ledgerq.store.base import BatchWrite
 from ledgerq.store.group import urgent
 
 log = logging.getLogger(__name__)

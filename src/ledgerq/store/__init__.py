@@ -26,18 +26,16 @@ from __future__ import annotations
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import StoreError
+from ledgerq.model import BatchWrite
 from ledgerq.store.base import (
     DATA_CHANGE_PREFIX,
     NO_STATUS,
     BatchAcceptor,
     BatchReader,
     BatchTrackingStore,
-    BatchWrite,
     GroupWriter,
-    MonitorStore,
+    SeedWriter,
     ServiceSummary,
-    StatusUpdate,
-    SubmitterStore,
 )
 from ledgerq.store.memory import MemoryStore
 from ledgerq.store.migrate import MigrationResult
@@ -53,11 +51,9 @@ __all__ = [
     "GroupWriter",
     "MemoryStore",
     "MigrationResult",
-    "MonitorStore",
+    "SeedWriter",
     "ServiceSummary",
     "SqlStore",
-    "StatusUpdate",
-    "SubmitterStore",
     "migrate_database",
     "open_store",
 ]

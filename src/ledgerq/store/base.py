@@ -3,8 +3,8 @@
 Every backend (SQLite, PostgreSQL, in-memory) implements
 :class:`BatchTrackingStore` with the same semantics, checked by one contract
 test suite. Components depend on the narrow role protocols
-(:class:`BatchAcceptor`, :class:`SubmitterStore`, :class:`MonitorStore`,
-:class:`BatchReader`) rather than on the whole store.
+(:class:`BatchAcceptor`, :class:`BatchReader`, :class:`GroupWriter`) rather
+than on the whole store.
 
 Semantics a caller relies on (details in ``docs/store.md``):
 
@@ -19,25 +19,22 @@ Semantics a caller relies on (details in ``docs/store.md``):
 * Methods that depend on time take ``now`` (ms); ``None`` means the store's
   clock.
 * Listings are ordered by ``seq`` (acceptance order).
+* Every write of a batch's state is a :class:`~ledgerq.model.BatchWrite`
+  applied by ``apply_writes``; the seed's two writes are one such write each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
-from ledgerq.errors import (
-    BatchNotFoundError,
-    FencedOffError,
-    StatusTransitionError,
-    StoreError,
-    StoreInputError,
-)
+from ledgerq.errors import StoreError
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    BatchWrite,
     Fence,
     SubmissionError,
     TrackingBatch,
@@ -83,60 +80,6 @@ class ServiceSummary:
     held_by_batch_id: str | None = None
     held_kind: str | None = None
     held_on: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StatusUpdate:
-    """One ``update_batch_status`` call, for ``update_batch_statuses``."""
-
-    id: str
-    status: BatchStatus | None
-    transaction_receipts: tuple[TransactionReceipt, ...] = ()
-    submission_error: SubmissionError | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BatchWrite:
-    """One pipeline write, for ``apply_writes``.
-
-    ``attempt=False``: ``update_batch_status(id, service_id, status, receipts,
-    submission_error, now=, fence=)``; ``attempt=True``:
-    ``change_batch_to_submitted(id, service_id, receipts, status,
-    submission_error, now=, fence=)`` (``status`` then a name or None).
-    """
-
-    service_id: str
-    id: str
-    status: BatchStatus | BatchStatusName | None = None
-    transaction_receipts: tuple[TransactionReceipt, ...] = ()
-    submission_error: SubmissionError | None = None
-    attempt: bool = False
-    now: int | None = None
-    fence: Fence | None = None
-    #: A *conditional take* (``attempt=True`` only): applied after the
-    #: group's other writes, and only if batch ``after`` of the service is
-    #: final by then and this batch is what the serial queuer would pick
-    #: (the service's first non-final batch, not submitted, without a status,
-    #: and no non-final batch of the service submitted or with a status);
-    #: otherwise refused with ``StatusTransitionError``, nothing written. The
-    #: commit → next POST merge: a final status and the next batch's
-    #: ``submitted`` in one transaction (``docs/gateway.md``).
-    after: str | None = None
-    #: A final status (``attempt=False``) that *takes what it frees*: after
-    #: the group's writes, in its transaction, up to this many of the batches
-    #: this one held (``blocked_by``) that are free by then — not final, no
-    #: blocker left, never taken, no status — are recorded taken (an attempt,
-    #: under this write's fence), first in acceptance order, and appended,
-    #: fully loaded, to :attr:`freed`. The parallel queuer's final status →
-    #: freed batches merge (``docs/queuer.md``). Only where the store says so
-    #: (``takes_freed``); elsewhere nothing is taken.
-    take_freed: int = 0
-    #: Where the batches taken by :attr:`take_freed` go (the caller's list).
-    freed: list[TrackingBatch] | None = field(default=None, compare=False)
-
-
-#: Errors ``apply_writes`` reports per write instead of failing the group.
-WRITE_REFUSALS = (BatchNotFoundError, FencedOffError, StatusTransitionError, StoreInputError)
 
 
 class BatchAcceptor(Protocol):
@@ -216,14 +159,23 @@ class BatchReader(Protocol):
         ...
 
 
-class MonitorStore(Protocol):
-    """What the DLT monitor needs."""
+class SeedWriter(Protocol):
+    """The seed's two writes, each one :class:`~ledgerq.model.BatchWrite`
+    through ``apply_writes`` (:class:`ledgerq.store.common.SeedWrites`)."""
 
-    async def get_batch_status(self, id: str, service_id: str) -> BatchStatus | None: ...
-
-    async def list_batches_by_status(
-        self, status: BatchStatus | BatchStatusName
-    ) -> TrackingBatchList: ...
+    async def change_batch_to_submitted(
+        self,
+        batch_id: str,
+        service_id: str,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        dlt_status: str | BatchStatusName | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        """Record an attempt: ``submitted``, one more attempt, its time."""
+        ...
 
     async def update_batch_status(
         self,
@@ -235,18 +187,8 @@ class MonitorStore(Protocol):
         *,
         now: int | None = None,
         fence: Fence | None = None,
-    ) -> None: ...
-
-    async def update_batch_statuses(
-        self,
-        service_id: str,
-        updates: Sequence[StatusUpdate],
-        *,
-        now: int | None = None,
-        fence: Fence | None = None,
     ) -> None:
-        """Apply several ``update_batch_status`` calls of one service in one
-        transaction (one commit): all land or none does."""
+        """Record what the ledger said of the batch (or a submission error)."""
         ...
 
 
@@ -280,41 +222,10 @@ class GroupWriter(Protocol):
         ...
 
 
-class SubmitterStore(Protocol):
-    """What the submitter needs."""
-
-    async def get_batch(self, id: str, service_id: str) -> TrackingBatch | None: ...
-
-    async def change_batch_to_submitted(
-        self,
-        batch_id: str,
-        service_id: str,
-        transaction_receipts: list[TransactionReceipt] | None = None,
-        dlt_status: str | BatchStatusName | None = None,
-        submission_error: SubmissionError | None = None,
-        *,
-        now: int | None = None,
-        fence: Fence | None = None,
-    ) -> None: ...
-
-    async def update_batch_status(
-        self,
-        id: str,
-        service_id: str,
-        status: BatchStatus | None,
-        transaction_receipts: list[TransactionReceipt] | None = None,
-        submission_error: SubmissionError | None = None,
-        *,
-        now: int | None = None,
-        fence: Fence | None = None,
-    ) -> None: ...
-
-
 class BatchTrackingStore(
     BatchAcceptor,
     BatchReader,
-    MonitorStore,
-    SubmitterStore,
+    SeedWriter,
     GroupWriter,
     RoundStore,
     ParallelRoundStore,

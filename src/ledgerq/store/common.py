@@ -19,7 +19,7 @@ from ledgerq.model import (
     MAX_SERVICE_ID_LENGTH,
     BatchStatus,
     BatchStatusName,
-    Delayed,
+    BatchWrite,
     Fence,
     Invalid,
     InvalidTransaction,
@@ -27,12 +27,11 @@ from ledgerq.model import (
     TrackingBatch,
     TrackingTransaction,
     TransactionReceipt,
-    Unknown,
     ValidTransaction,
     status_from_name,
 )
 from ledgerq.queue.parallel import BatchAccess
-from ledgerq.store.base import DATA_CHANGE_PREFIX, NO_STATUS, StatusFilter, StatusUpdate
+from ledgerq.store.base import DATA_CHANGE_PREFIX, NO_STATUS, StatusFilter
 
 MAX_BATCH_ID_LENGTH = 128
 MAX_DATA_CHANGE_ID_LENGTH = 256
@@ -172,22 +171,60 @@ def check_submission_error(error: SubmissionError | None) -> None:
         _check_text("submission error_type", error.error_type, MAX_ERROR_TYPE_LENGTH)
 
 
-def prepare_updates(
-    updates: Iterable[StatusUpdate],
-) -> list[tuple[StatusUpdate, list[TransactionReceipt]]]:
-    """Check a batch of status updates and order them by id.
+def prepare_update(write: BatchWrite) -> list[TransactionReceipt]:
+    """Check a status write (``attempt=False``); the receipts it writes."""
+    if isinstance(write.status, BatchStatusName | str):
+        raise StoreInputError("a status update takes a BatchStatus (with its details), not a name")
+    receipts = receipts_to_write(write.status, write.transaction_receipts)
+    check_receipts(receipts)
+    check_submission_error(write.submission_error)
+    return receipts
 
-    The order is the lock order: two calls updating the same batches lock
-    their rows in the same order and cannot deadlock. Updates of one id keep
-    their relative order (the sort is stable), so the last one wins.
-    """
-    prepared = []
-    for update in sorted(updates, key=lambda u: u.id):
-        receipts = receipts_to_write(update.status, update.transaction_receipts)
-        check_receipts(receipts)
-        check_submission_error(update.submission_error)
-        prepared.append((update, receipts))
-    return prepared
+
+class SeedWrites:
+    """The seed's two writes, each one :class:`~ledgerq.model.BatchWrite`
+    through the store's ``apply_writes`` (its one write verb)."""
+
+    async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
+        raise NotImplementedError
+
+    async def change_batch_to_submitted(
+        self,
+        batch_id: str,
+        service_id: str,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        dlt_status: str | BatchStatusName | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        status = None if dlt_status is None else status_name_of(dlt_status)
+        receipts = tuple(transaction_receipts or ())
+        await self._apply_one(
+            BatchWrite(service_id, batch_id, status, receipts, submission_error, True, now, fence)
+        )
+
+    async def update_batch_status(
+        self,
+        id: str,
+        service_id: str,
+        status: BatchStatus | None,
+        transaction_receipts: list[TransactionReceipt] | None = None,
+        submission_error: SubmissionError | None = None,
+        *,
+        now: int | None = None,
+        fence: Fence | None = None,
+    ) -> None:
+        receipts = tuple(transaction_receipts or ())
+        await self._apply_one(
+            BatchWrite(service_id, id, status, receipts, submission_error, now=now, fence=fence)
+        )
+
+    async def _apply_one(self, write: BatchWrite) -> None:
+        [error] = await self.apply_writes([write])
+        if error is not None:
+            raise error
 
 
 def check_limit(limit: int) -> None:
@@ -301,10 +338,6 @@ def build_status(
         valid=tuple(ValidTransaction(t) for t in transaction_ids),
         invalid=tuple(invalid),
     )
-
-
-def is_resubmission_status(status: BatchStatus | None) -> bool:
-    return isinstance(status, Unknown | Delayed)
 
 
 # Row shapes the SQL backends select, in column order:

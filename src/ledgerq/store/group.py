@@ -22,17 +22,18 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 
-from ledgerq.errors import DuplicateBatchError, StoreError, StoreInputError
+from ledgerq.errors import WRITE_REFUSALS, DuplicateBatchError, StoreError, StoreInputError
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    BatchWrite,
     Fence,
     SubmissionError,
     TrackingBatch,
     TransactionReceipt,
 )
 from ledgerq.store import common
-from ledgerq.store.base import WRITE_REFUSALS, BatchAcceptor, BatchWrite, GroupWriter
+from ledgerq.store.base import BatchAcceptor, GroupWriter
 
 #: Writes applied in one transaction at most.
 DEFAULT_MAX_GROUP = 512

@@ -7,7 +7,6 @@ atomic with respect to other tasks on the event loop. Not thread-safe.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
@@ -15,16 +14,16 @@ from typing import Self
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import (
+    WRITE_REFUSALS,
     BatchNotFoundError,
     DuplicateBatchError,
     StatusTransitionError,
     StoreError,
-    StoreInputError,
 )
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
-    Fence,
+    BatchWrite,
     InvalidTransaction,
     SubmissionError,
     TrackingBatch,
@@ -34,14 +33,7 @@ from ledgerq.model import (
 from ledgerq.queue.parallel import BatchAccess, conflict, select_parallel_round
 from ledgerq.queue.serial import select_round
 from ledgerq.store import common
-from ledgerq.store.base import (
-    NO_STATUS,
-    WRITE_REFUSALS,
-    BatchWrite,
-    ServiceSummary,
-    StatusFilter,
-    StatusUpdate,
-)
+from ledgerq.store.base import NO_STATUS, ServiceSummary, StatusFilter
 
 
 @dataclass(slots=True)
@@ -75,7 +67,7 @@ class _State:
     next_seq: int = 1
 
 
-class MemoryStore:
+class MemoryStore(common.SeedWrites):
     """:class:`~ledgerq.store.base.BatchTrackingStore` in a few dicts."""
 
     dialect = "memory"
@@ -190,96 +182,32 @@ class MemoryStore:
             old = self._s.receipts.get(key)
             self._s.receipts[key] = _Receipt(r, at if old is None else max(at, old.updated_at + 1))
 
-    async def update_batch_status(
-        self,
-        id: str,
-        service_id: str,
-        status: BatchStatus | None,
-        transaction_receipts: list[TransactionReceipt] | None = None,
-        submission_error: SubmissionError | None = None,
-        *,
-        now: int | None = None,
-        fence: Fence | None = None,
-    ) -> None:
-        await self.update_batch_statuses(
-            service_id,
-            [StatusUpdate(id, status, tuple(transaction_receipts or ()), submission_error)],
-            now=now,
-            fence=fence,
-        )
-
-    async def update_batch_statuses(
-        self,
-        service_id: str,
-        updates: Sequence[StatusUpdate],
-        *,
-        now: int | None = None,
-        fence: Fence | None = None,
-    ) -> None:
-        common.check_no_fence(fence, "memory")
-        prepared = common.prepare_updates(updates)
-        at = self._now(now)
-        # All or nothing, like a transaction: keep what each update touches.
-        records: dict[tuple[str, str], _Record] = {}
-        old_receipts: dict[tuple[str, str], _Receipt | None] = {}
-        try:
-            for update, receipts in prepared:
-                rec = self._lock(update.id, service_id)
-                records.setdefault((service_id, rec.batch.batch_header), copy.copy(rec))
-                for r in receipts:
-                    key = (service_id, r.transaction_id)
-                    old_receipts.setdefault(key, self._s.receipts.get(key))
-                self._update_one(rec, service_id, update, receipts, at)
-        except BaseException:
-            self._s.records.update(records)
-            for key, old in old_receipts.items():
-                if old is None:
-                    self._s.receipts.pop(key, None)
-                else:
-                    self._s.receipts[key] = old
-            raise
-
-    def _update_one(
-        self,
-        rec: _Record,
-        service_id: str,
-        update: StatusUpdate,
-        receipts: list[TransactionReceipt],
-        at: int,
-    ) -> None:
-        if update.status is not None:
-            self._check_transition(rec, update.status.name)
-            self._apply_status(rec, update.status.name, at)
+    def _update_one(self, w: BatchWrite, receipts: list[TransactionReceipt], at: int) -> None:
+        rec = self._lock(w.id, w.service_id)
+        status = w.status
+        if status is not None:
+            name = status if isinstance(status, BatchStatusName) else status.name
+            self._check_transition(rec, name)
+            self._apply_status(rec, name, at)
             if rec.has_submission:
                 rec.times_checked += 1
                 rec.last_checked = at
-        self._write_receipts(service_id, receipts, at)
-        if update.submission_error is not None:
+        self._write_receipts(w.service_id, receipts, at)
+        if w.submission_error is not None:
             if not rec.has_submission:
                 rec.has_submission, rec.times_checked, rec.last_checked = True, 1, at
-            rec.error = update.submission_error
+            rec.error = w.submission_error
 
-    async def change_batch_to_submitted(
-        self,
-        batch_id: str,
-        service_id: str,
-        transaction_receipts: list[TransactionReceipt] | None = None,
-        dlt_status: str | BatchStatusName | None = None,
-        submission_error: SubmissionError | None = None,
-        *,
-        now: int | None = None,
-        fence: Fence | None = None,
-    ) -> None:
-        common.check_no_fence(fence, "memory")
-        name = None if dlt_status is None else common.status_name_of(dlt_status)
-        receipts = common.receipts_to_write(None, transaction_receipts or ())
+    def _attempt_one(self, w: BatchWrite) -> None:
+        name = None if w.status is None else common.status_name_of(w.status)
+        receipts = common.receipts_to_write(None, w.transaction_receipts)
         common.check_receipts(receipts)
-        common.check_submission_error(submission_error)
-        at = self._now(now)
-        rec = self._lock(batch_id, service_id)
+        common.check_submission_error(w.submission_error)
+        at = self._now(w.now)
+        rec = self._lock(w.id, w.service_id)
         if rec.status is not None and rec.status.is_final:
             raise StatusTransitionError(
-                f"batch {rec.batch.batch_header} of service {service_id!r} is "
+                f"batch {rec.batch.batch_header} of service {w.service_id!r} is "
                 f"{rec.status.value}, which is final; it is never submitted again"
             )
         rec.submitted = True
@@ -287,10 +215,10 @@ class MemoryStore:
         rec.last_attempt_at = at
         if not rec.has_submission:
             rec.has_submission, rec.times_checked, rec.last_checked = True, 1, at
-        rec.error = submission_error
+        rec.error = w.submission_error
         if name is not None:
             self._apply_status(rec, name, at)
-        self._write_receipts(service_id, receipts, at)
+        self._write_receipts(w.service_id, receipts, at)
 
     def _next_open(self, service_id: str, after: str) -> _Record | None:
         """The service's first non-final batch other than ``after`` if it was
@@ -341,30 +269,11 @@ class MemoryStore:
                             f"batch {w.id} of service {w.service_id!r} is not the service's "
                             f"next batch after {w.after}; nothing was written"
                         )
+                common.check_no_fence(w.fence, "memory")
                 if w.attempt:
-                    await self.change_batch_to_submitted(
-                        w.id,
-                        w.service_id,
-                        list(w.transaction_receipts),
-                        None if w.status is None else common.status_name_of(w.status),
-                        w.submission_error,
-                        now=w.now,
-                        fence=w.fence,
-                    )
+                    self._attempt_one(w)
                 else:
-                    if isinstance(w.status, BatchStatusName | str):
-                        raise StoreInputError(
-                            "a status update takes a BatchStatus (with its details), not a name"
-                        )
-                    await self.update_batch_status(
-                        w.id,
-                        w.service_id,
-                        w.status,
-                        list(w.transaction_receipts),
-                        w.submission_error,
-                        now=w.now,
-                        fence=w.fence,
-                    )
+                    self._update_one(w, common.prepare_update(w), self._now(w.now))
             except WRITE_REFUSALS as exc:
                 results[i] = exc
         return results

@@ -19,18 +19,18 @@ from typing import Any, Protocol, Self, TypeVar
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import (
+    WRITE_REFUSALS,
     BatchNotFoundError,
     DuplicateBatchError,
     FencedOffError,
     StatusTransitionError,
     StoreError,
-    StoreInputError,
 )
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    BatchWrite,
     Fence,
-    SubmissionError,
     TrackingBatch,
     TrackingBatchList,
     TransactionReceipt,
@@ -40,11 +40,8 @@ from ledgerq.store import common
 from ledgerq.store.base import (
     DATA_CHANGE_PREFIX,
     NO_STATUS,
-    WRITE_REFUSALS,
-    BatchWrite,
     ServiceSummary,
     StatusFilter,
-    StatusUpdate,
 )
 from ledgerq.store.migrate import MigrationResult
 
@@ -139,19 +136,19 @@ class _Attempt:
     at: int
 
 
-def _write_of(step: _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]) -> BatchWrite:
+def _write_of(step: _Attempt | tuple[BatchWrite, list[TransactionReceipt]]) -> BatchWrite:
     return step.write if isinstance(step, _Attempt) else step[0]
 
 
 def _waves(
-    steps: Sequence[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]],
-) -> list[list[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]]]:
+    steps: Sequence[tuple[int, _Attempt | tuple[BatchWrite, list[TransactionReceipt]]]],
+) -> list[list[tuple[int, _Attempt | tuple[BatchWrite, list[TransactionReceipt]]]]]:
     """Split sorted steps into runs that touch each batch at most once, in order.
 
     A write by data change id gets a wave of its own (its batch is known
     only once resolved).
     """
-    waves: list[list[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]]] = []
+    waves: list[list[tuple[int, _Attempt | tuple[BatchWrite, list[TransactionReceipt]]]]] = []
     seen: set[tuple[str, str]] = set()
     for item in steps:
         w = _write_of(item[1])
@@ -233,7 +230,7 @@ def _makes_final(write: BatchWrite) -> bool:
     return write.status is not None and write.status.is_final
 
 
-class SqlStore:
+class SqlStore(common.SeedWrites):
     """:class:`~ledgerq.store.base.BatchTrackingStore` over a SQL backend."""
 
     def __init__(self, backend: Backend, *, clock: Clock = now_ms) -> None:
@@ -455,29 +452,19 @@ class SqlStore:
             )
 
     async def _update_one(
-        self,
-        session: Session,
-        service_id: str,
-        update: StatusUpdate,
-        receipts: list[TransactionReceipt],
-        at: int,
-        fence: Fence | None,
+        self, session: Session, w: BatchWrite, receipts: list[TransactionReceipt], at: int
     ) -> None:
-        batch_id, current, submitted = await self._lock_batch(session, update.id, service_id, fence)
+        service_id = w.service_id
+        batch_id, current, submitted = await self._lock_batch(session, w.id, service_id, w.fence)
         key = {"service_id": service_id, "batch_id": batch_id}
-        if update.status is not None:
+        status = w.status
+        if status is not None:
+            name = status if isinstance(status, BatchStatusName) else status.name
             await self._write_status(
-                session,
-                service_id,
-                batch_id,
-                current,
-                submitted,
-                update.status.name,
-                at,
-                check=True,
+                session, service_id, batch_id, current, submitted, name, at, check=True
             )
         await self._write_receipts(session, service_id, receipts, at)
-        error = update.submission_error
+        error = w.submission_error
         if error is not None:
             await session.execute(
                 "upsert_submission_error",
@@ -488,71 +475,6 @@ class SqlStore:
                     "now": at,
                 },
             )
-
-    async def update_batch_status(
-        self,
-        id: str,
-        service_id: str,
-        status: BatchStatus | None,
-        transaction_receipts: list[TransactionReceipt] | None = None,
-        submission_error: SubmissionError | None = None,
-        *,
-        now: int | None = None,
-        fence: Fence | None = None,
-    ) -> None:
-        await self.update_batch_statuses(
-            service_id,
-            [StatusUpdate(id, status, tuple(transaction_receipts or ()), submission_error)],
-            now=now,
-            fence=fence,
-        )
-
-    async def update_batch_statuses(
-        self,
-        service_id: str,
-        updates: Sequence[StatusUpdate],
-        *,
-        now: int | None = None,
-        fence: Fence | None = None,
-    ) -> None:
-        prepared = common.prepare_updates(updates)
-        if not prepared:
-            return
-        at = self._now(now)
-
-        async def body(session: Session) -> None:
-            await self._lock_group(
-                session,
-                [BatchWrite(service_id, u.id, u.status) for u, _ in prepared],
-            )
-            for update, receipts in prepared:
-                await self._update_one(session, service_id, update, receipts, at, fence)
-
-        await self._backend.run(body, write=True)
-
-    async def change_batch_to_submitted(
-        self,
-        batch_id: str,
-        service_id: str,
-        transaction_receipts: list[TransactionReceipt] | None = None,
-        dlt_status: str | BatchStatusName | None = None,
-        submission_error: SubmissionError | None = None,
-        *,
-        now: int | None = None,
-        fence: Fence | None = None,
-    ) -> None:
-        write = BatchWrite(
-            service_id,
-            batch_id,
-            None if dlt_status is None else common.status_name_of(dlt_status),
-            tuple(transaction_receipts or ()),
-            submission_error,
-            attempt=True,
-            now=now,
-            fence=fence,
-        )
-        attempt = self._prepare_attempt(write)
-        await self._backend.run(lambda session: self._attempt_one(session, attempt), write=True)
 
     def _prepare_attempt(self, write: BatchWrite) -> _Attempt:
         name = None if write.status is None else common.status_name_of(write.status)
@@ -657,7 +579,7 @@ class SqlStore:
 
     async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
         results: list[StoreError | None] = [None] * len(writes)
-        steps: list[tuple[int, _Attempt | tuple[BatchWrite, StatusUpdate, list[Any]]]] = []
+        steps: list[tuple[int, _Attempt | tuple[BatchWrite, list[TransactionReceipt]]]] = []
         takes: list[tuple[int, _Attempt]] = []
         for i, w in enumerate(writes):
             try:
@@ -666,14 +588,7 @@ class SqlStore:
                 elif w.attempt:
                     steps.append((i, self._prepare_attempt(w)))
                 else:
-                    status = w.status
-                    if isinstance(status, BatchStatusName | str):
-                        raise StoreInputError(
-                            "a status update takes a BatchStatus (with its details), not a name"
-                        )
-                    update = StatusUpdate(w.id, status, w.transaction_receipts, w.submission_error)
-                    [(update, receipts)] = common.prepare_updates([update])
-                    steps.append((i, (w, update, receipts)))
+                    steps.append((i, (w, common.prepare_update(w))))
             except WRITE_REFUSALS as exc:
                 results[i] = exc
 
@@ -733,11 +648,8 @@ class SqlStore:
                         if isinstance(step, _Attempt):
                             await self._attempt_one(deferred, step)
                         else:
-                            w, update, receipts = step
-                            at = self._now(w.now)
-                            await self._update_one(
-                                deferred, w.service_id, update, receipts, at, w.fence
-                            )
+                            w, receipts = step
+                            await self._update_one(deferred, w, receipts, self._now(w.now))
                     except WRITE_REFUSALS as exc:
                         deferred.reset(mark)
                         results[i] = exc
@@ -849,19 +761,6 @@ class SqlStore:
         if keys:
             calls.append(("lock_group_rows", self._backend.keys_param(keys)))
         return calls
-
-    async def _lock_group(
-        self, session: Session, writes: Sequence[BatchWrite]
-    ) -> dict[tuple[str, str], Row] | None:
-        """Run :meth:`_lock_calls`; the locked rows' states, or ``None`` when
-        no batch row was locked here."""
-        calls = self._lock_calls(writes)
-        if not calls:
-            return None
-        results = await session.fetchall_many(calls)
-        if calls[-1][0] != "lock_group_rows":
-            return None
-        return {(r[0], r[1]): (r[1], r[2], r[3]) for r in results[-1]}
 
     async def _prefetch(
         self,
