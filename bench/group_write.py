@@ -9,7 +9,7 @@ walks its batches in order as the gateway does with each: the woken round
 (``queue_round`` for the service, lean), *taken*
 (``change_batch_to_submitted``), *accepted* (``Pending``) and *final*
 (``Committed`` with a receipt), the three writes through one
-:class:`~ledgerq.store.group.GroupCommitWriter` with ``--flushers``, as the
+:class:`~ledgerq.record.completer.Completer` with ``--flushers``, as the
 gateway groups them. No ledger and no HTTP: what is measured is the store.
 
 Reported per run: batches/s, this process's CPU per batch, the CPU per
@@ -32,6 +32,7 @@ import psycopg
 from bench import report
 from bench.store import DEFAULT_PG, _pg_database
 from ledgerq.model import (
+    BatchWrite,
     Committed,
     Pending,
     TrackingBatch,
@@ -39,8 +40,8 @@ from ledgerq.model import (
     TransactionReceipt,
     ValidTransaction,
 )
+from ledgerq.record.completer import Completer
 from ledgerq.store import open_store
-from ledgerq.store.group import GroupCommitWriter
 
 
 def _batches(run: str, services: int, per_service: int, keyed: bool) -> list[TrackingBatch]:
@@ -105,7 +106,7 @@ async def _cycle(
         data = _batches(uuid.uuid4().hex[:8], services, per_service, keyed)
         for i in range(0, len(data), 500):
             await store.add_batches(data[i : i + 500])
-        writer = GroupCommitWriter(store, flushers=flushers)
+        writer = Completer(store, flushers=flushers)
         by_service: dict[str, list[TrackingBatch]] = {}
         for b in data:
             by_service.setdefault(b.service_id, []).append(b)
@@ -116,14 +117,16 @@ async def _cycle(
                 now = int(time.time() * 1000)
                 await store.queue_round(now=now, delay_window_ms=300, services=[sid], lean=True)
                 tid = b.transactions[0].transaction_header
-                await writer.change_batch_to_submitted(b.batch_header, sid)
-                await writer.update_batch_status(b.batch_header, sid, Pending())
+                await writer.apply(BatchWrite(sid, b.batch_header, attempt=True))
+                await writer.apply(BatchWrite(sid, b.batch_header, Pending()))
                 start = time.perf_counter()
-                await writer.update_batch_status(
-                    b.batch_header,
-                    sid,
-                    Committed((ValidTransaction(tid),)),
-                    [TransactionReceipt(tid, True, serialized_receipt=b"receipt")],
+                await writer.apply(
+                    BatchWrite(
+                        sid,
+                        b.batch_header,
+                        Committed((ValidTransaction(tid),)),
+                        (TransactionReceipt(tid, True, serialized_receipt=b"receipt"),),
+                    )
                 )
                 final_s.append(time.perf_counter() - start)
 
@@ -207,7 +210,7 @@ def command(
     load_after = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     markdown = (
         f"{services} services × {batches} batches, access {access}, "
-        f"`GroupCommitWriter(flushers={flushers})`, lock entries "
+        f"`Completer(flushers={flushers})`, lock entries "
         f"{'kept' if lock_entries else 'not kept (every service serial)'}, "
         f"{rounds} runs each in a fresh database. "
         f"Load average (1, 5, 15 min) before: {load_before}; after: {load_after}.\n\n"

@@ -19,7 +19,7 @@ from ledgerq.ledgers.base import Accepted, SubmitResult
 from ledgerq.model import Committed
 from ledgerq.operator import gateway_app
 from ledgerq.store import open_store
-from tests.pipeline_fakes import ScriptedLedger
+from tests.ledger_fakes import ScriptedLedger
 
 
 class CommittingLedger(ScriptedLedger):

@@ -20,14 +20,14 @@ PASS/DELAY/FAIL list (``docs/ha.md``):
 
 ======================  =========================================================
 ``claim_cycle``         start of a claim cycle (request claim / renewal)
-``submitting``          the submitter took a batch, before marking it submitted
+``submitting``          the producer took a batch, before marking it submitted
                         (a batch taken with its predecessor's final status
                         too: before that transaction)
 ``taken_with_final``    a batch was recorded taken with its predecessor's final
                         status (the commit → next POST merge), before its POST
 ``before_post``         claim checked, before the POST to the ledger
 ``after_response``      the ledger answered, nothing recorded yet
-``before_record``       before the outcome is written through the recorder
+``before_record``       before the outcome is written (through the completer)
 ``after_record``        after the outcome was written
 ======================  =========================================================
 

@@ -27,8 +27,8 @@ import pytest
 from bench._cluster import Process
 from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_address, make_intkey_batch
+from tests.ledger_fakes import ScriptedLedger
 from tests.operator_fakes import batch_list, running_gateway
-from tests.pipeline_fakes import ScriptedLedger
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

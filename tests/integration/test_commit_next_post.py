@@ -161,8 +161,8 @@ async def test_each_next_batch_is_taken_with_its_predecessors_final_status(
             assert {r.posts for r in ledger.batches.values()} == {1}
             # Every batch after a service's first went out with its
             # predecessor's final status; no poll and no scan moved anything.
-            assert gateway.submitter.taken_with_final == services * (per - 1)
-            assert gateway.follower.scans == 1
+            assert gateway.producer.taken_with_final == services * (per - 1)
+            assert gateway.producer.follower.scans == 1
             assert {b.attempts for b in listed} == {1}
             assert all(b.is_final for b in listed)
 
@@ -207,4 +207,4 @@ async def test_a_batch_taken_but_not_posted_is_asked_about_before_it_is_posted(
         record = ledger.batches[dropped.batch_id]
         assert record.first_post_ms is not None
         assert ledger.first_answer_ms[dropped.batch_id] < record.first_post_ms
-        assert gateway.submitter.taken_with_final >= 1
+        assert gateway.producer.taken_with_final >= 1

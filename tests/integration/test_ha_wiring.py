@@ -142,15 +142,17 @@ async def test_a_post_ends_when_the_claim_it_was_made_under_lapses(
             fence = claims.fence_for("s")
             assert fence is not None and claims.claim_left_ms("s", fence) == 1_200
             gateway = Gateway(settings, store, client, claims=claims)
-            recorded = asyncio.Event()
-            gateway.recorder.add_ask_listener(lambda _b, _s: recorded.set())
             task = asyncio.create_task(gateway.run())
             try:
                 async with asyncio.timeout(120):
                     await ledger.posted.wait()
                     await ledger.abandoned.wait()
-                    await recorded.wait()  # recorded ambiguous: the ledger is asked next
-                got = await store.get_batch(batch.batch_id, "s")
+                    # Recorded ambiguous: the ledger is asked next.
+                    for _ in range(12_000):
+                        got = await store.get_batch(batch.batch_id, "s")
+                        if got is not None and got.submission_error is not None:
+                            break
+                        await asyncio.sleep(0.01)
                 assert got is not None and got.submitted and got.status_name is None
                 assert got.submission_error is not None
                 assert got.submission_error.error_type == "ambiguous"
@@ -181,7 +183,7 @@ async def test_services_taken_over_idle_are_not_woken_nor_scanned_for(
             woken: list[str] = []
             scans: list[None] = []
             gateway.wake = lambda service_id, **_kw: woken.append(service_id)  # type: ignore[method-assign]
-            gateway.follower.scan_now = lambda: scans.append(None)  # type: ignore[method-assign]
+            gateway.producer.follower.scan_now = lambda: scans.append(None)  # type: ignore[method-assign]
             idle = frozenset({"i1", "i2"})
             gateway._claims_changed(ClaimChange(idle, frozenset(), idle))
             assert woken == [] and scans == []
@@ -189,11 +191,12 @@ async def test_services_taken_over_idle_are_not_woken_nor_scanned_for(
             assert woken == ["w"] and len(scans) == 1
             # One whose next batch the take-over handed to the queue itself
             # needs no round: the status readers alone hear of it.
-            queued: list[tuple[str, bool]] = []
-            gateway.wake = lambda service_id, **kw: queued.append((service_id, kw["queue"]))  # type: ignore[method-assign]
+            woken.clear()
+            told: list[str] = []
+            gateway.changes.notify = told.append  # type: ignore[method-assign]
             change = ClaimChange(frozenset({"r", "w"}), frozenset(), frozenset(), frozenset({"r"}))
             gateway._claims_changed(change)
-            assert sorted(queued) == [("r", False), ("w", True)] and len(scans) == 2
+            assert woken == ["w"] and told == ["r"] and len(scans) == 2
             await client.close()
 
 

@@ -20,9 +20,8 @@ from ledgerq.config import load_settings
 from ledgerq.gateway.service import Gateway
 from ledgerq.ledgers import HttpTimeouts, http_ledger_client
 from ledgerq.ledgers.base import Accepted, LedgerBatchStatus
-from ledgerq.model import BatchStatusName
+from ledgerq.model import BatchStatusName, BatchWrite
 from ledgerq.store import open_store
-from ledgerq.store.base import BatchWrite
 from ledgerq.testing.fault_ledger import FaultLedger, FaultPlan
 from tests.integration.claims_helpers import T0, claimants, manager
 
@@ -175,7 +174,6 @@ async def test_with_the_claim_cycles_on_their_thread_the_answers_are_recorded_th
             mine.extend(writes)
             return await apply(writes)  # type: ignore[return-value]
 
-        store.apply_writes = spy_apply  # type: ignore[method-assign]
         a = ClaimManager(pg_url, ClaimSettings(instance_id="a", **timings))
         b = ClaimManager(pg_url, ClaimSettings(instance_id="b", **timings))
         async with a, b:
@@ -186,6 +184,8 @@ async def test_with_the_claim_cycles_on_their_thread_the_answers_are_recorded_th
                 )
             assert await client.submit("held", h1.batch_id, h1.serialized_batch) == Accepted()
             await b.cycle()
+            # The gateway's writes from here on (the set-up's were a's).
+            store.apply_writes = spy_apply  # type: ignore[method-assign]
             gateway = Gateway(settings, store, client, claims=b)
             tasks = [asyncio.create_task(gateway.run()), asyncio.create_task(b.run())]
             try:

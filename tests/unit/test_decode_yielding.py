@@ -281,7 +281,7 @@ async def test_in_a_gateway_a_large_post_waits_for_the_submission_in_flight(
         async with http.post(f"{url}/batches?service_id=a", data=small, headers=OCTET) as r:
             assert r.status == 202
         await asyncio.wait_for(ledger.posted.wait(), 10)  # a submission in flight
-        assert gateway.submitter.submitting == 1
+        assert gateway.producer.submitting == 1
 
         async def post() -> int:
             async with http.post(f"{url}/batches?service_id=b", data=big, headers=OCTET) as r:

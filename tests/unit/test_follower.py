@@ -1,8 +1,10 @@
 """Follower: every batch followed on its own — parked reads, asks, backoff, scans, events.
 
-Time is never waited out: tests wait on what the follower does (the ledger's
-requests, the store's writes), with intervals set to an hour so that nothing
-a test sees can come from a poll.
+The follower reads the ledger and hands each answer to its sink; here the
+sink records it in the reference store (:class:`~ledgerq.store.MemoryStore`)
+as the producer would. Time is never waited out: tests wait on what the
+follower does (the ledger's requests, the store's writes), with intervals set
+to an hour so that nothing a test sees can come from a poll.
 """
 
 from __future__ import annotations
@@ -11,41 +13,49 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from pipeline_fakes import MemoryPipelineStore, ScriptedLedger, batch
 
 from ledgerq.backoff import no_jitter
-from ledgerq.clock import ManualClock
 from ledgerq.errors import ConfigError, LedgerError
 from ledgerq.follow.follower import Follower, FollowSettings
-from ledgerq.ledgers.base import CommitEvent
+from ledgerq.follow.in_flight import StoreMonitorSource
+from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus
 from ledgerq.model import (
     BatchStatusName,
+    BatchWrite,
     Committed,
     Invalid,
     InvalidTransaction,
     Pending,
+    SubmissionError,
+    TrackingBatch,
     Unknown,
     Valid,
 )
-from ledgerq.record.recorder import Recorder
-from ledgerq.submit.submitter import Submitter, SubmitterSettings
+from ledgerq.record import writes
+from ledgerq.store import MemoryStore
+from tests.factories import tracking_batch as batch
+from tests.ledger_fakes import ScriptedLedger
 
 HOUR = 3600.0
 
 
 class Rig:
-    def __init__(self, held: set[str] | None = None, **settings: float) -> None:
-        self.store = MemoryPipelineStore()
+    """A follower over the reference store; its sink records what it hears."""
+
+    def __init__(self, posting: set[str] | None = None, **settings: float) -> None:
+        self.store = MemoryStore()
         self.ledger = ScriptedLedger()
-        self.recorder = Recorder(self.store, clock=ManualClock())
-        self.held: set[str] = held if held is not None else set()
+        self.posting: set[str] = posting if posting is not None else set()
+        #: Every write, as (batch id, status name), and each batch as last read.
+        self.writes: list[tuple[str, BatchStatusName | None]] = []
+        self.batches: dict[str, TrackingBatch] = {}
         opts = {"poll_interval_s": HOUR, "wait_s": HOUR, "min_poll_interval_s": 0, **settings}
         self.follower = Follower(
-            self.store,
+            StoreMonitorSource(self.store),
             self.ledger,
-            self.recorder,
+            self,
             FollowSettings(**opts),  # type: ignore[arg-type]
-            held=self.held,
+            posting=self.posting,
             jitter=no_jitter,
         )
         self.task: asyncio.Task[None] | None = None
@@ -60,15 +70,57 @@ class Rig:
         assert self.task is not None
         await asyncio.wait_for(self.task, 5)
 
-    async def accepted(self, *bs: object) -> None:
-        for b in bs:
-            self.store.add(b)  # type: ignore[arg-type]
-            await self.recorder.submitting(b)  # type: ignore[arg-type]
-            await self.ledger.decide(b.batch_id, Pending())  # type: ignore[attr-defined]
-            await self.recorder.accepted(b)  # type: ignore[arg-type]
+    async def ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
+        """The sink: recorded as the producer records it."""
+        write = writes.ledger_status(
+            service_id, status.batch_id, status.status, now=None, fence=None
+        )
+        await self.write(write)
 
-    def status(self, b: object) -> BatchStatusName | None:
-        return self.store.batches[b.batch_id].status_name  # type: ignore[attr-defined]
+    async def write(self, write: BatchWrite) -> None:
+        [error] = await self.store.apply_writes([write])
+        if error is not None:
+            raise error
+        status = write.status
+        name = status if status is None or isinstance(status, BatchStatusName) else status.name
+        self.writes.append((write.id, name))
+        got = await self.store.get_batch(write.id, write.service_id)
+        assert got is not None
+        self.batches[write.id] = got
+
+    async def add(self, *bs: TrackingBatch) -> None:
+        for b in await self.store.add_batches(list(bs)):
+            self.batches[b.batch_id] = b
+
+    async def taken(self, *bs: TrackingBatch) -> None:
+        """Added and taken for submission (``{submitted, None}``)."""
+        await self.add(*(b for b in bs if b.batch_id not in self.batches))
+        for b in bs:
+            await self.write(BatchWrite(b.service_id, b.batch_id, attempt=True))
+
+    async def accepted(self, *bs: TrackingBatch) -> None:
+        """As the producer records an accepted batch: followed, then Pending."""
+        for b in bs:
+            await self.taken(b)
+            await self.ledger.decide(b.batch_id, Pending())
+            self.follower.accepted(b.batch_id, b.service_id)
+            await self.write(BatchWrite(b.service_id, b.batch_id, Pending()))
+
+    async def ambiguous(self, b: TrackingBatch, message: str) -> None:
+        """As the producer records an ambiguous outcome: kept, then asked."""
+        error = SubmissionError("ambiguous", message)
+        await self.write(BatchWrite(b.service_id, b.batch_id, None, (), error))
+        self.follower.ask(b.batch_id, b.service_id)
+
+    def status(self, b: TrackingBatch) -> BatchStatusName | None:
+        return self.batches[b.batch_id].status_name
+
+    def submitted(self, b: TrackingBatch) -> bool:
+        return self.batches[b.batch_id].submitted
+
+    async def queued(self) -> list[str]:
+        picks = await self.store.queue_round(now=10**13, delay_window_ms=0)
+        return [p.batch_id for p in picks]
 
 
 async def until(cond: Callable[[], bool], steps: int = 2000) -> None:
@@ -114,8 +166,8 @@ async def test_a_forgotten_pending_batch_becomes_unknown_and_resendable() -> Non
         await until(lambda: rig.ledger.parked == 1)
         await rig.ledger.decide(a.batch_id, Unknown())
         await until(lambda: rig.status(a) is BatchStatusName.UNKNOWN)
-        assert not rig.store.batches[a.batch_id].submitted
-        assert [b.batch_id for b in rig.store.round(frozenset())] == [a.batch_id]
+        assert not rig.submitted(a)
+        assert await rig.queued() == [a.batch_id]
 
 
 async def test_a_read_that_times_out_pending_parks_again() -> None:
@@ -130,24 +182,20 @@ async def test_a_read_that_times_out_pending_parks_again() -> None:
 async def test_ambiguous_batches_are_asked_at_once_grouped_per_service() -> None:
     async with Rig(max_ids=2) as rig:
         bs = [batch("a", n) for n in range(1, 4)] + [batch("b", 1)]
-        rig.store.add(*bs)
         got = bs[0]
         await rig.ledger.decide(got.batch_id, Pending())  # the ledger has it; the 202 was lost
+        await rig.taken(*bs)
         for b in bs:
-            await rig.recorder.submitting(b)
-        for b in bs:
-            await rig.recorder.ambiguous(b, "connection reset after sending")
-            assert rig.store.batches[b.batch_id].submitted  # nothing resent before asking
+            await rig.ambiguous(b, "connection reset after sending")
+            assert rig.submitted(b)  # nothing resent before asking
         await until(lambda: all(rig.status(b) is not None for b in bs))
         reads = zip(rig.ledger.status_requests, rig.ledger.waits, strict=True)
         asks = [(s, ids) for (s, ids), w in reads if w == 0]
         assert sorted(len(ids) for _, ids in asks) == [1, 1, 2]  # a: 2 + 1, b: 1
-        assert (
-            rig.status(got) is BatchStatusName.PENDING and rig.store.batches[got.batch_id].submitted
-        )
+        assert rig.status(got) is BatchStatusName.PENDING and rig.submitted(got)
         for lost in bs[1:]:
             assert rig.status(lost) is BatchStatusName.UNKNOWN
-            assert not rig.store.batches[lost.batch_id].submitted
+            assert not rig.submitted(lost)
         # The one the ledger has is now followed with a parked read.
         await until(lambda: rig.ledger.parked == 1)
         await rig.ledger.decide(got.batch_id, Committed())
@@ -157,13 +205,12 @@ async def test_ambiguous_batches_are_asked_at_once_grouped_per_service() -> None
 async def test_a_ledger_that_cannot_be_asked_is_asked_again_with_backoff_never_resent() -> None:
     async with Rig(backoff_initial_ms=1, backoff_max_ms=4) as rig:
         a = batch("a", 1)
-        rig.store.add(a)
         rig.ledger.read_errors = [LedgerError("answered 404") for _ in range(4)]
-        await rig.recorder.submitting(a)
-        await rig.recorder.ambiguous(a, "timeout")
+        await rig.taken(a)
+        await rig.ambiguous(a, "timeout")
         await until(lambda: rig.status(a) is BatchStatusName.UNKNOWN)
         assert len(rig.ledger.status_requests) == 5  # four failures, then the answer
-        assert rig.store.writes.count((a.batch_id, BatchStatusName.UNKNOWN)) == 1
+        assert rig.writes.count((a.batch_id, BatchStatusName.UNKNOWN)) == 1
         problems = rig.follower.health.problems_total["status"]
         assert problems == 4
         assert rig.follower.health.for_service("a") is None  # cleared by the answer
@@ -190,77 +237,60 @@ async def test_failed_parked_reads_back_off_and_report_once_per_burst(
         assert "503" in lines[0][1] and "6 problems" in lines[1][1]
 
 
-async def test_scan_at_start_follows_what_a_dead_submitter_left_never_what_is_held() -> None:
-    held: set[str] = set()
-    rig = Rig(held=held)
+async def test_scan_at_start_follows_what_a_dead_submitter_left_never_what_is_posting() -> None:
+    posting: set[str] = set()
+    rig = Rig(posting=posting)
     taken, lost, mine, pending = batch("a", 1), batch("b", 1), batch("c", 1), batch("d", 1)
-    rig.store.add(taken, lost, mine, pending)
-    for b in (taken, lost, mine, pending):
-        await rig.recorder.submitting(b)  # {submitted, None}: the previous process died here
-    await rig.store.update_batch_status(pending.batch_id, "d", Pending())
-    held.add(mine.batch_id)  # ...except this one, being submitted here
+    # {submitted, None}: the previous process died here.
+    await rig.taken(taken, lost, mine, pending)
+    await rig.write(BatchWrite("d", pending.batch_id, Pending()))
+    posting.add(mine.batch_id)  # ...except this one, being posted here
     await rig.ledger.decide(taken.batch_id, Pending())
     await rig.ledger.decide(pending.batch_id, Pending())
     async with rig:
         await until(lambda: rig.status(lost) is BatchStatusName.UNKNOWN)
         await until(lambda: rig.ledger.parked == 2)  # taken (found pending) and pending
         assert rig.status(taken) is BatchStatusName.PENDING
-        assert rig.store.batches[mine.batch_id].batch_status is None
+        assert rig.batches[mine.batch_id].batch_status is None
         asked = {i for _, ids in rig.ledger.status_requests for i in ids}
         assert mine.batch_id not in asked
         assert rig.follower.scans == 1  # all of it from the start-up scan
 
 
 async def test_an_answer_for_a_batch_resent_meanwhile_is_dropped() -> None:
-    held: set[str] = set()
-    async with Rig(held=held) as rig:
+    posting: set[str] = set()
+    async with Rig(posting=posting) as rig:
         a = batch("a", 1)
         await rig.accepted(a)
         await until(lambda: rig.ledger.parked == 1)
-        held.add(a.batch_id)  # (as if forgotten, found Unknown and taken again)
-        writes = len(rig.store.writes)
+        posting.add(a.batch_id)  # (as if forgotten, found Unknown and taken again)
+        written = len(rig.writes)
         await rig.ledger.decide(a.batch_id, Unknown())
         await until(lambda: rig.ledger.parked == 0)
         await until(lambda: not rig.follower.followed)
-        assert len(rig.store.writes) == writes
+        assert len(rig.writes) == written
 
 
 async def test_an_answer_to_a_read_made_before_a_resend_is_dropped_even_after_it() -> None:
     """A read out before a submission took the batch again answers for the
     batch as it was: its UNKNOWN, recorded after that submission ended, would
     free the resent (and now pending) batch for a second, unasked resend."""
-    held: set[str] = set()
-    async with Rig(held=held) as rig:
+    posting: set[str] = set()
+    async with Rig(posting=posting) as rig:
         a = batch("a", 1)
         await rig.accepted(a)
         await until(lambda: rig.ledger.parked == 1)
         # A submission takes the batch (as if the ledger had forgotten it) and
         # ends before the old read answers.
-        held.add(a.batch_id)
+        posting.add(a.batch_id)
         rig.follower.resending(a.batch_id)
-        held.discard(a.batch_id)
-        writes = len(rig.store.writes)
+        posting.discard(a.batch_id)
+        written = len(rig.writes)
         await rig.ledger.decide(a.batch_id, Unknown())
         await until(lambda: rig.ledger.parked == 0)
         assert not rig.follower.followed
-        assert len(rig.store.writes) == writes
+        assert len(rig.writes) == written
         assert rig.status(a) is BatchStatusName.PENDING
-
-
-async def test_the_submitter_tells_its_listeners_as_it_takes_a_batch() -> None:
-    store = MemoryPipelineStore()
-    ledger = ScriptedLedger()
-    recorder = Recorder(store, clock=ManualClock())
-    a = batch("a", 1)
-    store.add(a)
-    submitter = Submitter(store, ledger, recorder, SubmitterSettings(poll_timeout_s=0.01))
-    taken: list[str] = []
-    submitter.take_listeners.append(lambda b: taken.append(b.batch_id))
-    task = asyncio.create_task(submitter.run())
-    await until(lambda: bool(taken))
-    assert taken == [a.batch_id]
-    submitter.stop()
-    await asyncio.wait_for(task, 5)
 
 
 async def test_parked_reads_are_bounded_and_every_batch_gets_its_turn() -> None:
@@ -280,28 +310,6 @@ async def test_parked_reads_are_bounded_and_every_batch_gets_its_turn() -> None:
         assert rig.follower.waiting_for_slot == 0
 
 
-async def test_the_next_batch_of_a_service_goes_out_when_its_predecessor_commits() -> None:
-    """No event stream, every interval an hour: the commit alone moves the service."""
-    rig = Rig()
-    first, second = batch("s", 1), batch("s", 2)
-    rig.store.add(first, second)
-    submitter = Submitter(
-        rig.store, rig.ledger, rig.recorder, SubmitterSettings(poll_timeout_s=HOUR)
-    )
-    submitter.held_batches = rig.held  # as the gateway wires them: one live set
-    rig.ledger.statuses[first.batch_id] = Pending()
-    async with rig:
-        task = asyncio.create_task(submitter.run())
-        await until(lambda: rig.ledger.parked == 1)
-        assert rig.ledger.sent == [first.batch_id]
-        await rig.ledger.decide(first.batch_id, Committed())
-        await until(lambda: len(rig.ledger.sent) == 2)
-        assert rig.ledger.sent == [first.batch_id, second.batch_id]
-        assert rig.follower.scans == 1  # no scan, no poll in between
-        submitter.stop()
-        await asyncio.wait_for(task, 5)
-
-
 async def test_events_are_applied_at_once_and_an_early_one_when_its_batch_is_accepted() -> None:
     rig = Rig()
     rig.ledger.event_queue = asyncio.Queue()
@@ -311,16 +319,15 @@ async def test_events_are_applied_at_once_and_an_early_one_when_its_batch_is_acc
         rig.ledger.event_queue.put_nowait(CommitEvent(a.batch_id, Committed(), "1"))
         await until(lambda: rig.status(a) is BatchStatusName.COMMITTED)
         # b commits before its submitter recorded the 202.
-        rig.store.add(b)
-        await rig.recorder.submitting(b)
+        await rig.taken(b)
         rig.ledger.event_queue.put_nowait(CommitEvent(b.batch_id, Committed(), "2"))
         await until(lambda: rig.ledger.event_queue.empty())  # type: ignore[union-attr]
         for _ in range(20):
             await asyncio.sleep(0)
-        assert rig.store.batches[b.batch_id].batch_status is None
-        await rig.recorder.accepted(b)
+        assert rig.batches[b.batch_id].batch_status is None
+        await rig.accepted(b)
         await until(lambda: rig.status(b) is BatchStatusName.COMMITTED)
-        assert [w for w in rig.store.writes if w[0] == b.batch_id][-2:] == [
+        assert [w for w in rig.writes if w[0] == b.batch_id][-2:] == [
             (b.batch_id, BatchStatusName.PENDING),
             (b.batch_id, BatchStatusName.COMMITTED),
         ]
@@ -359,7 +366,7 @@ async def test_splinter_valid_is_followed_until_committed_without_spinning() -> 
         await rig.ledger.decide(a.batch_id, Valid())
         await until(lambda: len(rig.ledger.status_requests) >= 5)
         assert rig.status(a) is BatchStatusName.PENDING  # clients see PENDING
-        assert rig.store.batches[a.batch_id].submitted
+        assert rig.submitted(a)
         # Read again after growing delays (1, 2, 4, 8, 8 ms ...), not back to back.
         entry = rig.follower.followed[a.batch_id]
         assert entry.failures >= 3
@@ -370,10 +377,9 @@ async def test_splinter_valid_is_followed_until_committed_without_spinning() -> 
 async def test_an_ask_answered_valid_is_recorded_pending_and_followed() -> None:
     async with Rig() as rig:
         a = batch("a", 1)
-        rig.store.add(a)
-        await rig.recorder.submitting(a)
+        await rig.taken(a)
         await rig.ledger.decide(a.batch_id, Valid())
-        await rig.recorder.ambiguous(a, "timeout")
+        await rig.ambiguous(a, "timeout")
         await until(lambda: rig.status(a) is BatchStatusName.PENDING)
         await rig.ledger.decide(a.batch_id, Committed())
         await until(lambda: rig.status(a) is BatchStatusName.COMMITTED)
@@ -393,9 +399,7 @@ async def test_answers_recorded_elsewhere_settle_what_is_followed() -> None:
     # left without an answer as about any other.
     async with Rig() as rig:
         p, f, n = batch("p", 1), batch("f", 1), batch("n", 1)
-        for b in (p, f, n):
-            rig.store.add(b)
-            await rig.recorder.submitting(b)
+        await rig.taken(p, f, n)
         entries = rig.follower.adopt([(b.batch_id, b.service_id) for b in (p, f, n)])
         await rig.ledger.decide(p.batch_id, Pending())
         await rig.ledger.decide(n.batch_id, Committed())

@@ -14,9 +14,7 @@ from aiohttp import web
 from ledgerq.codec import Signer, encode_batch_list, make_batch
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.ingest.api import GatewayApi
-from ledgerq.ledgers.base import LedgerBatchStatus
-from ledgerq.model import Committed, TrackingBatch
-from ledgerq.record.recorder import Recorder
+from ledgerq.model import Committed, Pending, TrackingBatch
 from ledgerq.store import open_store
 
 JSON = {"Content-Type": "application/json"}
@@ -117,16 +115,15 @@ async def test_wait_returns_when_final(
     async with http.post(f"{url}/batches", data=encode_batch_list(batches(1)), headers=OCTET):
         pass
     batch = accepted[0]
-    recorder = Recorder(gateway_api.store)  # type: ignore[arg-type]
-    recorder.add_unlock_listener(gateway_api.changes.notify)
+    store = gateway_api.store
 
     async def commit_later() -> None:
+        # As the pipeline records it: taken, accepted, committed, then told.
         await asyncio.sleep(0)
-        await recorder.submitting(batch)
-        await recorder.accepted(batch)
-        await recorder.ledger_status(
-            batch.service_id, LedgerBatchStatus(batch.batch_id, Committed())
-        )
+        await store.change_batch_to_submitted(batch.batch_id, batch.service_id)
+        await store.update_batch_status(batch.batch_id, batch.service_id, Pending())
+        await store.update_batch_status(batch.batch_id, batch.service_id, Committed())
+        gateway_api.changes.notify(batch.service_id)
 
     task = asyncio.create_task(commit_later())
     async with http.get(f"{url}/batch_statuses?id={batch.batch_id}&wait=30") as r:

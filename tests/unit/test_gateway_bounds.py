@@ -23,9 +23,7 @@ from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.ingest.api import Changes, GatewayApi, TooManyWaitersError
 from ledgerq.ingest.decoding import POOL_BYTES
 from ledgerq.ingest.guard import GuardedSite, HttpLimits
-from ledgerq.ledgers.base import LedgerBatchStatus
-from ledgerq.model import Committed, TrackingBatch
-from ledgerq.record.recorder import Recorder
+from ledgerq.model import Committed, Pending, TrackingBatch
 from ledgerq.store import open_store
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -174,8 +172,6 @@ async def test_a_long_poll_wakes_only_for_its_services_and_reads_only_its_pendin
     url, api, store, accepted = served
     ids = await _post(http, url, 2, "s1")
     await _post(http, url, 1, "s2")
-    recorder = Recorder(api.store)  # type: ignore[arg-type]
-    recorder.add_unlock_listener(api.changes.notify)
     first = next(b for b in accepted if b.batch_id == ids[0])
     store.by_id_calls.clear()
 
@@ -189,9 +185,11 @@ async def test_a_long_poll_wakes_only_for_its_services_and_reads_only_its_pendin
     await asyncio.sleep(0.05)
     assert len(store.by_id_calls) == reads
 
-    await recorder.submitting(first)
-    await recorder.accepted(first)
-    await recorder.ledger_status("s1", LedgerBatchStatus(first.batch_id, Committed()))
+    # As the pipeline records it: taken, accepted, committed, then told.
+    await store.change_batch_to_submitted(first.batch_id, "s1")
+    await store.update_batch_status(first.batch_id, "s1", Pending())
+    await store.update_batch_status(first.batch_id, "s1", Committed())
+    api.changes.notify("s1")
     await until(lambda: len(store.by_id_calls) > reads)
     # Woken by its service; only the two pending batches are read again,
     # and only for a final state.

@@ -1,6 +1,7 @@
-"""GroupCommitWriter: writes that arrive while a group commits form the next
-group; each caller gets its own outcome; a database failure reaches everyone
-of the group."""
+"""Group commit: the completer's writes and the API's inserts. Writes that
+arrive while a group commits form the next group; each caller gets its own
+outcome; a database failure reaches everyone of the group; a batch's writes
+land in the order they were made. And the read-ahead of a service's next batch."""
 
 from __future__ import annotations
 
@@ -16,10 +17,33 @@ from ledgerq.errors import (
     StoreInputError,
     StoreUnavailableError,
 )
-from ledgerq.model import BatchStatusName, Committed, Pending, TrackingBatch
+from ledgerq.model import BatchStatusName, Committed, Pending, TrackingBatch, Unknown
+from ledgerq.queue.ahead import NextReader, Successors
+from ledgerq.record.completer import Completer, urgent
 from ledgerq.store import BatchWrite, MemoryStore
-from ledgerq.store.group import GroupCommitWriter, GroupInserter, Successors
+from ledgerq.store.group import GroupInserter
 from tests.store.conftest import make_batch
+
+
+async def status_then_take(
+    writer: Completer,
+    id: str,
+    service_id: str,
+    status: Committed | Pending,
+    _r: list[object],
+    nxt: str,
+) -> bool:
+    """A final status and the next batch's conditional take, together, as the
+    producer writes them: the status's refusal raised, whether the take landed."""
+    done, take = await writer.apply_together(
+        [
+            BatchWrite(service_id, id, status),
+            BatchWrite(service_id, nxt, attempt=True, after=id),
+        ]
+    )
+    if done is not None:
+        raise done
+    return take is None
 
 
 class SlowStore:
@@ -40,11 +64,12 @@ class SlowStore:
 
 async def test_writes_arriving_during_a_commit_form_the_next_group() -> None:
     store = SlowStore()
-    writer = GroupCommitWriter(store)
-    first = asyncio.create_task(writer.update_batch_status("a", "s", Pending()))
+    writer = Completer(store)
+    first = asyncio.create_task(writer.apply(BatchWrite("s", "a", Pending())))
     await asyncio.sleep(0)
     later = [
-        asyncio.create_task(writer.change_batch_to_submitted(bid, "s")) for bid in ("b", "c", "d")
+        asyncio.create_task(writer.apply(BatchWrite("s", bid, attempt=True)))
+        for bid in ("b", "c", "d")
     ]
     await asyncio.sleep(0)
     assert store.groups == [["a"]]  # an idle writer flushes at once
@@ -57,9 +82,9 @@ async def test_writes_arriving_during_a_commit_form_the_next_group() -> None:
 async def test_each_caller_gets_its_own_refusal() -> None:
     store = SlowStore()
     store.release.set()
-    writer = GroupCommitWriter(store)
-    ok = asyncio.create_task(writer.update_batch_status("a", "s", Pending()))
-    refused = asyncio.create_task(writer.update_batch_status("x1", "s", Pending()))
+    writer = Completer(store)
+    ok = asyncio.create_task(writer.apply(BatchWrite("s", "a", Pending())))
+    refused = asyncio.create_task(writer.apply(BatchWrite("s", "x1", Pending())))
     await ok
     with pytest.raises(FencedOffError, match="not x1"):
         await refused
@@ -68,23 +93,21 @@ async def test_each_caller_gets_its_own_refusal() -> None:
 async def test_a_database_failure_reaches_every_caller_of_the_group() -> None:
     store = SlowStore()
     store.fail = StoreUnavailableError("down")
-    writer = GroupCommitWriter(store)
-    calls = [asyncio.create_task(writer.update_batch_status(bid, "s", Pending())) for bid in "abc"]
+    writer = Completer(store)
+    calls = [asyncio.create_task(writer.apply(BatchWrite("s", bid, Pending()))) for bid in "abc"]
     await asyncio.sleep(0)
     store.release.set()
     results = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(r, StoreUnavailableError) for r in results)
     # The writer recovers: the next write is flushed again.
     store.fail = None
-    await writer.update_batch_status("d", "s", Pending())
+    await writer.apply(BatchWrite("s", "d", Pending()))
 
 
 async def test_groups_are_capped() -> None:
     store = SlowStore()
-    writer = GroupCommitWriter(store, max_group=2)
-    calls = [
-        asyncio.create_task(writer.update_batch_status(bid, "s", Pending())) for bid in "abcde"
-    ]
+    writer = Completer(store, max_group=2)
+    calls = [asyncio.create_task(writer.apply(BatchWrite("s", bid, Pending()))) for bid in "abcde"]
     await asyncio.sleep(0)
     store.release.set()
     await asyncio.gather(*calls)
@@ -206,19 +229,17 @@ async def test_a_refusal_naming_no_batch_splits_the_group_in_halves() -> None:
 
 
 async def test_urgent_writes_form_a_group_of_their_own_beside_the_one_under_way() -> None:
-    from ledgerq.store.group import urgent
-
     store = SlowStore()
-    writer = GroupCommitWriter(store)
-    busy = asyncio.create_task(writer.update_batch_status("a", "s", Pending()))
+    writer = Completer(store)
+    busy = asyncio.create_task(writer.apply(BatchWrite("s", "a", Pending())))
     await asyncio.sleep(0)
-    queued = asyncio.create_task(writer.update_batch_status("b", "s", Pending()))
+    queued = asyncio.create_task(writer.apply(BatchWrite("s", "b", Pending())))
 
     async def answers() -> None:
         async def one(bid: str) -> None:
-            await writer.update_batch_status(bid, "s", Pending())
+            await writer.apply(BatchWrite("s", bid, Pending()))
             # The task's next write queues as usual.
-            await writer.update_batch_status(bid + "2", "s", Pending())
+            await writer.apply(BatchWrite("s", bid + "2", Pending()))
 
         with urgent():
             await asyncio.gather(one("u"), one("v"))
@@ -234,12 +255,12 @@ async def test_urgent_writes_form_a_group_of_their_own_beside_the_one_under_way(
 
 async def test_a_final_status_and_its_take_are_never_split_across_groups() -> None:
     store = SlowStore()
-    writer = GroupCommitWriter(store, max_group=2)
-    first = asyncio.create_task(writer.update_batch_status("a", "s", Pending()))
+    writer = Completer(store, max_group=2)
+    first = asyncio.create_task(writer.apply(BatchWrite("s", "a", Pending())))
     await asyncio.sleep(0)
     # "b" fills the next group; the pair after it must not be cut in two.
-    later = asyncio.create_task(writer.update_batch_status("b", "t", Pending()))
-    pair = asyncio.create_task(writer.status_then_take("c", "u", Pending(), [], "d"))
+    later = asyncio.create_task(writer.apply(BatchWrite("t", "b", Pending())))
+    pair = asyncio.create_task(status_then_take(writer, "c", "u", Pending(), [], "d"))
     await asyncio.sleep(0)
     store.release.set()
     await asyncio.gather(first, later)
@@ -262,13 +283,13 @@ class ReadStore:
 
 async def test_reads_ahead_arriving_during_a_read_are_read_together() -> None:
     store = ReadStore()
-    writer = GroupCommitWriter(store)  # type: ignore[arg-type]
-    first = asyncio.create_task(writer.next_open_batch("s1", "a"))
+    reader = NextReader(store)
+    first = asyncio.create_task(reader.next_open_batch("s1", "a"))
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert store.calls == [[("s1", "a")]]  # an idle reader reads at once
     later = [
-        asyncio.create_task(writer.next_open_batch(s, after))
+        asyncio.create_task(reader.next_open_batch(s, after))
         for s, after in (("s2", "b"), ("none", "c"), ("s2", "d"))
     ]
     await asyncio.sleep(0)
@@ -283,11 +304,11 @@ async def test_the_writers_of_a_committed_group_run_before_the_next_group() -> N
     # A next batch's POST waits on its group: it must not also wait for the
     # statements of the group after it (run on the event loop on SQLite).
     store = SlowStore()
-    writer = GroupCommitWriter(store)
+    writer = Completer(store)
     seen: list[str] = []
 
     async def write(batch_id: str) -> None:
-        await writer.update_batch_status(batch_id, "s", Pending())
+        await writer.apply(BatchWrite("s", batch_id, Pending()))
         seen.append(f"{batch_id} written, {len(store.groups)} groups begun")
 
     first = asyncio.create_task(write("a"))
@@ -303,31 +324,31 @@ async def test_the_writers_of_a_committed_group_run_before_the_next_group() -> N
 async def test_a_pair_written_together_reports_each_outcome() -> None:
     store = SlowStore()
     store.release.set()
-    writer = GroupCommitWriter(store)
-    assert await writer.status_then_take("c", "u", Pending(), [], "d") is True
+    writer = Completer(store)
+    assert await status_then_take(writer, "c", "u", Pending(), [], "d") is True
     # The take refused: reported, not raised; the status refused: raised.
-    assert await writer.status_then_take("e", "u", Pending(), [], "xf") is False
+    assert await status_then_take(writer, "e", "u", Pending(), [], "xf") is False
     with pytest.raises(FencedOffError, match="not xg"):
-        await writer.status_then_take("xg", "u", Pending(), [], "h")
+        await status_then_take(writer, "xg", "u", Pending(), [], "h")
     # A failure of the whole group: raised.
     store.fail = StoreUnavailableError("down")
     with pytest.raises(StoreUnavailableError):
-        await writer.status_then_take("i", "u", Pending(), [], "j")
+        await status_then_take(writer, "i", "u", Pending(), [], "j")
 
 
 async def test_a_pair_whose_caller_stopped_waiting_still_lands() -> None:
     store = SlowStore()
-    writer = GroupCommitWriter(store)
-    first = asyncio.create_task(writer.update_batch_status("a", "s", Pending()))
+    writer = Completer(store)
+    first = asyncio.create_task(writer.apply(BatchWrite("s", "a", Pending())))
     await asyncio.sleep(0)
-    pair = asyncio.create_task(writer.status_then_take("b", "s", Pending(), [], "xc"))
+    pair = asyncio.create_task(status_then_take(writer, "b", "s", Pending(), [], "xc"))
     await asyncio.sleep(0)
     pair.cancel()
     store.release.set()
     await first
     with pytest.raises(asyncio.CancelledError):
         await pair
-    await writer.update_batch_status("d", "s", Pending())
+    await writer.apply(BatchWrite("s", "d", Pending()))
     assert store.groups == [["a"], ["b", "xc"], ["d"]]
 
 
@@ -361,24 +382,25 @@ class NoReads(MemoryStore):
 
 async def test_a_guessed_next_batch_is_taken_only_if_the_store_finds_it_next() -> None:
     store = NoReads()
-    writer = GroupCommitWriter(store)
-    inserter = GroupInserter(store, successors=writer.successors)
+    writer = Completer(store)
+    reader = NextReader(store)
+    inserter = GroupInserter(store, successors=reader.successors)
     b1, b2, b3 = await inserter.add_batches([make_batch("s") for _ in range(3)])
-    await writer.change_batch_to_submitted(b1.batch_id, "s")
+    await writer.apply(BatchWrite("s", b1.batch_id, attempt=True))
     # The guess comes without a read...
-    assert await writer.next_open_batch("s", b1.batch_id) == b2
+    assert await reader.next_open_batch("s", b1.batch_id) == b2
     # ... and is checked by the take: b2 waits for a resubmission (Delayed), so
     # taking it along with b1's final status is refused; the status lands.
-    await writer.change_batch_to_submitted(b2.batch_id, "s", dlt_status="Delayed")
-    landed = await writer.status_then_take(b1.batch_id, "s", Committed(), [], b2.batch_id)
+    await writer.apply(BatchWrite("s", b2.batch_id, BatchStatusName.DELAYED, attempt=True))
+    landed = await status_then_take(writer, b1.batch_id, "s", Committed(), [], b2.batch_id)
     assert not landed
     after = await store.get_batch(b2.batch_id, "s")
     assert after is not None and after.attempts == 1
     first = await store.get_batch(b1.batch_id, "s")
     assert first is not None and first.status_name == BatchStatusName.COMMITTED
     # A guess that holds lands as the store's own pick would.
-    await writer.update_batch_status(b2.batch_id, "s", Committed())
-    assert await writer.next_open_batch("s", b2.batch_id) == b3
+    await writer.apply(BatchWrite("s", b2.batch_id, Committed()))
+    assert await reader.next_open_batch("s", b2.batch_id) == b3
 
 
 async def test_successors_forget_everything_past_their_bytes() -> None:
@@ -395,3 +417,37 @@ async def test_successors_forget_everything_past_their_bytes() -> None:
     assert successors.pop(b1.batch_id) is None  # b1 -> b2 forgotten
     assert successors.pop(b2.batch_id) == b3
     assert len(successors) == 0
+
+
+class OrderStore:
+    """Groups holding an Unknown wait for ``release``; landed writes are logged."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.landed: list[str] = []
+
+    async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
+        if any(w.status == Unknown() for w in writes):
+            await self.release.wait()
+        self.landed += [f"{'take' if w.attempt else w.status} {w.id}" for w in writes]
+        return [None] * len(writes)
+
+
+async def test_an_unknown_still_in_flight_lands_before_the_next_take_of_its_batch() -> None:
+    # The follower's UNKNOWN is recorded; before that write lands, the queue
+    # hands the batch out again and its take is written. Landing after the
+    # take, the UNKNOWN would clear `submitted` on a batch the ledger is about
+    # to hold, and free it for a second, unasked resend.
+    store = OrderStore()
+    writer = Completer(store, flushers=2)
+    unknown = asyncio.create_task(writer.apply(BatchWrite("a", "A", Unknown())))
+    await asyncio.sleep(0)
+    take = asyncio.create_task(writer.apply(BatchWrite("a", "A", attempt=True)))
+    other = asyncio.create_task(writer.apply(BatchWrite("b", "B", attempt=True)))
+    await asyncio.wait_for(other, 5)  # another batch does not wait
+    assert store.landed == ["take B"]
+    await asyncio.sleep(0.01)
+    assert not take.done()
+    store.release.set()
+    await asyncio.wait_for(asyncio.gather(unknown, take), 5)
+    assert store.landed[1:] == [f"{Unknown()} A", "take A"]

@@ -13,9 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from ledgerq.claims import ClaimInfo, InstanceInfo
 from ledgerq.follow.in_flight import StoreMonitorSource
-from ledgerq.gateway.ha import ClaimBoundLedger
 from ledgerq.ingest.api import GatewayApi
-from ledgerq.ledgers.base import Abandoned, Ambiguous
 from ledgerq.model import BatchStatusName, Delayed, Pending, TrackingBatch
 
 T0 = 1_700_000_000_000
@@ -177,55 +175,7 @@ async def test_cli_shows_instances_and_claimants() -> None:
     assert "cannot reach the gateway" in down.output
 
 
-class _SlowLedger:
-    description = "slow"
-
-    def __init__(self) -> None:
-        self.started = asyncio.Event()
-        self.cancelled = False
-        self.closed = False
-
-    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> Any:
-        self.started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.cancelled = True
-            raise
-
-    async def batch_statuses(
-        self, service_id: str, batch_ids: Sequence[str], *, wait_s: float = 0.0
-    ) -> Any:
-        return ("statuses", service_id, tuple(batch_ids), wait_s)
-
-    def events(self) -> Any:
-        return None
-
-    def triggers(self) -> Any:
-        return None
-
-    async def close(self) -> None:
-        self.closed = True
-
-
-async def test_a_claim_bound_post_is_abandoned_when_the_claim_lapses() -> None:
-    inner = _SlowLedger()
-    budgets = {("s", "b1"): 20, ("s", "b2"): 0}
-    ledger = ClaimBoundLedger(inner, lambda s, b: budgets[(s, b)])  # type: ignore[arg-type]
-    # No time left: no POST at all.
-    result = await ledger.submit("s", "b2", b"x")
-    assert isinstance(result, Ambiguous) and not inner.started.is_set()
-    # Time left: the POST runs, and is cut when the claim lapses.
-    result = await ledger.submit("s", "b1", b"x")
-    assert isinstance(result, Abandoned) and "20 ms left" in result.message
-    assert inner.cancelled and ledger.abandoned == 1
-    assert await ledger.batch_statuses("s", ["b1"], wait_s=1.0) == ("statuses", "s", ("b1",), 1.0)
-    await ledger.close()
-    assert inner.closed and ledger.description == "slow"
-
-
 async def test_a_take_over_asks_across_services_only_where_the_status_route_allows() -> None:
-    from ledgerq.gateway.ha import ClaimBoundLedger
     from ledgerq.gateway.takeover import statuses_span_services
     from ledgerq.ledgers import http_ledger_client
     from ledgerq.operator import GatewayMetrics
@@ -237,7 +187,7 @@ async def test_a_take_over_asks_across_services_only_where_the_status_route_allo
         # Splinter's status route is per scabbard service: one read each.
         assert not statuses_span_services(splinter)
         # Seen through the gateway's wrappers too.
-        wrapped = GatewayMetrics().instrument(ClaimBoundLedger(sawtooth, lambda _s, _b: 0))
+        wrapped = GatewayMetrics().instrument(sawtooth)
         assert statuses_span_services(wrapped)
         assert not statuses_span_services(object())
     finally:

@@ -19,16 +19,15 @@ from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.errors import StoreUnavailableError
 from ledgerq.ingest.api import GatewayApi, _json_string, status_body, status_entry
 from ledgerq.ingest.longpoll import DELIVER_SLICE, Changes, FinalCache, Waiter
-from ledgerq.ledgers.base import LedgerBatchStatus
 from ledgerq.model import (
     Committed,
     Invalid,
     InvalidTransaction,
+    Pending,
     TrackingBatch,
     Unknown,
     Valid,
 )
-from ledgerq.record.recorder import Recorder
 from ledgerq.scopes import Scope
 from ledgerq.store import open_store
 from tests.unit.test_gateway_bounds import CountingStore, _post, _serve, until
@@ -351,11 +350,9 @@ async def test_a_wait_that_runs_out_answers_the_store_state_even_without_a_wake_
     await until(lambda: api.changes.parked == 1)
     calls = len(store.by_id_calls)
     # The batch is committed where no wake-up reaches this gateway.
-    recorder = Recorder(store)  # type: ignore[arg-type]
-    first = await _one(store, batch_id)
-    await recorder.submitting(first)
-    await recorder.accepted(first)
-    await recorder.ledger_status("s1", LedgerBatchStatus(batch_id, Committed()))
+    await store.change_batch_to_submitted(batch_id, "s1")
+    await store.update_batch_status(batch_id, "s1", Pending())
+    await store.update_batch_status(batch_id, "s1", Committed())
     assert api.changes.parked == 1 and len(store.by_id_calls) == calls
     r = await poll
     data = (await r.json())["data"]

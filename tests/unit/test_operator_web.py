@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import ClassVar
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from ledgerq.follow.follower import FollowSettings
 from ledgerq.ledgers.base import Accepted, Ambiguous, Busy, Rejected, Unreachable
 from ledgerq.logs import add_secret, configure_logging
 from ledgerq.operator.metrics import GatewayMetrics, response_label
@@ -104,12 +106,17 @@ def test_response_labels_are_bounded() -> None:
 
 
 def test_batches_taken_with_a_final_status_are_counted_by_how() -> None:
-    class Submitter:
+    class Producer:
         taken_with_final = 7
         taken_freed = 3
 
+    class Follower:
+        parked = scans = asked = waiting_for_slot = 0
+        followed: ClassVar[dict[str, object]] = {}
+        settings = FollowSettings()
+
     m = GatewayMetrics()
-    m.watch_submitter(Submitter())
+    m.watch_pipeline(Producer(), Follower(), None)
     text = m.exposition().decode()
     assert _sample(text, 'ledgerq_batches_taken_with_final_total{how="next"}') == 4
     assert _sample(text, 'ledgerq_batches_taken_with_final_total{how="freed"}') == 3
@@ -118,7 +125,7 @@ def test_batches_taken_with_a_final_status_are_counted_by_how() -> None:
 def test_throughput_window_counts_per_second() -> None:
     now = [1_000_000]
     m = GatewayMetrics(clock=lambda: now[0])
-    from tests.pipeline_fakes import batch
+    from tests.factories import tracking_batch as batch
 
     m.batches_accepted([batch("s", 1), batch("s", 2)])
     now[0] += 1000

@@ -2,14 +2,15 @@
 
 The pipeline's real parts do the bookkeeping: an in-memory store
 (:class:`~ledgerq.store.memory.MemoryStore`, the contract suite's third
-backend) computes the rounds, and every state change goes through the real
-:class:`~ledgerq.record.recorder.Recorder`, exactly as the submitter and the
-follower call it. The model plays the rest: the submitter takes what a round
-queues and later posts it with a random outcome; the ledger accepts, is busy
-(503/429), rejects, answers ambiguously (it got the batch, or not, and the
-submitter cannot tell), decides pending batches, or restarts and forgets
-them; the follower asks the ledger about every batch it may hold that no
-submission is working on. Time moves by steps.
+backend) computes the rounds, and every state change is the real
+:mod:`~ledgerq.record.writes` write the producer makes of each event,
+applied through the store's one write verb. The model plays the rest: the
+submitter takes what a round queues and later posts it with a random
+outcome; the ledger accepts, is busy (503/429), rejects, answers ambiguously
+(it got the batch, or not, and the submitter cannot tell), decides pending
+batches, or restarts and forgets them; the follower asks the ledger about
+every batch it may hold that no submission is working on. Time moves by
+steps.
 
 Checked after every step: never two batches of one service in flight; every
 batch reaches the ledger only after all earlier batches of its service were
@@ -34,10 +35,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ledgerq.ledgers.base import LedgerBatchStatus
+from ledgerq.ledgers.base import Accepted, Ambiguous, Busy, Rejected
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    BatchWrite,
     Committed,
     Invalid,
     Pending,
@@ -45,7 +47,7 @@ from ledgerq.model import (
     TrackingTransaction,
     Unknown,
 )
-from ledgerq.record.recorder import Recorder
+from ledgerq.record import writes
 from ledgerq.store.memory import MemoryStore
 
 SERVICES = ["s0", "s1", "s2", "s3"]
@@ -78,7 +80,6 @@ class Lifecycle(RuleBasedStateMachine):
         self.n = 0
         self.loop = asyncio.new_event_loop()
         self.store = MemoryStore(clock=lambda: self.now)
-        self.recorder = Recorder(self.store, clock=lambda: self.now)
         self.taken: dict[str, TrackingBatch] = {}  # held by the submitter, not yet posted
         self.ledger = Ledger()
 
@@ -86,6 +87,14 @@ class Lifecycle(RuleBasedStateMachine):
 
     def _run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
+
+    def _write(self, write: BatchWrite) -> None:
+        [error] = self._run(self.store.apply_writes([write]))
+        if error is not None:
+            raise error
+
+    def _outcome(self, batch: TrackingBatch, result: object) -> None:
+        self._write(writes.outcome(batch, result, 1, now=self.now, fence=None))  # type: ignore[arg-type]
 
     def _all(self) -> list[TrackingBatch]:
         return list(self._run(self.store.list_batches(limit=10_000)).batches)
@@ -101,7 +110,7 @@ class Lifecycle(RuleBasedStateMachine):
         return chosen
 
     def _take(self, batch: TrackingBatch) -> None:
-        self._run(self.recorder.submitting(batch))
+        self._write(writes.taken(batch, now=self.now, fence=None))
         self.taken[batch.batch_id] = batch
 
     def _post(self, batch_id: str, outcome: str) -> None:
@@ -119,18 +128,18 @@ class Lifecycle(RuleBasedStateMachine):
         match outcome:
             case "accepted":
                 self.ledger.pending.add(batch_id)
-                self._run(self.recorder.accepted(batch))
+                self._outcome(batch, Accepted())
             case "rejected":
                 self.ledger.decided[batch_id] = "invalid"
-                self._run(self.recorder.rejected(batch, 400, "bad batch"))
+                self._outcome(batch, Rejected(400, "bad batch"))
             case "busy":
-                self._run(self.recorder.delayed(batch, "busy"))
+                self._outcome(batch, Busy(503, "busy"))
             case "ambiguous-received":
                 # Timeout after sending: the ledger has it, the submitter cannot tell.
                 self.ledger.pending.add(batch_id)
-                self._run(self.recorder.ambiguous(batch, "timeout"))
+                self._outcome(batch, Ambiguous("timeout"))
             case "ambiguous-lost":
-                self._run(self.recorder.ambiguous(batch, "reset"))
+                self._outcome(batch, Ambiguous("reset"))
 
     def _follow(self) -> None:
         """Ask the ledger about every batch it may hold that no submission works on."""
@@ -140,9 +149,9 @@ class Lifecycle(RuleBasedStateMachine):
             if not (batch.submitted or batch.status_name is BatchStatusName.PENDING):
                 continue  # not submitted, Unknown or Delayed: waits for the queue
             status = self.ledger.status(batch.batch_id)
-            self._run(
-                self.recorder.ledger_status(
-                    batch.service_id, LedgerBatchStatus(batch.batch_id, status)
+            self._write(
+                writes.ledger_status(
+                    batch.service_id, batch.batch_id, status, now=self.now, fence=None
                 )
             )
 

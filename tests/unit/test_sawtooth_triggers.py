@@ -8,22 +8,20 @@ only the websocket.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
-from pipeline_fakes import MemoryPipelineStore, batch
 
 from ledgerq.codec import Signer
 from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.follow.follower import Follower, FollowSettings
 from ledgerq.ledgers import SawtoothClient
-from ledgerq.model import BatchStatusName
+from ledgerq.ledgers.base import LedgerBatchStatus
+from ledgerq.model import BatchStatusName, TrackingBatch
 from ledgerq.node import Node
 from ledgerq.node.rest import make_app
-from ledgerq.record.recorder import Recorder
 
 SIGNER = Signer.generate()
 
@@ -110,24 +108,25 @@ async def test_block_announcements_reach_the_follower(server: NodeServer) -> Non
     """Every block the websocket announces is a trigger of the follower (which then
     asks about the batches not parked right now; see ``test_follower``)."""
     client = SawtoothClient(server.url, use_events=False)
-    store = MemoryPipelineStore()
-    recorder = Recorder(store)
+    heard: dict[str, BatchStatusName] = {}
+
+    class Sink:
+        async def ledger_status(self, _service_id: str, status: LedgerBatchStatus) -> None:
+            heard[status.batch_id] = status.status.name
+
+    class Nothing:
+        async def monitored_batches(self, *, limit: int) -> list[TrackingBatch]:
+            return []
+
     settings = FollowSettings(poll_interval_s=3600, min_poll_interval_s=0.01)
-    follower = Follower(store, client, recorder, settings)
+    follower = Follower(Nothing(), client, Sink(), settings)
     task = asyncio.create_task(follower.run())
     try:
         await until(lambda: follower.triggers_received >= 1)  # connected
         real = make_intkey_batch(SIGNER, [("set", "watched", 1)])
-        tracked = dataclasses.replace(
-            batch("svc", 1), batch_header=real.header_signature, serialized_batch=real.serialized
-        )
-        store.add(tracked)
-        await recorder.submitting(tracked)
         await client.submit("svc", real.header_signature, real.serialized)
-        await recorder.accepted(tracked)
-        await until(
-            lambda: store.batches[real.header_signature].status_name is BatchStatusName.COMMITTED
-        )
+        follower.accepted(real.header_signature, "svc")
+        await until(lambda: heard.get(real.header_signature) is BatchStatusName.COMMITTED)
         await until(lambda: follower.triggers_received >= 2)  # the block that committed it
     finally:
         follower.stop()

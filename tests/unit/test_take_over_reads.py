@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 from ledgerq.errors import FencedOffError, StoreError
 from ledgerq.gateway.takeover import TakeOverAsks
 from ledgerq.ledgers.base import LedgerBatchStatus
-from ledgerq.model import BatchStatus, Committed, Fence, Pending, Unknown
-from ledgerq.store.base import BatchWrite
+from ledgerq.model import BatchStatus, BatchWrite, Committed, Fence, Pending, Unknown
 
 
 class FakeLedger:

@@ -5,5 +5,7 @@
 * :mod:`ledgerq.follow.in_flight` — which batches to follow, read from the
   store through a protocol.
 
-May import: the foundation, ``ledgers``, ``record``. Never the store module.
+It writes nothing: each status goes to a sink (the producer).
+
+May import: the foundation and ``ledgers``. Never the store module.
 """

@@ -1,12 +1,12 @@
 """The follower: every batch the ledger has, or may have, followed on its own until final.
 
 There are no rounds. Each batch is followed from the moment it may be at the
-ledger, and its answer is applied (through the
-:class:`~ledgerq.record.recorder.Recorder`) the moment it comes, whatever
-happens to any other batch:
+ledger, and its answer is handed to the :class:`StatusSink` (the producer,
+which records it) the moment it comes, whatever happens to any other batch.
+The follower reads the ledger and writes nothing itself:
 
-* **Parked long-polls.** A batch the ledger accepted (the recorder's accept
-  listener, called before its ``Pending`` write lands) gets a status read
+* **Parked long-polls.** A batch the ledger accepted (:meth:`Follower.accepted`,
+  called before its ``Pending`` write lands) gets a status read
   with ``wait`` in flight at once:
   ``batch_statuses(service, [id], wait_s)``, one id per request, because a
   Sawtooth ``wait`` answers only when *every* id of the request is final —
@@ -17,7 +17,7 @@ happens to any other batch:
   at once; beyond it batches queue for a slot in order, and a read that comes
   back ``PENDING`` queues again behind them, so every batch is read in turn.
 * **Asks.** A batch that is ``submitted`` but not known pending — recorded
-  ambiguous (the recorder's ask listener), left by a submitter that died,
+  ambiguous (:meth:`Follower.ask`), left by a submitter that died,
   adopted with a service from another instance — is asked without ``wait``:
   asks are grouped per service (``max_ids`` per request; no batch waits for
   another there). ``PENDING`` records it pending and parks a read for it;
@@ -38,7 +38,7 @@ happens to any other batch:
   another instance) and every ``poll_interval_s`` as a safety net, the store's
   in-flight batches are read: a ``Pending`` batch not followed gets a parked
   read, any other ``submitted`` one an ask — unless a submission of this
-  process holds it (``held``): its outcome follows it.
+  process is posting it (``posting``): its outcome follows it.
 * **Accelerators.** Where the ledger has an event stream (the ledgerq node),
   a final-status event of a followed batch is applied at once (its parked
   read then comes back and is ignored); an event that arrives before its
@@ -72,9 +72,17 @@ from ledgerq.errors import ConfigError, LedgerError, LedgerqError
 from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, LedgerClient
 from ledgerq.ledgers.health import LedgerHealth
 from ledgerq.model import BatchStatus, BatchStatusName, Pending, TrackingBatch
-from ledgerq.record.recorder import Recorder
 
 log = logging.getLogger(__name__)
+
+
+class StatusSink(Protocol):
+    """Where the ledger's answers go (the producer, which records them)."""
+
+    async def ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
+        """Record what the ledger said of one batch; raises
+        :class:`~ledgerq.errors.LedgerqError` if it was not recorded."""
+        ...
 
 
 class InFlightSource(Protocol):
@@ -155,19 +163,19 @@ class Follower:
         self,
         source: InFlightSource,
         ledger: LedgerClient,
-        recorder: Recorder,
+        sink: StatusSink,
         settings: FollowSettings | None = None,
         *,
-        held: Collection[str] = (),
+        posting: Collection[str] = (),
         health: LedgerHealth | None = None,
         jitter: Jitter = equal_jitter,
     ) -> None:
-        """``held``: batch ids a submission of this process is working on (a live view)."""
+        """``posting``: batch ids a submission of this process is working on (a live view)."""
         self._source = source
         self._ledger = ledger
-        self._recorder = recorder
+        self._sink = sink
         self.settings = s = settings or FollowSettings()
-        self._held = held
+        self._posting = posting
         self.health = health or LedgerHealth(ledger.description)
         self._backoff = Backoff(s.backoff_initial_ms / 1000, s.backoff_max_ms / 1000, jitter)
         self.followed: dict[str, _Entry] = {}
@@ -188,8 +196,6 @@ class Follower:
         self.asked = 0
         self.applied_from_events = 0
         self.triggers_received = 0
-        recorder.add_accept_listener(self._on_accepted)
-        recorder.add_ask_listener(self._on_ask)
 
     # -- what is followed ----------------------------------------------------
 
@@ -233,7 +239,7 @@ class Follower:
         unless :meth:`answered` finds no answer. Returns the entries new here."""
         entries = []
         for batch_id, service_id in batches:
-            if batch_id in self.followed or batch_id in self._held:
+            if batch_id in self.followed or batch_id in self._posting:
                 continue
             entry = self.followed[batch_id] = _Entry(batch_id, service_id, Mode.ASK)
             entries.append(entry)
@@ -290,14 +296,17 @@ class Follower:
         self._stopping.set()
         self._scan_event.set()
 
-    def _on_accepted(self, batch_id: str, service_id: str) -> None:
+    def accepted(self, batch_id: str, service_id: str) -> None:
+        """The ledger accepted the batch (its ``Pending`` write is under way):
+        a parked read for it now, or an event that came first applied."""
         early = self._early.pop(batch_id, None)
         if early is not None and self._tasks is not None:
             self._tasks.create_task(self._apply_event(batch_id, service_id, early))
             return
         self.follow(batch_id, service_id, Mode.PARK)
 
-    def _on_ask(self, batch_id: str, service_id: str) -> None:
+    def ask(self, batch_id: str, service_id: str) -> None:
+        """The batch may be at the ledger (recorded ambiguous): ask at once."""
         self.follow(batch_id, service_id, Mode.ASK)
 
     def _start(self, entry: _Entry) -> None:
@@ -362,7 +371,7 @@ class Follower:
         batches = await self._source.monitored_batches(limit=self.settings.batch_limit)
         found = 0
         for b in batches:
-            if b.is_final or b.batch_id in self.followed or b.batch_id in self._held:
+            if b.is_final or b.batch_id in self.followed or b.batch_id in self._posting:
                 continue
             pending = b.status_name is BatchStatusName.PENDING
             if not (pending or b.submitted):
@@ -482,7 +491,7 @@ class Follower:
     async def _apply(self, entry: _Entry, status: BatchStatus) -> None:
         if not self._is_followed(entry):
             return
-        if entry.batch_id in self._held:
+        if entry.batch_id in self._posting:
             # Resent meanwhile: that submission's outcome follows it.
             self._drop(entry)
             return
@@ -502,7 +511,7 @@ class Follower:
 
     async def _record(self, entry: _Entry, status: BatchStatus) -> bool:
         try:
-            await self._recorder.ledger_status(
+            await self._sink.ledger_status(
                 entry.service_id, LedgerBatchStatus(entry.batch_id, status)
             )
         except LedgerqError as exc:

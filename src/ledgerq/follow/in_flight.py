@@ -30,13 +30,14 @@ class StoreMonitorSource:
         self,
         store: InFlightStore,
         *,
-        services: Callable[[], Collection[str]] | None = None,
+        services: Callable[[], Collection[str] | None] | None = None,
     ) -> None:
         self.store = store
         self._services = services
 
     async def monitored_batches(self, *, limit: int) -> Sequence[TrackingBatch]:
-        mine = None if self._services is None else frozenset(self._services())
+        held = None if self._services is None else self._services()
+        mine = None if held is None else frozenset(held)
         # One indexed read of the busy batches only (few: at most one in
         # flight per service), lean.
         return [

@@ -11,84 +11,20 @@
   fails here with :class:`~ledgerq.claims.lock.InstanceLockedError`.
 * ``memory://``: nothing (one process by construction).
 
-:class:`ClaimBoundLedger` is the submitter's ledger under high availability:
-a POST attempt lasts at most as long as the claim it was made under (as last
-renewed when it started), not the whole HTTP submit timeout (``docs/ha.md``,
-"Safety", rule 2).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 
 from ledgerq.claims import ClaimManager, SingleInstanceLock
 from ledgerq.config import Settings
 from ledgerq.errors import StoreError, StoreUnavailableError
-from ledgerq.ledgers.base import (
-    Abandoned,
-    CommitEvent,
-    LedgerBatchStatus,
-    LedgerClient,
-    SubmitResult,
-)
 from ledgerq.store.sqlite import path_from_url
 
 log = logging.getLogger(__name__)
-
-#: ``(service_id, batch_id)`` → ms left on the claim the submission was taken under.
-PostBudget = Callable[[str, str], int]
-
-
-class ClaimBoundLedger:
-    """A :class:`~ledgerq.ledgers.base.LedgerClient` whose POSTs end with their claim.
-
-    Each ``submit`` is given the time left, as last renewed, on the claim its
-    submission was taken under; a POST without an answer by then is
-    abandoned (the connection is closed) and reported
-    :class:`~ledgerq.ledgers.base.Abandoned` (ambiguous, but no ledger
-    problem), so the batch stays ``submitted`` and whoever holds the service
-    asks the ledger before anything is resent. Everything else is forwarded unchanged.
-    """
-
-    def __init__(self, inner: LedgerClient, budget_ms: PostBudget) -> None:
-        self.inner = inner
-        self._budget_ms = budget_ms
-        self.description = inner.description
-        #: POSTs abandoned because their claim was about to lapse.
-        self.abandoned = 0
-
-    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
-        budget = self._budget_ms(service_id, batch_id)
-        if budget <= 0:
-            return Abandoned("this instance's claim on the service lapsed before the POST")
-        try:
-            async with asyncio.timeout(budget / 1000):
-                return await self.inner.submit(service_id, batch_id, serialized_batch)
-        except TimeoutError:
-            self.abandoned += 1
-            return Abandoned(
-                f"no answer within the {budget} ms left on this instance's claim on the "
-                "service; the POST was abandoned"
-            )
-
-    async def batch_statuses(
-        self, service_id: str, batch_ids: Sequence[str], *, wait_s: float = 0.0
-    ) -> tuple[LedgerBatchStatus, ...]:
-        return await self.inner.batch_statuses(service_id, batch_ids, wait_s=wait_s)
-
-    def events(self) -> AsyncIterator[CommitEvent] | None:
-        return self.inner.events()
-
-    def triggers(self) -> AsyncIterator[None] | None:
-        return self.inner.triggers()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
 
 #: Bind addresses that name no one address: every interface.
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})

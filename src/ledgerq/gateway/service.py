@@ -1,22 +1,24 @@
-"""The gateway: API, queue source, submitter and follower wired around one store.
+"""The gateway: the ingest API and the pipeline's producer around one store.
 
 :class:`Gateway` owns nothing it did not build: the caller opens the store
 and the ledger client (and closes them after :meth:`Gateway.run` returns).
+It builds the :class:`~ledgerq.record.completer.Completer` (every pipeline
+write), the :class:`~ledgerq.pipeline.producer.Producer` (the lanes: queue,
+submitter, follower), the API, and under high availability the take-over's
+asks, and runs them under one lifecycle.
 
 Wake-ups are event driven inside the process: an accepted ``POST /batches``
-wakes the queue source for its services, and every recorder write that
+wakes the queue for its services, and every write of the producer that
 frees a service (a final status, ``Unknown``, ``Delayed``) wakes the queue
-source for that service and the long-polling ``/batch_statuses`` readers.
-Every batch recorded accepted or ambiguous is followed on its own by the
-:class:`~ledgerq.follow.follower.Follower` from that moment. Between
+for that service and the long-polling ``/batch_statuses`` readers. Between
 processes (several gateways on one PostgreSQL) a
 :class:`~ledgerq.gateway.wakeups.PgWakeups` relays the wake-ups over
 ``LISTEN``/``NOTIFY``. Polling (``submitter.poll_timeout_s``,
 ``monitor.poll_interval_s``) is the safety net only.
 
-:meth:`Gateway.stop` stops accepting work: the submitter drains its
-in-flight submissions (each is recorded), the follower stops, the HTTP server
-closes; then :meth:`Gateway.run` returns.
+:meth:`Gateway.stop` stops accepting work: the producer drains its
+in-flight submissions (each is recorded) and stops its follower, the claims
+are given back, the HTTP server closes; then :meth:`Gateway.run` returns.
 """
 
 from __future__ import annotations
@@ -33,9 +35,7 @@ from ledgerq.claims import ClaimChange, TakeOverListener
 from ledgerq.clock import Clock, now_ms
 from ledgerq.config import Settings
 from ledgerq.errors import ConfigError
-from ledgerq.follow.follower import Follower
-from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
-from ledgerq.gateway.ha import ClaimBoundLedger
+from ledgerq.follow.in_flight import InFlightStore
 from ledgerq.gateway.takeover import TakeOverAsks, ledger_reader, store_opener
 from ledgerq.gateway.workers import bind_failure, resolve_workers
 from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
@@ -45,19 +45,18 @@ from ledgerq.ledgers.base import LedgerClient
 from ledgerq.ledgers.health import LedgerHealth
 from ledgerq.model import Fence, TrackingBatch
 from ledgerq.operator import GatewayMetrics, gateway_app
+from ledgerq.pipeline.producer import PipelineSettings, Producer
 from ledgerq.procpool import Priority
+from ledgerq.queue.ahead import Successors
 from ledgerq.queue.parallel import ParallelRoundStore
 from ledgerq.queue.serial import RoundStore
-from ledgerq.queue.source import QueueSource
-from ledgerq.queue.strategy import Strategy
-from ledgerq.record.recorder import Recorder
+from ledgerq.record.completer import Completer
 from ledgerq.store.base import GroupWriter
-from ledgerq.store.group import GroupCommitWriter, GroupInserter
-from ledgerq.submit.submitter import Submitter
+from ledgerq.store.group import GroupInserter
 
 log = logging.getLogger(__name__)
 
-#: The shortest time a batch handed out to the submitter stays held (ms).
+#: The shortest time a batch handed out by the queue stays held (ms).
 HOLD_BACKSTOP_MS = 60_000
 
 
@@ -117,68 +116,43 @@ class Gateway:
         #: What the ledger has been answering, per service (logged once per burst).
         self.health = LedgerHealth(ledger.description, clock=clock)
         self.claims = claims
-        # Under HA only claimed services are queued and followed.
-        services = None if claims is None else claims.claimed_services
         self.changes = Changes(max_waiters=settings["max_waiters"])
         # The pipeline's writes are group-committed: one transaction for all
         # the outcomes that arrive while the previous one commits. PostgreSQL:
-        # two groups at once (a group is two round trips there; four made
+        # two groups at once (a group is two round trips there; more made
         # smaller groups for the same throughput and more CPU, docs/store.md).
-        self.writer = GroupCommitWriter(store, flushers=1 if store.dialect == "sqlite" else 2)
-        self.recorder = Recorder(
-            self.writer, clock=clock, fences=None if claims is None else claims.fence_for
-        )
+        self.completer = Completer(store, flushers=1 if store.dialect == "sqlite" else 2)
+        #: The API's inserts, in order per service: the read-ahead's guesses.
+        successors = Successors()
         strategies = settings.strategies
-        self.queue = QueueSource(
+        self.producer = Producer(
             store,
-            clock=clock,
-            delay_window_ms=settings["delay_window_ms"],
-            poll_interval=settings.submitter.poll_timeout_s,
-            services=services,
-            # Full rounds join the claims table rather than list thousands of ids.
+            self.completer,
+            ledger,
+            PipelineSettings(
+                submitter=settings.submitter,
+                monitor=settings.monitor,
+                delay_window_ms=settings["delay_window_ms"],
+                # The producer ends each hold (taken or released); the time
+                # limit is a backstop, long enough for a slow store to record
+                # a hand-out.
+                hold_ms=max(settings["delay_window_ms"], HOLD_BACKSTOP_MS),
+            ),
+            strategies=strategies,
+            claims=claims,
+            # Under HA only claimed services are queued and followed; full
+            # rounds join the claims table rather than list thousands of ids.
+            services=None if claims is None else claims.claimed_services,
             claimant=claims.instance_id
             if claims is not None and store.dialect == "postgresql"
             else None,
-            # Rounds without blobs; the batches handed out are loaded in full.
-            lean=True,
-            strategies=strategies,
-            # The submitter ends each hold (taken or released); the time limit
-            # is a backstop, long enough for a slow store to record a hand-out.
-            hold_ms=max(settings["delay_window_ms"], HOLD_BACKSTOP_MS),
-        )
-        self.submitter = Submitter(
-            self.queue,
-            # Under HA a POST lasts no longer than the claim it was made under.
-            ledger if claims is None else ClaimBoundLedger(ledger, self._post_budget_ms),
-            self.recorder,
-            settings.submitter,
-            may_post=None if claims is None else self._may_post,
-            parallel=lambda service_id: strategies.of(service_id) is Strategy.PARALLEL,
-            taken=self.queue.taken,
-            released=self.queue.released,
+            notify=self._notify,
+            observer=self.metrics,
             health=self.health,
+            successors=successors,
+            clock=clock,
         )
-        self.follow_source = StoreMonitorSource(store, services=services)
-        self.follower = Follower(
-            self.follow_source,
-            ledger,
-            self.recorder,
-            settings.monitor,
-            held=self.submitter.held_batches,
-            health=self.health,
-        )
-        self.submitter.take_listeners.append(lambda batch: self.follower.resending(batch.batch_id))
-        # The commit → next POST merge (docs/gateway.md): a batch's final
-        # status and its service's next batch taken in one transaction.
-        self.submitter.may_take = self.queue.idle
-        self.submitter.taken_elsewhere = self.queue.taken_elsewhere
-        self.recorder.set_next_taker(self.submitter, self.writer)
-        # Its service stays locked by the batch taken along: nothing to queue.
-        self.recorder.add_moved_on_listener(lambda service_id: self.wake(service_id, queue=False))
-        self.metrics.watch_follower(self.follower)
-        self.metrics.claims = claims
-        self.metrics.watch_submitter(self.submitter)
-        self.submitter.take_listeners.append(self.metrics.batch_taken)
+        self.metrics.watch_pipeline(self.producer, self.producer.follower, claims)
         self.api = GatewayApi(
             store,
             on_accepted=self._accepted,
@@ -201,18 +175,16 @@ class Gateway:
             changes=self.changes,
             clock=clock,
             claims=claims,
-            # Requests arriving while one insert commits go in together.
-            # And tell the writer what they inserted: its next_open_batch
-            # guesses from it first (checked by the take, see Successors).
-            acceptor=GroupInserter(store, successors=self.writer.successors),
+            # Requests arriving while one insert commits go in together, and
+            # each batch's successor is remembered for the read-ahead.
+            acceptor=GroupInserter(store, successors=successors),
             strategy_of=lambda service_id: strategies.of(service_id).value,
             ledger_problem=self._ledger_problem,
         )
-        self.recorder.add_unlock_listener(self.wake)
         #: Asks the ledger about the batches a take-over finds mid-submission.
         self.take_over = TakeOverAsks(
             ledger,
-            self.follower,
+            self.producer.follower,
             max_ids=settings.monitor.max_ids,
             reader=ledger_reader(settings),
             # Under HA the claim thread records the answers with a store of its own.
@@ -220,7 +192,7 @@ class Gateway:
             wake=self.wake,
             # ... and hands the next batches of the services it took with
             # work to the queue itself (no round on this loop for them).
-            offer=self.queue.offer,
+            offer=self.producer.source.offer,
             delay_window_ms=settings["delay_window_ms"],
             clock=clock,
         )
@@ -236,15 +208,21 @@ class Gateway:
     def add_wakeups(self, relay: Wakeups) -> None:
         self._wakeups.append(relay)
 
-    def wake(self, service_id: str, *, relay: bool = True, queue: bool = True) -> None:
-        """A service's state changed: look for its next batch now (``queue``),
-        and tell the status readers."""
-        if queue:
-            self.queue.wake(service_id)
+    def wake(self, service_id: str, *, relay: bool = True) -> None:
+        """A service's state changed: look for its next batch now, and tell
+        the status readers (and, with ``relay``, the other processes)."""
+        self.producer.wake(service_id)
         self.changes.notify(service_id)
         if relay:
             for w in self._wakeups:
                 w.publish(service_id)
+
+    def _notify(self, service_id: str) -> None:
+        """The producer changed a service's state: its status readers and the
+        other processes hear of it (the producer woke its own queue)."""
+        self.changes.notify(service_id)
+        for w in self._wakeups:
+            w.publish(service_id)
 
     def _claims_changed(self, change: ClaimChange) -> None:
         # A service taken over may carry a batch its previous holder left in
@@ -256,37 +234,25 @@ class Gateway:
         # One whose next batch the take-over handed to the queue already
         # (``ready``) needs no round: only the status readers hear of it.
         busy = change.gained - change.idle
+        follower = self.producer.follower
         if busy:
-            self.follower.scan_now()
+            follower.scan_now()
         if change.lost:
-            self.follower.drop_services(change.lost)
+            follower.drop_services(change.lost)
         for service_id in busy:
-            self.wake(service_id, relay=False, queue=service_id not in change.ready)
+            if service_id in change.ready:
+                self.changes.notify(service_id)
+            else:
+                self.wake(service_id, relay=False)
 
     def _pipeline_busy(self) -> bool:
         # Work in flight: submissions, batches followed to their final status
         # (the API adds the posts it is taking in). Large posts yield to it.
-        return self.submitter.submitting > 0 or bool(self.follower.followed)
+        return self.producer.submitting > 0 or bool(self.producer.follower.followed)
 
     def _ledger_problem(self, service_id: str) -> dict[str, object] | None:
         problem = self.health.for_service(service_id)
         return None if problem is None else problem.to_json()
-
-    def _may_post(self, batch: TrackingBatch) -> bool:
-        # Checked before every POST attempt: the claim the submission was
-        # taken under must still be held, with post_margin_ms to spare.
-        fence = self.recorder.submission_fence(batch)
-        return (
-            fence is not None
-            and self.claims is not None
-            and self.claims.may_post(batch.service_id, fence)
-        )
-
-    def _post_budget_ms(self, service_id: str, batch_id: str) -> int:
-        fence = self.recorder.fence_of(service_id, batch_id)
-        if fence is None or self.claims is None:
-            return 0
-        return self.claims.claim_left_ms(service_id, fence)
 
     def _accepted(self, batches: Sequence[TrackingBatch]) -> None:
         self.metrics.batches_accepted(batches)
@@ -346,20 +312,16 @@ class Gateway:
                 self.ledger.description,
             )
             async with asyncio.TaskGroup() as tasks:
-                submitter = tasks.create_task(self.submitter.run()) if pipeline else None
-                follower = tasks.create_task(self.follower.run()) if pipeline else None
+                producer = tasks.create_task(self.producer.run()) if pipeline else None
                 others = [tasks.create_task(c) for c in extra]
                 self._running = True
                 self.started.set()
                 await self._stop.wait()
                 self._running = False
                 log.info("gateway stopping: draining in-flight submissions")
-                if submitter is not None:
-                    self.submitter.stop()
-                    await submitter
-                if follower is not None:
-                    self.follower.stop()
-                    await follower
+                if producer is not None:
+                    self.producer.stop()
+                    await producer
                 self.take_over.stop()
                 if self.claims is not None:
                     # Nothing is submitted any more: the claim cycles end

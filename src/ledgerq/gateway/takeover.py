@@ -51,16 +51,16 @@ from typing import Protocol, cast
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.config import Settings
-from ledgerq.errors import LedgerError, LedgerqError
+from ledgerq.errors import LedgerError, StoreError
 from ledgerq.follow.follower import Followed, Follower
 from ledgerq.ledgers import HttpTimeouts, http_ledger_client
 from ledgerq.ledgers.base import LedgerClient
 from ledgerq.ledgers.inprocess import NodeClient
 from ledgerq.ledgers.sawtooth import SawtoothClient
-from ledgerq.model import BatchStatus, BatchStatusName, BatchWrite, Fence, Pending, TrackingBatch
-from ledgerq.record.recorder import receipts_of
+from ledgerq.model import BatchStatus, BatchStatusName, BatchWrite, Fence, TrackingBatch
+from ledgerq.record import writes as record
+from ledgerq.record.completer import Completer, urgent
 from ledgerq.store import open_store
-from ledgerq.store.group import urgent
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ _NOT_FINAL = frozenset({BatchStatusName.PENDING, BatchStatusName.VALID})
 class OwnStore(Protocol):
     """The store role of the take-over's own reads and writes (a store of the claim thread)."""
 
-    async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[LedgerqError | None]: ...
+    async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]: ...
 
     async def queue_round(
         self, *, now: int, delay_window_ms: int, services: Collection[str] | None = None
@@ -154,13 +154,6 @@ async def _gathered(reads: set[asyncio.Future[_Answers]]) -> _Answers:
     return answers
 
 
-def written_status(answer: BatchStatus) -> BatchStatus:
-    """What an answer about a batch left mid-submission is recorded as (the
-    follower's rule): a batch the ledger holds but has not finished with is
-    ``Pending`` (Splinter's ``Valid`` too), the rest as the ledger said."""
-    return Pending() if answer.name in _NOT_FINAL else answer
-
-
 class TakeOverAsks:
     def __init__(
         self,
@@ -181,7 +174,7 @@ class TakeOverAsks:
         ``opener``: opens a store on another event loop: with a ``reader``,
         the claim thread then records the answers too. ``wake``: called on
         the gateway's loop with a service whose batch those answers made
-        final or ``Unknown`` (the recorder's unlock listeners' job).
+        final or ``Unknown`` (as the producer wakes what its writes free).
         ``offer``: hands the next batches of the services a take-over moved
         with work to the pipeline (:meth:`holding`; ``delay_window_ms`` and
         ``clock`` as the queue's)."""
@@ -441,14 +434,14 @@ class TakeOverAsks:
             answers = await _gathered(reads)
             answered = time.monotonic()
             writes = [
-                BatchWrite(s, b, status, tuple(receipts_of(status)), fence=fence)
+                record.ledger_status(s, b, answer, now=None, fence=fence)
                 for s, b, fence in pairs
                 if (answer := answers.get(b)) is not None
-                for status in (written_status(answer),)
             ]
             if writes:
                 assert self._own is not None
-                results = await (await self._own).apply_writes(writes)
+                # Through the one write verb, on this thread's own store.
+                results = await Completer(await self._own).apply_together(writes)
                 for w, error in zip(writes, results, strict=True):
                     if error is None:
                         written[w.id] = cast(BatchStatus, w.status)

@@ -102,8 +102,8 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
-class SubmitterStats(Protocol):
-    """What the metrics read of the submitter (``ledgerq.submit.submitter.Submitter``)."""
+class PipelineStats(Protocol):
+    """What the metrics read of the producer (``ledgerq.pipeline.producer.Producer``)."""
 
     taken_with_final: int
     taken_freed: int
@@ -344,13 +344,14 @@ class GatewayMetrics:
             self.service_depth.labels(service_id).set(depth)
         self.service_depth.labels("other").set(sum(d for d, _ in depths[self.top_services :]))
 
-    def watch_follower(self, follower: FollowerStats) -> None:
-        """Expose the follower's parked reads and followed batches at every scrape."""
+    def watch_pipeline(
+        self, pipeline: PipelineStats, follower: FollowerStats, claims: HeldClaims | None
+    ) -> None:
+        """Expose the producer's takes, the follower's parked reads and
+        followed batches, and the claims held, at every scrape."""
+        self.claims = claims
         self.registry.register(_FollowerCollector(follower))
-
-    def watch_submitter(self, submitter: SubmitterStats) -> None:
-        """Expose how many batches were taken along with a final status."""
-        self.registry.register(_SubmitterCollector(submitter))
+        self.registry.register(_TakesCollector(pipeline))
 
     def add_node(self, node: Any) -> None:
         """Also expose an in-process node's ``ledgerq_node_*`` counters (once)."""
@@ -656,12 +657,12 @@ class _ClaimsCollector(Collector):
         )
 
 
-class _SubmitterCollector(Collector):
-    def __init__(self, submitter: SubmitterStats) -> None:
-        self.submitter = submitter
+class _TakesCollector(Collector):
+    def __init__(self, pipeline: PipelineStats) -> None:
+        self.pipeline = pipeline
 
     def collect(self) -> Iterable[Metric]:
-        s = self.submitter
+        s = self.pipeline
         family = CounterMetricFamily(
             "ledgerq_batches_taken_with_final",
             "Batches recorded taken in the transaction of a final status: a serial "

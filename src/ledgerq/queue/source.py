@@ -1,7 +1,7 @@
-"""The queue the submitter pulls from, one batch at a time.
+"""The queue the producer pulls from, one batch at a time.
 
 :class:`QueueSource` serves the one-round serial queuer's rounds
-(:class:`ledgerq.queue.serial.RoundStore.queue_round`) to the submitter:
+(:class:`ledgerq.queue.serial.RoundStore.queue_round`) to the producer:
 
 * **One round at a time.** When the current round is used up, the next pull
   asks the store for a new one — if one is due: at start, after
@@ -17,11 +17,11 @@
   position and nobody is overtaken. Waiters in :meth:`QueueSource.get` return
   at once; without a wake-up they look again every ``poll_interval`` (for
   ``Delayed`` batches whose window passes, which no event announces).
-* **Never twice.** A batch handed out is *held* until the submitter says the
+* **Never twice.** A batch handed out is *held* until the producer says the
   store shows it taken (:meth:`QueueSource.taken`) or that it will not take
   it (:meth:`QueueSource.released`), the store shows it changed (a new
   status, attempt count or attempt time), a round that covers its service no
-  longer contains it, or ``hold_ms`` passes (the submitter died before
+  longer contains it, or ``hold_ms`` passes (its submission died before
   recording anything). Until then it is not handed out again, even if the
   store — not yet told ``submitted = true`` — still queues it.
 * **Lean rounds** (``lean=True``): rounds come without the picks' blobs
@@ -44,7 +44,7 @@
   heard ``taken_elsewhere`` of) less than ``hold_ms`` before gets no
   offered pick but is woken instead: the pick may have been read before
   that hand-out was recorded.
-* A round is a snapshot: the submitter records ``submitted = true`` (fenced,
+* A round is a snapshot: the producer records ``submitted = true`` (fenced,
   under HA) before posting, and must treat a refused write as "not mine".
 * **Strategies** (:class:`~ledgerq.queue.strategy.StrategyMap`): a service
   under ``serial`` gets its picks from ``queue_round``, one under
@@ -86,7 +86,7 @@ _DEFERRED_RETRY_S = 0.002
 #: (or several, group-committed) freed come in one query, not one per pull.
 DEFAULT_PARALLEL_PICKS = 16
 #: At most this many picks past every woken service's first (a round of
-#: woken services comes with the batches' blobs): the submitter's slots.
+#: woken services comes with the batches' blobs): the submission slots.
 _MAX_LATER_PICKS = 256
 #: Services' last hand-outs kept before the older ones are looked through.
 _MAX_TOUCHED = 65_536
@@ -306,7 +306,7 @@ class QueueSource:
         ``exclude_batches`` (kept for a later call); waits up to ``timeout_s``
         for work, else ``[]``.
 
-        This is the submitter's :class:`ledgerq.submit.submitter.BatchSource`.
+        What the producer's poll loop pulls.
         """
         return await self._wait_for(limit, exclude, timeout_s, exclude_batches)
 
@@ -467,7 +467,7 @@ class QueueSource:
         if not full and services is not None:
             # Woken services: every batch their final statuses freed, in one
             # query; past every service's first pick, no more than a
-            # submitter takes at once (the picks come whole).
+            # producer takes at once (the picks come whole).
             per_service = self._parallel_picks
             cap = len(services) + _MAX_LATER_PICKS
             limit = cap if limit is None else min(limit, cap)

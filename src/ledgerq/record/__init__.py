@@ -1,10 +1,11 @@
-"""Record: the one writer of batch state on behalf of the pipeline.
+"""Record: what the pipeline writes, and the one verb that writes it.
 
-The submitter's outcomes and the ledger's statuses become store states here
-(the table in :mod:`ledgerq.record.recorder`), fenced under high
-availability; a write that frees a service wakes the queue.
+* :mod:`ledgerq.record.writes` — every pipeline event (a submission's
+  outcome, a ledger status, a take) as a :class:`~ledgerq.model.BatchWrite`:
+  the seed's state machine in one table;
+* :mod:`ledgerq.record.completer` — applies those writes, group-committed,
+  each batch's in the order they were made, fenced under high availability.
 
-May import: the foundation and ``ledgers.base`` (the ledger's status type).
-It reaches the store through the :class:`~ledgerq.record.recorder.StatusWriter`
-protocol only.
+May import: the foundation and ``ledgers.base`` (the ledger's result and
+status types). It reaches the store through a protocol only.
 """

@@ -195,6 +195,12 @@ class SeedWriter(Protocol):
 class GroupWriter(Protocol):
     """Group commit: many pipeline writes in one transaction."""
 
+    @property
+    def takes_freed(self) -> bool:
+        """Whether a final status with ``take_freed`` takes the batches it
+        frees here (PostgreSQL); elsewhere it takes none."""
+        ...
+
     async def next_open_batch(self, service_id: str, after: str) -> TrackingBatch | None:
         """The batch of ``service_id`` the serial queuer would pick once batch
         ``after`` is final, fully loaded, if it is a batch never taken: the

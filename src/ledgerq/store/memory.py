@@ -71,6 +71,8 @@ class MemoryStore(common.SeedWrites):
     """:class:`~ledgerq.store.base.BatchTrackingStore` in a few dicts."""
 
     dialect = "memory"
+    #: A final status takes no batch it frees here (``BatchWrite.take_freed``).
+    takes_freed = False
 
     def __init__(self, *, clock: Clock = now_ms) -> None:
         self._clock = clock

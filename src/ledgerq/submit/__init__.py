@@ -1,5 +1,5 @@
-"""Submit: POST the queue's batches to the ledger, with retries and a delay window.
+"""Submit: POST one batch to the ledger, with retries, and return its outcome.
 
-May import: the foundation, ``ledgers`` (the client interface and results),
-``record`` (every outcome is written through the recorder). Never the store.
+May import: the foundation and ``ledgers`` (the client interface and
+results). It writes nothing: the producer records the outcome.
 """

@@ -1,0 +1,680 @@
+"""The producer: every service's lane, from the queue to the ledger and back.
+
+One component owns what this process knows of each service between the
+store and the ledger — its *lane*: the batches of it being posted, and the
+claim each was taken under. The stages around it own nothing of that:
+
+* the :class:`~ledgerq.queue.source.QueueSource` reads rounds from the store
+  and hands out what the queuer rules pick (``docs/queuer.md``);
+* the :class:`~ledgerq.submit.submitter.Submitter` POSTs one batch and
+  returns its :class:`~ledgerq.submit.submitter.Outcome`;
+* the :class:`~ledgerq.follow.follower.Follower` reads the ledger and hands
+  each status back to :meth:`Producer.ledger_status`;
+* the :class:`~ledgerq.record.completer.Completer` applies every write, each a
+  :class:`~ledgerq.model.BatchWrite` of :mod:`ledgerq.record.writes`.
+
+A batch is taken in one of three ways, each under the same lane rules (at
+most ``submitter.slots`` submissions; never one batch twice; never two of a
+serial service; under the parallel strategy only what its queue hands out):
+
+1. **From the queue.** The poll loop pulls what the source hands out; each
+   batch is recorded taken (``submitted``, fenced under HA) before its POST.
+2. **With its predecessor's final status** (the commit → next POST merge,
+   ``docs/gateway.md``). When the ledger accepts a serial service's batch,
+   the service's next batch is read ahead (:class:`~ledgerq.queue.ahead.
+   NextReader`); its final status and that batch's take are then one
+   transaction, and the POST follows at once. A parallel service's final
+   status takes the batches it frees the same way, where the store can
+   (``takes_freed``). Whatever does not fit (no slot, nothing read ahead,
+   the store finding another pick) falls back to the queue.
+3. **Offered by a take-over** (:meth:`QueueSource.offer`): picks read on the
+   claim thread, queued at the front of the round.
+
+After each take: the POST (:meth:`Submitter.post`, with the claim's lease
+under HA), then its outcome recorded (``ledgerq.record.writes`` says what
+each means). An accepted batch is followed from then on; an ambiguous one
+asked about at once; a write that frees the service (a final status,
+``Unknown``, ``Delayed``) wakes the queue for the service's next batch and
+tells ``notify`` (status readers, other processes).
+
+Under high availability every write carries the fence of the claim the batch
+was taken under: nothing a submission records lands once the claim moved on.
+A status the follower read for a service no longer held is dropped.
+
+:meth:`Producer.stop` takes no new batch; :meth:`Producer.run` returns once
+every submission in progress was recorded and the follower stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ledgerq.backoff import Jitter, equal_jitter
+from ledgerq.clock import Clock, now_ms
+from ledgerq.errors import FencedOffError, LedgerqError
+from ledgerq.failpoints import failpoint
+from ledgerq.follow.follower import Follower, FollowSettings
+from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
+from ledgerq.ledgers.base import Accepted, Ambiguous, LedgerBatchStatus, LedgerClient
+from ledgerq.ledgers.health import LedgerHealth
+from ledgerq.model import BatchStatus, BatchStatusName, Fence, TrackingBatch
+from ledgerq.queue.ahead import NextOpenStore, NextReader, Successors
+from ledgerq.queue.parallel import ParallelRoundStore
+from ledgerq.queue.serial import RoundStore
+from ledgerq.queue.source import QueueSource, ServiceFilter
+from ledgerq.queue.strategy import SERIAL_ONLY, Strategy, StrategyMap
+from ledgerq.record import writes
+from ledgerq.record.completer import Completer
+from ledgerq.submit.submitter import Outcome, Sleep, Submitter, SubmitterSettings
+
+log = logging.getLogger(__name__)
+
+#: Batches a parallel service's final status takes along at most (the rest
+#: of what it frees, if any, come from the queue).
+FREED_TAKE = 4
+#: Next batches read ahead kept at most.
+_MAX_READ_AHEAD = 100_000
+
+
+class ProducerStore(RoundStore, ParallelRoundStore, InFlightStore, NextOpenStore, Protocol):
+    """The store roles the producer's stages read."""
+
+    @property
+    def takes_freed(self) -> bool:
+        """Whether a final status can take the batches it frees (``BatchWrite.take_freed``)."""
+        ...
+
+
+class ClaimLeases(Protocol):
+    """What the producer needs of the claims (``ledgerq.claims``) under HA."""
+
+    def fence_for(self, service_id: str) -> Fence | None: ...
+
+    def may_post(self, service_id: str, fence: Fence) -> bool: ...
+
+    def claim_left_ms(self, service_id: str, fence: Fence) -> int: ...
+
+
+class TakeObserver(Protocol):
+    """Told of every batch this process takes (the metrics)."""
+
+    def batch_taken(self, batch: TrackingBatch) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSettings:
+    submitter: SubmitterSettings = field(default_factory=SubmitterSettings)
+    monitor: FollowSettings = field(default_factory=FollowSettings)
+    #: How long a Delayed batch's service rests (ms).
+    delay_window_ms: int = 15_000
+    #: How long a batch handed out by the queue stays held at most (ms): a
+    #: backstop, long enough for a slow store to record a take.
+    hold_ms: int = 60_000
+
+
+class _Lease:
+    """A submission's claim: :class:`~ledgerq.submit.submitter.Lease`."""
+
+    __slots__ = ("_claims", "_fence", "_service_id")
+
+    def __init__(self, claims: ClaimLeases, service_id: str, fence: Fence) -> None:
+        self._claims = claims
+        self._service_id = service_id
+        self._fence = fence
+
+    def may_post(self) -> bool:
+        return self._claims.may_post(self._service_id, self._fence)
+
+    def left_ms(self) -> int:
+        return self._claims.claim_left_ms(self._service_id, self._fence)
+
+
+class Producer:
+    def __init__(
+        self,
+        store: ProducerStore,
+        completer: Completer,
+        ledger: LedgerClient,
+        settings: PipelineSettings | None = None,
+        *,
+        strategies: StrategyMap = SERIAL_ONLY,
+        claims: ClaimLeases | None = None,
+        services: ServiceFilter | None = None,
+        claimant: str | None = None,
+        notify: Callable[[str], None] = lambda _service_id: None,
+        observer: TakeObserver | None = None,
+        health: LedgerHealth | None = None,
+        successors: Successors | None = None,
+        clock: Clock = now_ms,
+        sleep: Sleep = asyncio.sleep,
+        jitter: Jitter = equal_jitter,
+        lean: bool = True,
+    ) -> None:
+        """``services``: the services this instance holds (HA; None: all);
+        ``claimant``: its instance id, for rounds that join the claims in
+        the database. ``notify(service_id)``: a service's state changed
+        (status readers, other processes). ``successors``: the API's
+        inserts, the read-ahead's guesses."""
+        self.settings = s = settings or PipelineSettings()
+        self._store = store
+        self._completer = completer
+        self._strategies = strategies
+        self._all_serial = strategies.uniform is Strategy.SERIAL
+        self._claims = claims
+        self._notify = notify
+        self._observer = observer
+        self._clock = clock
+        health = health or LedgerHealth(ledger.description, clock=clock)
+        self.source = QueueSource(
+            store,
+            clock=clock,
+            delay_window_ms=s.delay_window_ms,
+            poll_interval=s.submitter.poll_timeout_s,
+            services=services,
+            claimant=claimant,
+            lean=lean,
+            strategies=strategies,
+            hold_ms=s.hold_ms,
+        )
+        self.submitter = Submitter(ledger, s.submitter, sleep=sleep, health=health, jitter=jitter)
+        #: Batch ids being posted right now: the follower leaves them alone.
+        self._posting: set[str] = set()
+        self.follower = Follower(
+            StoreMonitorSource(store, services=services),
+            ledger,
+            self,
+            s.monitor,
+            posting=self._posting,
+            health=health,
+            jitter=jitter,
+        )
+        self.ahead = NextReader(store, successors)
+        # The lanes: submissions in progress (batch id -> service id), per
+        # service how many, and slots set aside for takes under way.
+        self._in_flight: dict[str, str] = {}
+        self._busy: dict[str, int] = {}
+        self._reserved = 0
+        self._slot_free = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._stopped: asyncio.Future[None] | None = None
+        #: Submissions ended so far (the exclusions of a pull are then stale).
+        self._ended = 0
+        self._tasks: asyncio.TaskGroup | None = None
+        #: Per batch at the ledger: its service's next batch, read ahead.
+        self._next_of: dict[str, TrackingBatch] = {}
+        #: Read-aheads under way, by the id of the batch at the ledger.
+        self._reading: dict[str, asyncio.Task[TrackingBatch | None]] = {}
+        #: Batches being recorded accepted: done once their submission ended.
+        self._accepting: dict[str, asyncio.Future[None]] = {}
+        self.submitted_total = 0
+        #: Batches taken with their predecessor's final status; of those,
+        #: the ones a parallel final status freed.
+        self.taken_with_final = 0
+        self.taken_freed = 0
+
+    # -- what the lanes hold ---------------------------------------------------
+
+    @property
+    def in_flight(self) -> dict[str, str]:
+        """Batches with a submission in progress: batch id → service id (a copy)."""
+        return dict(self._in_flight)
+
+    @property
+    def submitting(self) -> int:
+        """Submissions in progress now."""
+        return len(self._in_flight)
+
+    @property
+    def posting(self) -> Collection[str]:
+        """Batch ids being posted right now (a live view)."""
+        return self._posting
+
+    def _parallel(self, service_id: str) -> bool:
+        return not self._all_serial and self._strategies.of(service_id) is Strategy.PARALLEL
+
+    def _free_slots(self) -> int:
+        return self.settings.submitter.slots - len(self._in_flight) - self._reserved
+
+    def _take(self, batch: TrackingBatch) -> None:
+        """Count ``batch`` in its lane: its slot, its service busy, posting.
+        Reads of it already under way answer for the batch as it was before:
+        the follower drops them."""
+        self._in_flight[batch.batch_id] = batch.service_id
+        self._busy[batch.service_id] = self._busy.get(batch.service_id, 0) + 1
+        self._posting.add(batch.batch_id)
+        self.follower.resending(batch.batch_id)
+        if self._observer is not None:
+            self._observer.batch_taken(batch)
+
+    def _untake(self, batch: TrackingBatch) -> None:
+        """Undo :meth:`_take` (the submission ended, or never started)."""
+        self._in_flight.pop(batch.batch_id, None)
+        left = self._busy.get(batch.service_id, 1) - 1
+        if left > 0:
+            self._busy[batch.service_id] = left
+        else:
+            self._busy.pop(batch.service_id, None)
+        self._posting.discard(batch.batch_id)
+        self._ended += 1
+        self._slot_free.set()
+
+    def _fence(self, service_id: str) -> Fence | None:
+        """The fence to write under now (None without HA)."""
+        if self._claims is None:
+            return None
+        fence = self._claims.fence_for(service_id)
+        if fence is None:
+            raise FencedOffError(
+                f"this instance holds no valid claim on service {service_id!r}; nothing was "
+                "written: the service's current holder takes care of it"
+            )
+        return fence
+
+    def _lease(self, service_id: str, fence: Fence | None) -> _Lease | None:
+        if self._claims is None or fence is None:
+            return None
+        return _Lease(self._claims, service_id, fence)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def wake(self, service_id: str | None = None) -> None:
+        """A service's state changed in the store (``None``: some service):
+        look for its next batch now."""
+        self.source.wake(service_id)
+
+    def stop(self) -> None:
+        """Take no new batches; :meth:`run` returns once in-flight ones are recorded."""
+        self._stopping.set()
+        self.submitter.stop()
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(None)
+        self._slot_free.set()
+
+    async def run(self) -> None:
+        self._stopped = None  # made on this run's loop by the first _next
+        async with asyncio.TaskGroup() as outer:
+            outer.create_task(self.follower.run())
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    self._tasks = tasks
+                    await self._poll()
+            finally:
+                # Every submission was recorded (the group waited for them):
+                # what was accepted is followed until the follower stops.
+                self._tasks = None
+                self.follower.stop()
+
+    # -- from the queue ----------------------------------------------------------
+
+    async def _poll(self) -> None:
+        assert self._tasks is not None
+        while not self._stopping.is_set():
+            free = self._free_slots()
+            if free <= 0:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
+            for batch in await self._next(free):
+                if self._stopping.is_set():
+                    break
+                busy = batch.service_id in self._busy
+                if batch.batch_id in self._in_flight or (
+                    busy and not self._parallel(batch.service_id)
+                ):
+                    # Never one batch twice, never two of a serial service.
+                    self.source.released(batch)
+                    continue
+                self._take(batch)
+                self._tasks.create_task(self._submit(batch))
+
+    async def _next(self, limit: int) -> Sequence[TrackingBatch]:
+        exclude = frozenset(self._busy)
+        exclude_batches = frozenset(self._in_flight)
+        ended = self._ended
+        try:
+            # Work at hand (most calls, under load) is taken without a task
+            # and a race: the source looks once and does not wait.
+            ready = await self.source.next_batches(
+                limit, exclude=exclude, timeout_s=0.0, exclude_batches=exclude_batches
+            )
+        except LedgerqError as exc:
+            return await self._unreadable(exc)
+        if ready or self._stopping.is_set():
+            return ready
+        if self._ended != ended:
+            # A submission ended meanwhile: its service is free again.
+            exclude = frozenset(self._busy)
+            exclude_batches = frozenset(self._in_flight)
+        # Stop must not wait for the source's timeout: race the two.
+        fetch = asyncio.ensure_future(
+            self.source.next_batches(
+                limit,
+                exclude=exclude,
+                timeout_s=self.settings.submitter.poll_timeout_s,
+                exclude_batches=exclude_batches,
+            )
+        )
+        if self._stopped is None:
+            # One future for the whole run, not a task per call.
+            self._stopped = asyncio.get_running_loop().create_future()
+            if self._stopping.is_set():
+                self._stopped.set_result(None)
+        racing: set[asyncio.Future[Any]] = {fetch, self._stopped}
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        if not fetch.done():
+            fetch.cancel()
+            return ()
+        try:
+            return fetch.result()
+        except LedgerqError as exc:
+            return await self._unreadable(exc)
+
+    async def _unreadable(self, exc: LedgerqError) -> Sequence[TrackingBatch]:
+        log.warning("cannot read the queue: %s; retrying", exc)
+        await asyncio.sleep(self.settings.submitter.poll_timeout_s)
+        return ()
+
+    # -- one submission ------------------------------------------------------------
+
+    async def _submit(
+        self, batch: TrackingBatch, *, recorded: bool = False, fence: Fence | None = None
+    ) -> None:
+        """Take, post and record ``batch``; ``recorded``: the store shows it
+        taken already (with its predecessor's final status, under ``fence``),
+        so the POST comes first."""
+        started = time.monotonic()
+        # One line here and one when it ends, per batch, at INFO: the HA chaos
+        # tests read them to know which POSTs a frozen gateway had under way.
+        # An operator who does not want them sets log_level = "warning".
+        log.info("submission started batch=%s service=%s", batch.batch_id[:16], batch.service_id)
+        outcome: Outcome | None = None
+        taken_here = not recorded
+        try:
+            if not recorded:
+                failpoint("submitting")
+                fence = self._fence(batch.service_id)
+                await self._completer.apply(writes.taken(batch, now=self._clock(), fence=fence))
+                recorded = True
+                self.source.taken(batch)
+            else:
+                failpoint("taken_with_final")
+            outcome = await self.submitter.post(batch, self._lease(batch.service_id, fence))
+            failpoint("before_record")
+            await self._record(batch, outcome, fence)
+            failpoint("after_record")
+            self.submitted_total += 1
+        except LedgerqError as exc:
+            # The store failed: the batch stays {submitted, ...} and the
+            # follower's next scan asks the ledger about it. Fenced off, the
+            # service moved to another instance (this one was paused, or
+            # could not renew): expected under HA, the new holder asks the
+            # ledger about the batch; not an error of this instance's.
+            log.log(
+                logging.WARNING if isinstance(exc, FencedOffError) else logging.ERROR,
+                "submission of batch=%s service=%s not recorded: %s",
+                batch.batch_id[:16],
+                batch.service_id,
+                exc,
+            )
+        finally:
+            if taken_here and not recorded:
+                self.source.released(batch)
+            self._untake(batch)
+            log.info(
+                "submission finished batch=%s service=%s result=%s attempts=%s in %.1f ms",
+                batch.batch_id[:16],
+                batch.service_id,
+                type(outcome.result).__name__ if outcome else "error",
+                outcome.attempts if outcome else "?",
+                (time.monotonic() - started) * 1000,
+            )
+
+    async def _record(self, batch: TrackingBatch, outcome: Outcome, fence: Fence | None) -> None:
+        result = outcome.result
+        if isinstance(result, Accepted):
+            # Handed over to the follower, which reads its status from now
+            # on: an answer about it is no longer one to drop as predating
+            # this submission.
+            self._posting.discard(batch.batch_id)
+            await self._accepted(batch, fence)
+            return
+        write = writes.outcome(batch, result, outcome.attempts, now=self._clock(), fence=fence)
+        await self._completer.apply(write)
+        if isinstance(result, Ambiguous):
+            # The ledger may or may not have it: asked before anything moves.
+            self.follower.ask(batch.batch_id, batch.service_id)
+        elif write.frees_service:
+            self._unlocked(batch.service_id)
+
+    async def _accepted(self, batch: TrackingBatch, fence: Fence | None) -> None:
+        """The ledger accepted ``batch``: it is followed from now on (its
+        status read parked at once), and recorded ``Pending``.
+
+        The read is not held up by the write: it is at the ledger before the
+        batch can be committed there, even when the write waits for a group
+        or two. Its answer waits for the write instead (:meth:`ledger_status`),
+        so the batch's writes land in order and its submission has ended when
+        the answer is applied.
+        """
+        recorded = asyncio.get_running_loop().create_future()
+        self._accepting[batch.batch_id] = recorded
+        try:
+            self.follower.accepted(batch.batch_id, batch.service_id)
+            if not self._parallel(batch.service_id):
+                # While the batch waits at the ledger, not once it is final
+                # (the store's check at the take decides whether this is
+                # still the pick), and in a task of its own: the submission
+                # must end now.
+                task = asyncio.get_running_loop().create_task(
+                    self._read_next(batch.service_id, batch.batch_id)
+                )
+                self._reading[batch.batch_id] = task
+                task.add_done_callback(lambda _t: self._reading.pop(batch.batch_id, None))
+            await self._completer.apply(
+                writes.outcome(batch, Accepted(), 1, now=self._clock(), fence=fence)
+            )
+        finally:
+            # Set as the submission ends (nothing is done after this returns
+            # but free its slot and the service), so an answer waiting for it
+            # finds the service free for its next batch.
+            del self._accepting[batch.batch_id]
+            recorded.set_result(None)
+
+    async def _read_next(self, service_id: str, batch_id: str) -> TrackingBatch | None:
+        try:
+            nxt = await self.ahead.next_open_batch(service_id, batch_id)
+        except LedgerqError as exc:
+            log.warning("cannot read the next batch of service %s: %s", service_id, exc)
+            return None
+        if nxt is not None:
+            if len(self._next_of) >= _MAX_READ_AHEAD:
+                self._next_of.clear()  # batches no longer followed here, say
+            self._next_of[batch_id] = nxt
+        return nxt
+
+    def _unlocked(self, service_id: str) -> None:
+        """The service may move on: its next batch, and whoever listens."""
+        self.source.wake(service_id)
+        self._notify(service_id)
+
+    # -- what the ledger says --------------------------------------------------------
+
+    async def ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
+        """Record what the ledger said about one batch of ``service_id`` (the
+        follower's :class:`~ledgerq.follow.follower.StatusSink`).
+
+        A final status takes the service's next batch along when it can
+        (module docstring, 2.); a status for a service no longer held is
+        dropped.
+        """
+        batch_id = status.batch_id
+        written = writes.recorded_status(status.status)
+        recording = self._accepting.get(batch_id)
+        if recording is not None:
+            # Answered while its submission still records it accepted (the
+            # read went out first): that write lands first, and the service
+            # is free for its next batch once the submission has ended.
+            await asyncio.shield(recording)
+        final = written.is_final
+        pending = written.name is BatchStatusName.PENDING
+        ahead = None if pending else self._next_of.pop(batch_id, None)
+        try:
+            fence = self._fence(service_id)
+            if final and ahead is None and batch_id in self._reading:
+                # Read ahead, not back yet: sooner than the queue's two commits.
+                ahead = await asyncio.shield(self._reading[batch_id])
+                self._next_of.pop(batch_id, None)
+            if not final:
+                await self._write_status(service_id, batch_id, written, fence)
+            elif ahead is not None:
+                await self._final_then_next(service_id, batch_id, written, fence, ahead)
+            else:
+                await self._final_then_freed(service_id, batch_id, written, fence)
+        except FencedOffError as exc:
+            log.info("status of batch %s not recorded: %s", batch_id[:16], exc)
+
+    async def _write_status(
+        self, service_id: str, batch_id: str, status: BatchStatus, fence: Fence | None
+    ) -> None:
+        write = writes.ledger_status(service_id, batch_id, status, now=self._clock(), fence=fence)
+        await self._completer.apply(write)
+        if write.frees_service:
+            self._unlocked(service_id)
+
+    def _reserve_next(self, service_id: str) -> bool:
+        """A slot for a serial service's next batch, taken with its
+        predecessor's final status: only where the queue would take it now
+        (running, a free slot, nothing of the service in flight, handed out
+        or queued). Until it ends the service counts as busy."""
+        if (
+            self._tasks is None
+            or self._stopping.is_set()
+            or service_id in self._busy
+            or self._free_slots() <= 0
+            or self._parallel(service_id)
+            or not self.source.idle(service_id)
+        ):
+            return False
+        self._reserved += 1
+        self._busy[service_id] = 0
+        return True
+
+    async def _final_then_next(
+        self,
+        service_id: str,
+        batch_id: str,
+        status: BatchStatus,
+        fence: Fence | None,
+        nxt: TrackingBatch,
+    ) -> None:
+        """Write ``status`` (final) and, in the same transaction, ``nxt`` (the
+        service's next batch, read ahead while this one waited at the ledger)
+        taken; then post ``nxt``.
+
+        The rules of the two writes this replaces still hold, since they land
+        together: the final status is durable before the next batch is
+        posted, and the next batch's ``submitted`` before its POST. If the
+        slot or the store says no, the final status is written alone and the
+        queue picks the next batch.
+        """
+        if not self._reserve_next(service_id):
+            await self._write_status(service_id, batch_id, status, fence)
+            return
+        landed = False
+        try:
+            failpoint("submitting")
+            self._take(nxt)
+            now = self._clock()
+            done, take = await self._completer.apply_together(
+                [
+                    writes.ledger_status(service_id, batch_id, status, now=now, fence=fence),
+                    writes.taken_after(nxt, batch_id, now=now, fence=fence),
+                ]
+            )
+            if done is not None:
+                raise done
+            landed = take is None
+        finally:
+            self._reserved -= 1
+            if not landed:
+                self._untake(nxt)
+        if not landed:
+            self._unlocked(service_id)
+            return
+        self.taken_with_final += 1
+        self.source.taken_elsewhere(nxt)
+        self._post_taken(nxt, fence)
+        # The service moved on but stays locked: nothing to queue.
+        self._notify(service_id)
+
+    async def _final_then_freed(
+        self, service_id: str, batch_id: str, status: BatchStatus, fence: Fence | None
+    ) -> None:
+        """Write ``status`` (final) and, where the store can, in the same
+        transaction up to :data:`FREED_TAKE` of the batches it frees (a
+        parallel service's, blocked by it until now) taken; then post them.
+
+        The final status is durable before a batch it freed is posted, and
+        each such batch's ``submitted`` before its POST. A batch blocked
+        until this transaction was never offered by a round, so nothing else
+        takes it. When it took as many as it could, more may be free: the
+        queue is woken as usual; when it took none, too.
+        """
+        slots = min(FREED_TAKE, self._free_slots())
+        if (
+            slots <= 0
+            or not self._parallel(service_id)
+            or not self._store.takes_freed
+            or self._tasks is None
+            or self._stopping.is_set()
+        ):
+            await self._write_status(service_id, batch_id, status, fence)
+            return
+        freed: list[TrackingBatch] = []
+        self._reserved += slots
+        try:
+            await self._completer.apply(
+                writes.ledger_status(
+                    service_id,
+                    batch_id,
+                    status,
+                    now=self._clock(),
+                    fence=fence,
+                    take_freed=slots,
+                    freed=freed,
+                )
+            )
+        finally:
+            self._reserved -= slots
+            self._slot_free.set()
+        for batch in freed:
+            self._take(batch)
+            self.taken_with_final += 1
+            self.taken_freed += 1
+            self._post_taken(batch, fence)
+        if not freed or len(freed) >= slots:
+            self._unlocked(service_id)
+        else:
+            self._notify(service_id)
+
+    def _post_taken(self, batch: TrackingBatch, fence: Fence | None) -> None:
+        """Post a batch the store already shows taken. If the run ended
+        meanwhile, the batch stays {submitted}: the follower asks the ledger
+        about it before anything resends it."""
+        try:
+            if self._tasks is None:
+                raise RuntimeError("the producer's run ended")
+            self._tasks.create_task(self._submit(batch, recorded=True, fence=fence))
+        except RuntimeError:  # no run, or its task group is shutting down
+            self._untake(batch)
+            log.warning(
+                "batch=%s service=%s taken as the producer stopped; not posted (the "
+                "ledger is asked about it)",
+                batch.batch_id[:16],
+                batch.service_id,
+            )
