@@ -69,8 +69,6 @@ from ledgerq.node.listing import (
 )
 from ledgerq.node.node import Node
 
-__all__ = ["Chain", "RequestError", "add_chain_routes"]
-
 _ID = re.compile(r"[0-9a-f]{128}")
 # ASCII digits only: str.isdigit() also takes "²", and int() refuses it (and
 # strings past 4,300 digits), which made such a head a 500.

@@ -330,9 +330,12 @@ def make_app(
 
     async def list_state(request: web.Request) -> web.Response:
         try:
-            controls = paging_controls(request)
+            return await state_page(request)
         except RequestError as exc:
             return exc.response
+
+    async def state_page(request: web.Request) -> web.Response:
+        controls = paging_controls(request)
         prefix = request.query.get("address", "")
         if not _NAMESPACE.fullmatch(prefix):
             return _error(
@@ -345,25 +348,19 @@ def make_app(
         refused = state_head(request)
         if refused is not None:
             return refused
-        try:
-            if is_reverse(request, "default"):
-                raise RequestError(
-                    400,
-                    57,
-                    "Invalid Sort Query",
-                    "this node pages state in address order only (reverse is not supported)",
-                )
-        except RequestError as exc:
-            return exc.response
+        if is_reverse(request, "default"):
+            return _error(
+                400,
+                57,
+                "Invalid Sort Query",
+                "this node pages state in address order only (reverse is not supported)",
+            )
         start = controls.start or ""
         if not _PREFIX.fullmatch(start):
             # The store seeks to it as bytes: anything but lowercase hex is no position.
-            return _error(
-                400,
-                54,
-                "Invalid Paging Query",
+            raise paging_invalid(
                 f"'start' {start[:80]!r} is not a state address: use the 'next_position' of "
-                "a page (lowercase hex, at most 70 characters)",
+                "a page (lowercase hex, at most 70 characters)"
             )
         size = controls.size(limits.max_state_limit)
         head = node.head
@@ -372,10 +369,10 @@ def make_app(
         # between entries; only an empty list has no wrong start.
         missed = start and (not entries or entries[0][0] != start)
         if missed and (entries or await node.list_state(prefix, limit=1)):
-            return paging_invalid(
+            raise paging_invalid(
                 f"'start' {start!r} is not an address in state under {prefix!r}: use the "
                 "'next_position' of a page"
-            ).response
+            )
         page = take(
             ((a, {"address": a, "data": base64.b64encode(v).decode()}) for a, v in entries), size
         )
