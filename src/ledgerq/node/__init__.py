@@ -46,7 +46,8 @@ stage), :mod:`~ledgerq.node.journal`, :mod:`~ledgerq.node.disk` (the
 on-disk store), :mod:`~ledgerq.node.committed` (store plus unwritten
 commits), :mod:`~ledgerq.node.datadir` (the directory lock),
 :mod:`~ledgerq.node.node` (the running :class:`Node`), :mod:`~ledgerq.node.rest` with
-:mod:`~ledgerq.node.chain_rest`, :mod:`~ledgerq.node.subscriptions`,
+:mod:`~ledgerq.node.chain_rest` and :mod:`~ledgerq.node.listing` (Sawtooth's
+paging and links), :mod:`~ledgerq.node.subscriptions`,
 :mod:`~ledgerq.node.scabbard`, :mod:`~ledgerq.node.access` and
 :mod:`~ledgerq.node.decoding` (HTTP).
 

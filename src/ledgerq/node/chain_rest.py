@@ -7,25 +7,34 @@ numbers stay those of ``/events`` and ``/subscriptions``). Everything is read
 from the node's committed view (memory for what is not written yet, else the
 store), never from a full scan.
 
-* ``GET /blocks``, ``/batches``, ``/transactions``: newest first from
-  ``head`` (default: the latest block; a block id or number), ``reverse``
-  for oldest first; ``start`` (an id, inclusive) and ``limit`` (default 100;
-  above 1000, pages of 1000, as Sawtooth's validator gives) page; ``paging``
-  has ``start``, ``limit``, ``next_position`` and ``next`` (a link to the
-  next page) when there is more.
+Lists, answered as :mod:`ledgerq.node.listing` says (paging, ``reverse``,
+``link``, ``paging.next`` with ``head`` pinned):
+
+* ``GET /blocks``: newest first from ``head`` (default: the latest block; a
+  block id, or a block number, which Sawtooth's REST API does not take);
+  ``start`` is a block number as Sawtooth writes it, ``0x`` and 16 hex
+  digits (``paging.next_position`` gives it), or a block id. With
+  ``?id=a,b`` the blocks named, in that order, those above ``head`` left
+  out, all in one answer (no paging), as Sawtooth's validator answers.
+* ``GET /batches``, ``/transactions``: committed batches and transactions,
+  the newest block first and in block order inside a block, the order
+  Sawtooth's validator walks its chain; ``start`` is an id. With ``?id=a,b``
+  the ones named that the chain holds up to ``head``, in that order, paged.
 * ``GET /blocks/{id}``, ``/batches/{id}``, ``/transactions/{id}``: one item,
-  404 (codes 70, 71, 72) when the chain does not hold it.
+  404 (codes 70, 71, 72) when the chain does not hold it, 400 (code 60) for
+  an id that is not 128 hex digits.
 * ``GET /receipts?id=a,b`` and ``POST /receipts`` (JSON array of ids): one
-  receipt per committed transaction: ``state_changes`` are the ``SET`` of
-  every address among the transaction's outputs that its batch wrote (the
-  batch's final value; the node executes a batch as one candidate), no
-  events, no data. 404 (code 80) if one is not committed.
+  receipt per committed transaction, ``{"id", "state_changes", "events",
+  "data"}`` (Sawtooth's REST API names ``transaction_id`` ``id``):
+  ``state_changes`` are the ``SET`` of every address among the transaction's
+  outputs that its batch wrote (the batch's final value; the node executes a
+  batch as one candidate), no events, no data. 404 (code 80) if one is not
+  committed. ``POST`` answers ``data`` only, as Sawtooth's.
 * ``GET /status``: ``{"endpoint": "", "peers": []}``; ``GET /peers``: ``[]``:
   the node has no peers.
 
-Errors use Sawtooth's codes: 50 (head not found), 53/54 (a ``limit`` that is
-not a positive integer, or bad paging), 60 (malformed id), 81-83 (receipts
-requests).
+Errors use Sawtooth's codes: 50 (head not found), 53, 54, 57 (paging and
+sorting), 60 (malformed id), 81-83 (receipts requests).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -41,26 +50,58 @@ from ledgerq import jsontext
 from ledgerq.codec import ParsedBatch, decode_batch
 from ledgerq.node.blocks import NULL_BLOCK_ID
 from ledgerq.node.disk import CommitRecord
+from ledgerq.node.listing import (
+    MAX_LIMIT,
+    Controls,
+    Page,
+    RequestError,
+    build_url,
+    check_id,
+    drop_empty,
+    filter_ids,
+    invalid_id,
+    is_reverse,
+    page_of,
+    paging_controls,
+    paging_invalid,
+    respond,
+    take,
+)
 from ledgerq.node.node import Node
 
 _ID = re.compile(r"[0-9a-f]{128}")
 # ASCII digits only: str.isdigit() also takes "²", and int() refuses it (and
 # strings past 4,300 digits), which made such a head a 500.
 _NUM = re.compile(r"[0-9]{1,20}")
-DEFAULT_LIMIT = 100
-MAX_LIMIT = 1_000
+# A block number as Sawtooth's validator writes it in paging: "0x" and hex digits.
+_BLOCK_NUM = re.compile(r"0x[0-9a-fA-F]{1,16}")
 
-
-class RequestError(Exception):
-    def __init__(self, status: int, code: int, title: str, message: str) -> None:
-        super().__init__(message)
-        self.response = web.json_response(
-            {"error": {"code": code, "title": title, "message": message}}, status=status
-        )
+Items = Iterator[tuple[str, dict[str, Any]]]
 
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+def transaction_json(batch: ParsedBatch) -> list[dict[str, Any]]:
+    return [
+        {
+            "header": {
+                "batcher_public_key": t.header.batcher_public_key,
+                "dependencies": list(t.header.dependencies),
+                "family_name": t.header.family_name,
+                "family_version": t.header.family_version,
+                "inputs": list(t.header.inputs),
+                "nonce": t.header.nonce,
+                "outputs": list(t.header.outputs),
+                "payload_sha512": t.header.payload_sha512,
+                "signer_public_key": t.header.signer_public_key,
+            },
+            "header_signature": t.header_signature,
+            "payload": b64(t.payload),
+        }
+        for t in batch.transactions
+    ]
 
 
 def batch_json(batch: ParsedBatch) -> dict[str, Any]:
@@ -71,24 +112,7 @@ def batch_json(batch: ParsedBatch) -> dict[str, Any]:
         },
         "header_signature": batch.header_signature,
         "trace": batch.trace,
-        "transactions": [
-            {
-                "header": {
-                    "batcher_public_key": t.header.batcher_public_key,
-                    "dependencies": list(t.header.dependencies),
-                    "family_name": t.header.family_name,
-                    "family_version": t.header.family_version,
-                    "inputs": list(t.header.inputs),
-                    "nonce": t.header.nonce,
-                    "outputs": list(t.header.outputs),
-                    "payload_sha512": t.header.payload_sha512,
-                    "signer_public_key": t.header.signer_public_key,
-                },
-                "header_signature": t.header_signature,
-                "payload": b64(t.payload),
-            }
-            for t in batch.transactions
-        ],
+        "transactions": transaction_json(batch),
     }
 
 
@@ -96,6 +120,11 @@ def _committed(record: CommitRecord) -> ParsedBatch | None:
     if not isinstance(record.status, str) or not record.batch:
         return None
     return decode_batch(record.batch, verify=False)
+
+
+def block_num_hex(num: int) -> str:
+    """A block number as Sawtooth's validator writes it in ``paging``."""
+    return f"0x{num:016x}"
 
 
 class Chain:
@@ -122,6 +151,14 @@ class Chain:
             404, 50, "Head Not Found", f"there is no block {raw[:130]!r} in this node's chain"
         )
 
+    def list_head(self, request: web.Request) -> int:
+        """:meth:`head` for the lists, where a head that is neither a block id nor a
+        block number is a malformed id (code 60), as Sawtooth's REST API checks it."""
+        raw = request.query.get("head", "")
+        if raw not in ("", "latest") and not (_NUM.fullmatch(raw) or _ID.fullmatch(raw)):
+            raise invalid_id(raw, "block")
+        return self.head(request)
+
     def block(self, num: int) -> CommitRecord | None:
         return self.node.committed.block(num) if num > 0 else None
 
@@ -129,74 +166,43 @@ class Chain:
         block = self.node.get_block(num)
         return NULL_BLOCK_ID if block is None else block.id
 
-    def block_json(self, record: CommitRecord) -> dict[str, Any]:
+    def batches(self, record: CommitRecord) -> list[ParsedBatch]:
+        """The batches a block holds, in block order."""
         batch = _committed(record)
+        return [] if batch is None else [batch]
+
+    def block_json(self, record: CommitRecord) -> dict[str, Any]:
+        batches = self.batches(record)
         block = self.node.get_block(record.num)
         assert block is not None
         return {
             "header": {
-                "block_num": record.num,
+                # Sawtooth's REST API writes this uint64 as protobuf's JSON does: a string.
+                "block_num": str(record.num),
                 "previous_block_id": block.previous_id,
                 "signer_public_key": "",
-                "batch_ids": [] if batch is None else [batch.header_signature],
+                "batch_ids": [b.header_signature for b in batches],
                 "consensus": "",
                 "state_root_hash": "",
             },
             "header_signature": block.id,
-            "batches": [] if batch is None else [batch_json(batch)],
+            "batches": [batch_json(b) for b in batches],
         }
 
-    def nums(self, head: int, start: int | None, reverse: bool) -> Iterator[int]:
+    def nums(self, head: int, first: int | None, reverse: bool) -> Iterator[int]:
+        """Block numbers in list order up to ``head``, from ``first`` if given."""
         if reverse:
-            return iter(range(start or 1, head + 1))
-        return iter(range(head if start is None else min(start, head), 0, -1))
+            return iter(range(first or 1, head + 1))
+        return iter(range(head if first is None else first, 0, -1))
 
 
-def _paging(request: web.Request) -> tuple[str | None, int, bool]:
-    raw = request.query.get("limit", str(DEFAULT_LIMIT))
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = 0
-    if limit <= 0:
-        raise RequestError(400, 53, "Invalid Count Query", "'limit' must be a positive integer")
-    limit = min(limit, MAX_LIMIT)  # as Sawtooth's validator: a larger limit gets full pages
-    start = request.query.get("start") or None
-    reverse = request.query.get("reverse", "false").lower() not in ("false", "0", "no")
-    return start, limit, reverse
-
-
-def _page(
-    request: web.Request,
-    chain: Chain,
-    items: Iterator[tuple[str, dict[str, Any]]],
-    head: int,
-    start: str | None,
-    limit: int,
-) -> web.Response:
-    data: list[dict[str, Any]] = []
-    paging: dict[str, Any] = {"limit": limit}
-    if start is not None:
-        paging["start"] = start
+def _skip_to(items: Items, start: str | None) -> Items:
+    """``items`` from the one with id ``start`` on (all of them if ``start`` is None)."""
+    found = start is None
     for item_id, item in items:
-        if len(data) == limit:
-            paging["next_position"] = item_id
-            paging["next"] = str(request.url.update_query(start=item_id))
-            break
-        data.append(item)
-    return web.json_response(
-        {"data": data, "head": chain.block_id(head), "link": str(request.url), "paging": paging}
-    )
-
-
-def _check_id(value: str, what: str) -> None:
-    if not _ID.fullmatch(value):
-        raise RequestError(
-            400,
-            60,
-            "Invalid Resource Id",
-            f"{value[:130]!r} is not a {what} id: ids are 128 lowercase hex characters",
-        )
+        found = found or item_id == start
+        if found:
+            yield item_id, item
 
 
 def add_chain_routes(app: web.Application, node: Node) -> None:
@@ -213,123 +219,189 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
 
         return run
 
-    def start_block(start: str | None) -> int | None:
-        if start is None:
-            return None
-        _check_id(start, "block")
-        block = node.find_block(start)
-        if block is None:
-            raise RequestError(400, 54, "Invalid Paging Query", f"no block {start} to start at")
-        return block.num
+    def chain_page(
+        request: web.Request,
+        controls: Controls,
+        head: int,
+        items: Callable[[int | None, bool], Items],
+        block_of: Callable[[str], int | None],
+    ) -> web.Response:
+        """A page of a list walked block by block: ``items(first_block, reverse)``
+        lists from that block on; ``block_of(id)`` is the block holding an item."""
+        reverse = is_reverse(request, "default")
+        first: int | None = None
+        if controls.start is not None:
+            first = block_of(controls.start)
+            if first is None or first > head:
+                if next(items(None, reverse), None) is None:
+                    first = None  # an empty list has no wrong start
+                else:
+                    raise paging_invalid(
+                        f"'start' {controls.start[:130]!r} is in no block of this chain up "
+                        "to its head"
+                    )
+        listed = _skip_to(items(first, reverse), None if first is None else controls.start)
+        page = take(listed, controls.size())
+        return respond(request, page, controls, chain.block_id(head))
+
+    def filtered_page(
+        request: web.Request,
+        controls: Controls,
+        head: int,
+        found: list[tuple[str, dict[str, Any]]],
+    ) -> web.Response:
+        """A page of the items an ``id`` filter named, as found up to ``head``."""
+        if is_reverse(request, "default"):
+            found.reverse()
+        page = page_of(found, controls, controls.size())
+        return respond(request, page, controls, chain.block_id(head))
+
+    def start_block(start: str) -> int | None:
+        if _BLOCK_NUM.fullmatch(start):
+            num = int(start, 16)
+            return num if chain.block(num) is not None else None
+        block = node.find_block(start) if _ID.fullmatch(start) else None
+        return None if block is None else block.num
 
     def list_blocks(request: web.Request) -> web.Response:
-        head = chain.head(request)
-        start, limit, reverse = _paging(request)
+        controls = paging_controls(request)
+        head = chain.list_head(request)
+        ids = filter_ids(request, "block")
+        if ids is not None:
+            found = []
+            for wanted in ids:
+                block = node.find_block(wanted)
+                record = None if block is None or block.num > head else chain.block(block.num)
+                if record is not None:
+                    found.append((wanted, chain.block_json(record)))
+            page = Page([item for _, item in found], "", "", 0)
+            return respond(request, page, controls, chain.block_id(head), paged=False)
+        reverse = is_reverse(request, "block_num")
+        first: int | None = None
+        if controls.start is not None:
+            first = start_block(controls.start)
+            if first is None or first > head:
+                raise paging_invalid(
+                    f"'start' {controls.start[:130]!r} is no block of this chain up to its "
+                    "head: give a block number as paging.next_position writes it (0x and 16 "
+                    "hex digits)"
+                )
 
-        def items() -> Iterator[tuple[str, dict[str, Any]]]:
-            for num in chain.nums(head, start_block(start), reverse):
+        def items() -> Items:
+            for num in chain.nums(head, first, reverse):
                 record = chain.block(num)
                 if record is not None:
-                    yield chain.block_id(num), chain.block_json(record)
+                    yield block_num_hex(num), chain.block_json(record)
 
-        return _page(request, chain, items(), head, start, limit)
+        page = take(items(), controls.size())
+        return respond(request, page, controls, chain.block_id(head))
 
     def get_block(request: web.Request) -> web.Response:
-        wanted = request.match_info["block_id"]
-        _check_id(wanted, "block")
+        wanted = check_id(request.match_info["block_id"], "block")
         block = node.find_block(wanted)
         record = None if block is None else chain.block(block.num)
         if record is None:
             raise RequestError(404, 70, "Block Not Found", f"there is no block {wanted}")
-        return _one(request, chain, chain.block_json(record))
+        return _one(request, chain.block_json(record))
 
-    def batch_block(batch_id: str) -> CommitRecord | None:
+    def batch_block(batch_id: str) -> int | None:
+        if not _ID.fullmatch(batch_id):  # the store looks up ids as bytes
+            return None
         stored = node.committed.final(batch_id)
         if stored is None or not isinstance(stored.status, str):
             return None
-        return chain.block(stored.block)
+        return stored.block
 
-    def list_batches(request: web.Request) -> web.Response:
-        head = chain.head(request)
-        start, limit, reverse = _paging(request)
-        first = None
-        if start is not None:
-            _check_id(start, "batch")
-            record = batch_block(start)
-            if record is None:
-                raise RequestError(400, 54, "Invalid Paging Query", f"no batch {start} to start at")
-            first = record.num
-
-        def items() -> Iterator[tuple[str, dict[str, Any]]]:
+    def batch_items(head: int) -> Callable[[int | None, bool], Items]:
+        def items(first: int | None, reverse: bool) -> Items:
             for num in chain.nums(head, first, reverse):
                 record = chain.block(num)
-                batch = None if record is None else _committed(record)
-                if batch is not None:
+                batches = [] if record is None else chain.batches(record)
+                for batch in reversed(batches) if reverse else batches:
                     yield batch.header_signature, batch_json(batch)
 
-        return _page(request, chain, items(), head, start, limit)
+        return items
+
+    def list_batches(request: web.Request) -> web.Response:
+        controls = paging_controls(request)
+        head = chain.list_head(request)
+        ids = filter_ids(request, "batch")
+        if ids is None:
+            return chain_page(request, controls, head, batch_items(head), batch_block)
+        found = []
+        for wanted in ids:
+            num = batch_block(wanted)
+            record = None if num is None or num > head else chain.block(num)
+            for batch in [] if record is None else chain.batches(record):
+                if batch.header_signature == wanted:
+                    found.append((wanted, batch_json(batch)))
+        return filtered_page(request, controls, head, found)
 
     def get_batch(request: web.Request) -> web.Response:
-        wanted = request.match_info["batch_id"]
-        _check_id(wanted, "batch")
-        record = batch_block(wanted)
-        batch = None if record is None else _committed(record)
-        if batch is None:
-            raise RequestError(
-                404, 71, "Batch Not Found", f"there is no batch {wanted} in the chain"
-            )
-        return _one(request, chain, batch_json(batch))
+        wanted = check_id(request.match_info["batch_id"], "batch")
+        num = batch_block(wanted)
+        record = None if num is None else chain.block(num)
+        for batch in [] if record is None else chain.batches(record):
+            if batch.header_signature == wanted:
+                return _one(request, batch_json(batch))
+        raise RequestError(404, 71, "Batch Not Found", f"there is no batch {wanted} in the chain")
 
-    def transaction(tx_id: str) -> tuple[int, dict[str, Any]] | None:
-        where = node.committed.txn(tx_id)
-        record = None if where is None else chain.block(where[0])
-        batch = None if record is None else _committed(record)
-        if batch is None or where is None:
+    def txn_block(tx_id: str) -> int | None:
+        if not _ID.fullmatch(tx_id):
             return None
-        return where[0], batch_json(batch)["transactions"][where[1]]
+        where = node.committed.txn(tx_id)
+        return None if where is None else where[0]
 
-    def list_transactions(request: web.Request) -> web.Response:
-        head = chain.head(request)
-        start, limit, reverse = _paging(request)
-        first: tuple[int, int] | None = None
-        if start is not None:
-            _check_id(start, "transaction")
-            where = node.committed.txn(start)
-            if where is None:
-                raise RequestError(
-                    400, 54, "Invalid Paging Query", f"no transaction {start} to start at"
-                )
-            first = where
+    def transaction(tx_id: str, head: int) -> dict[str, Any] | None:
+        num = txn_block(tx_id)
+        record = None if num is None or num > head else chain.block(num)
+        for batch in [] if record is None else chain.batches(record):
+            for tx in transaction_json(batch):
+                if tx["header_signature"] == tx_id:
+                    return tx
+        return None
 
-        def items() -> Iterator[tuple[str, dict[str, Any]]]:
-            for num in chain.nums(head, None if first is None else first[0], reverse):
+    def transaction_items(head: int) -> Callable[[int | None, bool], Items]:
+        def items(first: int | None, reverse: bool) -> Items:
+            for num in chain.nums(head, first, reverse):
                 record = chain.block(num)
-                batch = None if record is None else _committed(record)
-                if batch is None:
-                    continue
-                txs = batch_json(batch)["transactions"]
-                order = list(enumerate(txs)) if reverse else list(enumerate(txs))[::-1]
-                for index, tx in order:
-                    if first is not None and num == first[0] and _before(index, first[1], reverse):
-                        continue
+                txs = [
+                    tx
+                    for batch in ([] if record is None else chain.batches(record))
+                    for tx in transaction_json(batch)
+                ]
+                for tx in reversed(txs) if reverse else txs:
                     yield tx["header_signature"], tx
 
-        return _page(request, chain, items(), head, start, limit)
+        return items
+
+    def list_transactions(request: web.Request) -> web.Response:
+        controls = paging_controls(request)
+        head = chain.list_head(request)
+        ids = filter_ids(request, "transaction")
+        if ids is None:
+            return chain_page(request, controls, head, transaction_items(head), txn_block)
+        found = []
+        for wanted in ids:
+            tx = transaction(wanted, head)
+            if tx is not None:
+                found.append((wanted, tx))
+        return filtered_page(request, controls, head, found)
 
     def get_transaction(request: web.Request) -> web.Response:
-        wanted = request.match_info["transaction_id"]
-        _check_id(wanted, "transaction")
-        found = transaction(wanted)
+        wanted = check_id(request.match_info["transaction_id"], "transaction")
+        found = transaction(wanted, node.ledger.event_seq)
         if found is None:
             raise RequestError(
                 404, 72, "Transaction Not Found", f"there is no transaction {wanted} in the chain"
             )
-        return _one(request, chain, found[1])
+        return _one(request, found)
 
-    def receipts(request: web.Request, ids: list[str]) -> web.Response:
+    def receipts(ids: list[str]) -> list[dict[str, Any]]:
         data = []
         for tx_id in ids:
-            _check_id(tx_id, "transaction")
+            check_id(tx_id, "transaction")
+        for tx_id in ids:
             where = node.committed.txn(tx_id)
             record = None if where is None else chain.block(where[0])
             batch = None if record is None else _committed(record)
@@ -343,7 +415,7 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
             outputs = set(batch.transactions[where[1]].header.outputs)
             data.append(
                 {
-                    "transaction_id": tx_id,
+                    "id": tx_id,
                     "state_changes": [
                         {"type": "SET", "address": a, "value": b64(v)}
                         for a, v in record.writes
@@ -353,10 +425,18 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
                     "data": [],
                 }
             )
-        return web.json_response({"data": data, "link": str(request.url)})
+        return cast(list[dict[str, Any]], drop_empty(data))
+
+    def too_many(count: int) -> RequestError:
+        return RequestError(
+            400,
+            82,
+            "Bad Receipts Request",
+            f"{count} transaction ids in one request; ask for at most {MAX_LIMIT} at a time",
+        )
 
     def get_receipts(request: web.Request) -> web.Response:
-        ids = [i for i in request.query.get("id", "").split(",") if i]
+        ids = filter_ids(request, "transaction")
         if not ids:
             raise RequestError(
                 400,
@@ -365,7 +445,9 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
                 "Requests for receipts need an 'id' query parameter with a comma-separated "
                 "list of at least one transaction id",
             )
-        return receipts(request, ids[:MAX_LIMIT])
+        if len(ids) > MAX_LIMIT:
+            raise too_many(len(ids))
+        return web.json_response({"data": receipts(ids), "link": build_url(request)})
 
     async def post_receipts(request: web.Request) -> web.Response:
         if request.content_type != "application/json":
@@ -380,28 +462,27 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
             ids = jsontext.loads(await request.read())
         except ValueError:
             ids = None
-        if (
-            not isinstance(ids, list)
-            or not ids
-            or len(ids) > MAX_LIMIT
-            or not all(isinstance(i, str) for i in ids)
-        ):
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
             return RequestError(
                 400,
                 82,
                 "Bad Receipts Request",
-                f"The body must be a JSON array of 1 to {MAX_LIMIT} transaction ids",
+                "The body must be a JSON array of at least one transaction id (strings)",
             ).response
         try:
-            return receipts(request, ids)
+            if len(ids) > MAX_LIMIT:
+                raise too_many(len(ids))
+            return web.json_response({"data": receipts(ids)})
         except RequestError as exc:
             return exc.response
 
     def status(request: web.Request) -> web.Response:
-        return web.json_response({"data": {"endpoint": "", "peers": []}, "link": str(request.url)})
+        return web.json_response(
+            {"data": {"endpoint": "", "peers": []}, "link": build_url(request)}
+        )
 
     def peers(request: web.Request) -> web.Response:
-        return web.json_response({"data": [], "link": str(request.url)})
+        return web.json_response({"data": [], "link": build_url(request)})
 
     app.router.add_get("/blocks", guarded(list_blocks))
     app.router.add_get("/blocks/{block_id}", guarded(get_block))
@@ -415,16 +496,6 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
     app.router.add_get("/peers", guarded(peers))
 
 
-def _before(index: int, start: int, reverse: bool) -> bool:
-    """Whether a transaction of the start block comes before the start one in page order."""
-    return index < start if reverse else index > start
-
-
-def _one(request: web.Request, chain: Chain, item: dict[str, Any]) -> web.Response:
-    return web.json_response(
-        {
-            "data": item,
-            "head": chain.block_id(chain.node.ledger.event_seq),
-            "link": str(request.url),
-        }
-    )
+def _one(request: web.Request, item: dict[str, Any]) -> web.Response:
+    """One block, batch or transaction: ``data`` and ``link``, no ``head``, as Sawtooth's."""
+    return web.json_response({"data": item, "link": build_url(request)})

@@ -4,10 +4,15 @@
   ``{"link": ".../batch_statuses?id=..."}``; 400 with
   ``{"error": {"code", "title", "message"}}`` (codes 30, 34, 35, 42); 429
   (code 31) when the pending queue is full.
-* ``GET /batch_statuses?id=a,b&wait=N``, ``POST /batch_statuses`` (JSON list
-  of ids) → ``{"data": [{"id", "status", "invalid_transactions"}], "link"}``.
+* ``GET /batch_statuses?id=a,b&wait=N`` → ``{"data": [{"id", "status",
+  "invalid_transactions"}], "link"}``; ``POST /batch_statuses`` (JSON list of
+  ids) → ``{"data": [...]}`` alone, as Sawtooth's. Empty properties (an
+  ``extended_data`` or ``message`` of ``""``) are left out, as Sawtooth's
+  REST API leaves them out.
 * ``GET /state/{address}`` → ``{"data": base64, "head", "link"}`` (62, 75);
-  ``GET /state?address=prefix`` → ``{"data": [{"address", "data"}], ...}``.
+  ``GET /state?address=prefix`` → ``{"data": [{"address", "data"}], "head",
+  "link", "paging"}``, paged as :mod:`ledgerq.node.listing` says (100 entries
+  by default, at most ``RestLimits.max_state_limit``).
 * ``GET /logs/{fingerprint}`` (``B.T``) → the execution summary (``RequestLogs``).
 * With a :class:`~ledgerq.node.scabbard.ScabbardServices`: the scabbard routes
   ``/scabbard/{circuit}/{service}/batches`` and ``.../batch_statuses?ids=``,
@@ -38,8 +43,18 @@ from ledgerq.codec import DEFAULT_MAX_BYTES
 from ledgerq.codec.decode import decode_batch_list
 from ledgerq.errors import InvalidBatchError, NodeBusyError, NodeError
 from ledgerq.node.access import AccessPolicy, access_middleware
-from ledgerq.node.chain_rest import Chain, RequestError, add_chain_routes
+from ledgerq.node.chain_rest import Chain, add_chain_routes
 from ledgerq.node.decoding import BatchDecoder
+from ledgerq.node.listing import (
+    RequestError,
+    build_url,
+    drop_empty,
+    is_reverse,
+    paging_controls,
+    paging_invalid,
+    respond,
+    take,
+)
 from ledgerq.node.node import Node
 from ledgerq.node.ordering.messages import TxFingerprint
 from ledgerq.node.scabbard import ScabbardServices, scabbard_json
@@ -55,12 +70,14 @@ class RestLimits:
     """Caps on what one request may ask of the node."""
 
     max_status_ids: int = 1_000  # batch ids per status request
-    max_state_limit: int = 1_000  # entries per /state page
+    max_state_limit: int = 1_000  # entries per /state page, at most
 
 
 _BATCH_ID = re.compile(r"[0-9a-f]{128}")
 _ADDRESS = re.compile(r"[0-9a-f]{70}")
 _PREFIX = re.compile(r"[0-9a-f]{0,70}")
+# Whole bytes, as Sawtooth's validator checks a state namespace.
+_NAMESPACE = re.compile(r"([0-9a-f]{2}){0,35}")
 _HEARTBEAT_S = 15.0
 
 
@@ -172,9 +189,15 @@ def make_app(
     app.on_cleanup.append(stop_decoder)
 
     async def post_batches(request: web.Request) -> web.Response:
-        return await submit(request, node, "batch_statuses?id=")
+        return await submit(
+            request,
+            node,
+            lambda ids: build_url(request, path="/batch_statuses", id=ids),
+        )
 
-    async def submit(request: web.Request, target: Node, link_tail: str) -> web.Response:
+    async def submit(
+        request: web.Request, target: Node, link: Callable[[str], str]
+    ) -> web.Response:
         if request.content_type != "application/octet-stream":
             return _error(
                 400,
@@ -206,8 +229,7 @@ def make_app(
         except NodeError as exc:
             return _error(503, 18, "Validator Disconnected", str(exc))
         ids = ",".join(b.header_signature for b in batches)
-        base = str(request.url.with_query(None)).rsplit("/", 1)[0]
-        return web.json_response({"link": f"{base}/{link_tail}{ids}"}, status=202)
+        return web.json_response({"link": link(ids)}, status=202)
 
     async def statuses_response(request: web.Request, ids: list[str]) -> web.Response:
         if len(ids) > limits.max_status_ids:
@@ -222,11 +244,15 @@ def make_app(
         if bad is not None:
             return bad
         infos = await node.batch_statuses(ids, _parse_wait(request))
-        link = f"{request.url.origin()}/batch_statuses?id={','.join(ids)}"
-        return web.json_response({"data": [i.to_json() for i in infos.values()], "link": link})
+        # One status per id asked, in the order asked (a repeated id too), as Sawtooth's.
+        body: dict[str, Any] = {"data": drop_empty([infos[i].to_json() for i in ids])}
+        if request.method == "GET":  # a POST's ids are in no URL: no link, as Sawtooth's
+            body["link"] = build_url(request)
+        return web.json_response(body)
 
     async def get_statuses(request: web.Request) -> web.Response:
-        ids = [i for i in request.query.get("id", "").split(",") if i]
+        raw = request.query.get("id")
+        ids = [] if raw is None else raw.split(",")  # "id=" is one empty, malformed id
         if not ids:
             return _error(
                 400,
@@ -293,62 +319,64 @@ def make_app(
         value = await node.get_state(address)
         if value is None:
             return _error(404, 75, "State Not Found", f"There is no state data at {address}")
+        head = node.head
         return web.json_response(
-            {"data": base64.b64encode(value).decode(), "head": node.head, "link": str(request.url)}
+            {
+                "data": base64.b64encode(value).decode(),
+                "head": head,
+                "link": build_url(request, head=head),
+            }
         )
 
     async def list_state(request: web.Request) -> web.Response:
+        try:
+            return await state_page(request)
+        except RequestError as exc:
+            return exc.response
+
+    async def state_page(request: web.Request) -> web.Response:
+        controls = paging_controls(request)
         prefix = request.query.get("address", "")
-        if not _PREFIX.fullmatch(prefix):
+        if not _NAMESPACE.fullmatch(prefix):
             return _error(
                 400,
                 62,
                 "Invalid State Address",
-                f"{prefix!r} is not an address prefix: use lowercase hex, at most 70 characters",
+                f"{prefix[:80]!r} is not an address prefix: use whole bytes of lowercase hex "
+                "(an even number of characters), at most 70 characters",
             )
-        try:
-            limit = int(request.query.get("limit", "1000"))
-        except ValueError:
-            limit = 0
-        if limit <= 0:
-            return _error(400, 53, "Invalid Count Query", "'limit' must be a positive integer")
-        limit = min(limit, limits.max_state_limit)  # as Sawtooth's validator: a larger one pages
         refused = state_head(request)
         if refused is not None:
             return refused
-        start = request.query.get("start", "")
-        if not _PREFIX.fullmatch(start):
-            # The store seeks to it as bytes: anything but lowercase hex is no position.
-            return _error(
-                400,
-                54,
-                "Invalid Paging Query",
-                f"'start' {start[:80]!r} is not a state address: use the 'next_position' of "
-                "a page (lowercase hex, at most 70 characters)",
-            )
-        if request.query.get("reverse", "false").lower() not in ("false", "0", "no"):
+        if is_reverse(request, "default"):
             return _error(
                 400,
                 57,
                 "Invalid Sort Query",
                 "this node pages state in address order only (reverse is not supported)",
             )
-        entries = await node.list_state(prefix, start=start, limit=limit + 1)
-        page, rest = entries[:limit], entries[limit:]
-        paging: dict[str, Any] = {"limit": limit}
-        if start:
-            paging["start"] = start
-        if rest:
-            paging["next_position"] = rest[0][0]
-            paging["next"] = str(request.url.update_query(start=rest[0][0]))
-        return web.json_response(
-            {
-                "data": [{"address": a, "data": base64.b64encode(v).decode()} for a, v in page],
-                "head": node.head,
-                "link": str(request.url),
-                "paging": paging,
-            }
+        start = controls.start or ""
+        if not _PREFIX.fullmatch(start):
+            # The store seeks to it as bytes: anything but lowercase hex is no position.
+            raise paging_invalid(
+                f"'start' {start[:80]!r} is not a state address: use the 'next_position' of "
+                "a page (lowercase hex, at most 70 characters)"
+            )
+        size = controls.size(limits.max_state_limit)
+        head = node.head
+        entries = await node.list_state(prefix, start=start, limit=size + 1)
+        # As Sawtooth's validator: ``start`` is an entry of the list, not a position
+        # between entries; only an empty list has no wrong start.
+        missed = start and (not entries or entries[0][0] != start)
+        if missed and (entries or await node.list_state(prefix, limit=1)):
+            raise paging_invalid(
+                f"'start' {start!r} is not an address in state under {prefix!r}: use the "
+                "'next_position' of a page"
+            )
+        page = take(
+            ((a, {"address": a, "data": base64.b64encode(v).decode()}) for a, v in entries), size
         )
+        return respond(request, page, controls, head)
 
     async def get_logs(request: web.Request) -> web.Response:
         try:
@@ -441,7 +469,8 @@ def make_app(
         target = await scabbard_node(request, create=True)
         if isinstance(target, web.Response):
             return target
-        return await submit(request, target, "batch_statuses?ids=")
+        base = str(request.url.with_query(None)).rsplit("/", 1)[0]
+        return await submit(request, target, lambda ids: f"{base}/batch_statuses?ids={ids}")
 
     async def scabbard_statuses(request: web.Request) -> web.Response:
         target = await scabbard_node(request, create=False)

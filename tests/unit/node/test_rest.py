@@ -74,18 +74,21 @@ async def test_submit_and_query(server: Server) -> None:
     }
     bad = got[b2.header_signature]
     assert bad["status"] == "INVALID"
+    # No "extended_data": "": Sawtooth's REST API drops empty properties from statuses.
     assert bad["invalid_transactions"] == [
         {
             "id": b2.transactions[0].header_signature,
             "message": 'Verb is "inc" but name "nope" not in state',
-            "extended_data": "",
         }
     ]
     async with server.session.post(
-        f"{server.url}/batch_statuses", json=[b1.header_signature, "f" * 128]
+        f"{server.url}/batch_statuses", json=[b1.header_signature, "f" * 128, b1.header_signature]
     ) as r:
         doc = await r.json()
-    assert [d["status"] for d in doc["data"]] == ["COMMITTED", "UNKNOWN"]
+    # One status per id asked, a repeated one too; a POST's answer is "data" only (its
+    # ids are in no URL, so Sawtooth gives no link).
+    assert [d["status"] for d in doc["data"]] == ["COMMITTED", "UNKNOWN", "COMMITTED"]
+    assert set(doc) == {"data"}
     addr = make_address("a")
     async with server.session.get(f"{server.url}/state/{addr}") as r:
         entry = await r.json()
@@ -159,6 +162,10 @@ async def test_full_queue_is_429() -> None:
     [
         ("get", "/batch_statuses", {}, 400, 66),
         ("get", "/batch_statuses?id=xyz", {}, 400, 60),
+        # An id parameter present but empty names one empty id: malformed, not missing.
+        ("get", "/batch_statuses?id=", {}, 400, 60),
+        ("get", f"/batch_statuses?id={'a' * 128},,{'b' * 128}", {}, 400, 60),
+        ("post", "/batch_statuses", {"json": ["a" * 128, "xyz"]}, 400, 60),
         (
             "post",
             "/batch_statuses",
@@ -179,6 +186,11 @@ async def test_full_queue_is_429() -> None:
         ("get", "/state/1cf126", {}, 400, 62),
         ("get", "/state/" + "a" * 70, {}, 404, 75),
         ("get", "/state?address=XYZ", {}, 400, 62),
+        # A prefix is whole bytes, as Sawtooth's validator checks a namespace.
+        ("get", "/state?address=1cf12", {}, 400, 62),
+        ("get", "/state?reverse", {}, 400, 57),
+        ("get", "/state?reverse=true", {}, 400, 57),
+        ("get", "/state?limit=0", {}, 400, 53),
         ("get", "/logs/nonsense", {}, 400, 60),
         ("get", "/logs/99.0", {}, 404, 80),
     ],
