@@ -93,6 +93,16 @@ class BatchNotFoundError(StoreError):
     """No tracked batch has that id (or data change id) in that service."""
 
 
+class ServiceNotFoundError(StoreError):
+    """No batch of that service id is tracked: there is nothing to control."""
+
+
+class ControlRefusedError(StoreError):
+    """An operator action the service's state does not allow (resume a
+    service that is not halted, cancel a batch that may be on the ledger);
+    nothing was changed. The message says why and what to do."""
+
+
 class SchemaVersionError(StoreError):
     """The database schema is older, newer or unknown to this ledgerq."""
 

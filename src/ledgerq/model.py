@@ -286,6 +286,10 @@ class BatchWrite:
     take_freed: int = 0
     #: Where the batches taken by :attr:`take_freed` go (the caller's list).
     freed: list[TrackingBatch] | None = field(default=None, compare=False)
+    #: An ``Invalid`` status that halts its service (``on_invalid = halt``):
+    #: in the same transaction, the service is recorded halted at this batch
+    #: with this reason, and the halt among its actions.
+    halt: str | None = None
 
     @property
     def frees_service(self) -> bool:

@@ -54,6 +54,69 @@ StatusFilter = BatchStatusName | Literal["none"]
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceControl:
+    """What operators and halts have done to a service (no row: nothing).
+
+    A *paused* service takes nothing new (what is in flight is followed to
+    its end) until resumed; a *halted* one stopped at ``halted_batch_id``,
+    the batch the ledger judged ``Invalid`` under ``on_invalid = halt``,
+    until an operator resumes it past that batch.
+    """
+
+    service_id: str
+    paused: bool = False
+    halted_batch_id: str | None = None
+    halted_reason: str | None = None
+    halted_at: int | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the service takes nothing new."""
+        return self.paused or self.halted_batch_id is not None
+
+
+#: Operator actions on a service, and the halt the gateway records itself.
+ServiceActionKind = Literal["pause", "resume", "skip", "cancel", "halt"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceAction:
+    """One recorded action on a service: who (a token's name, or ``gateway``
+    for a halt), when (ms), which batches, and what it said."""
+
+    id: int
+    service_id: str
+    action: str
+    actor: str
+    at: int
+    batch_ids: tuple[str, ...] = ()
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DependencyState:
+    """The batch that tracks a transaction another one declares it depends on."""
+
+    transaction_id: str
+    service_id: str
+    batch_id: str
+    seq: int
+    status: BatchStatusName | None
+    submitted: bool
+    #: Cancelled by an operator (stored ``Invalid``).
+    cancelled: bool = False
+
+    @property
+    def committed(self) -> bool:
+        return self.status in (BatchStatusName.COMMITTED, BatchStatusName.VALID)
+
+    @property
+    def failed(self) -> bool:
+        """Judged ``Invalid`` by the ledger, or cancelled: its dependents fail too."""
+        return self.status is BatchStatusName.INVALID
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceSummary:
     """One service as the store sees it.
 
@@ -159,6 +222,57 @@ class BatchReader(Protocol):
         ...
 
 
+class ControlStore(Protocol):
+    """Operator control of services, and what declared dependencies need."""
+
+    async def service_controls(
+        self, service_ids: Collection[str] | None = None
+    ) -> dict[str, ServiceControl]:
+        """The controls of ``service_ids`` that have any; ``None``: of every
+        service paused or halted."""
+        ...
+
+    async def control_service(
+        self,
+        service_id: str,
+        action: ServiceActionKind,
+        *,
+        actor: str,
+        batch_ids: Sequence[str] = (),
+        now: int | None = None,
+    ) -> ServiceAction:
+        """Apply an operator action in one transaction and record it:
+
+        * ``pause``: take nothing new (idempotent);
+        * ``resume``: undo a pause (refused unless paused);
+        * ``skip``: resume a halted service past its ``Invalid`` batch, which
+          ``batch_ids`` must name (refused unless halted at that batch);
+        * ``cancel``: make ``batch_ids`` (of this service) final, recorded
+          ``Invalid`` with a ``cancelled`` submission error naming ``actor``
+          and the time; all or none, and only batches that cannot be on the
+          ledger: not submitted, and no status or ``Delayed``/``Unknown``.
+
+        Raises :class:`~ledgerq.errors.ServiceNotFoundError` for a service
+        without batches, :class:`~ledgerq.errors.ControlRefusedError` for an
+        action its state refuses (the message says why),
+        :class:`~ledgerq.errors.BatchNotFoundError` for a batch not of it.
+        """
+        ...
+
+    async def service_actions(
+        self, service_id: str, *, limit: int = 100, before: int | None = None
+    ) -> list[ServiceAction]:
+        """Its recorded actions, newest first (ids below ``before``)."""
+        ...
+
+    async def dependency_states(
+        self, transaction_ids: Collection[str]
+    ) -> dict[str, DependencyState]:
+        """The tracked batches of these transaction ids (any service), by
+        transaction id; untracked ids are left out."""
+        ...
+
+
 class SeedWriter(Protocol):
     """The seed's two writes, each one :class:`~ledgerq.model.BatchWrite`
     through ``apply_writes`` (:class:`ledgerq.store.common.SeedWrites`)."""
@@ -233,6 +347,7 @@ class BatchTrackingStore(
     BatchReader,
     SeedWriter,
     GroupWriter,
+    ControlStore,
     RoundStore,
     ParallelRoundStore,
     Protocol,

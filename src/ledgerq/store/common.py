@@ -10,9 +10,16 @@ import itertools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
-from ledgerq.errors import DuplicateBatchError, StoreError, StoreInputError
+from ledgerq.errors import (
+    ControlRefusedError,
+    DuplicateBatchError,
+    ServiceNotFoundError,
+    StoreError,
+    StoreInputError,
+)
 from ledgerq.model import (
     MAX_FAMILY_NAME_LENGTH,
     MAX_FAMILY_VERSION_LENGTH,
@@ -31,7 +38,14 @@ from ledgerq.model import (
     status_from_name,
 )
 from ledgerq.queue.parallel import BatchAccess
-from ledgerq.store.base import DATA_CHANGE_PREFIX, NO_STATUS, StatusFilter
+from ledgerq.store.base import (
+    DATA_CHANGE_PREFIX,
+    NO_STATUS,
+    DependencyState,
+    ServiceAction,
+    ServiceControl,
+    StatusFilter,
+)
 
 MAX_BATCH_ID_LENGTH = 128
 MAX_DATA_CHANGE_ID_LENGTH = 256
@@ -513,3 +527,124 @@ def open_accesses(rows: Iterable[Sequence[Any]]) -> list[tuple[int, str, list[tu
         )
         out.append((seq, service_id, lock_rows(batch)))
     return out
+
+
+# -- operator control and declared dependencies ------------------------------
+
+
+def service_control(row: Sequence[Any]) -> ServiceControl:
+    """A ``service_controls`` row (service_id, paused, halted_batch_id,
+    halted_reason, halted_at); a service id alone: no control."""
+    if len(row) == 1:
+        return ServiceControl(row[0])
+    sid, paused, halted_batch_id, halted_reason, halted_at = row
+    return ServiceControl(
+        sid,
+        bool(paused),
+        halted_batch_id,
+        halted_reason,
+        None if halted_at is None else int(halted_at),
+    )
+
+
+def service_action(row: Sequence[Any]) -> ServiceAction:
+    """A ``service_actions`` row; batch ids an array (PostgreSQL) or JSON text."""
+    aid, sid, action, actor, at, batch_ids, detail = row
+    ids = json.loads(batch_ids) if isinstance(batch_ids, str) else list(batch_ids or ())
+    return ServiceAction(int(aid), sid, action, actor, int(at), tuple(ids), detail)
+
+
+def dependency_state(row: Sequence[Any]) -> DependencyState:
+    """A ``dependency_states`` row."""
+    tid, sid, bid, seq, status, submitted, error_type = row
+    return DependencyState(
+        tid,
+        sid,
+        bid,
+        int(seq),
+        None if status is None else BatchStatusName(status),
+        bool(submitted),
+        cancelled=error_type == CANCELLED,
+    )
+
+
+#: The submission error type of a cancelled batch.
+CANCELLED = "cancelled"
+
+
+def no_such_service(service_id: str) -> ServiceNotFoundError:
+    return ServiceNotFoundError(
+        f"no batch of service {service_id!r} is tracked; check the service id"
+    )
+
+
+def check_control(control: ServiceControl, action: str, batch_ids: Sequence[str]) -> str | None:
+    """Refuse an operator action the service's state does not allow; the
+    action's detail (``pause`` of a paused service: said so)."""
+    sid = control.service_id
+    halted = control.halted_batch_id
+    if action == "pause":
+        return "already paused" if control.paused else None
+    if action == "resume":
+        if not control.paused:
+            hint = (
+                f"; it is halted at batch {halted}: resume it past that batch (skip)"
+                if halted
+                else ""
+            )
+            raise ControlRefusedError(f"service {sid!r} is not paused{hint}")
+        return None
+    if action == "skip":
+        if halted is None:
+            raise ControlRefusedError(f"service {sid!r} is not halted: there is nothing to skip")
+        if list(batch_ids) != [halted]:
+            raise ControlRefusedError(
+                f"service {sid!r} is halted at batch {halted}; name that batch to resume "
+                f"the service past it (got {', '.join(batch_ids) or 'none'})"
+            )
+        return f"resumed past invalid batch {halted}"
+    if action == "cancel":
+        if not batch_ids:
+            raise ControlRefusedError("name the batches to cancel")
+        return None
+    raise StoreInputError(f"unknown action {action!r}: pause, resume, skip or cancel")
+
+
+def check_cancellable(service_id: str, states: Sequence[tuple[str, str | None, bool]]) -> None:
+    """Only a batch that cannot be on the ledger may be cancelled: not taken
+    for submission, and no status, or ``Delayed`` / ``Unknown`` (the ledger
+    has not got it). An ambiguous batch stays ``submitted`` until the ledger
+    was asked, so it is refused here too."""
+    for batch_id, status, submitted in states:
+        name = None if status is None else BatchStatusName(status)
+        if name is not None and name.is_final:
+            raise ControlRefusedError(
+                f"batch {batch_id} of service {service_id!r} is {name.value}, which is "
+                "final; nothing was cancelled"
+            )
+        if submitted or name is BatchStatusName.PENDING:
+            raise ControlRefusedError(
+                f"batch {batch_id} of service {service_id!r} is in flight (taken for "
+                "submission, or with the ledger): it may be on the ledger, so it cannot be "
+                "cancelled; nothing was cancelled"
+            )
+
+
+def cancelled_message(actor: str, at: int) -> str:
+    when = datetime.fromtimestamp(at / 1000, UTC).isoformat(timespec="seconds")
+    return f"cancelled by {actor} at {when}"
+
+
+def cancel_write(
+    service_id: str, batch_id: str, transaction_ids: Sequence[str], message: str, at: int
+) -> BatchWrite:
+    """A cancellation, as the store records it: ``Invalid``, every
+    transaction with the cancellation as its message, and a ``cancelled``
+    submission error."""
+    invalid = Invalid(tuple(InvalidTransaction(t, error_message=message) for t in transaction_ids))
+    receipts = tuple(
+        TransactionReceipt(t, result_valid=False, error_message=message) for t in transaction_ids
+    )
+    return BatchWrite(
+        service_id, batch_id, invalid, receipts, SubmissionError(CANCELLED, message), now=at
+    )

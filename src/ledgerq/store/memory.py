@@ -33,7 +33,15 @@ from ledgerq.model import (
 from ledgerq.queue.parallel import BatchAccess, conflict, select_parallel_round
 from ledgerq.queue.serial import select_round
 from ledgerq.store import common
-from ledgerq.store.base import NO_STATUS, ServiceSummary, StatusFilter
+from ledgerq.store.base import (
+    NO_STATUS,
+    DependencyState,
+    ServiceAction,
+    ServiceActionKind,
+    ServiceControl,
+    ServiceSummary,
+    StatusFilter,
+)
 
 
 @dataclass(slots=True)
@@ -65,6 +73,8 @@ class _State:
     batch_service: dict[str, str] = field(default_factory=dict)
     receipts: dict[tuple[str, str], _Receipt] = field(default_factory=dict)
     next_seq: int = 1
+    controls: dict[str, ServiceControl] = field(default_factory=dict)
+    actions: list[ServiceAction] = field(default_factory=list)
 
 
 class MemoryStore(common.SeedWrites):
@@ -199,6 +209,30 @@ class MemoryStore(common.SeedWrites):
             if not rec.has_submission:
                 rec.has_submission, rec.times_checked, rec.last_checked = True, 1, at
             rec.error = w.submission_error
+        if w.halt is not None and rec.status is BatchStatusName.INVALID:
+            control = self._control(w.service_id)
+            self._s.controls[w.service_id] = replace(
+                control, halted_batch_id=rec.batch.batch_header, halted_reason=w.halt, halted_at=at
+            )
+            self._act(w.service_id, "halt", "gateway", [rec.batch.batch_header], w.halt, at)
+
+    def _control(self, service_id: str) -> ServiceControl:
+        return self._s.controls.get(service_id) or ServiceControl(service_id)
+
+    def _act(
+        self,
+        service_id: str,
+        action: str,
+        actor: str,
+        batch_ids: Sequence[str],
+        detail: str | None,
+        at: int,
+    ) -> ServiceAction:
+        done = ServiceAction(
+            len(self._s.actions) + 1, service_id, action, actor, at, tuple(batch_ids), detail
+        )
+        self._s.actions.append(done)
+        return done
 
     def _attempt_one(self, w: BatchWrite) -> None:
         name = None if w.status is None else common.status_name_of(w.status)
@@ -211,6 +245,11 @@ class MemoryStore(common.SeedWrites):
             raise StatusTransitionError(
                 f"batch {rec.batch.batch_header} of service {w.service_id!r} is "
                 f"{rec.status.value}, which is final; it is never submitted again"
+            )
+        if name is None and self._control(w.service_id).stopped:
+            raise StatusTransitionError(
+                f"service {w.service_id!r} is paused or halted: batch "
+                f"{rec.batch.batch_header} is not taken"
             )
         rec.submitted = True
         rec.attempts += 1
@@ -304,6 +343,90 @@ class MemoryStore(common.SeedWrites):
         ]:
             del s.receipts[rkey]
         return len(stale)
+
+    # -- operator control and declared dependencies ---------------------------
+
+    async def service_controls(
+        self, service_ids: Collection[str] | None = None
+    ) -> dict[str, ServiceControl]:
+        controls = self._s.controls
+        if service_ids is None:
+            return {s: c for s, c in sorted(controls.items()) if c.stopped}
+        return {s: controls[s] for s in sorted(set(service_ids)) if s in controls}
+
+    async def control_service(
+        self,
+        service_id: str,
+        action: ServiceActionKind,
+        *,
+        actor: str,
+        batch_ids: Sequence[str] = (),
+        now: int | None = None,
+    ) -> ServiceAction:
+        common.check_service_id(service_id)
+        at = self._now(now)
+        ids = list(dict.fromkeys(batch_ids))
+        if not any(sid == service_id for sid, _ in self._s.records):
+            raise common.no_such_service(service_id)
+        control = self._control(service_id)
+        detail = common.check_control(control, action, ids)
+        if action in ("pause", "resume"):
+            self._s.controls[service_id] = replace(control, paused=action == "pause")
+        elif action == "skip":
+            self._s.controls[service_id] = replace(
+                control, halted_batch_id=None, halted_reason=None, halted_at=None
+            )
+        elif action == "cancel":
+            states = []
+            for batch_id in ids:
+                rec = self._s.records.get((service_id, batch_id))
+                if rec is None:
+                    raise BatchNotFoundError(
+                        f"no batch {batch_id!r} is tracked in service {service_id!r}; nothing "
+                        "was cancelled"
+                    )
+                states.append(
+                    (batch_id, None if rec.status is None else rec.status.value, rec.submitted)
+                )
+            common.check_cancellable(service_id, states)
+            detail = common.cancelled_message(actor, at)
+            for batch_id in ids:
+                rec = self._s.records[(service_id, batch_id)]
+                tids = [t.transaction_header for t in rec.batch.transactions]
+                write = common.cancel_write(service_id, batch_id, tids, detail, at)
+                self._update_one(write, common.prepare_update(write), at)
+        return self._act(service_id, action, actor, ids, detail, at)
+
+    async def service_actions(
+        self, service_id: str, *, limit: int = 100, before: int | None = None
+    ) -> list[ServiceAction]:
+        common.check_service_id(service_id)
+        common.check_limit(limit)
+        found = [
+            a
+            for a in reversed(self._s.actions)
+            if a.service_id == service_id and (before is None or a.id < before)
+        ]
+        return found[:limit]
+
+    async def dependency_states(
+        self, transaction_ids: Collection[str]
+    ) -> dict[str, DependencyState]:
+        wanted = set(transaction_ids)
+        out: dict[str, DependencyState] = {}
+        for (sid, tid), bid in self._s.txn_owner.items():
+            if tid in wanted:
+                rec = self._s.records[(sid, bid)]
+                out[tid] = DependencyState(
+                    tid,
+                    sid,
+                    bid,
+                    rec.batch.seq or 0,
+                    rec.status,
+                    rec.submitted,
+                    cancelled=rec.error is not None and rec.error.error_type == common.CANCELLED,
+                )
+        return out
 
     # -- reads ----------------------------------------------------------------
 

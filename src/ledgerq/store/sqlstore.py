@@ -40,6 +40,10 @@ from ledgerq.store import common
 from ledgerq.store.base import (
     DATA_CHANGE_PREFIX,
     NO_STATUS,
+    DependencyState,
+    ServiceAction,
+    ServiceActionKind,
+    ServiceControl,
     ServiceSummary,
     StatusFilter,
 )
@@ -183,6 +187,8 @@ class _DeferredSession:
         self._session = session
         self.states: dict[tuple[str, str], Row] = {}
         self.claims: set[tuple[str, str, int]] = set()
+        #: The wave's services that take nothing new (paused or halted).
+        self.stopped: set[str] = set()
         #: The rows lock_group_rows locked (PostgreSQL), when it ran in this wave.
         self.locked: list[Row] = []
         self._pending: dict[str, list[Params]] = {name: [] for name in _DEFERRED_ORDER}
@@ -195,7 +201,11 @@ class _DeferredSession:
             del rows[mark[name] :]
 
     async def execute(self, name: str, params: Params) -> int:
-        self._pending[name].append(params)
+        pending = self._pending.get(name)
+        if pending is None:
+            # Not one of a write's usual statements (a halt's): run it now.
+            return await self._session.execute(name, params)
+        pending.append(params)
         return 1
 
     async def executemany(self, name: str, rows: Sequence[Params]) -> None:
@@ -475,6 +485,41 @@ class SqlStore(common.SeedWrites):
                     "now": at,
                 },
             )
+        if w.halt is not None and status is not None and status.name is BatchStatusName.INVALID:
+            await self._record_halt(session, service_id, batch_id, w.halt, at)
+
+    async def _record_halt(
+        self, session: Session, service_id: str, batch_id: str, reason: str, at: int
+    ) -> None:
+        await session.execute(
+            "set_halted",
+            {"service_id": service_id, "batch_id": batch_id, "reason": reason, "now": at},
+        )
+        await self._record_action(session, service_id, "halt", "gateway", [batch_id], reason, at)
+
+    async def _record_action(
+        self,
+        session: Session,
+        service_id: str,
+        action: str,
+        actor: str,
+        batch_ids: Sequence[str],
+        detail: str | None,
+        at: int,
+    ) -> int:
+        row = await session.fetchone(
+            "insert_service_action",
+            {
+                "service_id": service_id,
+                "action": action,
+                "actor": actor,
+                "batch_ids": self._backend.texts_param(batch_ids),
+                "detail": detail,
+                "now": at,
+            },
+        )
+        assert row is not None
+        return int(row[0])
 
     def _prepare_attempt(self, write: BatchWrite) -> _Attempt:
         name = None if write.status is None else common.status_name_of(write.status)
@@ -483,7 +528,7 @@ class SqlStore(common.SeedWrites):
         common.check_submission_error(write.submission_error)
         return _Attempt(write, name, receipts, self._now(write.now))
 
-    async def _attempt_one(self, session: Session, attempt: _Attempt) -> None:
+    async def _attempt_one(self, session: _DeferredSession, attempt: _Attempt) -> None:
         w = attempt.write
         service_id = w.service_id
         bid, current, _ = await self._lock_batch(session, w.id, service_id, w.fence)
@@ -491,6 +536,10 @@ class SqlStore(common.SeedWrites):
             raise StatusTransitionError(
                 f"batch {bid} of service {service_id!r} is {current}, which is final; "
                 "it is never submitted again"
+            )
+        if attempt.name is None and service_id in session.stopped:
+            raise StatusTransitionError(
+                f"service {service_id!r} is paused or halted: batch {bid} is not taken"
             )
         error = w.submission_error
         await session.execute(
@@ -613,6 +662,7 @@ class SqlStore(common.SeedWrites):
                     waves.append([])
             allowed: set[tuple[str, str]] = set()
             locked: list[Row] = []
+            stopped: set[str] = set()
             # The group's writes of each service a take is of.
             of_service: dict[str, list[int]] = {w.service_id: [] for w in take_writes}
             if takes:
@@ -663,8 +713,10 @@ class SqlStore(common.SeedWrites):
                         deferred.reset(mark)
                         results[i] = exc
                 await deferred.flush()
-            if frees:
-                await self._take_freed(session, writes, frees, results, locked)
+                stopped |= deferred.stopped
+            taking = [i for i in frees if writes[i].service_id not in stopped]
+            if taking:
+                await self._take_freed(session, writes, taking, results, locked)
             return results
 
         if not steps and not takes:
@@ -803,11 +855,26 @@ class SqlStore(common.SeedWrites):
                 )
             )
             claims_at = len(calls) - 1
+        # Takes, and final statuses that take what they free, of services
+        # that take nothing new: refused (_attempt_one, apply_writes).
+        taking = sorted(
+            {
+                w.service_id
+                for w in [*writes, *takes]
+                if (w.attempt and w.status is None) or w.take_freed > 0
+            }
+        )
+        stopped_at = None
+        if taking:
+            calls.append(("stopped_of", {"service_ids": self._backend.texts_param(taking)}))
+            stopped_at = len(calls) - 1
         if takes:
             calls.append(("next_open_checks", self._takes_param(takes)))
         if not calls:
             return None
         results = await session.fetchall_many(calls)
+        if stopped_at is not None:
+            deferred.stopped = {r[0] for r in results[stopped_at]}
         for (name, _), rows in zip(calls, results, strict=True):
             if name == "lock_group_rows":
                 deferred.locked = rows
@@ -1116,6 +1183,105 @@ class SqlStore(common.SeedWrites):
             if found is not None:
                 out[later] = (found[0].value, found[1])
         return out
+
+    # -- operator control and declared dependencies --------------------------
+
+    async def service_controls(
+        self, service_ids: Collection[str] | None = None
+    ) -> dict[str, ServiceControl]:
+        if service_ids is None:
+            rows = await self._fetchall("stopped_services", {})
+        else:
+            wanted = sorted(set(service_ids))
+            if not wanted:
+                return {}
+            rows = await self._fetchall(
+                "service_controls_of", {"service_ids": self._backend.texts_param(wanted)}
+            )
+        return {r[0]: common.service_control(r) for r in rows}
+
+    async def control_service(
+        self,
+        service_id: str,
+        action: ServiceActionKind,
+        *,
+        actor: str,
+        batch_ids: Sequence[str] = (),
+        now: int | None = None,
+    ) -> ServiceAction:
+        common.check_service_id(service_id)
+        at = self._now(now)
+        ids = list(dict.fromkeys(batch_ids))
+
+        async def body(session: Session) -> ServiceAction:
+            if await session.fetchone("service_exists", {"service_id": service_id}) is None:
+                raise common.no_such_service(service_id)
+            row = await session.fetchone("lock_service_control", {"service_id": service_id})
+            control = common.service_control((service_id, *row) if row else (service_id,))
+            detail = common.check_control(control, action, ids)
+            if action in ("pause", "resume"):
+                params = {"service_id": service_id, "paused": action == "pause", "now": at}
+                await session.execute("set_paused", params)
+            elif action == "skip":
+                await session.execute("clear_halted", {"service_id": service_id, "now": at})
+            elif action == "cancel":
+                detail = await self._cancel(session, service_id, ids, actor, at)
+            action_id = await self._record_action(
+                session, service_id, action, actor, ids, detail, at
+            )
+            return ServiceAction(action_id, service_id, action, actor, at, tuple(ids), detail)
+
+        return await self._backend.run(body, write=True)
+
+    async def _cancel(
+        self, session: Session, service_id: str, batch_ids: Sequence[str], actor: str, at: int
+    ) -> str:
+        """Cancel every batch of ``batch_ids`` or none: each locked and
+        checked first, then recorded ``Invalid`` with its reason."""
+        states = []
+        for batch_id in batch_ids:
+            row = await session.fetchone(
+                "batch_state", {"service_id": service_id, "batch_id": batch_id}
+            )
+            if row is None:
+                raise BatchNotFoundError(
+                    f"no batch {batch_id!r} is tracked in service {service_id!r}; nothing "
+                    "was cancelled"
+                )
+            states.append((batch_id, row[1], bool(row[2])))
+        common.check_cancellable(service_id, states)
+        message = common.cancelled_message(actor, at)
+        for batch_id in batch_ids:
+            tids = [
+                r[0]
+                for r in await session.fetchall(
+                    "transaction_ids_of_batch", {"service_id": service_id, "batch_id": batch_id}
+                )
+            ]
+            write = common.cancel_write(service_id, batch_id, tids, message, at)
+            await self._update_one(session, write, common.prepare_update(write), at)
+        return message
+
+    async def service_actions(
+        self, service_id: str, *, limit: int = 100, before: int | None = None
+    ) -> list[ServiceAction]:
+        common.check_service_id(service_id)
+        common.check_limit(limit)
+        rows = await self._fetchall(
+            "service_actions", {"service_id": service_id, "before": before, "limit": limit}
+        )
+        return [common.service_action(r) for r in rows]
+
+    async def dependency_states(
+        self, transaction_ids: Collection[str]
+    ) -> dict[str, DependencyState]:
+        wanted = sorted(set(transaction_ids))
+        if not wanted:
+            return {}
+        rows = await self._fetchall(
+            "dependency_states", {"ids": self._backend.texts_param(wanted)}, short=True
+        )
+        return {r[0]: common.dependency_state(r) for r in rows}
 
     async def status_counts(self) -> dict[str, int]:
         rows = await self._fetchall("status_counts", {})

@@ -1117,3 +1117,77 @@ WHERE k.batch_id = (
         WHERE o.service_id = k.service_id AND NOT o.final
           AND (o.submitted OR o.status IS NOT NULL) AND o.batch_id <> k.after
     );
+
+-- Declared dependencies: for each transaction id of %(ids)s, the batch that
+-- tracks it (in any service) and its state, with the submission error that
+-- says how it ended (a cancelled batch's is 'cancelled').
+-- name: dependency_states
+SELECT t.transaction_id, b.service_id, b.batch_id, b.seq, b.status, b.submitted, s.error_type
+FROM transactions t
+JOIN batches b ON b.service_id = t.service_id AND b.batch_id = t.batch_id
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+WHERE t.transaction_id = ANY(%(ids)s::text[]);
+
+-- Operator control (docs/operations.md): every service paused or halted.
+-- name: stopped_services
+SELECT service_id, paused, halted_batch_id, halted_reason, halted_at
+FROM service_controls
+WHERE paused OR halted_batch_id IS NOT NULL
+ORDER BY service_id;
+
+-- name: service_controls_of
+SELECT service_id, paused, halted_batch_id, halted_reason, halted_at
+FROM service_controls
+WHERE service_id = ANY(%(service_ids)s::text[])
+ORDER BY service_id;
+
+-- The services of %(service_ids)s that take nothing new: paused or halted.
+-- Read with a group's rows; locked against a concurrent pause until commit.
+-- name: stopped_of
+SELECT service_id
+FROM service_controls
+WHERE service_id = ANY(%(service_ids)s::text[]) AND (paused OR halted_batch_id IS NOT NULL)
+FOR SHARE;
+
+-- name: lock_service_control
+SELECT paused, halted_batch_id, halted_reason, halted_at
+FROM service_controls
+WHERE service_id = %(service_id)s
+FOR UPDATE;
+
+-- name: service_exists
+SELECT 1 FROM batches WHERE service_id = %(service_id)s LIMIT 1;
+
+-- name: set_paused
+INSERT INTO service_controls (service_id, paused, updated_at)
+VALUES (%(service_id)s, %(paused)s, %(now)s)
+ON CONFLICT (service_id) DO UPDATE SET paused = EXCLUDED.paused, updated_at = EXCLUDED.updated_at;
+
+-- name: set_halted
+INSERT INTO service_controls (service_id, halted_batch_id, halted_reason, halted_at, updated_at)
+VALUES (%(service_id)s, %(batch_id)s, %(reason)s, %(now)s, %(now)s)
+ON CONFLICT (service_id) DO UPDATE SET
+    halted_batch_id = EXCLUDED.halted_batch_id, halted_reason = EXCLUDED.halted_reason,
+    halted_at = EXCLUDED.halted_at, updated_at = EXCLUDED.updated_at;
+
+-- name: clear_halted
+UPDATE service_controls
+SET halted_batch_id = NULL, halted_reason = NULL, halted_at = NULL, updated_at = %(now)s
+WHERE service_id = %(service_id)s;
+
+-- name: insert_service_action
+INSERT INTO service_actions (service_id, action, actor, at, batch_ids, detail)
+VALUES (%(service_id)s, %(action)s, %(actor)s, %(now)s, %(batch_ids)s::text[], %(detail)s)
+RETURNING id;
+
+-- name: service_actions
+SELECT id, service_id, action, actor, at, batch_ids, detail
+FROM service_actions
+WHERE service_id = %(service_id)s AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s::int;
+
+-- name: transaction_ids_of_batch
+SELECT transaction_id FROM transactions
+WHERE service_id = %(service_id)s AND batch_id = %(batch_id)s
+ORDER BY position;

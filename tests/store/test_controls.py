@@ -1,0 +1,183 @@
+"""Operator control of a service and declared dependencies: the store's contract,
+run unchanged on memory, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ledgerq.clock import ManualClock
+from ledgerq.errors import (
+    BatchNotFoundError,
+    ControlRefusedError,
+    ServiceNotFoundError,
+    StatusTransitionError,
+)
+from ledgerq.model import (
+    BatchStatusName,
+    BatchWrite,
+    Committed,
+    Delayed,
+    Invalid,
+    InvalidTransaction,
+    Pending,
+    TrackingTransaction,
+)
+from ledgerq.store import BatchTrackingStore
+
+from .conftest import make_batch
+
+SVC = "circuit-1::svc1"
+
+
+async def _write(store: BatchTrackingStore, write: BatchWrite) -> None:
+    [error] = await store.apply_writes([write])
+    if error is not None:
+        raise error
+
+
+async def test_a_paused_service_takes_nothing_new_and_resumes(
+    store: BatchTrackingStore, clock: ManualClock
+) -> None:
+    a, b = await store.add_batches([make_batch(SVC), make_batch(SVC)])
+    await _write(store, BatchWrite(SVC, a.batch_id, attempt=True))
+    done = await store.control_service(SVC, "pause", actor="ops")
+    assert (done.action, done.actor, done.at, done.detail) == ("pause", "ops", clock.value, None)
+    assert (await store.service_controls())[SVC].paused
+    # What is in flight is followed to its end: its outcomes land.
+    await _write(store, BatchWrite(SVC, a.batch_id, Pending()))
+    await _write(store, BatchWrite(SVC, a.batch_id, Committed()))
+    # Nothing new is taken: the take is refused, nothing written.
+    with pytest.raises(StatusTransitionError, match="paused or halted"):
+        await _write(store, BatchWrite(SVC, b.batch_id, attempt=True))
+    got = await store.get_batch(b.batch_id, SVC)
+    assert got is not None and not got.submitted and got.attempts == 0
+    # Pausing again changes nothing but is said so; resuming lets takes in.
+    again = await store.control_service(SVC, "pause", actor="ops")
+    assert again.detail == "already paused"
+    await store.control_service(SVC, "resume", actor="ops")
+    assert await store.service_controls() == {}
+    await _write(store, BatchWrite(SVC, b.batch_id, attempt=True))
+    history = await store.service_actions(SVC)
+    assert [h.action for h in history] == ["resume", "pause", "pause"]  # newest first
+    assert [h.action for h in await store.service_actions(SVC, before=history[0].id)] == [
+        "pause",
+        "pause",
+    ]
+
+
+async def test_an_invalid_status_written_with_halt_halts_its_service(
+    store: BatchTrackingStore, clock: ManualClock
+) -> None:
+    a, b = await store.add_batches([make_batch(SVC), make_batch(SVC)])
+    await _write(store, BatchWrite(SVC, a.batch_id, attempt=True))
+    tid = a.transactions[0].transaction_header
+    invalid = Invalid((InvalidTransaction(tid, error_message="no such key"),))
+    await _write(store, BatchWrite(SVC, a.batch_id, invalid, halt="no such key"))
+    control = (await store.service_controls([SVC]))[SVC]
+    assert (control.halted_batch_id, control.halted_reason, control.halted_at) == (
+        a.batch_id,
+        "no such key",
+        clock.value,
+    )
+    assert control.stopped and not control.paused
+    with pytest.raises(StatusTransitionError):
+        await _write(store, BatchWrite(SVC, b.batch_id, attempt=True))
+    [halt] = await store.service_actions(SVC)
+    assert (halt.action, halt.actor, halt.batch_ids) == ("halt", "gateway", (a.batch_id,))
+    # Resuming is refused (it is not paused); skipping needs the halted batch.
+    with pytest.raises(ControlRefusedError, match="halted at batch"):
+        await store.control_service(SVC, "resume", actor="ops")
+    with pytest.raises(ControlRefusedError, match="name that batch"):
+        await store.control_service(SVC, "skip", actor="ops", batch_ids=[b.batch_id])
+    skipped = await store.control_service(SVC, "skip", actor="ops", batch_ids=[a.batch_id])
+    assert skipped.detail == f"resumed past invalid batch {a.batch_id}"
+    assert await store.service_controls() == {}
+    await _write(store, BatchWrite(SVC, b.batch_id, attempt=True))
+    with pytest.raises(ControlRefusedError, match="not halted"):
+        await store.control_service(SVC, "skip", actor="ops", batch_ids=[a.batch_id])
+
+
+async def test_a_halt_is_written_only_with_an_invalid_status(store: BatchTrackingStore) -> None:
+    [a] = await store.add_batches([make_batch(SVC)])
+    await _write(store, BatchWrite(SVC, a.batch_id, Committed(), halt="ignored"))
+    assert await store.service_controls([SVC]) == {}
+
+
+async def test_only_batches_that_cannot_be_on_the_ledger_are_cancelled_all_or_none(
+    store: BatchTrackingStore, clock: ManualClock
+) -> None:
+    new, delayed, taken, pending, done = await store.add_batches(
+        [make_batch(SVC, txns=2) for _ in range(5)]
+    )
+    await _write(store, BatchWrite(SVC, delayed.batch_id, BatchStatusName.DELAYED, attempt=True))
+    await _write(store, BatchWrite(SVC, taken.batch_id, attempt=True))
+    await _write(store, BatchWrite(SVC, pending.batch_id, attempt=True))
+    await _write(store, BatchWrite(SVC, pending.batch_id, Pending()))
+    await _write(store, BatchWrite(SVC, done.batch_id, Committed()))
+    for refused, why in ((taken, "in flight"), (pending, "in flight"), (done, "final")):
+        with pytest.raises(ControlRefusedError, match=why):
+            await store.control_service(
+                SVC, "cancel", actor="ops", batch_ids=[new.batch_id, refused.batch_id]
+            )
+        got = await store.get_batch(new.batch_id, SVC)
+        assert got is not None and got.batch_status is None  # none of them
+    with pytest.raises(BatchNotFoundError):
+        await store.control_service(SVC, "cancel", actor="ops", batch_ids=["ab" * 64])
+    with pytest.raises(ControlRefusedError, match="name the batches"):
+        await store.control_service(SVC, "cancel", actor="ops")
+    action = await store.control_service(
+        SVC, "cancel", actor="ops", batch_ids=[new.batch_id, delayed.batch_id]
+    )
+    assert action.batch_ids == (new.batch_id, delayed.batch_id)
+    assert action.detail is not None and action.detail.startswith("cancelled by ops at 2023-")
+    for batch in (new, delayed):
+        got = await store.get_batch(batch.batch_id, SVC)
+        assert got is not None and got.is_final
+        status = got.batch_status
+        assert isinstance(status, Invalid)
+        assert [t.error_message for t in status.transactions] == [action.detail] * 2
+        assert got.submission_error is not None
+        assert got.submission_error.error_type == "cancelled"
+    # A cancelled batch is final: never taken.
+    with pytest.raises(StatusTransitionError):
+        await _write(store, BatchWrite(SVC, new.batch_id, attempt=True))
+
+
+async def test_controls_of_an_unknown_service_are_refused(store: BatchTrackingStore) -> None:
+    with pytest.raises(ServiceNotFoundError, match="no batch of service 'nobody'"):
+        await store.control_service("nobody", "pause", actor="ops")
+
+
+async def test_dependency_states_name_the_batch_of_each_tracked_transaction(
+    store: BatchTrackingStore,
+) -> None:
+    a = make_batch(SVC)
+    b = make_batch("other")
+    c = make_batch(SVC)
+    await store.add_batches([a, b, c])
+    await _write(store, BatchWrite(SVC, a.batch_id, Committed()))
+    await _write(store, BatchWrite("other", b.batch_id, Delayed(), attempt=True))
+    await store.control_service(SVC, "cancel", actor="ops", batch_ids=[c.batch_id])
+    ta, tb, tc = (x.transactions[0].transaction_header for x in (a, b, c))
+    states = await store.dependency_states([ta, tb, tc, "f" * 128])
+    assert set(states) == {ta, tb, tc}  # the untracked one is left out
+    assert states[ta].committed and states[ta].service_id == SVC
+    assert (states[tb].service_id, states[tb].batch_id) == ("other", b.batch_id)
+    assert not states[tb].committed and not states[tb].failed
+    assert states[tb].status is BatchStatusName.DELAYED and not states[tb].submitted
+    assert states[tc].failed and states[tc].cancelled
+    assert await store.dependency_states([]) == {}
+
+
+async def test_dependencies_are_kept_as_declared(store: BatchTrackingStore) -> None:
+    base = make_batch(SVC)
+    tx = dataclasses.replace(
+        base.transactions[0], dependencies=("d" * 128,), inputs=("1cf126",), outputs=("1cf126",)
+    )
+    [added] = await store.add_batches([dataclasses.replace(base, transactions=(tx,))])
+    got = await store.get_batch(added.batch_id, SVC)
+    assert got is not None
+    assert got.transactions[0].dependencies == ("d" * 128,)
+    assert isinstance(got.transactions[0], TrackingTransaction)
