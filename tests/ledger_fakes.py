@@ -37,6 +37,9 @@ class ScriptedLedger:
         self.parked = 0
         self.most_parked = 0
         self.posted = asyncio.Event()
+        #: Transactions outside the tracked batches the ledger has committed.
+        self.committed_transactions: set[str] = set()
+        self.transaction_asks: list[str] = []
         self._changed = asyncio.Condition()
 
     async def decide(self, batch_id: str, status: BatchStatus) -> None:
@@ -78,6 +81,10 @@ class ScriptedLedger:
             finally:
                 self.parked -= 1
         return tuple(LedgerBatchStatus(i, self.statuses.get(i, Unknown())) for i in batch_ids)
+
+    async def transaction_committed(self, transaction_id: str) -> bool:
+        self.transaction_asks.append(transaction_id)
+        return transaction_id in self.committed_transactions
 
     def events(self) -> AsyncIterator[CommitEvent] | None:
         if self.event_queue is None:

@@ -30,7 +30,7 @@ from ledgerq.claims.settings import ClaimSettings
 from ledgerq.errors import ConfigError
 from ledgerq.follow.follower import FollowSettings
 from ledgerq.procpool import Priority
-from ledgerq.queue.strategy import Strategy, StrategyMap
+from ledgerq.queue.strategy import OnInvalid, OnInvalidMap, Strategy, StrategyMap
 from ledgerq.scopes import ACCESS_MODES, Scope
 from ledgerq.submit.submitter import SubmitterSettings
 
@@ -215,6 +215,15 @@ def _strategy_rules(value: Any) -> str:
     return ",".join(f"{pattern}={strategy.value}" for pattern, strategy in rules)
 
 
+def _on_invalid(value: Any) -> str:
+    return OnInvalid.parse(str(value)).value
+
+
+def _on_invalid_rules(value: Any) -> str:
+    rules = OnInvalidMap.parse("continue", ",".join(_items(value))).rules
+    return ",".join(f"{pattern}={choice.value}" for pattern, choice in rules)
+
+
 def _hosts(value: Any) -> str:
     hosts = [h.lower() for h in _items(value)]
     for host in hosts:
@@ -334,6 +343,18 @@ KEYS: tuple[Key, ...] = (
         _strategy_rules,
         "",
         "PATTERN=STRATEGY,... overriding queuer.strategy per service id (first match)",
+    ),
+    Key(
+        "queuer.on_invalid",
+        _on_invalid,
+        "continue",
+        "after an INVALID batch: continue, or halt the service until an operator resumes it",
+    ),
+    Key(
+        "queuer.on_invalid_by_service",
+        _on_invalid_rules,
+        "",
+        "PATTERN=continue|halt,... overriding queuer.on_invalid per service id (first match)",
     ),
     Key("max_body_bytes", _positive(_int), 10 * 1024 * 1024, "largest accepted BatchList"),
     Key("max_status_ids", _positive(_int), 1_000, "distinct batch ids per status request"),
@@ -581,6 +602,13 @@ class Settings:
         """Which queuer strategy serves which service (``queuer.*``)."""
         return StrategyMap.parse(
             self.values["queuer.strategy"], self.values["queuer.strategy_by_service"]
+        )
+
+    @property
+    def on_invalid(self) -> OnInvalidMap:
+        """What an INVALID batch does to each service (``queuer.on_invalid*``)."""
+        return OnInvalidMap.parse(
+            self.values["queuer.on_invalid"], self.values["queuer.on_invalid_by_service"]
         )
 
     @property

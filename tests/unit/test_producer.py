@@ -38,7 +38,7 @@ from ledgerq.model import (
     Unknown,
 )
 from ledgerq.pipeline.producer import PipelineSettings, Producer
-from ledgerq.queue.strategy import SERIAL_ONLY, StrategyMap
+from ledgerq.queue.strategy import SERIAL_ONLY, OnInvalidMap, StrategyMap
 from ledgerq.record.completer import Completer
 from ledgerq.store import MemoryStore
 from ledgerq.submit.submitter import SubmitterSettings
@@ -94,8 +94,11 @@ class Rig:
         strategies: StrategyMap = SERIAL_ONLY,
         claims: Claims | None = None,
         ledger: ScriptedLedger | None = None,
+        on_invalid: OnInvalidMap | None = None,
+        poll_s: float = HOUR,
+        clock: ManualClock | None = None,
     ) -> None:
-        self.clock = ManualClock()
+        self.clock = clock or ManualClock()
         self.store = store if store is not None else MemoryStore(clock=self.clock)
         self.ledger = ledger or ScriptedLedger()
         self.sleeps = Sleeps()
@@ -110,7 +113,7 @@ class Rig:
                     slots=slots,
                     max_retries=max_retries,
                     backoff_initial_ms=10,
-                    poll_timeout_s=HOUR,
+                    poll_timeout_s=poll_s,
                 ),
                 monitor=FollowSettings(
                     poll_interval_s=HOUR, wait_s=HOUR, min_poll_interval_s=0, backoff_initial_ms=1
@@ -118,6 +121,7 @@ class Rig:
                 delay_window_ms=15_000,
             ),
             strategies=strategies,
+            on_invalid=on_invalid or OnInvalidMap(),
             claims=claims,
             notify=self.notified.append,
             clock=self.clock,

@@ -94,6 +94,20 @@ def _announce(gateway: Gateway) -> None:
     "first match wins), overriding --strategy.",
 )
 @click.option(
+    "--on-invalid",
+    type=click.Choice(["continue", "halt"], case_sensitive=False),
+    help="After an INVALID batch: continue with the service's next batch (default) or "
+    "halt the service until an operator resumes it past that batch.",
+)
+@click.option(
+    "--on-invalid-for",
+    "on_invalid_for",
+    multiple=True,
+    metavar="PATTERN=continue|halt",
+    help="--on-invalid for the service ids matching PATTERN (shell-style; repeatable, "
+    "first match wins).",
+)
+@click.option(
     "--allowed-hosts",
     help="Comma-separated Host names answered besides the bind address and loopback "
     "[allowed_hosts].",
@@ -118,6 +132,8 @@ def serve(
     delay_window_ms: int | None,
     strategy: str | None,
     strategy_for: tuple[str, ...],
+    on_invalid: str | None,
+    on_invalid_for: tuple[str, ...],
     allowed_hosts: str | None,
     public_url: str | None,
     insecure_allow_remote: bool | None,
@@ -135,6 +151,8 @@ def serve(
         "delay_window_ms": delay_window_ms,
         "queuer.strategy": strategy,
         "queuer.strategy_by_service": ",".join(strategy_for) if strategy_for else None,
+        "queuer.on_invalid": on_invalid,
+        "queuer.on_invalid_by_service": ",".join(on_invalid_for) if on_invalid_for else None,
         "allowed_hosts": allowed_hosts,
         "public_url": public_url,
         "insecure_allow_remote": insecure_allow_remote,

@@ -46,6 +46,9 @@ class IngestOnlyLedger:
     ) -> tuple[LedgerBatchStatus, ...]:
         raise LedgerError("an ingest worker follows nothing; worker 0 runs the pipeline")
 
+    async def transaction_committed(self, transaction_id: str) -> bool:
+        raise LedgerError("an ingest worker checks no dependency; worker 0 runs the pipeline")
+
     def events(self) -> AsyncIterator[CommitEvent] | None:
         return None
 

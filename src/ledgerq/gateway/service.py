@@ -51,7 +51,7 @@ from ledgerq.queue.ahead import Successors
 from ledgerq.queue.parallel import ParallelRoundStore
 from ledgerq.queue.serial import RoundStore
 from ledgerq.record.completer import Completer
-from ledgerq.store.base import GroupWriter
+from ledgerq.store.base import ControlStore, GroupWriter
 from ledgerq.store.group import GroupInserter
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,9 @@ log = logging.getLogger(__name__)
 HOLD_BACKSTOP_MS = 60_000
 
 
-class GatewayStore(ApiStore, InFlightStore, RoundStore, ParallelRoundStore, GroupWriter, Protocol):
+class GatewayStore(
+    ApiStore, InFlightStore, RoundStore, ParallelRoundStore, GroupWriter, ControlStore, Protocol
+):
     """Every store role the gateway uses."""
 
     dialect: str
@@ -139,6 +141,7 @@ class Gateway:
                 hold_ms=max(settings["delay_window_ms"], HOLD_BACKSTOP_MS),
             ),
             strategies=strategies,
+            on_invalid=settings.on_invalid,
             claims=claims,
             # Under HA only claimed services are queued and followed; full
             # rounds join the claims table rather than list thousands of ids.

@@ -120,6 +120,13 @@ class LedgerClient(Protocol):
         """The ledger's view of ``batch_ids``, waiting up to ``wait_s`` for them to be final."""
         ...
 
+    async def transaction_committed(self, transaction_id: str) -> bool:
+        """Whether the ledger has committed this transaction (a dependency
+        ledgerq does not track): Sawtooth's ``GET /transactions/{id}`` knows
+        only committed ones. Raises :class:`~ledgerq.errors.LedgerError` when
+        the ledger cannot say."""
+        ...
+
     def events(self) -> AsyncIterator[CommitEvent] | None:
         """A stream of final-status events, or ``None`` if the ledger has none."""
         ...

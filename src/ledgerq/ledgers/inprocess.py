@@ -53,6 +53,9 @@ class NodeClient:
         infos = await self.node.batch_statuses(batch_ids, wait=wait_s or None)
         return check_ids([sawtooth_status(i.to_json()) for i in infos.values()], batch_ids)
 
+    async def transaction_committed(self, transaction_id: str) -> bool:
+        return self.node.committed.txn(transaction_id) is not None
+
     def events(self) -> AsyncIterator[CommitEvent] | None:
         return self._events()
 

@@ -149,6 +149,22 @@ class SawtoothClient:
             )
         return parse_status_list(body, url, sawtooth_status, batch_ids)
 
+    async def transaction_committed(self, transaction_id: str) -> bool:
+        url = f"{self.base_url}/transactions/{urllib.parse.quote(transaction_id, safe='')}"
+        try:
+            async with self.status_session.get(
+                url, timeout=aiohttp.ClientTimeout(total=self.timeouts.submit)
+            ) as response:
+                if response.status == 200:
+                    return True
+                if response.status == 404:
+                    return False
+                raise LedgerError(
+                    f"GET {url} answered {response.status}", cause=f"HTTP {response.status}"
+                )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise LedgerError(f"GET {url} failed: {exc!r}", cause="connection failed") from exc
+
     def events(self) -> AsyncIterator[CommitEvent] | None:
         if not self.use_events:
             return None

@@ -116,6 +116,13 @@ class SplinterClient:
         )
         return parse_status_list(body, url, scabbard_status, batch_ids)
 
+    async def transaction_committed(self, transaction_id: str) -> bool:
+        raise LedgerError(
+            "a scabbard service cannot be asked about one transaction: a dependency on a "
+            f"transaction ledgerq does not track ({transaction_id[:16]}) cannot be checked",
+            cause="not supported",
+        )
+
     def events(self) -> AsyncIterator[CommitEvent] | None:
         return None
 

@@ -575,6 +575,9 @@ class InstrumentedLedger:
         self.metrics.posted(batch_id, result, time.monotonic() - started)
         return result
 
+    async def transaction_committed(self, transaction_id: str) -> bool:
+        return await self.inner.transaction_committed(transaction_id)
+
     async def batch_statuses(
         self, service_id: str, batch_ids: Sequence[str], *, wait_s: float = 0.0
     ) -> tuple[LedgerBatchStatus, ...]:

@@ -48,26 +48,42 @@ every submission in progress was recorded and the follower stopped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ledgerq.backoff import Jitter, equal_jitter
 from ledgerq.clock import Clock, now_ms
-from ledgerq.errors import FencedOffError, LedgerqError
+from ledgerq.errors import FencedOffError, LedgerqError, StatusTransitionError
 from ledgerq.failpoints import failpoint
 from ledgerq.follow.follower import Follower, FollowSettings
 from ledgerq.follow.in_flight import InFlightStore, StoreMonitorSource
 from ledgerq.ledgers.base import Accepted, Ambiguous, LedgerBatchStatus, LedgerClient
 from ledgerq.ledgers.health import LedgerHealth
-from ledgerq.model import BatchStatus, BatchStatusName, Fence, TrackingBatch
+from ledgerq.model import BatchStatus, BatchStatusName, BatchWrite, Fence, Invalid, TrackingBatch
+from ledgerq.pipeline.dependencies import (
+    DependencyCheck,
+    DependencyStore,
+    Fail,
+    TakeFirst,
+    Wait,
+    dependencies_of,
+)
 from ledgerq.queue.ahead import NextOpenStore, NextReader, Successors
 from ledgerq.queue.parallel import ParallelRoundStore
 from ledgerq.queue.serial import RoundStore
 from ledgerq.queue.source import QueueSource, ServiceFilter
-from ledgerq.queue.strategy import SERIAL_ONLY, Strategy, StrategyMap
+from ledgerq.queue.strategy import (
+    CONTINUE_ALWAYS,
+    SERIAL_ONLY,
+    OnInvalid,
+    OnInvalidMap,
+    Strategy,
+    StrategyMap,
+)
 from ledgerq.record import writes
 from ledgerq.record.completer import Completer
 from ledgerq.submit.submitter import Outcome, Sleep, Submitter, SubmitterSettings
@@ -79,15 +95,52 @@ log = logging.getLogger(__name__)
 FREED_TAKE = 4
 #: Next batches read ahead kept at most.
 _MAX_READ_AHEAD = 100_000
+#: A service waiting for a dependency is looked at again after this long at
+#: first, then twice as long each time, up to the second figure (ms): a
+#: dependency ledgerq does not track is asked about again then, and one in a
+#: batch this process does not finish (another instance's) is looked up.
+_WAIT_FIRST_MS = 500
+_WAIT_MOST_MS = 10_000
 
 
-class ProducerStore(RoundStore, ParallelRoundStore, InFlightStore, NextOpenStore, Protocol):
+class ServiceControl(Protocol):
+    """A service's control (``ledgerq.store.base.ServiceControl``)."""
+
+    @property
+    def service_id(self) -> str: ...
+
+    @property
+    def stopped(self) -> bool: ...
+
+
+class ProducerStore(
+    RoundStore, ParallelRoundStore, InFlightStore, NextOpenStore, DependencyStore, Protocol
+):
     """The store roles the producer's stages read."""
 
     @property
     def takes_freed(self) -> bool:
         """Whether a final status can take the batches it frees (``BatchWrite.take_freed``)."""
         ...
+
+    async def service_controls(
+        self, service_ids: Collection[str] | None = None
+    ) -> Mapping[str, ServiceControl]:
+        """The controls of these services (``None``: of every stopped one)."""
+        ...
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A service waiting for a dependency of its next batch."""
+
+    batch_id: str
+    reason: str
+    #: The tracked batch waited for, if any.
+    on: str | None
+    #: When it is looked at again (ms), and how many waits in a row.
+    due: int
+    times: int
 
 
 class ClaimLeases(Protocol):
@@ -143,6 +196,7 @@ class Producer:
         settings: PipelineSettings | None = None,
         *,
         strategies: StrategyMap = SERIAL_ONLY,
+        on_invalid: OnInvalidMap = CONTINUE_ALWAYS,
         claims: ClaimLeases | None = None,
         services: ServiceFilter | None = None,
         claimant: str | None = None,
@@ -165,6 +219,17 @@ class Producer:
         self._completer = completer
         self._strategies = strategies
         self._all_serial = strategies.uniform is Strategy.SERIAL
+        self._on_invalid = on_invalid
+        self._never_halts = on_invalid.uniform is OnInvalid.CONTINUE
+        #: Services that take nothing now: stopped (paused or halted, as the
+        #: store says) or waiting for a dependency. The queue's live view.
+        self._resting: set[str] = set()
+        self._stopped: set[str] = set()
+        self._waiting: dict[str, _Waiting] = {}
+        #: Per tracked batch waited for, the services waiting for it.
+        self._waiters: dict[str, set[str]] = {}
+        #: The wait reason last recorded per batch (recorded once per change).
+        self._told: dict[str, str] = {}
         self._claims = claims
         self._notify = notify
         self._observer = observer
@@ -180,6 +245,7 @@ class Producer:
             lean=lean,
             strategies=strategies,
             hold_ms=s.hold_ms,
+            resting=self._resting,
         )
         self.submitter = Submitter(ledger, s.submitter, sleep=sleep, health=health, jitter=jitter)
         #: Batch ids being posted right now: the follower leaves them alone.
@@ -194,6 +260,7 @@ class Producer:
             jitter=jitter,
         )
         self.ahead = NextReader(store, successors)
+        self.dependencies = DependencyCheck(store, ledger)
         # The lanes: submissions in progress (batch id -> service id), per
         # service how many, and slots set aside for takes under way.
         self._in_flight: dict[str, str] = {}
@@ -201,7 +268,7 @@ class Producer:
         self._reserved = 0
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._stopped: asyncio.Future[None] | None = None
+        self._stopped_future: asyncio.Future[None] | None = None
         #: Submissions ended so far (the exclusions of a pull are then stale).
         self._ended = 0
         self._tasks: asyncio.TaskGroup | None = None
@@ -211,6 +278,7 @@ class Producer:
         self._reading: dict[str, asyncio.Task[TrackingBatch | None]] = {}
         #: Batches being recorded accepted: done once their submission ended.
         self._accepting: dict[str, asyncio.Future[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self.submitted_total = 0
         #: Batches taken with their predecessor's final status; of those,
         #: the ones a parallel final status freed.
@@ -291,14 +359,16 @@ class Producer:
         """Take no new batches; :meth:`run` returns once in-flight ones are recorded."""
         self._stopping.set()
         self.submitter.stop()
-        if self._stopped is not None and not self._stopped.done():
-            self._stopped.set_result(None)
+        if self._stopped_future is not None and not self._stopped_future.done():
+            self._stopped_future.set_result(None)
         self._slot_free.set()
 
     async def run(self) -> None:
-        self._stopped = None  # made on this run's loop by the first _next
+        self._stopped_future = None  # made on this run's loop by the first _next
+        await self._refresh_controls(None)
         async with asyncio.TaskGroup() as outer:
             outer.create_task(self.follower.run())
+            resting = outer.create_task(self._rest_loop())
             try:
                 async with asyncio.TaskGroup() as tasks:
                     self._tasks = tasks
@@ -308,6 +378,7 @@ class Producer:
                 # what was accepted is followed until the follower stops.
                 self._tasks = None
                 self.follower.stop()
+                resting.cancel()
 
     # -- from the queue ----------------------------------------------------------
 
@@ -359,12 +430,12 @@ class Producer:
                 exclude_batches=exclude_batches,
             )
         )
-        if self._stopped is None:
+        if self._stopped_future is None:
             # One future for the whole run, not a task per call.
-            self._stopped = asyncio.get_running_loop().create_future()
+            self._stopped_future = asyncio.get_running_loop().create_future()
             if self._stopping.is_set():
-                self._stopped.set_result(None)
-        racing: set[asyncio.Future[Any]] = {fetch, self._stopped}
+                self._stopped_future.set_result(None)
+        racing: set[asyncio.Future[Any]] = {fetch, self._stopped_future}
         await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         if not fetch.done():
             fetch.cancel()
@@ -397,6 +468,8 @@ class Producer:
         try:
             if not recorded:
                 failpoint("submitting")
+                if dependencies_of(batch) and not await self._dependencies_met(batch):
+                    return
                 fence = self._fence(batch.service_id)
                 await self._completer.apply(writes.taken(batch, now=self._clock(), fence=fence))
                 recorded = True
@@ -413,9 +486,16 @@ class Producer:
             # follower's next scan asks the ledger about it. Fenced off, the
             # service moved to another instance (this one was paused, or
             # could not renew): expected under HA, the new holder asks the
-            # ledger about the batch; not an error of this instance's.
+            # ledger about the batch; not an error of this instance's. A
+            # take refused because the service was paused or halted
+            # meanwhile (by an operator elsewhere): expected too.
+            refused = isinstance(exc, StatusTransitionError) and not recorded
+            if refused:
+                self._spawn(self._refresh_controls([batch.service_id]))
             log.log(
-                logging.WARNING if isinstance(exc, FencedOffError) else logging.ERROR,
+                logging.WARNING
+                if isinstance(exc, FencedOffError | StatusTransitionError)
+                else logging.ERROR,
                 "submission of batch=%s service=%s not recorded: %s",
                 batch.batch_id[:16],
                 batch.service_id,
@@ -444,12 +524,10 @@ class Producer:
             await self._accepted(batch, fence)
             return
         write = writes.outcome(batch, result, outcome.attempts, now=self._clock(), fence=fence)
-        await self._completer.apply(write)
+        await self._apply_freeing(write)
         if isinstance(result, Ambiguous):
             # The ledger may or may not have it: asked before anything moves.
             self.follower.ask(batch.batch_id, batch.service_id)
-        elif write.frees_service:
-            self._unlocked(batch.service_id)
 
     async def _accepted(self, batch: TrackingBatch, fence: Fence | None) -> None:
         """The ledger accepted ``batch``: it is followed from now on (its
@@ -491,6 +569,9 @@ class Producer:
         except LedgerqError as exc:
             log.warning("cannot read the next batch of service %s: %s", service_id, exc)
             return None
+        if nxt is not None and dependencies_of(nxt):
+            # Checked before its take, on the queue's path.
+            return None
         if nxt is not None:
             if len(self._next_of) >= _MAX_READ_AHEAD:
                 self._next_of.clear()  # batches no longer followed here, say
@@ -529,7 +610,7 @@ class Producer:
                 # Read ahead, not back yet: sooner than the queue's two commits.
                 ahead = await asyncio.shield(self._reading[batch_id])
                 self._next_of.pop(batch_id, None)
-            if not final:
+            if not final or self._halt_reason(service_id, written) is not None:
                 await self._write_status(service_id, batch_id, written, fence)
             elif ahead is not None:
                 await self._final_then_next(service_id, batch_id, written, fence, ahead)
@@ -542,9 +623,31 @@ class Producer:
         self, service_id: str, batch_id: str, status: BatchStatus, fence: Fence | None
     ) -> None:
         write = writes.ledger_status(service_id, batch_id, status, now=self._clock(), fence=fence)
+        await self._apply_freeing(write)
+
+    def _halt_reason(self, service_id: str, status: BatchStatus | None) -> str | None:
+        """Why ``status`` halts the service, if it does (``on_invalid = halt``)."""
+        if self._never_halts or not isinstance(status, Invalid):
+            return None
+        if self._on_invalid.of(service_id) is not OnInvalid.HALT:
+            return None
+        return writes.invalid_reason(status)
+
+    async def _apply_freeing(self, write: BatchWrite) -> None:
+        """Apply a write that may end a batch (and halt its service), then let
+        the service and whoever waits for the batch move on."""
+        status = write.status
+        halt = self._halt_reason(write.service_id, status if isinstance(status, Invalid) else None)
+        if halt is not None:
+            write = dataclasses.replace(write, halt=halt)
         await self._completer.apply(write)
-        if write.frees_service:
-            self._unlocked(service_id)
+        if halt is not None:
+            self._stop(write.service_id)
+            self._notify(write.service_id)
+        elif write.frees_service:
+            self._unlocked(write.service_id)
+        if write.status is not None and write.status.is_final:
+            self._finished(write.id)
 
     def _reserve_next(self, service_id: str) -> bool:
         """A slot for a serial service's next batch, taken with its
@@ -555,6 +658,7 @@ class Producer:
             self._tasks is None
             or self._stopping.is_set()
             or service_id in self._busy
+            or service_id in self._resting
             or self._free_slots() <= 0
             or self._parallel(service_id)
             or not self.source.idle(service_id)
@@ -606,6 +710,7 @@ class Producer:
         if not landed:
             self._unlocked(service_id)
             return
+        self._finished(batch_id)
         self.taken_with_final += 1
         self.source.taken_elsewhere(nxt)
         self._post_taken(nxt, fence)
@@ -630,6 +735,7 @@ class Producer:
             slots <= 0
             or not self._parallel(service_id)
             or not self._store.takes_freed
+            or service_id in self._resting
             or self._tasks is None
             or self._stopping.is_set()
         ):
@@ -652,6 +758,7 @@ class Producer:
         finally:
             self._reserved -= slots
             self._slot_free.set()
+        self._finished(batch_id)
         for batch in freed:
             self._take(batch)
             self.taken_with_final += 1
@@ -661,6 +768,123 @@ class Producer:
             self._unlocked(service_id)
         else:
             self._notify(service_id)
+
+    # -- declared dependencies, halts and operator control --------------------
+
+    async def _dependencies_met(self, batch: TrackingBatch) -> bool:
+        """Whether ``batch`` may be taken now as far as its declared
+        dependencies go (``ledgerq.pipeline.dependencies``). If not, what
+        it must do instead was done: a dependency of its service taken
+        first, the batch failed, or its service set waiting."""
+        verdict = await self.dependencies.resolve(batch)
+        service_id = batch.service_id
+        match verdict:
+            case TakeFirst(batch=first):
+                alone = self._busy.get(service_id, 0) <= 1
+                if first.batch_id in self._in_flight or not alone or self._tasks is None:
+                    # Another submission has it, or (parallel) others of the
+                    # service are in flight: look again once they end.
+                    await self._wait_for(batch, Wait(f"waits for batch {first.batch_id}"))
+                    return False
+                self._take(first)
+                self._tasks.create_task(self._submit(first))
+                return False
+            case Fail(reason=reason):
+                fence = self._fence(service_id)
+                await self._apply_freeing(
+                    writes.dependency_failed(batch, reason, now=self._clock(), fence=fence)
+                )
+                log.info("batch=%s service=%s failed: %s", batch.batch_id[:16], service_id, reason)
+                return False
+            case Wait():
+                await self._wait_for(batch, verdict)
+                return False
+        self._end_wait(service_id, wake=False)
+        return True
+
+    async def _wait_for(self, batch: TrackingBatch, wait: Wait) -> None:
+        """Set the batch's service waiting (it takes nothing until woken), and
+        record what it waits for once per change (its lock reason)."""
+        service_id = batch.service_id
+        now = self._clock()
+        before = self._waiting.get(service_id)
+        times = 1 if before is None or before.batch_id != batch.batch_id else before.times + 1
+        delay = min(_WAIT_FIRST_MS * 2 ** min(times - 1, 16), _WAIT_MOST_MS)
+        self._waiting[service_id] = _Waiting(
+            batch.batch_id, wait.reason, wait.on, now + delay, times
+        )
+        if wait.on is not None:
+            self._waiters.setdefault(wait.on, set()).add(service_id)
+        self._resting.add(service_id)
+        if self._told.get(batch.batch_id) != wait.reason:
+            fence = self._fence(service_id)
+            await self._completer.apply(writes.waiting(batch, wait.reason, now=now, fence=fence))
+            self._told[batch.batch_id] = wait.reason
+            self._notify(service_id)
+
+    def _end_wait(self, service_id: str, *, wake: bool = True) -> None:
+        waiting = self._waiting.pop(service_id, None)
+        if waiting is None:
+            return
+        self._told.pop(waiting.batch_id, None)
+        if waiting.on is not None:
+            services = self._waiters.get(waiting.on)
+            if services is not None:
+                services.discard(service_id)
+                if not services:
+                    del self._waiters[waiting.on]
+        if service_id not in self._stopped:
+            self._resting.discard(service_id)
+            if wake:
+                self.source.wake(service_id)
+
+    def _finished(self, batch_id: str) -> None:
+        """Batch ``batch_id`` is final here: the services waiting for it look again."""
+        for service_id in sorted(self._waiters.pop(batch_id, ())):
+            self._end_wait(service_id)
+
+    def _stop(self, service_id: str) -> None:
+        """The service is paused or halted: it takes nothing more."""
+        self._stopped.add(service_id)
+        self._resting.add(service_id)
+
+    async def refresh_controls(self, service_ids: Collection[str] | None = None) -> None:
+        """Read the services' controls again (an operator paused, resumed or
+        resumed one past its halt); ``None``: every service's."""
+        await self._refresh_controls(service_ids)
+
+    async def _refresh_controls(self, service_ids: Collection[str] | None) -> None:
+        try:
+            controls = await self._store.service_controls(service_ids)
+        except LedgerqError as exc:
+            log.warning("cannot read which services are paused or halted: %s", exc)
+            return
+        stopped = {s for s, c in controls.items() if c.stopped}
+        looked = self._stopped if service_ids is None else set(service_ids)
+        for service_id in looked - stopped:
+            if service_id in self._stopped:
+                self._stopped.discard(service_id)
+                if service_id not in self._waiting:
+                    self._resting.discard(service_id)
+                    self.source.wake(service_id)
+        for service_id in stopped:
+            self._stop(service_id)
+
+    async def _rest_loop(self) -> None:
+        """Every poll interval: which services are paused or halted (an
+        operator acted on another instance), and the waits that are due."""
+        interval = self.settings.submitter.poll_timeout_s
+        while True:
+            await asyncio.sleep(interval)
+            await self._refresh_controls(None)
+            now = self._clock()
+            for service_id in [s for s, w in self._waiting.items() if w.due <= now]:
+                self._end_wait(service_id)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _post_taken(self, batch: TrackingBatch, fence: Fence | None) -> None:
         """Post a batch the store already shows taken. If the run ended

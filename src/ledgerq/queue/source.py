@@ -46,6 +46,9 @@
   that hand-out was recorded.
 * A round is a snapshot: the producer records ``submitted = true`` (fenced,
   under HA) before posting, and must treat a refused write as "not mine".
+* **Resting services** (``resting``): a service that takes nothing now
+  (paused, halted, waiting for a dependency) gets no pick; it is woken when
+  it leaves.
 * **Strategies** (:class:`~ledgerq.queue.strategy.StrategyMap`): a service
   under ``serial`` gets its picks from ``queue_round``, one under
   ``parallel`` from ``parallel_round``. A woken parallel service gets up to
@@ -140,7 +143,11 @@ class QueueSource:
         strategies: StrategyMap = SERIAL_ONLY,
         claimant: str | None = None,
         parallel_picks: int = DEFAULT_PARALLEL_PICKS,
+        resting: Collection[str] = (),
     ) -> None:
+        """``resting``: services that take nothing now (paused, halted,
+        waiting for a dependency), a live view: none of their batches is
+        handed out, and a service that leaves it must be woken."""
         if delay_window_ms < 0:
             raise ValueError(f"delay_window_ms must be >= 0, got {delay_window_ms}")
         check_per_service(parallel_picks)
@@ -160,6 +167,7 @@ class QueueSource:
         self._lean = lean
         self._claimant = claimant
         self._parallel_picks = parallel_picks
+        self._resting = resting
         self._round: deque[TrackingBatch] = deque()
         # Per service, how many of its picks wait in the round (one at most
         # for a serial service; up to parallel_picks for a parallel one).
@@ -517,6 +525,8 @@ class QueueSource:
             ) from exc
 
     def _allowed(self, services: set[str]) -> set[str]:
+        if self._resting:
+            services = services.difference(self._resting)
         if self._services is None:
             return services
         allowed = self._services()
@@ -594,7 +604,7 @@ class QueueSource:
                 if hold.version == _version(batch):
                     continue  # the store has not recorded the hand-out yet
                 del self._held[_key(batch)]
-            if batch.service_id in present:
+            if batch.service_id in present or batch.service_id in self._resting:
                 continue
             if extra.get("lean") and batch.seq is not None:
                 self._lean_picks.add(batch.seq)

@@ -30,7 +30,15 @@ ledger: PENDING           ``{submitted, Pending}``
 ledger: VALID (Splinter)  ``{submitted, Pending}``: not final, followed until
                           Committed (clients see ``PENDING``)
 ledger: UNKNOWN           ``{not submitted, Unknown}``: queued again, first
+a dependency failed       ``Invalid``, never posted: every transaction's
+                          external error names the failed dependency
+waits for a dependency    state unchanged; submission error ``dependency``
+                          says what it waits for (the lock reason)
 ========================  ==================================================
+
+An ``Invalid`` status (from the ledger, a rejection or a failed dependency)
+of a service whose ``on_invalid`` is ``halt`` also halts the service, in the
+same transaction (``BatchWrite.halt``).
 
 Under the parallel queuer (``docs/queuer.md``) the same events write the
 same states, per batch instead of per service. One state is not written
@@ -69,6 +77,10 @@ from ledgerq.model import (
     TransactionReceipt,
     Valid,
 )
+
+#: The submission error type (and external error status) of what a declared
+#: dependency causes: a batch waiting for one, or failed because one failed.
+DEPENDENCY = "dependency"
 
 
 def receipts_of(status: BatchStatus) -> tuple[TransactionReceipt, ...]:
@@ -185,6 +197,57 @@ def outcome(
                 fence=fence,
             )
     raise TypeError(f"not a submission result: {result!r}")
+
+
+def dependency_failed(
+    batch: TrackingBatch, reason: str, *, now: int, fence: Fence | None
+) -> BatchWrite:
+    """A batch whose dependency failed (judged ``Invalid``, or cancelled):
+    ``Invalid`` without a POST, every transaction carrying the reason as its
+    external error."""
+    invalid = Invalid(
+        tuple(
+            InvalidTransaction(
+                transaction_id=t.transaction_header,
+                external_error_status=DEPENDENCY,
+                external_error_message=reason,
+            )
+            for t in batch.transactions
+        )
+    )
+    return BatchWrite(
+        batch.service_id,
+        batch.batch_id,
+        invalid,
+        receipts_of(invalid),
+        SubmissionError(DEPENDENCY, reason),
+        now=now,
+        fence=fence,
+    )
+
+
+def waiting(batch: TrackingBatch, reason: str, *, now: int, fence: Fence | None) -> BatchWrite:
+    """What a batch waits for before it may go (a dependency): shown as its
+    service's lock reason; its state is unchanged."""
+    return BatchWrite(
+        batch.service_id,
+        batch.batch_id,
+        None,
+        (),
+        SubmissionError(DEPENDENCY, reason),
+        now=now,
+        fence=fence,
+    )
+
+
+def invalid_reason(status: BatchStatus) -> str:
+    """What an ``Invalid`` status says, in one line (a halt's reason)."""
+    if isinstance(status, Invalid):
+        for t in status.transactions:
+            message = t.error_message or t.external_error_message
+            if message:
+                return message
+    return "the ledger judged the batch INVALID"
 
 
 def _delayed(

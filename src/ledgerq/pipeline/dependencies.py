@@ -1,0 +1,200 @@
+"""Declared dependencies: whether a batch may go to the ledger now.
+
+A Sawtooth transaction names, in its header's ``dependencies``, transactions
+that must be applied before it. A ledger that enforces them (a validator,
+``ledgerq node``) holds a batch whose dependencies it has not committed —
+and a validator drops it silently later — so a queuer that sends such a
+batch ahead of its dependencies stalls its service. Before a batch is taken,
+:meth:`DependencyCheck.resolve` decides (``docs/queuer.md``, "Declared
+dependencies"):
+
+* every dependency committed (a tracked batch ``Committed``, or a
+  transaction the ledger says it committed) → :class:`Ready`;
+* a dependency ledgerq tracks in a batch of the same service that was not
+  sent yet (accepted later, queued behind) → :class:`TakeFirst`: that batch
+  goes first (its own dependencies resolved the same way), then this one;
+* a tracked dependency in flight, or in a batch of another service not
+  committed yet → :class:`Wait` for that batch (it goes in its own service's
+  order; the waiting service is woken when it is final);
+* a dependency the ledger judged ``Invalid``, or an operator cancelled →
+  :class:`Fail`: the batch fails too, at once, without a POST;
+* a dependency ledgerq does not track: the ledger is asked; committed →
+  ready; not seen (or the ledger cannot say) → :class:`Wait`, asked again
+  later. No timer ever makes such a batch ``Invalid``: that would be a guess.
+
+Transactions of the batch itself are not dependencies to resolve: the
+ledger applies a batch's transactions in order.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ledgerq.errors import LedgerError
+from ledgerq.model import BatchStatusName, TrackingBatch
+
+#: How deep a chain of batches of one service pulled forward is followed.
+MAX_DEPTH = 32
+#: Transactions the ledger said it committed, remembered at most.
+MAX_KNOWN = 100_000
+
+
+class DependencyState(Protocol):
+    """The tracked batch of a transaction (``ledgerq.store.base.DependencyState``)."""
+
+    @property
+    def service_id(self) -> str: ...
+
+    @property
+    def batch_id(self) -> str: ...
+
+    @property
+    def status(self) -> BatchStatusName | None: ...
+
+    @property
+    def submitted(self) -> bool: ...
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    @property
+    def committed(self) -> bool: ...
+
+    @property
+    def failed(self) -> bool: ...
+
+
+class DependencyStore(Protocol):
+    """The store role of the check."""
+
+    async def dependency_states(
+        self, transaction_ids: Collection[str]
+    ) -> Mapping[str, DependencyState]: ...
+
+    async def get_batches_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]: ...
+
+
+class TransactionLedger(Protocol):
+    """The ledger role of the check (a :class:`~ledgerq.ledgers.LedgerClient`)."""
+
+    async def transaction_committed(self, transaction_id: str) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Every dependency is committed: the batch may go."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakeFirst:
+    """A batch of the same service this one depends on goes first."""
+
+    batch: TrackingBatch
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Not now: ``reason`` is what the service waits for (its lock reason)."""
+
+    reason: str
+    #: The tracked batch waited for (the service is woken once it is final).
+    on: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """A dependency failed: the batch fails too, with ``reason``."""
+
+    reason: str
+
+
+Resolution = Ready | TakeFirst | Wait | Fail
+READY = Ready()
+
+
+def dependencies_of(batch: TrackingBatch) -> list[str]:
+    """The transaction ids ``batch`` depends on, outside itself, in order."""
+    own = {t.transaction_header for t in batch.transactions}
+    seen: dict[str, None] = {}
+    for t in batch.transactions:
+        for d in t.dependencies:
+            if d not in own:
+                seen.setdefault(d)
+    return list(seen)
+
+
+class DependencyCheck:
+    def __init__(self, store: DependencyStore, ledger: TransactionLedger) -> None:
+        self._store = store
+        self._ledger = ledger
+        #: Untracked transactions the ledger said it committed (they stay so).
+        self._known: OrderedDict[str, None] = OrderedDict()
+
+    async def resolve(self, batch: TrackingBatch) -> Resolution:
+        return await self._resolve(batch, (batch.batch_id,))
+
+    async def _resolve(self, batch: TrackingBatch, chain: Sequence[str]) -> Resolution:
+        deps = dependencies_of(batch)
+        if not deps:
+            return READY
+        states = await self._store.dependency_states(deps)
+        untracked = []
+        for d in deps:
+            state = states.get(d)
+            if state is None:
+                untracked.append(d)
+            elif state.failed:
+                how = "was cancelled" if state.cancelled else "the ledger judged INVALID"
+                return Fail(
+                    f"depends on transaction {d} of batch {state.batch_id} (service "
+                    f"{state.service_id!r}), which {how}"
+                )
+            elif not state.committed:
+                found = await self._open(batch, d, state, chain)
+                if found is not None:
+                    return found
+        for d in untracked:
+            if d in self._known:
+                continue
+            try:
+                committed = await self._ledger.transaction_committed(d)
+            except LedgerError as exc:
+                return Wait(f"waits for transaction {d}: the ledger could not be asked ({exc})")
+            if not committed:
+                return Wait(f"waits for transaction {d}, not seen on the ledger")
+            self._known[d] = None
+            while len(self._known) > MAX_KNOWN:
+                self._known.popitem(last=False)
+        return READY
+
+    async def _open(
+        self, batch: TrackingBatch, d: str, state: DependencyState, chain: Sequence[str]
+    ) -> Resolution | None:
+        """A tracked dependency not committed yet: what it means for ``batch``."""
+        where = f"transaction {d} of batch {state.batch_id}"
+        if state.submitted or state.status is BatchStatusName.PENDING:
+            return Wait(f"waits for {where}, in flight", state.batch_id)
+        if state.service_id != batch.service_id:
+            return Wait(
+                f"waits for {where} of service {state.service_id!r}, not committed yet",
+                state.batch_id,
+            )
+        if state.batch_id in chain:
+            return Fail(f"depends on {where}, which depends on it in turn: a cycle")
+        if len(chain) >= MAX_DEPTH:
+            return Wait(f"waits for {where}: too long a chain of batches to send first")
+        found = await self._store.get_batches_by_id([state.batch_id])
+        if not found:
+            return Wait(f"waits for {where}", state.batch_id)
+        first = found[0]
+        inner = await self._resolve(first, (*chain, first.batch_id))
+        match inner:
+            case Ready() | Fail():
+                # It goes first (a failed one fails on its own, then this one).
+                return TakeFirst(first)
+            case TakeFirst() | Wait():
+                return inner
+        return None
