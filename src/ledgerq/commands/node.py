@@ -245,17 +245,13 @@ async def _serve(
     app = extend_node_app(
         make_app(node, scabbard=scabbard, access=access, bound_host=host, limits=limits), node
     )
-    # No per-request access log: a busy gateway posts thousands of batches a second.
-    runner = web.AppRunner(app, shutdown_timeout=2.0, access_log=None)
-    await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise click.ClickException(
-                f"cannot listen on {host}:{port}: {bind_failure(exc)}"
-            ) from exc
+        runner = await start_listening(app, settings, host, port)
+    except OSError as exc:
+        await scabbard.close()
+        await node.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {bind_failure(exc)}") from exc
+    try:
         bound = runner.addresses[0] if runner.addresses else (host, port)
         # Tests read this line to learn the port when binding port 0.
         click.echo(f"ledgerq node listening on http://{bound[0]}:{bound[1]}", err=True)
@@ -264,6 +260,26 @@ async def _serve(
         await runner.cleanup()
         await scabbard.close()
         await node.close()
+
+
+async def start_listening(
+    app: web.Application, settings: Settings, host: str, port: int
+) -> web.AppRunner:
+    """Serve ``app`` on ``host:port`` as ``ledgerq node`` does; returns the
+    runner (``cleanup()`` stops it). Raises ``OSError`` when it cannot listen.
+
+    A compressed body is inflated only by a handler that reads it, bounded
+    and off the event loop (:mod:`ledgerq.httpbody`): never by aiohttp.
+    """
+    # No per-request access log: a busy gateway posts thousands of batches a second.
+    runner = web.AppRunner(app, shutdown_timeout=2.0, access_log=None, auto_decompress=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
 
 
 def _split(value: str) -> tuple[str, ...]:

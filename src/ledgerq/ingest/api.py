@@ -79,6 +79,7 @@ from ledgerq.errors import (
     StoreInputError,
     StoreUnavailableError,
 )
+from ledgerq.httpbody import read_body
 from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone, Yielding
 from ledgerq.ingest.errors import Handler, error_body, json_errors
@@ -532,10 +533,8 @@ class GatewayApi:
         scope = scope_of(request)
         if not scope.covers(service_id or NO_SERVICE):
             return _out_of_scope(scope, service_id or NO_SERVICE, "post into")
-        if request.content_length is not None and request.content_length > self.max_body_bytes:
-            return _too_large(self.max_body_bytes)
         try:
-            body = await request.read()
+            body = await read_body(request, self.max_body_bytes)
         except web.HTTPRequestEntityTooLarge:
             return _too_large(self.max_body_bytes)
         if len(body) >= self.decoder.yielding.bytes:
@@ -716,10 +715,12 @@ class GatewayApi:
             return refused
         # An id is at most 259 characters, quoted and separated.
         limit = self.max_status_ids * 262 + 2
-        if request.content_length is not None and request.content_length > limit:
+        try:
+            text = await read_body(request, limit)
+        except web.HTTPRequestEntityTooLarge:
             return _error(413, "Request Entity Too Large", f"the id list exceeds {limit} bytes")
         try:
-            ids = jsontext.loads(await request.read())
+            ids = jsontext.loads(text)
         except ValueError:
             ids = None
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):

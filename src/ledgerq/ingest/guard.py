@@ -16,10 +16,13 @@ or its body, and hold a connection (and a file descriptor) for ever. A
   complete within ``body_timeout_s``, else ``408`` and close;
 * **JSON errors** — what aiohttp refuses before any handler runs (a
   malformed request, a request line or header over its limits) is answered
-  in the gateway's JSON error shape, not aiohttp's plain text; a body in a
-  ``Content-Encoding`` it knows but cannot decode here (``br``, ``zstd``
-  without their libraries) is a ``415`` naming :data:`ACCEPTED_ENCODINGS`,
-  as the handlers answer any other encoding (:func:`encoding_refusal`);
+  in the gateway's JSON error shape, not aiohttp's plain text;
+* **no inflating** — aiohttp runs with ``auto_decompress=False``: a gzip or
+  deflate body is inflated only by a handler that reads it, off the event
+  loop and bounded (:func:`ledgerq.httpbody.read_body`); a body no handler
+  reads is discarded as sent. Any other ``Content-Encoding`` is the
+  handlers' ``415`` naming :data:`ACCEPTED_ENCODINGS`
+  (:func:`refuse_encoding`);
 * **disconnects** — a handler may ask to hear when its client goes away
   (:func:`on_disconnect`): a parked long-poll then stops waiting at once,
   instead of holding its slot until its ``wait`` ends.
@@ -42,7 +45,6 @@ from http import HTTPStatus
 from typing import Any, cast
 
 from aiohttp import web
-from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
@@ -69,15 +71,14 @@ def request_line_limit(max_ids: int) -> int:
     return max(8190, max_ids * (128 + 3) + 1024)
 
 
-#: The ``Content-Encoding`` of a request body the gateway takes (aiohttp
-#: decodes gzip and deflate before a handler reads the body).
+#: The ``Content-Encoding`` of a request body the gateway takes (gzip and
+#: deflate inflated by :func:`ledgerq.httpbody.read_body`).
 ACCEPTED_ENCODINGS = ("identity", "gzip", "deflate")
 
 
-def encoding_refusal(encoding: str | None) -> web.Response:
-    """The ``415`` for a body in a ``Content-Encoding`` the gateway does not take
-    (``None``: one aiohttp refused before saying which)."""
-    given = "this Content-Encoding" if encoding is None else f"Content-Encoding {encoding!r}"
+def encoding_refusal(encoding: str) -> web.Response:
+    """The ``415`` for a body in a ``Content-Encoding`` the gateway does not take."""
+    given = f"Content-Encoding {encoding!r}"
     return web.json_response(
         error_body(
             415,
@@ -271,13 +272,6 @@ class _JsonErrorHandler(RequestHandler):
         message: str | None = None,
     ) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs, checks nothing was sent
-        if status == 400 and isinstance(exc, ContentEncodingError):
-            # Raised with the headers (the body not read): an encoding aiohttp
-            # names but has no decoder for here, not a malformed request.
-            response = encoding_refusal(None)
-            response.headers.update(SECURITY_HEADERS)  # no app sees this answer to add them
-            response.force_close()
-            return response
         reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
         if status >= 500 or not message:
             text = "the gateway failed on this request; see its log"
@@ -297,7 +291,9 @@ def _protocol_factory(server: Any) -> Callable[[], Any]:
 
     def make() -> Any:
         try:
-            return _JsonErrorHandler(server, loop=server._loop, **server._kwargs)
+            # Bodies as sent: inflated only by a handler that reads one (module notes).
+            kwargs = {**server._kwargs, "auto_decompress": False}
+            return _JsonErrorHandler(server, loop=server._loop, **kwargs)
         except (AttributeError, TypeError):
             return server()
 

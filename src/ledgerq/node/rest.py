@@ -42,6 +42,7 @@ from ledgerq import jsontext
 from ledgerq.codec import DEFAULT_MAX_BYTES
 from ledgerq.codec.decode import decode_batch_list
 from ledgerq.errors import InvalidBatchError, NodeBusyError, NodeError
+from ledgerq.httpbody import read_body
 from ledgerq.node.access import AccessPolicy, access_middleware
 from ledgerq.node.chain_rest import Chain, add_chain_routes
 from ledgerq.node.decoding import BatchDecoder
@@ -171,8 +172,10 @@ def make_app(
 ) -> web.Application:
     """The node's aiohttp app; ``access`` (default: loopback, no token) guards every route."""
     limits = limits or RestLimits()
+    # A compressed body is inflated to at most this, off the event loop (ledgerq.httpbody).
+    body_limit = max_bytes + 1024
     app = web.Application(
-        client_max_size=max_bytes + 1024,
+        client_max_size=body_limit,
         middlewares=[
             json_errors,
             access_middleware(access or AccessPolicy(), bound_host=bound_host),
@@ -206,7 +209,7 @@ def make_app(
                 "Batches must be submitted as a BatchList protobuf binary, with a "
                 "'Content-Type' header of 'application/octet-stream'",
             )
-        body = await request.read()
+        body = await read_body(request, body_limit)
         busy = target.busy()
         if busy is not None:
             # As Sawtooth orders it: the body must parse (the REST API's check),
@@ -273,7 +276,7 @@ def make_app(
                 "header of 'application/json'",
             )
         try:
-            ids = jsontext.loads(await request.read())
+            ids = jsontext.loads(await read_body(request, body_limit))
         except ValueError:
             ids = None
         if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
