@@ -21,6 +21,7 @@ import json
 import math
 import os
 import tomllib
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,8 @@ from typing import Any
 from ledgerq.claims.settings import ClaimSettings
 from ledgerq.errors import ConfigError
 from ledgerq.follow.follower import FollowSettings
+from ledgerq.ledgers import LEDGER_CREDENTIALS_TWICE
+from ledgerq.ledgers.http import url_credentials
 from ledgerq.procpool import Priority
 from ledgerq.queue.strategy import Strategy, StrategyMap
 from ledgerq.scopes import ACCESS_MODES, Scope
@@ -686,7 +689,34 @@ def load_settings(
     settings.monitor  # noqa: B018
     settings.claims  # noqa: B018
     _check_tokens(settings)
+    _check_ledger(settings)
     return settings
+
+
+def ledger_password(ledger: str) -> str | None:
+    """The password in a ``ledger`` URL's ``user:password@``, if it holds one."""
+    _, sep, url = ledger.partition("+")
+    if not sep or "@" not in url:
+        return None
+    return urllib.parse.urlsplit(url).password
+
+
+def masked_url(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` shown as ``***``."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if not sep or "@" not in authority:
+        return url
+    userinfo, _, host = authority.rpartition("@")
+    user, colon, _password = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}{slash}{path}"
+
+
+def _check_ledger(settings: Settings) -> None:
+    """Refuse the two forms of ledger credentials together: one Authorization per request."""
+    _, sep, url = settings.ledger.partition("+")
+    if sep and url_credentials(url)[1] is not None and settings["ledger_token"]:
+        raise ConfigError(f"ledger and ledger_token: {LEDGER_CREDENTIALS_TWICE}")
 
 
 def _check_tokens(settings: Settings) -> None:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from ledgerq.config import Settings
+from ledgerq.config import Settings, ledger_password
 from ledgerq.logs import add_secret
 from ledgerq.node import Node
 from ledgerq.operator import dashboard, openapi
@@ -53,14 +53,14 @@ class OperatedGateway(Protocol):
 
 def register_secrets(settings: Settings) -> None:
     """Keep the tokens (the clients' and the one sent to the ledger) and the
-    database password out of every log line."""
+    database's and the ledger's passwords out of every log line."""
     for token, _scope in settings.tokens:
         add_secret(token)
     if settings["ledger_token"]:
         add_secret(settings["ledger_token"])
-    password = urlsplit(settings.db).password
-    if password:
-        add_secret(password)
+    for password in (urlsplit(settings.db).password, ledger_password(settings.ledger)):
+        if password:
+            add_secret(password)
 
 
 def secure(app: web.Application, settings: Settings) -> None:
