@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from ledgerq.config import Settings, ledger_password
+from ledgerq.ingest.guard import LIMITS, HttpLimits
 from ledgerq.logs import add_secret
 from ledgerq.node import Node
 from ledgerq.operator import dashboard, openapi
@@ -64,9 +65,17 @@ def register_secrets(settings: Settings) -> None:
 
 
 def secure(app: web.Application, settings: Settings) -> None:
-    """Install the security headers and the middlewares (outermost first:
-    Host check, CORS, tokens, service id)."""
+    """Install the connection limits (``http.*``, applied by the guarded site
+    that serves the app), the security headers and the middlewares
+    (outermost first: Host check, CORS, tokens, service id)."""
     register_secrets(settings)
+    app[LIMITS] = HttpLimits(
+        keepalive_s=settings["http.keepalive_s"],
+        header_timeout_s=settings["http.header_timeout_s"],
+        body_timeout_s=settings["http.body_timeout_s"],
+        max_connections=settings["http.max_connections"],
+        max_connections_per_address=settings["http.max_connections_per_address"],
+    )
     app.on_response_prepare.append(add_security_headers)
     app.middlewares.append(
         host_middleware(
