@@ -21,6 +21,7 @@ from aiohttp import web
 from ledgerq.config import Settings, load_settings, parse_bind
 from ledgerq.errors import ConfigError, LedgerqError
 from ledgerq.gateway.workers import bind_failure
+from ledgerq.ingest.guard import GuardedSite, HttpLimits, guard_middleware
 from ledgerq.logs import add_secret, configure_logging
 from ledgerq.node import Node, memdebug
 from ledgerq.node.access import AccessPolicy, is_loopback
@@ -241,7 +242,10 @@ async def _serve(
         allowed_hosts=_split(settings["node.allowed_hosts"]),
         allowed_origins=_split(settings["node.allowed_origins"]),
     )
-    limits = RestLimits(max_status_ids=settings["node.max_status_ids"])
+    limits = RestLimits(
+        max_status_ids=settings["node.max_status_ids"],
+        max_event_streams=settings["node.max_event_streams"],
+    )
     app = extend_node_app(
         make_app(node, scabbard=scabbard, access=access, bound_host=host, limits=limits), node
     )
@@ -268,14 +272,32 @@ async def start_listening(
     """Serve ``app`` on ``host:port`` as ``ledgerq node`` does; returns the
     runner (``cleanup()`` stops it). Raises ``OSError`` when it cannot listen.
 
-    A compressed body is inflated only by a handler that reads it, bounded
-    and off the event loop (:mod:`ledgerq.httpbody`): never by aiohttp.
+    The connections are guarded as the gateway's
+    (:class:`~ledgerq.ingest.guard.GuardedSite`): ``http.*`` deadlines and
+    idle timeout, ``node.max_connections`` in all and
+    ``node.max_connections_per_address`` per client address. A compressed
+    body is inflated only by a handler that reads it, bounded and off the
+    event loop (:mod:`ledgerq.httpbody`): never by aiohttp.
     """
+    limits = HttpLimits(
+        keepalive_s=settings["http.keepalive_s"],
+        header_timeout_s=settings["http.header_timeout_s"],
+        body_timeout_s=settings["http.body_timeout_s"],
+        max_connections=settings["node.max_connections"],
+        max_connections_per_address=settings["node.max_connections_per_address"],
+    )
+    app.middlewares.insert(0, guard_middleware)  # the guard learns where each request stands
     # No per-request access log: a busy gateway posts thousands of batches a second.
-    runner = web.AppRunner(app, shutdown_timeout=2.0, access_log=None, auto_decompress=False)
+    runner = web.AppRunner(
+        app,
+        shutdown_timeout=2.0,
+        access_log=None,
+        auto_decompress=False,
+        keepalive_timeout=limits.keepalive_s,
+    )
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await GuardedSite(runner, limits, host, port).start()
     except BaseException:
         await runner.cleanup()
         raise

@@ -59,6 +59,7 @@ from ledgerq.node.listing import (
 from ledgerq.node.node import Node
 from ledgerq.node.ordering.messages import TxFingerprint
 from ledgerq.node.scabbard import ScabbardServices, scabbard_json
+from ledgerq.node.streams import stream_cap_middleware
 from ledgerq.node.subscriptions import add_subscriptions
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class RestLimits:
 
     max_status_ids: int = 1_000  # batch ids per status request
     max_state_limit: int = 1_000  # entries per /state page, at most
+    max_event_streams: int = 64  # /events and /subscriptions open at once (ledgerq.node.streams)
 
 
 _BATCH_ID = re.compile(r"[0-9a-f]{128}")
@@ -179,6 +181,7 @@ def make_app(
         middlewares=[
             json_errors,
             access_middleware(access or AccessPolicy(), bound_host=bound_host),
+            stream_cap_middleware(limits.max_event_streams),
         ],
     )
     app[NODE_KEY] = node
