@@ -498,6 +498,11 @@ class GatewayApi:
         )
         self.clock = clock
 
+    def set_tenants(self, tenants: int) -> None:
+        """How many tenants (tokens) share the long-poll places and the status
+        reads' queue (:mod:`ledgerq.ingest.fairness`)."""
+        self.changes.shares.tenants = self.status_reads.shares.tenants = max(1, tenants)
+
     def app(self) -> web.Application:
         # One byte over the limit lets us tell "too large" from "exactly full".
         app = web.Application(
@@ -552,7 +557,7 @@ class GatewayApi:
         try:
             if service_id is not None:
                 self.check_service_id(service_id)
-            batches = await self._decode(request, body, service_id)
+            batches = await self._decode(request, body, service_id, scope.name)
         except ClientGone as exc:
             return _error(408, "Request Timeout", str(exc), "client_gone")  # read by no one
         except InvalidBatchError as exc:
@@ -575,7 +580,7 @@ class GatewayApi:
         return _status_link(request, stored, service_id)
 
     async def _decode(
-        self, request: web.Request, body: bytes, service_id: str | None
+        self, request: web.Request, body: bytes, service_id: str | None, tenant: str = ""
     ) -> Sequence[TrackingBatch]:
         """The list's batches, decoded and verified: small bodies on the event
         loop, large ones in worker processes, ``decode_slots`` at a time
@@ -584,7 +589,7 @@ class GatewayApi:
         left = asyncio.Event()
         stop_hearing = on_disconnect(request, left.set)
         try:
-            return await self.decoder.decode(body, service_id, gone=left.is_set)
+            return await self.decoder.decode(body, service_id, gone=left.is_set, tenant=tenant)
         finally:
             stop_hearing()
 
@@ -663,7 +668,7 @@ class GatewayApi:
         if service_id and not scope.covers(service_id):
             return _out_of_scope(scope, service_id, "read")
         try:
-            if wait_s > 0 and self.changes.parked >= self.changes.max_waiters:
+            if wait_s > 0 and not self.changes.has_room(scope):
                 # Refused before any read: a full parking lot costs nothing more.
                 raise TooManyWaitersError
             found = await self._status_read(ids, service_id, scope)
@@ -801,7 +806,7 @@ class GatewayApi:
         found: dict[str, TrackingBatch] = {}
         batch_ids = [i for i in ids if not i.startswith(DATA_CHANGE_PREFIX)]
         if batch_ids and lean:
-            by_id = await self.status_reads.read(batch_ids)
+            by_id = await self.status_reads.read(batch_ids, scope.name)
             for i in batch_ids:
                 b = by_id.get(i)
                 if b is not None and (service_id is None or b.service_id == service_id):

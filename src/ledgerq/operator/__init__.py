@@ -96,6 +96,8 @@ def secure(app: web.Application, settings: Settings) -> None:
 def gateway_app(gateway: OperatedGateway) -> web.Application:
     app: web.Application = gateway.api.app()
     secure(app, gateway.settings)
+    # Each token is a tenant with its fair share (ledgerq.ingest.fairness).
+    gateway.api.set_tenants(len(gateway.settings.tokens))
     app[METRICS_KEY] = gateway.metrics
 
     async def metrics(request: web.Request) -> web.Response:
