@@ -991,28 +991,35 @@ class GatewayApi:
         return web.json_response({"status": "ready", "batches": counts})
 
 
+#: What a client is told of a store failure: never the cause, which may name
+#: the database's host, port, user or name (the log has it).
+STORE_UNAVAILABLE = "the store is unavailable; retry later"
+
+
 def _store_failed(exc: StoreError) -> web.Response:
     """The answer to a store refusal: ``400`` for a value it cannot hold (a
-    permanent problem the codec should have caught), ``503`` only when the
-    store is unavailable (worth a retry), ``500`` for anything else."""
+    permanent problem the codec should have caught, named), ``503`` only when
+    the store is unavailable (worth a retry), ``500`` for anything else; the
+    cause of a 503 or 500 goes to the log only."""
     if isinstance(exc, StoreInputError):
         log.warning("the store refused a list the codec passed: %s", exc)
         return _error(400, "Invalid BatchList", str(exc), "store_input")
     if isinstance(exc, StoreUnavailableError):
         log.error("cannot store batches: %s", exc)
-        return _error(503, "Store Unavailable", f"{exc}; retry later")
+        return _error(503, "Store Unavailable", STORE_UNAVAILABLE)
     log.error("the store failed: %s", exc)
-    return _error(500, "Store Error", f"{exc}; nothing was stored")
+    return _error(500, "Store Error", "the store failed; nothing was stored (see the log)")
 
 
 def _read_failed(exc: StoreError) -> web.Response:
     """The answer to a read the store could not make: ``503`` when it is
-    unavailable (worth a retry), ``500`` otherwise; either names the failure."""
+    unavailable (worth a retry), ``500`` otherwise; the cause goes to the log
+    only."""
     if isinstance(exc, StoreUnavailableError):
         log.error("cannot read the store: %s", exc)
-        return _error(503, "Store Unavailable", f"{exc}; retry later")
+        return _error(503, "Store Unavailable", STORE_UNAVAILABLE)
     log.error("the store failed a read: %s", exc)
-    return _error(500, "Store Error", str(exc))
+    return _error(500, "Store Error", "the store failed to read; see the log")
 
 
 @web.middleware
