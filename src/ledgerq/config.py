@@ -20,6 +20,7 @@ import difflib
 import json
 import math
 import os
+import stat
 import tomllib
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -571,6 +572,8 @@ class Settings:
     values: Mapping[str, Any]
     sources: Mapping[str, str] = field(default_factory=dict)
     config_file: str | None = None
+    #: What the commands print before they start (:func:`file_warnings`).
+    warnings: tuple[str, ...] = ()
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -727,7 +730,8 @@ def load_settings(
             )
             raise ConfigError(f"invalid {key.name} (from {where}): {exc}") from exc
         sources[key.name] = source
-    settings = Settings(values, sources, str(path) if path else None)
+    warnings = file_warnings(path, sources, values) if path is not None else ()
+    settings = Settings(values, sources, str(path) if path else None, warnings)
     # Cross-key checks live in the component settings; surface them now.
     settings.submitter  # noqa: B018
     settings.monitor  # noqa: B018
@@ -735,6 +739,30 @@ def load_settings(
     _check_tokens(settings)
     _check_ledger(settings)
     return settings
+
+
+def file_warnings(
+    path: Path, sources: Mapping[str, str], values: Mapping[str, Any]
+) -> tuple[str, ...]:
+    """A warning when the settings file holds a secret (a token, a password in
+    the database or ledger URL) and anyone on the machine may read it."""
+    secrets = [k for k in sorted(SECRET_KEYS) if sources.get(k) == "file" and values[k]]
+    for key in ("db", "ledger"):
+        if sources.get(key) == "file" and "@" in str(values[key]):
+            url = str(values[key]).partition("+")[2] or str(values[key])
+            if urllib.parse.urlsplit(url).password:
+                secrets.append(key)
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return ()
+    if not secrets or not mode & stat.S_IROTH:
+        return ()
+    return (
+        f"the settings file {path} holds secrets ({', '.join(secrets)}) and every user of "
+        f"this machine may read it (mode {stat.S_IMODE(mode):o}); make it readable by the "
+        f"service's user only: chmod 600 {path}",
+    )
 
 
 def ledger_password(ledger: str) -> str | None:

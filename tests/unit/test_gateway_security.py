@@ -512,3 +512,55 @@ async def test_a_dashboard_read_the_store_does_not_answer_in_time_is_a_503(
 async def _post_one(url: str, token: str = ACME) -> tuple[int, dict[str, Any], list[str]]:
     async with aiohttp.ClientSession() as http:
         return await post(http, url, "acme-orders", token)
+
+
+class _OneInstance:
+    async def list_instances(self, now: int | None = None) -> Any:
+        from ledgerq.claims import InstanceInfo
+
+        return [InstanceInfo("gw-1", 1, 2, "10.0.0.1:8080", 7, True)]
+
+    async def claims_for(self, service_ids: Any) -> Any:
+        return {}
+
+
+async def test_a_scoped_token_sees_no_gateway_wide_counts() -> None:
+    from ledgerq.gateway.bus import WorkerInfo
+
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with running_gateway(flags, pipeline=False) as (url, gw):
+        gw.api.claims = _OneInstance()
+        gw.api.workers = lambda: [WorkerInfo(0, 1, 123, "gateway", "gw-1", 1, 0, accepted=42)]
+        async with aiohttp.ClientSession() as http:
+            status, doc = await get(http, url, "/instances", ACME)
+            assert status == 200
+            assert doc["data"][0]["claims"] is None and doc["workers"][0]["accepted"] is None
+            _matches_spec(doc, "/instances")
+            status, doc = await get(http, url, "/instances", ADMIN)
+            assert doc["data"][0]["claims"] == 7 and doc["workers"][0]["accepted"] == 42
+
+
+async def test_another_tenants_final_batch_costs_a_read_as_an_unknown_id_does() -> None:
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with running_gateway(flags) as (url, gw):
+        async with aiohttp.ClientSession() as http:
+            _s, _d, ids = await post(http, url, "globex::ledger", GLOBEX)
+            for _ in range(500):  # final, and in the shared cache of final answers
+                status, doc = await get(http, url, "/batch_statuses", ADMIN, id=ids[0])
+                if doc["data"][0]["status"] == "COMMITTED":
+                    break
+                await asyncio.sleep(0.02)
+            assert gw.api.changes.final.get(ids[0]) is not None
+            reads: list[int] = []
+            original = gw.store.get_batch_statuses_by_id
+
+            async def counted(batch_ids: Any) -> Any:
+                reads.append(len(batch_ids))
+                return await original(batch_ids)
+
+            gw.store.get_batch_statuses_by_id = counted  # type: ignore[method-assign]
+            for asked in (ids[0], "f" * 128):
+                reads.clear()
+                status, doc = await get(http, url, "/batch_statuses", ACME, id=asked)
+                assert status == 200 and doc["data"][0]["status"] == "UNKNOWN"
+                assert reads == [1], asked

@@ -54,6 +54,8 @@ def show(config_file: str | None, as_json: bool) -> None:
         settings = load_settings(config_file=config_file)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    for warning in settings.warnings:
+        click.echo(f"WARNING: {warning}", err=True)
     rows = [
         {
             "key": k.name,

@@ -171,6 +171,8 @@ def node(
         settings = load_settings(flags, config_file=config_file)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    for warning in settings.warnings:
+        click.echo(f"WARNING: {warning}", err=True)
     check_bind(host, settings)
     if settings["node.token"]:
         add_secret(settings["node.token"])

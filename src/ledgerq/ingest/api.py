@@ -247,6 +247,15 @@ def _id_problem(i: str) -> str | None:
     )
 
 
+def ids_body_limit(max_ids: int) -> int:
+    """The largest ``POST /batch_statuses`` body: ``max_ids`` of the longest
+    ids as JSON writes them — ``dc:`` and 256 characters, each escaped at
+    worst as a surrogate pair (``\\ud83d\\ude00``: 12 bytes), quoted,
+    separated by ``", "`` — in brackets."""
+    longest = 2 + len(DATA_CHANGE_PREFIX) + MAX_DATA_CHANGE_ID_LENGTH * 12
+    return max_ids * (longest + 2) + 2
+
+
 _HEX_DIGITS = b"0123456789abcdef"
 
 
@@ -718,8 +727,7 @@ class GatewayApi:
         refused = refuse_encoding(request)
         if refused is not None:
             return refused
-        # An id is at most 259 characters, quoted and separated.
-        limit = self.max_status_ids * 262 + 2
+        limit = ids_body_limit(self.max_status_ids)
         try:
             text = await read_body(request, limit)
         except web.HTTPRequestEntityTooLarge:
@@ -754,7 +762,10 @@ class GatewayApi:
                 everything or scope.covers(cached.service_id)
             ):
                 found[i] = cached
-            # else: a final batch this request may not see, now as ever
+            else:
+                # A final batch this request may not see: read as an unknown id
+                # is, so that how fast the answer comes tells nothing of it.
+                rest.append(i)
         if not rest:
             return found
         read = await self._read_map(rest, service_id, scope, lean=True)
@@ -953,7 +964,13 @@ class GatewayApi:
         return listed[:limit], more
 
     async def instances(self, request: web.Request) -> web.Response:
+        # Counts over every service (batches accepted, claims held) are the
+        # whole gateway's: a token limited to some services gets null.
+        everything = scope_of(request).sees_everything
         workers = {} if self.workers is None else {"workers": _workers(self.workers())}
+        if not everything:
+            for w in workers.get("workers", ()):
+                w["accepted"] = None
         if self.claims is None:
             return web.json_response({"data": [], "high_availability": False, **workers})
         listed = await self.claims.list_instances(self.clock())
@@ -963,7 +980,7 @@ class GatewayApi:
                 "started_at": i.started_at,
                 "last_renewal": i.heartbeat_at,
                 "address": i.address,
-                "claims": i.claims,
+                "claims": i.claims if everything else None,
                 "live": i.live,
             }
             for i in listed

@@ -345,7 +345,9 @@ async def guard_middleware(request: web.Request, handler: Handler) -> web.Stream
 class _JsonErrorHandler(RequestHandler):
     """aiohttp's protocol, answering the errors it finds before any handler
     runs (a malformed request, a request line or header over the limits) in
-    the gateway's JSON error shape instead of plain text."""
+    ledgerq's JSON error shape instead of plain text, and logging each such
+    request in one line (a failure of the server's own, a 5xx, with its
+    traceback)."""
 
     __slots__ = ()
 
@@ -356,7 +358,15 @@ class _JsonErrorHandler(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        super().handle_error(request, status, exc, message)  # logs, checks nothing was sent
+        if status >= 500:
+            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+        else:
+            # A client's malformed request: one line, not a traceback a client
+            # could repeat to flood the log.
+            why = " ".join((message or str(exc) or type(exc).__name__).split())[:200]
+            log.info("refused a malformed request from %s (%s): %s", request.remote, status, why)
+        if request.writer.output_size > 0:
+            raise ConnectionError("an answer was sent already; no error answer can follow it")
         reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
         if status >= 500 or not message:
             text = "the server failed on this request; see its log"

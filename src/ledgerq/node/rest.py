@@ -411,6 +411,9 @@ def make_app(
 
     async def get_fingerprint(request: web.Request) -> web.Response:
         bid = request.match_info["batch_id"]
+        bad = _bad_id([bid])
+        if bad is not None:
+            return bad
         fingerprint = node.fingerprint_of(bid)
         if fingerprint is None:
             return _error(404, 71, "Batch Not Found", f"batch {bid} was not ordered by this node")

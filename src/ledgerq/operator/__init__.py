@@ -117,7 +117,10 @@ def gateway_app(gateway: OperatedGateway) -> web.Application:
 
 
 def extend_node_app(app: web.Application, node: Any) -> web.Application:
+    """``/metrics``, ``/openapi.json`` and the gateway's security headers
+    (``Server`` without versions among them) on a node's app."""
     registry = node_registry(node)
+    app.on_response_prepare.append(add_security_headers)
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
