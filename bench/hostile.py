@@ -10,24 +10,30 @@ database and fresh processes: once quiet, once under the hostile load of
 ``--long-polls`` status requests of ``--poll-ids`` ids parked with ``wait``,
 ``--large-posts`` clients posting a BatchList of about 10 MiB over and over
 (verified to its last batch, then refused), a client without the token
-trying every route. Throughput is batches from the first POST to the last
-batch final. The run also checks that no claim lapsed (no gateway voided
+trying every route (every client on 127.0.0.1: the cap per address is off
+for these two runs). Throughput is batches from the first POST to the last
+batch final. Then the attacks of :mod:`bench._attacks` (gzip bombs, 2,048
+idle sockets from one address), on a gateway and on its node, caps at
+their defaults. The run also checks that no claim lapsed (no gateway voided
 another's claim) and that every batch was committed once, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import click
 import psycopg
 
+from bench import _attacks as _attacks_mod
 from bench import report
 from bench._cluster import Cluster, Workload, check_invariants, install_fence_audit
 from bench._hostile import (
@@ -134,6 +140,8 @@ def _phase(
                 "LEDGERQ_AUTH_TOKEN": TOKEN,
                 # Room for every long-poll on the two gateways.
                 "LEDGERQ_MAX_WAITERS": str(max(1_000, sizes.long_polls)),
+                # Every client here, hostile or not, is on 127.0.0.1: no cap per address.
+                "LEDGERQ_HTTP_MAX_CONNECTIONS_PER_ADDRESS": "0",
             }
             cluster = Cluster(Path(tmp), db, env=env)
             try:
@@ -173,6 +181,71 @@ def _phase(
         drop_pg_database(pg_admin, db)
 
 
+TENANT_A = "bench-tenant-a-token-0123456789"
+TENANT_B = "bench-tenant-b-token-0123456789"
+
+
+def _attacks(pg_admin: str, seconds: float) -> tuple[str, list[str]]:
+    """The gzip-bomb and idle-socket attacks on a gateway (two tenants' scoped
+    tokens) and on its node: a table, and the targets missed."""
+    db = fresh_pg_database(pg_admin)
+    rows: list[tuple[str, ...]] = []
+    missed: list[str] = []
+    try:
+        asyncio.run(_migrate(db))
+        with tempfile.TemporaryDirectory(prefix="ledgerq-attacks-") as tmp:
+            tokens = json.dumps(
+                [
+                    {"name": "a", "token": TENANT_A, "services": ["a-*"]},
+                    {"name": "b", "token": TENANT_B, "services": ["b-*"]},
+                ]
+            )
+            cluster = Cluster(Path(tmp), db, env={"LEDGERQ_AUTH_TOKENS": tokens})
+            try:
+                node = cluster.start_node()
+                gateway = cluster.start_gateway("a")
+                targets = (
+                    ("gateway", gateway.url, "/health", "/batches?service_id=a-svc", TENANT_A),
+                    ("node", node.url, "/status", "/batches", None),
+                )
+                for name, url, probe, post, token in targets:
+                    port = int(url.rsplit(":", 1)[1])
+                    quiet = asyncio.run(_attacks_mod.measure(url, probe, post, token, seconds))
+                    rows.append((name, "none", *quiet.row(), "1.00"))
+                    for kind, label, warmup in (
+                        ("gzip", "2 gzip-bomb senders", 3.0),
+                        ("idle", f"{_attacks_mod.IDLE_SOCKETS:,} idle sockets", 5.0),
+                    ):
+                        with _attacks_mod.Attack(kind, port, seconds + warmup + 5):
+                            time.sleep(warmup)  # the attack under way before measuring
+                            loaded = asyncio.run(
+                                _attacks_mod.measure(url, probe, post, token, seconds)
+                            )
+                        ratio = loaded.post_p99() / quiet.post_p99()
+                        rows.append((name, label, *loaded.row(), f"{ratio:.2f}"))
+                        if loaded.probe_p99() > 50:
+                            missed.append(f"{name} {probe} p99 under {label}")
+                        if ratio > 2:
+                            missed.append(f"{name} POST p99 under {label}")
+            finally:
+                cluster.close()
+    finally:
+        drop_pg_database(pg_admin, db)
+    table = report.table(
+        [
+            "target",
+            "attack",
+            "probe p50 ms",
+            "probe p99 ms",
+            "POST p50 ms",
+            "POST p99 ms",
+            "POST p99 ÷ unloaded",
+        ],
+        rows,
+    )
+    return table, missed
+
+
 @click.command("hostile")
 @click.option("--services", default=50, show_default=True)
 @click.option("--per-service", default=20, show_default=True, help="Ordered batches per service.")
@@ -195,6 +268,13 @@ def _phase(
     default=None,
     help="Record each gateway with py-spy (if installed) during each flow, into this folder.",
 )
+@click.option(
+    "--attack-seconds",
+    default=15.0,
+    show_default=True,
+    help="Measuring time of each attack (gzip bombs, idle sockets) on the gateway and the "
+    "node; 0 leaves the attacks out.",
+)
 @click.option("--write/--no-write", default=True, help="Write figures to docs/BENCHMARKS.md.")
 def command(
     services: int,
@@ -206,6 +286,7 @@ def command(
     prowler: bool,
     pg_admin: str,
     profile: Path | None,
+    attack_seconds: float,
     write: bool,
 ) -> None:
     """Pipeline batches/s under hostile clients, as a share of a quiet run."""
@@ -244,6 +325,25 @@ def command(
         + report.table(["run", "batches/s", "share of quiet", "claims voided", "problems"], rows)
         + f"\n\nHostile requests by outcome: {summary}.\n\n{quiet_summary.capitalize()}.\n"
     )
+    if attack_seconds > 0:
+        table, missed = _attacks(pg_admin, attack_seconds)
+        markdown += (
+            "\n**Attacks without a token** (issue 38): a `ledgerq serve` on PostgreSQL with "
+            "two tenants' scoped tokens, and its `ledgerq node`, each attacked in turn by "
+            f"{_attacks_mod.BOMB_SENDERS} senders posting a gzip of 1 GiB of zeros (about "
+            "1 MB) to `/health` about once a second each, then by "
+            f"{_attacks_mod.IDLE_SOCKETS:,} sockets from {_attacks_mod.ATTACKER} that never "
+            f"send a byte (each reopened {_attacks_mod.REOPEN_S:g} s after the server closes "
+            f"it), the attacker in a process of its own. Measured for {attack_seconds:g} s "
+            "each, one request at a time from 127.0.0.1: the probe (`/health` on the "
+            "gateway, `/status` on the node) and a valid one-batch POST (tenant a's on the "
+            "gateway). Targets: probe p99 ≤ 50 ms, POST p99 ≤ 2 × unloaded. Per-address caps "
+            "at their defaults here.\n\n"
+            + table
+            + "\n\n"
+            + ("Targets missed: " + "; ".join(missed) if missed else "Every target met.")
+            + "\n"
+        )
     click.echo(markdown)
     if write:
         report.write_section("hostile", markdown)

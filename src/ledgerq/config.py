@@ -20,7 +20,9 @@ import difflib
 import json
 import math
 import os
+import stat
 import tomllib
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,8 @@ from typing import Any
 from ledgerq.claims.settings import ClaimSettings
 from ledgerq.errors import ConfigError
 from ledgerq.follow.follower import FollowSettings
+from ledgerq.ledgers import LEDGER_CREDENTIALS_TWICE
+from ledgerq.ledgers.http import url_credentials
 from ledgerq.procpool import Priority
 from ledgerq.queue.strategy import OnInvalid, OnInvalidMap, Strategy, StrategyMap
 from ledgerq.scopes import ACCESS_MODES, Scope
@@ -334,6 +338,24 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("node.max_status_ids", _positive(_int), 1_000, "node: batch ids per status request"),
     Key("node.max_waiters", _positive(_int), 10_000, "node: status long-polls parked at once"),
+    Key(
+        "node.max_connections",
+        _positive(_int),
+        4_096,
+        "`ledgerq node`: open connections (then an idle one is closed, else 503)",
+    ),
+    Key(
+        "node.max_connections_per_address",
+        _non_negative(_int),
+        2_048,
+        "`ledgerq node`: open connections from one client address (0: no such cap)",
+    ),
+    Key(
+        "node.max_event_streams",
+        _positive(_int),
+        64,
+        "`ledgerq node`: /events and /subscriptions streams open at once (a quarter per address)",
+    ),
     Key("node.max_scabbard_services", _positive(_int), 64, "node: scabbard ledgers open at once"),
     Key("node.scabbard_idle_s", _positive(_float), 300.0, "node: close a scabbard ledger idle (s)"),
     Key("delay_window_ms", _non_negative(_int), 15_000, "wait after a Delayed batch (ms)"),
@@ -391,10 +413,36 @@ KEYS: tuple[Key, ...] = (
         30.0,
         "longest such a list is held back in all, then it runs unthrottled (s)",
     ),
-    Key("http.keepalive_s", _positive(_float), 15.0, "close a connection idle this long (s)"),
-    Key("http.header_timeout_s", _positive(_float), 10.0, "a request's headers must arrive in (s)"),
-    Key("http.body_timeout_s", _positive(_float), 60.0, "a request's body must arrive in (s)"),
-    Key("http.max_connections", _positive(_int), 2_048, "open connections (then 503 and close)"),
+    Key(
+        "http.keepalive_s",
+        _positive(_float),
+        15.0,
+        "gateway and node: close a connection idle this long (s)",
+    ),
+    Key(
+        "http.header_timeout_s",
+        _positive(_float),
+        10.0,
+        "gateway and node: a request's headers must arrive in (s)",
+    ),
+    Key(
+        "http.body_timeout_s",
+        _positive(_float),
+        60.0,
+        "gateway and node: a request's body must arrive in (s)",
+    ),
+    Key(
+        "http.max_connections",
+        _positive(_int),
+        2_048,
+        "gateway: open connections (then an idle one is closed, else 503)",
+    ),
+    Key(
+        "http.max_connections_per_address",
+        _non_negative(_int),
+        512,
+        "gateway: open connections from one client address (0: no such cap)",
+    ),
     Key("submitter.slots", _positive(_int), 256, "concurrent submissions"),
     Key("submitter.max_retries", _non_negative(_int), 5, "busy retries before Delayed"),
     Key("submitter.backoff_initial_ms", _non_negative(_int), 20, "first retry backoff (ms)"),
@@ -545,6 +593,8 @@ class Settings:
     values: Mapping[str, Any]
     sources: Mapping[str, str] = field(default_factory=dict)
     config_file: str | None = None
+    #: What the commands print before they start (:func:`file_warnings`).
+    warnings: tuple[str, ...] = ()
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -708,13 +758,65 @@ def load_settings(
             )
             raise ConfigError(f"invalid {key.name} (from {where}): {exc}") from exc
         sources[key.name] = source
-    settings = Settings(values, sources, str(path) if path else None)
+    warnings = file_warnings(path, sources, values) if path is not None else ()
+    settings = Settings(values, sources, str(path) if path else None, warnings)
     # Cross-key checks live in the component settings; surface them now.
     settings.submitter  # noqa: B018
     settings.monitor  # noqa: B018
     settings.claims  # noqa: B018
     _check_tokens(settings)
+    _check_ledger(settings)
     return settings
+
+
+def file_warnings(
+    path: Path, sources: Mapping[str, str], values: Mapping[str, Any]
+) -> tuple[str, ...]:
+    """A warning when the settings file holds a secret (a token, a password in
+    the database or ledger URL) and anyone on the machine may read it."""
+    secrets = [k for k in sorted(SECRET_KEYS) if sources.get(k) == "file" and values[k]]
+    for key in ("db", "ledger"):
+        if sources.get(key) == "file" and "@" in str(values[key]):
+            url = str(values[key]).partition("+")[2] or str(values[key])
+            if urllib.parse.urlsplit(url).password:
+                secrets.append(key)
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return ()
+    if not secrets or not mode & stat.S_IROTH:
+        return ()
+    return (
+        f"the settings file {path} holds secrets ({', '.join(secrets)}) and every user of "
+        f"this machine may read it (mode {stat.S_IMODE(mode):o}); make it readable by the "
+        f"service's user only: chmod 600 {path}",
+    )
+
+
+def ledger_password(ledger: str) -> str | None:
+    """The password in a ``ledger`` URL's ``user:password@``, if it holds one."""
+    _, sep, url = ledger.partition("+")
+    if not sep or "@" not in url:
+        return None
+    return urllib.parse.urlsplit(url).password
+
+
+def masked_url(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` shown as ``***``."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if not sep or "@" not in authority:
+        return url
+    userinfo, _, host = authority.rpartition("@")
+    user, colon, _password = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}{slash}{path}"
+
+
+def _check_ledger(settings: Settings) -> None:
+    """Refuse the two forms of ledger credentials together: one Authorization per request."""
+    _, sep, url = settings.ledger.partition("+")
+    if sep and url_credentials(url)[1] is not None and settings["ledger_token"]:
+        raise ConfigError(f"ledger and ledger_token: {LEDGER_CREDENTIALS_TWICE}")
 
 
 def _check_tokens(settings: Settings) -> None:

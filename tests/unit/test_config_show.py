@@ -30,6 +30,7 @@ def test_show_reports_each_value_and_its_source(tmp_path: Path) -> None:
     toml.write_text(
         f'[submitter]\nslots = 7\n[auth]\ntoken = "{TOKEN}"\n[cors]\norigins = "https://a.example"\n'
     )
+    toml.chmod(0o600)  # it holds a token (else a warning: see below)
     env = {"LEDGERQ_CONFIG": str(toml), "LEDGERQ_BIND": "127.0.0.1:9999",
            "LEDGERQ_DB": "postgresql://u:pw-secret@db.example/ledgerq"}  # fmt: skip
     code, out = _show(tmp_path, env, "--json")
@@ -129,3 +130,26 @@ def test_links_from_two_sources_at_once_are_refused(tmp_path: Path) -> None:
         load_settings(environ=env, cwd=tmp_path)
     with pytest.raises(ConfigError, match=r"invalid public_url"):
         load_settings(environ={"LEDGERQ_PUBLIC_URL": "gw.example.com"}, cwd=tmp_path)
+
+
+def test_a_settings_file_holding_secrets_that_anyone_may_read_is_warned_about(
+    tmp_path: Path,
+) -> None:
+    toml = tmp_path / "ops.toml"
+    toml.write_text(f'[auth]\ntoken = "{TOKEN}"\n')
+    env = {"LEDGERQ_CONFIG": str(toml)}
+    toml.chmod(0o644)
+    result = CliRunner().invoke(cli, ["config", "show", "--json"], env=env)
+    assert result.exit_code == 0
+    assert "WARNING" in result.stderr and "chmod 600" in result.stderr
+    assert "auth.token" in result.stderr and TOKEN not in result.stderr
+    json.loads(result.stdout)  # the JSON alone on stdout
+    toml.chmod(0o600)
+    result = CliRunner().invoke(cli, ["config", "show", "--json"], env=env)
+    assert result.exit_code == 0 and "WARNING" not in result.stderr
+    # Readable by all but holding no secret: nothing to warn about.
+    toml.write_text("[submitter]\nslots = 7\n")
+    toml.chmod(0o644)
+    result = CliRunner().invoke(cli, ["config", "show", "--json"], env=env)
+    assert "WARNING" not in result.stderr
+    assert load_settings(config_file=toml, environ={}).warnings == ()

@@ -9,6 +9,7 @@ scoped tokens refusing and hiding what lies outside their services.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 from urllib.parse import urlencode
@@ -434,3 +435,132 @@ def test_a_malformed_scoped_token_is_refused_naming_it(
     with pytest.raises(ConfigError, match=r"auth\.tokens") as caught:
         load_settings({"auth.tokens": entries}, environ={}, config_file=None)
     assert problem in str(caught.value)
+
+
+class _DownClaims:
+    """A claims view whose database is down, its error naming the database."""
+
+    async def list_instances(self, now: int | None = None) -> Any:
+        raise StoreUnavailableError(DB_DOWN)
+
+    async def claims_for(self, service_ids: Any) -> Any:
+        raise StoreUnavailableError(DB_DOWN)
+
+
+DB_DOWN = "connection to postgresql://ledgerq@db.internal:5432/ledgerq failed: timeout"
+
+
+@pytest.mark.parametrize("failure", [StoreUnavailableError(DB_DOWN), StoreError(DB_DOWN)])
+async def test_no_answer_names_the_store_whatever_fails(failure: StoreError) -> None:
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with running_gateway(flags, pipeline=False) as (url, gw):
+        _s, _d, ids = await _post_one(url)
+
+        async def failing(*_args: Any, **_kwargs: Any) -> Any:
+            raise failure
+
+        for name in (
+            "add_batches",
+            "get_batches_by_id",
+            "get_batch_statuses_by_id",
+            "list_batches",
+            "list_services",
+            "status_counts",
+        ):
+            setattr(gw.store, name, failing)
+        gw.api.claims = _DownClaims()
+        body, _new = batch_list(1, "acme-x")
+        async with aiohttp.ClientSession() as http:
+            for token in (ACME, ADMIN):
+                for method, path, data in (
+                    ("post", "/batches?service_id=acme-x", body),
+                    ("get", "/batches", None),
+                    ("get", f"/batches/{ids[0]}", None),
+                    ("get", f"/batch_statuses?id={ids[0]}", None),
+                    ("get", "/services", None),
+                    ("get", "/instances", None),
+                    ("get", "/dashboard/data", None),
+                ):
+                    headers = bearer(token, **OCTET)
+                    async with http.request(method, url + path, data=data, headers=headers) as r:
+                        text = await r.text()
+                        assert r.status in (500, 503), (path, r.status, text)
+                    for secret in ("db.internal", "ledgerq@", "5432", "postgresql"):
+                        assert secret not in text, (path, text)
+
+
+async def test_a_dashboard_read_the_store_does_not_answer_in_time_is_a_503(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ledgerq.operator import dashboard
+
+    monkeypatch.setattr(dashboard, "STORE_WAIT_S", 0.05)
+    async with running_gateway(pipeline=False) as (url, gw):
+        await _post_one(url, ADMIN)
+
+        async def stuck(*_args: Any, **_kwargs: Any) -> Any:
+            await asyncio.sleep(30)
+
+        gw.store.status_counts = stuck  # type: ignore[method-assign]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/dashboard/data") as r:
+                assert r.status == 503
+                doc = await r.json()
+    assert doc["error"]["code"] == 503 and "retry later" in doc["error"]["message"]
+
+
+async def _post_one(url: str, token: str = ACME) -> tuple[int, dict[str, Any], list[str]]:
+    async with aiohttp.ClientSession() as http:
+        return await post(http, url, "acme-orders", token)
+
+
+class _OneInstance:
+    async def list_instances(self, now: int | None = None) -> Any:
+        from ledgerq.claims import InstanceInfo
+
+        return [InstanceInfo("gw-1", 1, 2, "10.0.0.1:8080", 7, True)]
+
+    async def claims_for(self, service_ids: Any) -> Any:
+        return {}
+
+
+async def test_a_scoped_token_sees_no_gateway_wide_counts() -> None:
+    from ledgerq.gateway.bus import WorkerInfo
+
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with running_gateway(flags, pipeline=False) as (url, gw):
+        gw.api.claims = _OneInstance()
+        gw.api.workers = lambda: [WorkerInfo(0, 1, 123, "gateway", "gw-1", 1, 0, accepted=42)]
+        async with aiohttp.ClientSession() as http:
+            status, doc = await get(http, url, "/instances", ACME)
+            assert status == 200
+            assert doc["data"][0]["claims"] is None and doc["workers"][0]["accepted"] is None
+            _matches_spec(doc, "/instances")
+            status, doc = await get(http, url, "/instances", ADMIN)
+            assert doc["data"][0]["claims"] == 7 and doc["workers"][0]["accepted"] == 42
+
+
+async def test_another_tenants_final_batch_costs_a_read_as_an_unknown_id_does() -> None:
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with running_gateway(flags) as (url, gw):
+        async with aiohttp.ClientSession() as http:
+            _s, _d, ids = await post(http, url, "globex::ledger", GLOBEX)
+            for _ in range(500):  # final, and in the shared cache of final answers
+                status, doc = await get(http, url, "/batch_statuses", ADMIN, id=ids[0])
+                if doc["data"][0]["status"] == "COMMITTED":
+                    break
+                await asyncio.sleep(0.02)
+            assert gw.api.changes.final.get(ids[0]) is not None
+            reads: list[int] = []
+            original = gw.store.get_batch_statuses_by_id
+
+            async def counted(batch_ids: Any) -> Any:
+                reads.append(len(batch_ids))
+                return await original(batch_ids)
+
+            gw.store.get_batch_statuses_by_id = counted  # type: ignore[method-assign]
+            for asked in (ids[0], "f" * 128):
+                reads.clear()
+                status, doc = await get(http, url, "/batch_statuses", ACME, id=asked)
+                assert status == 200 and doc["data"][0]["status"] == "UNKNOWN"
+                assert reads == [1], asked

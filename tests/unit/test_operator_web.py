@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+import subprocess
 from pathlib import Path
 from typing import ClassVar
 
@@ -10,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+import ledgerq.operator
 from ledgerq.follow.follower import FollowSettings
 from ledgerq.ledgers.base import Accepted, Ambiguous, Busy, Rejected, Unreachable
 from ledgerq.logs import add_secret, configure_logging
@@ -377,3 +381,27 @@ async def test_ready_says_stopping_once_the_gateway_drains() -> None:
             async with http.get(url + "/ready") as r:
                 assert r.status == 503
                 assert (await r.json())["status"] == "stopping"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
+def test_the_dashboard_takes_the_token_out_of_the_address_bar(tmp_path: Path) -> None:
+    script = (Path(ledgerq.operator.__file__).parent / "static" / "dashboard.js").read_text()
+    # The script's start (what it does as it loads), in node with a browser's
+    # location, history and storage stood in for.
+    start = script[: script.index("function headers()")]
+    harness = tmp_path / "run.js"
+    harness.write_text(
+        'const location = {hash: "#token=s3cret-token&x=1", pathname: "/", search: "?a=b"};\n'
+        "const stored = {};\n"
+        "const sessionStorage = {setItem: (k, v) => { stored[k] = v; }};\n"
+        "let replaced = null;\n"
+        "const history = {replaceState: (_s, _t, url) => { replaced = url; }};\n"
+        + start
+        + "\nconsole.log(JSON.stringify({stored, replaced}));\n"
+    )
+    out = subprocess.run(
+        ["node", str(harness)], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    doc = json.loads(out)
+    assert doc["stored"] == {"ledgerq-token": "s3cret-token"}
+    assert doc["replaced"] == "/?a=b#x=1"

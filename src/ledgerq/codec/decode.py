@@ -48,6 +48,7 @@ slice of the input, so nothing a client sent is dropped or re-encoded.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -62,7 +63,7 @@ from ledgerq.codec.signing import (
     load_public_key,
     verify_checked,
 )
-from ledgerq.codec.wire import BATCH_LIST_BATCHES_FIELD, WireError, split_repeated_field
+from ledgerq.codec.wire import BATCH_LIST_BATCHES_FIELD, WireError, iter_repeated_field
 from ledgerq.errors import InvalidBatchError
 from ledgerq.model import (
     MAX_FAMILY_NAME_LENGTH,
@@ -126,20 +127,22 @@ def decode_batch_list(
             rule="too_large",
         )
     data = bytes(data)
-    try:
-        parts = split_repeated_field(data, BATCH_LIST_BATCHES_FIELD)
-    except WireError as exc:
-        raise InvalidBatchError(
-            f"the body is not a protobuf BatchList ({exc}); send a serialized BatchList",
-            rule="malformed_protobuf",
-        ) from exc
-    if not parts:
-        raise InvalidBatchError(
-            "the BatchList holds no batches; send at least one", rule="empty_batch_list"
-        )
+    # Split one entry at a time: the first bad entry fails the list, before
+    # anything past it is split (a list of millions of empty entries costs
+    # one entry's work, not a list of millions built first).
+    parts = iter_repeated_field(data, BATCH_LIST_BATCHES_FIELD)
     batches: list[ParsedBatch] = []
     seen: dict[str, int] = {}
-    for index, part in enumerate(parts):
+    for index in itertools.count():
+        try:
+            part = next(parts, None)
+        except WireError as exc:
+            raise InvalidBatchError(
+                f"the body is not a protobuf BatchList ({exc}); send a serialized BatchList",
+                rule="malformed_protobuf",
+            ) from exc
+        if part is None:
+            break
         if pace is not None:
             pace()
         batch = _decode_batch(part, index, verify)
@@ -152,6 +155,10 @@ def decode_batch_list(
                 batch_id=batch.header_signature,
             )
         batches.append(batch)
+    if not batches:
+        raise InvalidBatchError(
+            "the BatchList holds no batches; send at least one", rule="empty_batch_list"
+        )
     return tuple(batches)
 
 

@@ -9,7 +9,7 @@ protobuf runtime.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 _WIRE_VARINT = 0
 _WIRE_FIXED64 = 1
@@ -67,7 +67,19 @@ def split_repeated_field(data: bytes, field_number: int) -> list[bytes]:
 def repeated_field_spans(data: bytes, field_number: int) -> list[tuple[int, int]]:
     """Where the payloads of :func:`split_repeated_field` lie in ``data``:
     ``(start, end)`` of each, in order (the same checks, the same errors)."""
-    out: list[tuple[int, int]] = []
+    return list(iter_repeated_field_spans(data, field_number))
+
+
+def iter_repeated_field(data: bytes, field_number: int) -> Iterator[bytes]:
+    """:func:`split_repeated_field` one payload at a time: a caller that
+    refuses an entry stops there, having split nothing past it (the
+    :class:`WireError` of a malformed tail comes when the split reaches it)."""
+    for start, end in iter_repeated_field_spans(data, field_number):
+        yield data[start:end]
+
+
+def iter_repeated_field_spans(data: bytes, field_number: int) -> Iterator[tuple[int, int]]:
+    """:func:`repeated_field_spans` one span at a time."""
     pos = 0
     size = len(data)
     while pos < size:
@@ -81,7 +93,7 @@ def repeated_field_spans(data: bytes, field_number: int) -> list[tuple[int, int]
             if end > size:
                 raise WireError(f"field {field} runs {end - size} bytes past the end")
             if field == field_number:
-                out.append((pos, end))
+                yield pos, end
             pos = end
         elif field == field_number:
             raise WireError(f"field {field} has wire type {wire_type}, expected length-delimited")
@@ -95,7 +107,6 @@ def repeated_field_spans(data: bytes, field_number: int) -> list[tuple[int, int]
             raise WireError(f"unsupported wire type {wire_type} for field {field}")
         if pos > size:
             raise WireError(f"field {field} is truncated")
-    return out
 
 
 def join_repeated_field(messages: Iterable[bytes], field_number: int) -> bytes:

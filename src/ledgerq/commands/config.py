@@ -3,8 +3,8 @@
 The same layers as ``ledgerq serve`` (flags over ``LEDGERQ_*`` environment
 over the TOML file over defaults), validated the same way: an invalid value
 exits with status 1 and a message naming the key. Secret values
-(:data:`~ledgerq.config.SECRET_KEYS`) print as ``***`` and a password in the
-database URL is masked.
+(:data:`~ledgerq.config.SECRET_KEYS`) print as ``***``, and so does a
+password in the database or ledger URL.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import click
 from rich.table import Table
 
 from ledgerq.commands.client import console
-from ledgerq.config import KEYS, SECRET_KEYS, env_name, load_settings
+from ledgerq.config import KEYS, SECRET_KEYS, env_name, load_settings, masked_url
 from ledgerq.errors import ConfigError
 from ledgerq.store.migrate import redact
 
@@ -29,6 +29,8 @@ def shown(key: str, value: Any) -> Any:
         return "***" if value else ""
     if key == "db":
         return redact(str(value))
+    if key == "ledger":
+        return masked_url(str(value))
     return value
 
 
@@ -52,6 +54,8 @@ def show(config_file: str | None, as_json: bool) -> None:
         settings = load_settings(config_file=config_file)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    for warning in settings.warnings:
+        click.echo(f"WARNING: {warning}", err=True)
     rows = [
         {
             "key": k.name,

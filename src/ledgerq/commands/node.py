@@ -21,6 +21,7 @@ from aiohttp import web
 from ledgerq.config import Settings, load_settings, parse_bind
 from ledgerq.errors import ConfigError, LedgerqError
 from ledgerq.gateway.workers import bind_failure
+from ledgerq.ingest.guard import GuardedSite, HttpLimits, guard_middleware
 from ledgerq.logs import add_secret, configure_logging
 from ledgerq.node import Node, memdebug
 from ledgerq.node.access import AccessPolicy, is_loopback
@@ -170,6 +171,8 @@ def node(
         settings = load_settings(flags, config_file=config_file)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    for warning in settings.warnings:
+        click.echo(f"WARNING: {warning}", err=True)
     check_bind(host, settings)
     if settings["node.token"]:
         add_secret(settings["node.token"])
@@ -241,21 +244,20 @@ async def _serve(
         allowed_hosts=_split(settings["node.allowed_hosts"]),
         allowed_origins=_split(settings["node.allowed_origins"]),
     )
-    limits = RestLimits(max_status_ids=settings["node.max_status_ids"])
+    limits = RestLimits(
+        max_status_ids=settings["node.max_status_ids"],
+        max_event_streams=settings["node.max_event_streams"],
+    )
     app = extend_node_app(
         make_app(node, scabbard=scabbard, access=access, bound_host=host, limits=limits), node
     )
-    # No per-request access log: a busy gateway posts thousands of batches a second.
-    runner = web.AppRunner(app, shutdown_timeout=2.0, access_log=None)
-    await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise click.ClickException(
-                f"cannot listen on {host}:{port}: {bind_failure(exc)}"
-            ) from exc
+        runner = await start_listening(app, settings, host, port)
+    except OSError as exc:
+        await scabbard.close()
+        await node.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {bind_failure(exc)}") from exc
+    try:
         bound = runner.addresses[0] if runner.addresses else (host, port)
         # Tests read this line to learn the port when binding port 0.
         click.echo(f"ledgerq node listening on http://{bound[0]}:{bound[1]}", err=True)
@@ -264,6 +266,44 @@ async def _serve(
         await runner.cleanup()
         await scabbard.close()
         await node.close()
+
+
+async def start_listening(
+    app: web.Application, settings: Settings, host: str, port: int
+) -> web.AppRunner:
+    """Serve ``app`` on ``host:port`` as ``ledgerq node`` does; returns the
+    runner (``cleanup()`` stops it). Raises ``OSError`` when it cannot listen.
+
+    The connections are guarded as the gateway's
+    (:class:`~ledgerq.ingest.guard.GuardedSite`): ``http.*`` deadlines and
+    idle timeout, ``node.max_connections`` in all and
+    ``node.max_connections_per_address`` per client address. A compressed
+    body is inflated only by a handler that reads it, bounded and off the
+    event loop (:mod:`ledgerq.httpbody`): never by aiohttp.
+    """
+    limits = HttpLimits(
+        keepalive_s=settings["http.keepalive_s"],
+        header_timeout_s=settings["http.header_timeout_s"],
+        body_timeout_s=settings["http.body_timeout_s"],
+        max_connections=settings["node.max_connections"],
+        max_connections_per_address=settings["node.max_connections_per_address"],
+    )
+    app.middlewares.insert(0, guard_middleware)  # the guard learns where each request stands
+    # No per-request access log: a busy gateway posts thousands of batches a second.
+    runner = web.AppRunner(
+        app,
+        shutdown_timeout=2.0,
+        access_log=None,
+        auto_decompress=False,
+        keepalive_timeout=limits.keepalive_s,
+    )
+    await runner.setup()
+    try:
+        await GuardedSite(runner, limits, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
 
 
 def _split(value: str) -> tuple[str, ...]:

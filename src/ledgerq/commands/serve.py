@@ -163,6 +163,8 @@ def serve(
         settings = load_settings(flags, config_file=config_file)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    for warning in settings.warnings:
+        click.echo(f"WARNING: {warning}", err=True)
     check_bind(settings)
     configure_logging(settings["log.level"], json_lines=settings["log.json"])
     from ledgerq import failpoints

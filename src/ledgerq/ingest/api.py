@@ -79,6 +79,7 @@ from ledgerq.errors import (
     StoreInputError,
     StoreUnavailableError,
 )
+from ledgerq.httpbody import read_body
 from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone, Yielding
 from ledgerq.ingest.errors import Handler, error_body, json_errors
@@ -244,6 +245,15 @@ def _id_problem(i: str) -> str | None:
         f"{shown!r} is not a batch id: batch ids are 128 lowercase hex characters "
         "(or dc:<data change id>)"
     )
+
+
+def ids_body_limit(max_ids: int) -> int:
+    """The largest ``POST /batch_statuses`` body: ``max_ids`` of the longest
+    ids as JSON writes them — ``dc:`` and 256 characters, each escaped at
+    worst as a surrogate pair (``\\ud83d\\ude00``: 12 bytes), quoted,
+    separated by ``", "`` — in brackets."""
+    longest = 2 + len(DATA_CHANGE_PREFIX) + MAX_DATA_CHANGE_ID_LENGTH * 12
+    return max_ids * (longest + 2) + 2
 
 
 _HEX_DIGITS = b"0123456789abcdef"
@@ -497,6 +507,11 @@ class GatewayApi:
         )
         self.clock = clock
 
+    def set_tenants(self, tenants: int) -> None:
+        """How many tenants (tokens) share the long-poll places and the status
+        reads' queue (:mod:`ledgerq.ingest.fairness`)."""
+        self.changes.shares.tenants = self.status_reads.shares.tenants = max(1, tenants)
+
     def app(self) -> web.Application:
         # One byte over the limit lets us tell "too large" from "exactly full".
         app = web.Application(
@@ -532,10 +547,8 @@ class GatewayApi:
         scope = scope_of(request)
         if not scope.covers(service_id or NO_SERVICE):
             return _out_of_scope(scope, service_id or NO_SERVICE, "post into")
-        if request.content_length is not None and request.content_length > self.max_body_bytes:
-            return _too_large(self.max_body_bytes)
         try:
-            body = await request.read()
+            body = await read_body(request, self.max_body_bytes)
         except web.HTTPRequestEntityTooLarge:
             return _too_large(self.max_body_bytes)
         if len(body) >= self.decoder.yielding.bytes:
@@ -553,7 +566,7 @@ class GatewayApi:
         try:
             if service_id is not None:
                 self.check_service_id(service_id)
-            batches = await self._decode(request, body, service_id)
+            batches = await self._decode(request, body, service_id, scope.name)
         except ClientGone as exc:
             return _error(408, "Request Timeout", str(exc), "client_gone")  # read by no one
         except InvalidBatchError as exc:
@@ -576,7 +589,7 @@ class GatewayApi:
         return _status_link(request, stored, service_id)
 
     async def _decode(
-        self, request: web.Request, body: bytes, service_id: str | None
+        self, request: web.Request, body: bytes, service_id: str | None, tenant: str = ""
     ) -> Sequence[TrackingBatch]:
         """The list's batches, decoded and verified: small bodies on the event
         loop, large ones in worker processes, ``decode_slots`` at a time
@@ -585,7 +598,7 @@ class GatewayApi:
         left = asyncio.Event()
         stop_hearing = on_disconnect(request, left.set)
         try:
-            return await self.decoder.decode(body, service_id, gone=left.is_set)
+            return await self.decoder.decode(body, service_id, gone=left.is_set, tenant=tenant)
         finally:
             stop_hearing()
 
@@ -664,7 +677,7 @@ class GatewayApi:
         if service_id and not scope.covers(service_id):
             return _out_of_scope(scope, service_id, "read")
         try:
-            if wait_s > 0 and self.changes.parked >= self.changes.max_waiters:
+            if wait_s > 0 and not self.changes.has_room(scope):
                 # Refused before any read: a full parking lot costs nothing more.
                 raise TooManyWaitersError
             found = await self._status_read(ids, service_id, scope)
@@ -714,12 +727,13 @@ class GatewayApi:
         refused = refuse_encoding(request)
         if refused is not None:
             return refused
-        # An id is at most 259 characters, quoted and separated.
-        limit = self.max_status_ids * 262 + 2
-        if request.content_length is not None and request.content_length > limit:
+        limit = ids_body_limit(self.max_status_ids)
+        try:
+            text = await read_body(request, limit)
+        except web.HTTPRequestEntityTooLarge:
             return _error(413, "Request Entity Too Large", f"the id list exceeds {limit} bytes")
         try:
-            ids = jsontext.loads(await request.read())
+            ids = jsontext.loads(text)
         except ValueError:
             ids = None
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
@@ -748,7 +762,10 @@ class GatewayApi:
                 everything or scope.covers(cached.service_id)
             ):
                 found[i] = cached
-            # else: a final batch this request may not see, now as ever
+            else:
+                # A final batch this request may not see: read as an unknown id
+                # is, so that how fast the answer comes tells nothing of it.
+                rest.append(i)
         if not rest:
             return found
         read = await self._read_map(rest, service_id, scope, lean=True)
@@ -800,7 +817,7 @@ class GatewayApi:
         found: dict[str, TrackingBatch] = {}
         batch_ids = [i for i in ids if not i.startswith(DATA_CHANGE_PREFIX)]
         if batch_ids and lean:
-            by_id = await self.status_reads.read(batch_ids)
+            by_id = await self.status_reads.read(batch_ids, scope.name)
             for i in batch_ids:
                 b = by_id.get(i)
                 if b is not None and (service_id is None or b.service_id == service_id):
@@ -947,7 +964,13 @@ class GatewayApi:
         return listed[:limit], more
 
     async def instances(self, request: web.Request) -> web.Response:
+        # Counts over every service (batches accepted, claims held) are the
+        # whole gateway's: a token limited to some services gets null.
+        everything = scope_of(request).sees_everything
         workers = {} if self.workers is None else {"workers": _workers(self.workers())}
+        if not everything:
+            for w in workers.get("workers", ()):
+                w["accepted"] = None
         if self.claims is None:
             return web.json_response({"data": [], "high_availability": False, **workers})
         listed = await self.claims.list_instances(self.clock())
@@ -957,7 +980,7 @@ class GatewayApi:
                 "started_at": i.started_at,
                 "last_renewal": i.heartbeat_at,
                 "address": i.address,
-                "claims": i.claims,
+                "claims": i.claims if everything else None,
                 "live": i.live,
             }
             for i in listed
@@ -985,28 +1008,35 @@ class GatewayApi:
         return web.json_response({"status": "ready", "batches": counts})
 
 
+#: What a client is told of a store failure: never the cause, which may name
+#: the database's host, port, user or name (the log has it).
+STORE_UNAVAILABLE = "the store is unavailable; retry later"
+
+
 def _store_failed(exc: StoreError) -> web.Response:
     """The answer to a store refusal: ``400`` for a value it cannot hold (a
-    permanent problem the codec should have caught), ``503`` only when the
-    store is unavailable (worth a retry), ``500`` for anything else."""
+    permanent problem the codec should have caught, named), ``503`` only when
+    the store is unavailable (worth a retry), ``500`` for anything else; the
+    cause of a 503 or 500 goes to the log only."""
     if isinstance(exc, StoreInputError):
         log.warning("the store refused a list the codec passed: %s", exc)
         return _error(400, "Invalid BatchList", str(exc), "store_input")
     if isinstance(exc, StoreUnavailableError):
         log.error("cannot store batches: %s", exc)
-        return _error(503, "Store Unavailable", f"{exc}; retry later")
+        return _error(503, "Store Unavailable", STORE_UNAVAILABLE)
     log.error("the store failed: %s", exc)
-    return _error(500, "Store Error", f"{exc}; nothing was stored")
+    return _error(500, "Store Error", "the store failed; nothing was stored (see the log)")
 
 
 def _read_failed(exc: StoreError) -> web.Response:
     """The answer to a read the store could not make: ``503`` when it is
-    unavailable (worth a retry), ``500`` otherwise; either names the failure."""
+    unavailable (worth a retry), ``500`` otherwise; the cause goes to the log
+    only."""
     if isinstance(exc, StoreUnavailableError):
         log.error("cannot read the store: %s", exc)
-        return _error(503, "Store Unavailable", f"{exc}; retry later")
+        return _error(503, "Store Unavailable", STORE_UNAVAILABLE)
     log.error("the store failed a read: %s", exc)
-    return _error(500, "Store Error", str(exc))
+    return _error(500, "Store Error", "the store failed to read; see the log")
 
 
 @web.middleware

@@ -5,8 +5,9 @@ the pipeline whatever the number of status requests. Requests arriving while
 the slots are taken wait, and are then read together: one query for all
 their ids. Under a flood of status requests the per-query cost (the driver's
 and PostgreSQL's) is paid once for many requests; a lone request is read at
-once, as before. Beyond ``max_queued`` requests waiting, :meth:`read`
-raises :class:`StatusQueueFull` (the API answers ``429``).
+once, as before. Beyond ``max_queued`` requests waiting for a read,
+shared fairly among tenants (:class:`~ledgerq.ingest.fairness.Shares`),
+:meth:`read` raises :class:`StatusQueueFull` (the API answers ``429``).
 
 A failed read fails every request it served (each answers as it would
 have alone); a request whose caller went away is dropped from its read's
@@ -18,10 +19,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Collection
 
+from ledgerq.ingest.fairness import Shares
 from ledgerq.model import TrackingBatch
 
 BatchReader = Callable[[Collection[str]], Awaitable[list[TrackingBatch]]]
-_Request = tuple[Collection[str], "asyncio.Future[dict[str, TrackingBatch]]"]
+#: The ids asked, the answer's future, the tenant asking.
+_Request = tuple[Collection[str], "asyncio.Future[dict[str, TrackingBatch]]", str]
 
 
 class StatusQueueFull(Exception):
@@ -33,6 +36,8 @@ class CombinedReads:
         self.reader = reader
         self.slots = slots
         self.max_queued = max_queued
+        #: Places of requests waiting for a read, by tenant.
+        self.shares = Shares(max_queued)
         #: Queries made, and requests they served.
         self.reads = 0
         self.requests = 0
@@ -43,21 +48,23 @@ class CombinedReads:
     def queued(self) -> int:
         return len(self._waiting)
 
-    async def read(self, ids: Collection[str]) -> dict[str, TrackingBatch]:
+    async def read(self, ids: Collection[str], tenant: str = "") -> dict[str, TrackingBatch]:
         """The tracked batches among ``ids``, by batch id (possibly with
-        others: do not change the dict)."""
-        if len(self._waiting) >= self.max_queued:
+        others: do not change the dict), for ``tenant``."""
+        if len(self._waiting) >= self.max_queued or not self.shares.take(tenant):
             raise StatusQueueFull
         future: asyncio.Future[dict[str, TrackingBatch]] = (
             asyncio.get_running_loop().create_future()
         )
-        self._waiting.append((ids, future))
+        self._waiting.append((ids, future, tenant))
         self._start()
         return await future
 
     def _start(self) -> None:
         while len(self._running) < self.slots and self._waiting:
             requests, self._waiting = self._waiting, []
+            for _ids, _future, tenant in requests:
+                self.shares.give_back(tenant)  # waiting no more
             task = asyncio.get_running_loop().create_task(self._read(requests))
             self._running.add(task)
             task.add_done_callback(self._done)
@@ -67,7 +74,7 @@ class CombinedReads:
         self._start()
 
     async def _read(self, requests: list[_Request]) -> None:
-        live = [(ids, f) for ids, f in requests if not f.done()]
+        live = [(ids, f) for ids, f, _tenant in requests if not f.done()]
         if not live:
             return
         wanted: set[str] = set()
@@ -95,6 +102,7 @@ class CombinedReads:
         for task in list(self._running):
             task.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
-        for _, f in self._waiting:
+        for _, f, tenant in self._waiting:
             f.cancel()
+            self.shares.give_back(tenant)
         self._waiting = []

@@ -9,7 +9,9 @@ worker **processes** (:class:`ledgerq.procpool.WorkerPool`: started on first
 use, dying with the gateway) at a lower scheduling priority
 (``decode_priority``, by default ``idle``: ``SCHED_IDLE``): under load the pipeline's own
 processes get the CPU first, the decoding waits. More posts than slots wait
-their turn (an ``asyncio.Semaphore``), without blocking anything else; a
+their turn, handed round the tenants waiting
+(:class:`~ledgerq.ingest.fairness.FairTurns`: one tenant's many posts never
+keep another's waiting behind all of them), without blocking anything else; a
 post whose client goes away while it waits is dropped when its turn comes
 (nothing decoded, nothing stored: the client got no ``202``, so it posts
 again if it still means to).
@@ -53,6 +55,7 @@ from typing import Any
 from ledgerq.codec import parse_batch_list
 from ledgerq.codec.signing import SignatureCheck, signatures_hold
 from ledgerq.errors import InvalidBatchError
+from ledgerq.ingest.fairness import FairTurns
 from ledgerq.model import TrackingBatch
 from ledgerq.procpool import Priority, WorkerPool
 from ledgerq.turns import OnePerPass
@@ -121,10 +124,11 @@ class BatchListDecoder:
         self.pool_bytes = pool_bytes
         self.yielding = yielding or Yielding()
         self.busy = busy
-        self._turns = asyncio.Semaphore(slots)
+        # Handed fairly among tenants (ledgerq.ingest.fairness).
+        self._turns = FairTurns(slots)
         # Large posts take at most slots - 1 of the slots at once (one if there
         # is one): one held back never keeps a smaller pooled post waiting.
-        self._large_turns = asyncio.Semaphore(max(1, slots - 1))
+        self._large_turns = FairTurns(max(1, slots - 1))
         context = multiprocessing.get_context("spawn")
         # Read by the workers between chunks: the share of a core each may
         # take now (1: no limit); written here only.
@@ -171,25 +175,31 @@ class BatchListDecoder:
         return self._inline.waits
 
     async def decode(
-        self, body: bytes, service_id: str | None, *, gone: Callable[[], bool] = lambda: False
+        self,
+        body: bytes,
+        service_id: str | None,
+        *,
+        gone: Callable[[], bool] = lambda: False,
+        tenant: str = "",
     ) -> Sequence[TrackingBatch]:
         """The list's verified batches for ``service_id`` (raises ``InvalidBatchError``).
 
         ``gone``: whether the client has gone away; checked when the body's
         turn comes, so that a post abandoned while it waited costs no
-        decoding (raises :class:`ClientGone`)."""
+        decoding (raises :class:`ClientGone`). ``tenant``: whose post it is;
+        turns go round the tenants waiting (:class:`~ledgerq.ingest.fairness.FairTurns`)."""
         if len(body) < self.pool_bytes:
             return await self._decode_small(body, service_id)
         large = len(body) >= self.yielding.bytes
         self.waiting += 1
         try:
             if large:
-                await self._large_turns.acquire()
+                await self._large_turns.acquire(tenant)
             try:
-                await self._turns.acquire()
+                await self._turns.acquire(tenant)
             except BaseException:
                 if large:
-                    self._large_turns.release()
+                    self._large_turns.release(tenant)
                 raise
         finally:
             self.waiting -= 1
@@ -204,9 +214,9 @@ class BatchListDecoder:
                 )
             return await self._decode_yielding(body, service_id)
         finally:
-            self._turns.release()
+            self._turns.release(tenant)
             if large:
-                self._large_turns.release()
+                self._large_turns.release(tenant)
 
     async def _decode_yielding(
         self, body: bytes, service_id: str | None

@@ -33,6 +33,8 @@ _HINTS = {
 #: (``ledgerq.operator.security``), and by the connection guard on the
 #: answers it makes before any app runs (``ledgerq.ingest.guard``).
 SECURITY_HEADERS = {
+    # aiohttp would name itself and Python, with their versions.
+    "Server": "ledgerq",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",

@@ -37,7 +37,9 @@ What it costs — nothing while nothing changes (no periodic re-read):
   a bounded cache shared by every request (:class:`FinalCache`): a request
   asking again for batches it saw final costs no read.
 * At most ``max_waiters`` requests are parked (:meth:`Changes.park` raises
-  :class:`TooManyWaitersError` beyond: a length check).
+  :class:`TooManyWaitersError` beyond), shared fairly among tenants
+  (:class:`~ledgerq.ingest.fairness.Shares`: one token's parked requests
+  never take another's guaranteed places).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator,
 from typing import Any
 
 from ledgerq.errors import StoreError
+from ledgerq.ingest.fairness import Shares
 from ledgerq.model import BatchStatusName, TrackingBatch
 from ledgerq.scopes import FULL, Scope
 from ledgerq.store.base import DATA_CHANGE_PREFIX
@@ -180,6 +183,8 @@ class Changes:
 
     def __init__(self, max_waiters: int = 1_000, final_cache_size: int = FINAL_CACHE_SIZE) -> None:
         self.max_waiters = max_waiters
+        #: The parking places, by tenant (the scope's name).
+        self.shares = Shares(max_waiters)
         #: Reads batches by id (set by the API to its store's).
         self.reader: BatchReader | None = None
         #: Reads, among batch ids, only the batches in a final state (the
@@ -224,8 +229,9 @@ class Changes:
     @contextlib.contextmanager
     def park(self, service_id: str | None = None, scope: Scope = FULL) -> Iterator[Waiter]:
         """A slot for one request seeing ``service_id``'s batches (all when
-        None) within ``scope``; :class:`TooManyWaitersError` when none is free."""
-        if len(self._parked) >= self.max_waiters:
+        None) within ``scope``; :class:`TooManyWaitersError` when none is free
+        to the scope's tenant."""
+        if len(self._parked) >= self.max_waiters or not self.shares.take(scope.name):
             raise TooManyWaitersError
         waiter = Waiter(service_id, scope)
         self._parked.add(waiter)
@@ -236,6 +242,11 @@ class Changes:
                 self._unwatch(waiter, waiter.found[waiter.pending[batch_id]])
             self._recheck.discard(waiter)
             self._parked.discard(waiter)
+            self.shares.give_back(scope.name)
+
+    def has_room(self, scope: Scope = FULL) -> bool:
+        """Whether :meth:`park` would find a place for ``scope``'s tenant now."""
+        return len(self._parked) < self.max_waiters and self.shares.has_room(scope.name)
 
     def watch(
         self,

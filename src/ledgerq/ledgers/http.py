@@ -13,10 +13,12 @@ every request with the same limits).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import email.utils
 import functools
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +128,22 @@ class HttpSessions:
         for origin in self._lean.values():
             await origin.close()
         self._lean.clear()
+
+
+def url_credentials(url: str) -> tuple[str, str | None]:
+    """``url`` without its ``user:password@``, and the ``Authorization``
+    header value those name (HTTP Basic, RFC 7617), or None when it names
+    none. The client sends that header on every request; the URL it keeps,
+    and with it every message, log line and answer naming the ledger, holds
+    no password."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    user = urllib.parse.unquote(parts.username or "")
+    password = urllib.parse.unquote(parts.password or "")
+    bare = parts._replace(netloc=parts.netloc.rpartition("@")[2])
+    basic = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    return urllib.parse.urlunsplit(bare), f"Basic {basic}"
 
 
 def retry_after_ms(value: str | None, now_s: float) -> int | None:

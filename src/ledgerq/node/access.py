@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import re
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
@@ -51,12 +52,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+#: A ``Host`` header (RFC 9110 ``uri-host [ ":" port ]``) as ledgerq takes it:
+#: a bracketed IPv6 literal or a name of letters, digits, ``-``, ``.`` and
+#: ``_`` (IPv4 addresses included), then an optional port of 1 to 5 digits.
+_HOST = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
+
+
 def host_name(header: str) -> str:
+    """The host named by a ``Host`` header, lower case and without its port
+    or brackets; ``""`` for a header that is no host (``[::1]@evil.example``,
+    a user part, a path, spaces, a bracketed literal that is no IPv6
+    address), which no check lets in."""
     header = header.strip().lower()
-    if header.startswith("["):  # [::1]:8008
-        return header[1 : header.find("]")] if "]" in header else header
-    name, _, port = header.rpartition(":")
-    return name if name and port.isdigit() else header
+    match = _HOST.fullmatch(header)
+    if match is None:
+        return ""
+    name = match.group(1)
+    if name.startswith("["):
+        name = name[1:-1]
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            return ""
+    return name
 
 
 def _error(status: int, code: int, title: str, message: str, **headers: str) -> web.Response:
@@ -79,7 +97,8 @@ def access_middleware(
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         host = host_name(request.headers.get("Host", ""))
-        if not (is_loopback(host) or host in hosts):
+        if not host or not (is_loopback(host) or host in hosts):
+            host = host or request.headers.get("Host", "")[:100]
             return _error(
                 403,
                 403,

@@ -48,6 +48,7 @@ from aiohttp import web
 
 from ledgerq import jsontext
 from ledgerq.codec import ParsedBatch, decode_batch
+from ledgerq.httpbody import read_body
 from ledgerq.node.blocks import NULL_BLOCK_ID
 from ledgerq.node.disk import CommitRecord
 from ledgerq.node.listing import (
@@ -459,7 +460,7 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
                 "'application/json'",
             ).response
         try:
-            ids = jsontext.loads(await request.read())
+            ids = jsontext.loads(await read_body(request, request.client_max_size))
         except ValueError:
             ids = None
         if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):

@@ -42,6 +42,7 @@ from ledgerq import jsontext
 from ledgerq.codec import DEFAULT_MAX_BYTES
 from ledgerq.codec.decode import decode_batch_list
 from ledgerq.errors import InvalidBatchError, NodeBusyError, NodeError
+from ledgerq.httpbody import read_body
 from ledgerq.node.access import AccessPolicy, access_middleware
 from ledgerq.node.chain_rest import Chain, add_chain_routes
 from ledgerq.node.decoding import BatchDecoder
@@ -58,6 +59,7 @@ from ledgerq.node.listing import (
 from ledgerq.node.node import Node
 from ledgerq.node.ordering.messages import TxFingerprint
 from ledgerq.node.scabbard import ScabbardServices, scabbard_json
+from ledgerq.node.streams import stream_cap_middleware
 from ledgerq.node.subscriptions import add_subscriptions
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class RestLimits:
 
     max_status_ids: int = 1_000  # batch ids per status request
     max_state_limit: int = 1_000  # entries per /state page, at most
+    max_event_streams: int = 64  # /events and /subscriptions open at once (ledgerq.node.streams)
 
 
 _BATCH_ID = re.compile(r"[0-9a-f]{128}")
@@ -171,11 +174,14 @@ def make_app(
 ) -> web.Application:
     """The node's aiohttp app; ``access`` (default: loopback, no token) guards every route."""
     limits = limits or RestLimits()
+    # A compressed body is inflated to at most this, off the event loop (ledgerq.httpbody).
+    body_limit = max_bytes + 1024
     app = web.Application(
-        client_max_size=max_bytes + 1024,
+        client_max_size=body_limit,
         middlewares=[
             json_errors,
             access_middleware(access or AccessPolicy(), bound_host=bound_host),
+            stream_cap_middleware(limits.max_event_streams),
         ],
     )
     app[NODE_KEY] = node
@@ -206,7 +212,7 @@ def make_app(
                 "Batches must be submitted as a BatchList protobuf binary, with a "
                 "'Content-Type' header of 'application/octet-stream'",
             )
-        body = await request.read()
+        body = await read_body(request, body_limit)
         busy = target.busy()
         if busy is not None:
             # As Sawtooth orders it: the body must parse (the REST API's check),
@@ -273,7 +279,7 @@ def make_app(
                 "header of 'application/json'",
             )
         try:
-            ids = jsontext.loads(await request.read())
+            ids = jsontext.loads(await read_body(request, body_limit))
         except ValueError:
             ids = None
         if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
@@ -405,6 +411,9 @@ def make_app(
 
     async def get_fingerprint(request: web.Request) -> web.Response:
         bid = request.match_info["batch_id"]
+        bad = _bad_id([bid])
+        if bad is not None:
+            return bad
         fingerprint = node.fingerprint_of(bid)
         if fingerprint is None:
             return _error(404, 71, "Batch Not Found", f"batch {bid} was not ordered by this node")

@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from ledgerq.config import Settings
+from ledgerq.config import Settings, ledger_password
+from ledgerq.ingest.guard import LIMITS, HttpLimits
 from ledgerq.logs import add_secret
 from ledgerq.node import Node
 from ledgerq.operator import dashboard, openapi
@@ -53,20 +54,28 @@ class OperatedGateway(Protocol):
 
 def register_secrets(settings: Settings) -> None:
     """Keep the tokens (the clients' and the one sent to the ledger) and the
-    database password out of every log line."""
+    database's and the ledger's passwords out of every log line."""
     for token, _scope in settings.tokens:
         add_secret(token)
     if settings["ledger_token"]:
         add_secret(settings["ledger_token"])
-    password = urlsplit(settings.db).password
-    if password:
-        add_secret(password)
+    for password in (urlsplit(settings.db).password, ledger_password(settings.ledger)):
+        if password:
+            add_secret(password)
 
 
 def secure(app: web.Application, settings: Settings) -> None:
-    """Install the security headers and the middlewares (outermost first:
-    Host check, CORS, tokens, service id)."""
+    """Install the connection limits (``http.*``, applied by the guarded site
+    that serves the app), the security headers and the middlewares
+    (outermost first: Host check, CORS, tokens, service id)."""
     register_secrets(settings)
+    app[LIMITS] = HttpLimits(
+        keepalive_s=settings["http.keepalive_s"],
+        header_timeout_s=settings["http.header_timeout_s"],
+        body_timeout_s=settings["http.body_timeout_s"],
+        max_connections=settings["http.max_connections"],
+        max_connections_per_address=settings["http.max_connections_per_address"],
+    )
     app.on_response_prepare.append(add_security_headers)
     app.middlewares.append(
         host_middleware(
@@ -87,6 +96,8 @@ def secure(app: web.Application, settings: Settings) -> None:
 def gateway_app(gateway: OperatedGateway) -> web.Application:
     app: web.Application = gateway.api.app()
     secure(app, gateway.settings)
+    # Each token is a tenant with its fair share (ledgerq.ingest.fairness).
+    gateway.api.set_tenants(len(gateway.settings.tokens))
     app[METRICS_KEY] = gateway.metrics
 
     async def metrics(request: web.Request) -> web.Response:
@@ -106,7 +117,10 @@ def gateway_app(gateway: OperatedGateway) -> web.Application:
 
 
 def extend_node_app(app: web.Application, node: Any) -> web.Application:
+    """``/metrics``, ``/openapi.json`` and the gateway's security headers
+    (``Server`` without versions among them) on a node's app."""
     registry = node_registry(node)
+    app.on_response_prepare.append(add_security_headers)
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})

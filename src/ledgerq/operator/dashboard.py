@@ -23,7 +23,11 @@ from typing import Any
 
 from aiohttp import web
 
+from ledgerq.errors import StoreUnavailableError
 from ledgerq.ingest.api import batch_json, scope_of
+
+#: The longest the dashboard waits for a store read (then 503).
+STORE_WAIT_S = 10.0
 
 _ASSETS = {
     "dashboard.js": "application/javascript",
@@ -56,6 +60,15 @@ def add_routes(app: web.Application, gateway: Any) -> None:
         )
 
     async def data(request: web.Request) -> web.Response:
+        try:
+            return await read_data(request)
+        except TimeoutError as exc:
+            # The store did not answer in time: unavailable, as any read says (503).
+            raise StoreUnavailableError(
+                f"the store did not answer within {STORE_WAIT_S:g} s"
+            ) from exc
+
+    async def read_data(request: web.Request) -> web.Response:
         try:
             recent_n = int(request.query.get("recent", "30"))
             seconds = int(request.query.get("seconds", "300"))
@@ -92,7 +105,7 @@ def add_routes(app: web.Application, gateway: Any) -> None:
         by_id = {
             b.batch_id: b
             for b in await asyncio.wait_for(
-                gateway.store.get_batches_by_id([i for i, _ in wanted]), 10
+                gateway.store.get_batches_by_id([i for i, _ in wanted]), STORE_WAIT_S
             )
         }
         batches = [by_id[i] for i, s in wanted if i in by_id and by_id[i].service_id == s]
@@ -105,7 +118,11 @@ def add_routes(app: web.Application, gateway: Any) -> None:
         # then hides them). A burst's message is the last failure of any
         # service: a Splinter URL naming a circuit, a status read's batch ids.
         everything = scope.sees_everything
-        counts = await asyncio.wait_for(gateway.store.status_counts(), 10) if everything else None
+        counts = (
+            await asyncio.wait_for(gateway.store.status_counts(), STORE_WAIT_S)
+            if everything
+            else None
+        )
         health = getattr(gateway, "health", None)
         return web.json_response(
             {

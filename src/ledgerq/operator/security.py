@@ -155,7 +155,8 @@ def host_middleware(
         )
 
     def ok(name: str) -> bool:
-        return any_host or is_loopback(name) or name in hosts
+        # "" is a header that names no host (host_name): never let in, not even by "*".
+        return bool(name) and (any_host or is_loopback(name) or name in hosts)
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -165,12 +166,12 @@ def host_middleware(
             # these answers hold nothing a rebinding page could use.
             return await handler(request)
         if not ok(host_name(host)):
-            return refused(host_name(host), "host")
+            return refused(host_name(host) or host[:100], "host")
         base = public_url
         if not base and trust_forwarded and "X-Forwarded-Host" in request.headers:
             fwd_host = request.headers["X-Forwarded-Host"].split(",")[0].strip()
             if not ok(host_name(fwd_host)):
-                return refused(host_name(fwd_host), "forwarded host")
+                return refused(host_name(fwd_host) or fwd_host[:100], "forwarded host")
             proto = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
             base = f"{proto if proto in ('http', 'https') else request.scheme}://{fwd_host}"
         if not base:

@@ -4,7 +4,13 @@
 const REFRESH_MS = 2000;
 const STATUSES = ["none", "Pending", "Delayed", "Unknown", "Invalid", "Committed"];
 const fragment = new URLSearchParams(location.hash.slice(1));
-if (fragment.get("token")) sessionStorage.setItem("ledgerq-token", fragment.get("token"));
+if (fragment.get("token")) {
+  sessionStorage.setItem("ledgerq-token", fragment.get("token"));
+  // Out of the address bar at once: not left in the history, a bookmark or a shared screen.
+  fragment.delete("token");
+  const rest = fragment.toString();
+  history.replaceState(null, "", location.pathname + location.search + (rest ? "#" + rest : ""));
+}
 
 function headers() {
   const token = sessionStorage.getItem("ledgerq-token");
