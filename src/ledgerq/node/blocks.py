@@ -1,11 +1,11 @@
 """The node's "blocks": what its ``/subscriptions`` websocket reports.
 
-The node has no chain of blocks; it commits one batch at a time, in order.
-So a block here is **one batch commit**, that is one final-status event:
+The node commits one batch at a time, in order, and each COMMITTED batch is
+a block of its own; an INVALID batch is in no block:
 
-* ``block_num`` is the event's sequence number (1, 2, 3, ... across
-  restarts, as ``GET /events`` numbers them); an INVALID batch is a block
-  too, one without state changes.
+* ``block_num`` is the block's number in the chain (1, 2, 3, ... across
+  restarts), counting COMMITTED batches only (``GET /events`` numbers every
+  final status instead).
 * ``block_id`` is 128 hex digits: the block number (16 hex digits) followed
   by the first 112 hex digits of ``sha512("<block_num>:<batch id>")``. It is
   deterministic (a restart that replays the journal yields the same ids) and
@@ -82,8 +82,9 @@ class BlockLog:
     def extend(self, events: Iterable[StatusEvent]) -> None:
         entries, previous = self._entries, self.last_batch_id
         for event in events:
-            entries.append((event.seq, event.info.id, previous, event.writes))
-            previous = event.info.id
+            if event.block:
+                entries.append((event.block, event.info.id, previous, event.writes))
+                previous = event.info.id
         self.last_batch_id = previous
 
     @property

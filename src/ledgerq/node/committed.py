@@ -73,10 +73,21 @@ def store_keys(record: CommitRecord) -> int:
 class _Unwritten:
     """Commits not yet written (or being written) to the store."""
 
-    __slots__ = ("applied", "batch_high", "cuts", "finals", "keys", "records", "state", "txns")
+    __slots__ = (
+        "applied",
+        "batch_high",
+        "chain",
+        "cuts",
+        "finals",
+        "keys",
+        "records",
+        "state",
+        "txns",
+    )
 
     def __init__(self, applied: int, batch_high: int) -> None:
         self.records: list[CommitRecord] = []
+        self.chain: dict[int, CommitRecord] = {}  # block number -> its record
         self.state: dict[KVSKey, KVSDatum] = {}
         self.finals: dict[str, StoredBatch] = {}
         self.txns: dict[str, tuple[int, int]] = {}
@@ -133,6 +144,7 @@ class CommittedView:
             new.records.append(record)
             new.finals[record.batch_id] = StoredBatch(record.num, record.fingerprint, record.status)
             if isinstance(record.status, str):  # COMMITTED
+                new.chain[record.block] = record
                 for index, tid in enumerate(record.tx_ids):
                     new.txns[tid] = (record.num, index)
                 new.state.update(record.writes)
@@ -183,13 +195,24 @@ class CommittedView:
             found = self._writing.txns.get(tx_id)
         return found if found is not None else self.store.get_txn(tx_id)
 
-    def block(self, num: int) -> CommitRecord | None:
+    def record(self, num: int) -> CommitRecord | None:
+        """The record of final status (event) ``num``."""
         for layer in (self._new, self._writing):
             if layer is not None and layer.records:
                 first = layer.records[0].num
                 if first <= num < first + len(layer.records):
                     return layer.records[num - first]
         return self.store.get_block(num)
+
+    def chain_record(self, block: int) -> CommitRecord | None:
+        """The record of the batch block ``block`` holds (``None``: no such block)."""
+        for layer in (self._new, self._writing):
+            if layer is not None:
+                found = layer.chain.get(block)
+                if found is not None:
+                    return found
+        seq = self.store.chain_seq(block)
+        return None if seq is None else self.store.get_block(seq)
 
     # --- writing ------------------------------------------------------------------
 
@@ -285,4 +308,5 @@ def _merge(old: _Unwritten, new: _Unwritten) -> _Unwritten:
         merged.state.update(layer.state)
         merged.finals.update(layer.finals)
         merged.txns.update(layer.txns)
+        merged.chain.update(layer.chain)
     return merged

@@ -68,7 +68,9 @@ from ledgerq.node.commit import INVALID, FinalStatus
 from ledgerq.node.idfilter import BLOCK_BYTES, DEFAULT_BLOCKS, KeyFilter
 from ledgerq.node.ordering.messages import InvalidTx, KVSDatum, KVSKey, TxFingerprint
 
-STORE_FORMAT = 1
+STORE_FORMAT = 2
+#: Records of the final-status log upgraded per write transaction (format 1 to 2).
+_UPGRADE_CHUNK = 1_000
 _BATCH = struct.Struct(">QqqB")  # block, fingerprint (batch, tx; -1: none), outcome kind
 _TXN = struct.Struct(">QH")
 _U64 = struct.Struct(">Q")
@@ -254,7 +256,8 @@ def _mapping_of(data_file: Path) -> tuple[int, int] | None:
 
 
 class CommitRecord(NamedTuple):
-    """One final status as the store keeps it (a block)."""
+    """One final status as the store keeps it: ``num`` is its event number; a
+    COMMITTED batch's record is also block ``block`` of the chain (0: in no block)."""
 
     num: int
     batch_id: str
@@ -263,18 +266,20 @@ class CommitRecord(NamedTuple):
     tx_ids: tuple[str, ...]
     batch: bytes  # the serialized Batch
     writes: tuple[tuple[KVSKey, KVSDatum], ...]
+    block: int = 0
 
 
 class StoredBatch(NamedTuple):
-    block: int
+    block: int  # the event number of its final status (its record in ``blocks``)
     fingerprint: TxFingerprint | None
     status: FinalStatus
 
 
 class Meta(NamedTuple):
     applied: int = 0  # journal records whose outcome the store holds
-    events: int = 0  # blocks (final statuses) so far
+    events: int = 0  # final statuses so far (the last record of ``blocks``)
     batch_high: int = 0  # the highest worker batch number in the store
+    height: int = 0  # the number of the chain's latest block
 
 
 class Store(Protocol):
@@ -284,6 +289,7 @@ class Store(Protocol):
     def get_batch(self, batch_id: str) -> StoredBatch | None: ...
     def get_txn(self, tx_id: str) -> tuple[int, int] | None: ...
     def get_block(self, num: int) -> CommitRecord | None: ...
+    def chain_seq(self, block: int) -> int | None: ...
     def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None: ...
     def after_write(self) -> None: ...
     def hold_unmapping(self, held: bool) -> None: ...
@@ -319,12 +325,14 @@ def encode_block(record: CommitRecord) -> bytes:
             [[a, v] for a, v in record.writes],
             list(record.tx_ids),
             [-1, -1] if fp is None else [fp.batch, fp.tx],
+            record.block,
         ]
     )
 
 
 def decode_block(num: int, data: bytes) -> CommitRecord:
-    batch_id, kind, invalid, batch, writes, tx_ids, (fb, ft) = cbor2.loads(data)
+    fields = cbor2.loads(data)
+    batch_id, kind, invalid, batch, writes, tx_ids, (fb, ft) = fields[:7]
     return CommitRecord(
         num,
         batch_id,
@@ -333,6 +341,7 @@ def decode_block(num: int, data: bytes) -> CommitRecord:
         tuple(tx_ids),
         batch,
         tuple((a, v) for a, v in writes),
+        fields[7] if len(fields) > 7 else 0,
     )
 
 
@@ -375,19 +384,59 @@ class LmdbStore:
         self._batches = env.open_db(b"batches")
         self._txns = env.open_db(b"txns")
         self._blocks = env.open_db(b"blocks")
+        self._chain = env.open_db(b"chain")
         self._filter_db = env.open_db(b"filter")
         with env.begin(write=True) as txn:
             found = txn.get(b"format", db=self._meta)
             if found is None:
                 txn.put(b"format", _U64.pack(STORE_FORMAT), db=self._meta)
-            elif _U64.unpack(found)[0] != STORE_FORMAT:
-                raise NodeDataError(
-                    f"the node store in {path} has format {_U64.unpack(found)[0]}, this "
-                    f"ledgerq reads format {STORE_FORMAT}"
-                )
+                version = STORE_FORMAT
+            else:
+                version = _U64.unpack(found)[0]
+        if version == 1:
+            self._upgrade_from_1()
+        elif version != STORE_FORMAT:
+            raise NodeDataError(
+                f"the node store in {path} has format {version}, this ledgerq reads "
+                f"formats 1 and {STORE_FORMAT}"
+            )
         self._filter = self._load_filter(filter_blocks)
         self._read = env.begin()
         self._pages = MappedPages(path / "data.mdb")
+
+    def _upgrade_from_1(self) -> None:
+        """Format 1 numbered a block per final status, INVALID ones too: give the
+        COMMITTED records block numbers (1, 2, ... in commit order) and index them in
+        ``chain``. In transactions of :data:`_UPGRADE_CHUNK` records, each with its
+        progress (``upgraded``, ``height`` in ``meta``), so a crash resumes it."""
+        env, meta = self._env, self._meta
+        with env.begin() as txn:
+            done = txn.get(b"upgraded", db=meta)
+            height = txn.get(b"height", db=meta)
+        through = 0 if done is None else _U64.unpack(done)[0]
+        count = 0 if height is None else _U64.unpack(height)[0]
+        while True:
+            with env.begin(write=True) as txn:
+                cursor = txn.cursor(db=self._blocks)
+                moved = 0
+                if cursor.set_range(_U64.pack(through + 1)):
+                    for key, value in cursor:
+                        record = decode_block(_U64.unpack(key)[0], bytes(value))
+                        if isinstance(record.status, str):
+                            count += 1
+                            record = record._replace(block=count)
+                            txn.put(_U64.pack(count), key, db=self._chain)
+                        txn.put(key, encode_block(record), db=self._blocks)
+                        through = record.num
+                        moved += 1
+                        if moved >= _UPGRADE_CHUNK:
+                            break
+                txn.put(b"upgraded", _U64.pack(through), db=meta)
+                txn.put(b"height", _U64.pack(count), db=meta)
+                if moved < _UPGRADE_CHUNK:
+                    txn.put(b"format", _U64.pack(STORE_FORMAT), db=meta)
+                    txn.delete(b"upgraded", db=meta)
+                    return
 
     def _load_filter(self, blocks: int) -> KeyFilter:
         """The key filter: its checkpoint plus the blocks after it; built from the
@@ -445,7 +494,7 @@ class LmdbStore:
 
     def meta(self) -> Meta:
         txn, db = self._read, self._meta
-        values = [txn.get(k, db=db) for k in (b"applied", b"events", b"batch_high")]
+        values = [txn.get(k, db=db) for k in (b"applied", b"events", b"batch_high", b"height")]
         self._pages.touch()
         return Meta(*(0 if v is None else _U64.unpack(v)[0] for v in values))
 
@@ -504,13 +553,21 @@ class LmdbStore:
         self._pages.touch()
         return None if value is None else decode_block(num, bytes(value))
 
+    def chain_seq(self, block: int) -> int | None:
+        """The event number of block ``block``'s record."""
+        value = self._read.get(_U64.pack(block), db=self._chain)
+        self._pages.touch()
+        return None if value is None else _U64.unpack(value)[0]
+
     # --- writing (a thread) -------------------------------------------------------
 
     def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
         keys = self._filter
         with self._env.begin(write=True) as txn:
             state, batches, txns, blocks = self._state, self._batches, self._txns, self._blocks
+            chain = self._chain
             last = None
+            height = None
             pages = self._pages
             # Each key's bytes serve its put and the filter (before the commit: the
             # filter may hold more than the store, never less); the filter's chunk of
@@ -529,6 +586,9 @@ class LmdbStore:
                 put(key, value, db=batches)
                 dirty.add(add(key) // _BLOCKS_PER_CHUNK)
                 put(_U64.pack(num), encode_block(record), db=blocks, append=True)
+                if record.block:
+                    height = record.block
+                    put(_U64.pack(height), _U64.pack(num), db=chain, append=True)
                 if kind == _COMMITTED:
                     for index, tid in enumerate(record.tx_ids):
                         key = bytes.fromhex(tid)
@@ -549,6 +609,8 @@ class LmdbStore:
             txn.put(b"batch_high", _U64.pack(batch_high), db=meta)
             if last is not None:
                 txn.put(b"events", _U64.pack(last), db=meta)
+            if height is not None:
+                txn.put(b"height", _U64.pack(height), db=meta)
             failpoint("node_store_write")
         failpoint("node_store_written")
         # The transaction's descents mapped its random leaves (most of the pages the
@@ -631,6 +693,7 @@ class MemoryStore:
         self._batches: dict[str, StoredBatch] = {}
         self._txns: dict[str, tuple[int, int]] = {}
         self._blocks: dict[int, CommitRecord] = {}
+        self._chain: dict[int, int] = {}
 
     def meta(self) -> Meta:
         return self._meta
@@ -652,10 +715,16 @@ class MemoryStore:
     def get_block(self, num: int) -> CommitRecord | None:
         return self._blocks.get(num)
 
+    def chain_seq(self, block: int) -> int | None:
+        return self._chain.get(block)
+
     def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
-        events = self._meta.events
+        events, height = self._meta.events, self._meta.height
         for record in records:
             events = record.num
+            if record.block:
+                height = record.block
+                self._chain[height] = record.num
             self._batches[record.batch_id] = StoredBatch(
                 record.num, record.fingerprint, record.status
             )
@@ -664,7 +733,7 @@ class MemoryStore:
                 for index, tid in enumerate(record.tx_ids):
                     self._txns[tid] = (record.num, index)
                 self._state.update(record.writes)
-        self._meta = Meta(applied, events, batch_high)
+        self._meta = Meta(applied, events, batch_high, height)
 
     def after_write(self) -> None:
         return None

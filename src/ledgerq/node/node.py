@@ -108,6 +108,7 @@ class Node:
             commit_delay_ms=commit_delay_ms,
             submissions=meta.applied,
             event_seq=meta.events,
+            height=meta.height,
         )
         self.machine = OrderingMachine(
             self.ledger,
@@ -140,7 +141,7 @@ class Node:
         # (seq, batch id, stored status): plain tuples, see ledger.FinalStatus.
         self._events: deque[tuple[int, str, FinalStatus]] = deque(maxlen=event_buffer)
         self.replay_limit = replay_limit
-        last = store.get_block(meta.events) if meta.events else None
+        last = self.committed.chain_record(meta.height) if meta.height else None
         #: Recent commits as websocket "blocks" (see :mod:`ledgerq.node.blocks`).
         self.blocks = BlockLog(block_buffer, last_batch_id=None if last is None else last.batch_id)
         self._event_signal = asyncio.Event()
@@ -385,8 +386,8 @@ class Node:
         where = self.committed.txn(tx_id)
         if where is None:
             return None
-        block = self.committed.block(where[0])
-        return "" if block is None else block.batch_id
+        record = self.committed.record(where[0])
+        return "" if record is None else record.batch_id
 
     async def _admit(self, batches: Sequence[_Admitted]) -> None:
         """Journal (durable mode) then hand batches to the worker, in this order."""
@@ -522,6 +523,7 @@ class Node:
                         txs,
                         batch.serialized if batch is not None else b"",
                         event.writes,
+                        event.block,
                     )
                 )
                 for tid in txs:
@@ -690,22 +692,27 @@ class Node:
         return None if stored is None else stored.fingerprint
 
     @property
+    def height(self) -> int:
+        """The number of the chain's latest block."""
+        return self.ledger.height
+
+    @property
     def head(self) -> str:
         """The id of the latest block (as ``/subscriptions`` and ``/blocks`` give it)."""
-        num = self.ledger.event_seq
+        num = self.ledger.height
         last = self.blocks.last_batch_id
         if num == 0 or last is None:
             return NULL_BLOCK_ID
         return block_id(num, last)
 
     def get_block(self, num: int) -> Block | None:
-        """Block ``num``, from memory if recent, else from the store."""
-        if not 0 < num <= self.ledger.event_seq:
+        """Block ``num`` of the chain, from memory if recent, else from the store."""
+        if not 0 < num <= self.ledger.height:
             return None
-        record = self.committed.block(num)
+        record = self.committed.chain_record(num)
         if record is None:
             return None
-        previous = self.committed.block(num - 1) if num > 1 else None
+        previous = self.committed.chain_record(num - 1) if num > 1 else None
         return Block(
             num,
             record.batch_id,
@@ -736,7 +743,7 @@ class Node:
             events = self._events
             if events and events[-1][0] > last:
                 while last + 1 < events[0][0]:  # older than the buffer: from the store
-                    record = self.committed.block(last + 1)
+                    record = self.committed.record(last + 1)
                     last += 1
                     if record is not None:
                         yield StatusEvent(last, final_info(record.batch_id, record.status))
@@ -760,7 +767,7 @@ class Node:
         Ends when the node closes. A follower slower than ``block_buffer``
         blocks skips to the oldest kept.
         """
-        head = self.ledger.event_seq
+        head = self.ledger.height
         last = head if after is None else max(after, head - self.replay_limit, 0)
         while True:
             oldest = self.blocks.oldest

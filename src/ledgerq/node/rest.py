@@ -293,7 +293,7 @@ def make_app(
             head = chain.head(request)
         except RequestError as exc:
             return exc.response
-        if head != node.ledger.event_seq:
+        if head != node.height:
             return _error(
                 404,
                 50,

@@ -93,8 +93,10 @@ async def test_subscribe_filters_state_changes_by_prefix(server: Server) -> None
 
     both = make_intkey_batch(SIGNER, [("set", "x", 5), ("set", "y", 6)])
     invalid = make_intkey_batch(SIGNER, [("inc", "missing", 1)])
+    after = make_intkey_batch(SIGNER, [("set", "x2", 7)])
     await server.commit(both)
     await server.commit(invalid)
+    await server.commit(after)
 
     first = await receive(only_x)  # as of the subscription: block 1 is not sent
     assert first["block_num"] == 2
@@ -106,10 +108,10 @@ async def test_subscribe_filters_state_changes_by_prefix(server: Server) -> None
     assert value(first["state_changes"][0]) == {"x": 5}
     second = await receive(only_x)
     assert second == {
-        "block_num": 3,
-        "block_id": block_id(3, invalid.header_signature),
+        "block_num": 3,  # the INVALID batch is in no block: the next one is `after`'s
+        "block_id": block_id(3, after.header_signature),
         "previous_block_id": first["block_id"],
-        "state_changes": [],  # an INVALID batch is a block without changes
+        "state_changes": [],  # nothing under the prefix
     }
 
     all_first = await receive(everything)

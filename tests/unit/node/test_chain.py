@@ -1,0 +1,89 @@
+"""The node's chain: which batches are blocks, how blocks are numbered, and a data
+directory written by an earlier store format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cbor2
+import lmdb
+
+from ledgerq.codec import Signer
+from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.node import Node
+from ledgerq.node.disk import _U64, CommitRecord, LmdbStore, encode_block
+from ledgerq.node.ordering.messages import InvalidTx
+
+SIGNER = Signer.generate()
+
+
+async def test_an_invalid_batch_is_in_no_block(tmp_path: Path) -> None:
+    node = await Node.open(tmp_path)
+    try:
+        good = make_intkey_batch(SIGNER, [("set", "a", 1)])
+        bad = make_intkey_batch(SIGNER, [("inc", "missing", 1)])
+        later = make_intkey_batch(SIGNER, [("inc", "a", 1)])
+        for batch in (good, bad, later):
+            await node.submit([batch])
+            await node.batch_statuses([batch.header_signature], wait=10)
+        assert node.status(bad.header_signature).status == "INVALID"
+        # Three final statuses (the event stream numbers them all), two blocks.
+        assert node.ledger.event_seq == 3 and node.height == 2
+        blocks = [node.get_block(n) for n in (1, 2)]
+        assert [b.batch_id for b in blocks if b is not None] == [
+            good.header_signature,
+            later.header_signature,
+        ]
+        assert node.get_block(3) is None
+        await node.snapshot()  # and so they read from the store
+        await node.close()
+        node = await Node.open(tmp_path)
+        assert node.height == 2
+        second = node.get_block(2)
+        assert second is not None and second.batch_id == later.header_signature
+        first = node.get_block(1)
+        assert first is not None and second.previous_id == first.id
+    finally:
+        await node.close()
+
+
+def _write_format_1(path: Path, records: list[CommitRecord]) -> None:
+    """A store as format 1 wrote it: a block per final status, INVALID ones too, and
+    records without a block number."""
+    store = LmdbStore(path)
+    store.write(records, len(records), 1)
+    store.close()
+    env = lmdb.open(str(path), max_dbs=8, map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        meta, blocks = env.open_db(b"meta", txn=txn), env.open_db(b"blocks", txn=txn)
+        chain = env.open_db(b"chain", txn=txn)
+        txn.drop(chain, delete=True)
+        txn.put(b"format", _U64.pack(1), db=meta)
+        txn.delete(b"height", db=meta)
+        for record in records:
+            fields = cbor2.loads(encode_block(record))[:7]
+            txn.put(_U64.pack(record.num), cbor2.dumps(fields), db=blocks)
+    env.close()
+
+
+def test_a_format_1_store_is_upgraded_its_invalid_batches_leave_the_chain(
+    tmp_path: Path,
+) -> None:
+    ids = [f"{i:02x}" * 64 for i in range(1, 6)]
+    invalid = (InvalidTx("cc" * 64, 'Verb is "inc" but name "x" not in state'),)
+    records = [
+        CommitRecord(1, ids[0], "COMMITTED", None, (), b"", (("aa" * 35, b"1"),)),
+        CommitRecord(2, ids[1], invalid, None, (), b"", ()),
+        CommitRecord(3, ids[2], "COMMITTED", None, (), b"", (("bb" * 35, b"2"),)),
+        CommitRecord(4, ids[3], invalid, None, (), b"", ()),
+        CommitRecord(5, ids[4], "COMMITTED", None, (), b"", ()),
+    ]
+    path = tmp_path / "store"
+    _write_format_1(path, records)
+    store = LmdbStore(path)
+    try:
+        assert store.meta().height == 3 and store.meta().events == 5
+        assert [store.chain_seq(n) for n in (1, 2, 3, 4)] == [1, 3, 5, None]
+        assert [store.get_block(n).block for n in range(1, 6)] == [1, 0, 2, 0, 3]  # type: ignore[union-attr]
+    finally:
+        store.close()
