@@ -47,7 +47,7 @@ from aiohttp import web
 
 from ledgerq import jsontext
 from ledgerq.codec import ParsedBatch, decode_batch
-from ledgerq.node.blocks import NULL_BLOCK_ID
+from ledgerq.node.chain import header_fields
 from ledgerq.node.disk import CommitRecord
 from ledgerq.node.listing import (
     MAX_LIMIT,
@@ -140,7 +140,7 @@ class Chain:
             return latest
         if _NUM.fullmatch(raw):
             num = int(raw)
-            if 0 < num <= latest:
+            if 0 <= num <= latest:
                 return num
         elif _ID.fullmatch(raw):
             block = self.node.find_block(raw)
@@ -159,8 +159,8 @@ class Chain:
         return self.head(request)
 
     def block(self, num: int) -> CommitRecord | None:
-        """The record of the batch block ``num`` holds."""
-        return self.node.committed.chain_record(num) if num > 0 else None
+        """The record of the batch block ``num`` holds (block 0: genesis, no batch)."""
+        return self.node.committed.chain_record(num) if num >= 0 else None
 
     def batch_record(self, seq: int) -> CommitRecord | None:
         """The record of final status ``seq`` (a batch's or a transaction's ``block``)."""
@@ -168,7 +168,8 @@ class Chain:
 
     def block_id(self, num: int) -> str:
         block = self.node.get_block(num)
-        return NULL_BLOCK_ID if block is None else block.id
+        assert block is not None, f"no block {num}"
+        return block.id
 
     def batches(self, record: CommitRecord) -> list[ParsedBatch]:
         """The batches a block holds, in block order."""
@@ -177,27 +178,26 @@ class Chain:
 
     def block_json(self, record: CommitRecord) -> dict[str, Any]:
         batches = self.batches(record)
-        block = self.node.get_block(record.block)
-        assert block is not None
+        header = header_fields(record.header)
         return {
             "header": {
                 # Sawtooth's REST API writes this uint64 as protobuf's JSON does: a string.
-                "block_num": str(record.block),
-                "previous_block_id": block.previous_id,
-                "signer_public_key": "",
-                "batch_ids": [b.header_signature for b in batches],
-                "consensus": "",
-                "state_root_hash": "",
+                "block_num": str(header.block_num),
+                "previous_block_id": header.previous_block_id,
+                "signer_public_key": header.signer_public_key,
+                "batch_ids": list(header.batch_ids),
+                "consensus": b64(header.consensus),
+                "state_root_hash": header.state_root_hash,
             },
-            "header_signature": block.id,
+            "header_signature": record.signature,
             "batches": [batch_json(b) for b in batches],
         }
 
     def nums(self, head: int, first: int | None, reverse: bool) -> Iterator[int]:
         """Block numbers in list order up to ``head``, from ``first`` if given."""
         if reverse:
-            return iter(range(first or 1, head + 1))
-        return iter(range(head if first is None else first, 0, -1))
+            return iter(range(first or 0, head + 1))
+        return iter(range(head if first is None else first, -1, -1))
 
 
 def _skip_to(items: Items, start: str | None) -> Items:

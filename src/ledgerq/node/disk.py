@@ -55,7 +55,7 @@ import ctypes
 import os
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -81,6 +81,9 @@ FILTER_CHUNK = 64 * 1024
 FILTER_CHECKPOINT = 20_000
 _BLOCKS_PER_CHUNK = FILTER_CHUNK // BLOCK_BYTES
 _COMMITTED, _INVALID = 0, 1
+#: Key prefix of the Merkle tree's nodes (LMDB takes no empty key: the root's path).
+_NODE = b"/"
+_NO_NODES: Mapping[bytes, bytes] = {}
 #: Virtual size of the memory map (LMDB's ceiling for the file, not memory used).
 DEFAULT_MAP_SIZE = 256 << 30
 _MADV_DONTNEED = 4  # Linux
@@ -267,6 +270,8 @@ class CommitRecord(NamedTuple):
     batch: bytes  # the serialized Batch
     writes: tuple[tuple[KVSKey, KVSDatum], ...]
     block: int = 0
+    header: bytes = b""  # the block's serialized BlockHeader
+    signature: str = ""  # the block's id
 
 
 class StoredBatch(NamedTuple):
@@ -290,7 +295,23 @@ class Store(Protocol):
     def get_txn(self, tx_id: str) -> tuple[int, int] | None: ...
     def get_block(self, num: int) -> CommitRecord | None: ...
     def chain_seq(self, block: int) -> int | None: ...
-    def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None: ...
+    def block_num(self, block_id: str) -> int | None: ...
+    def genesis(self) -> tuple[bytes, str] | None: ...
+    def clear_merkle(self) -> None: ...
+    def reseal(
+        self,
+        records: Sequence[CommitRecord],
+        nodes: Mapping[bytes, bytes],
+        genesis: tuple[bytes, str] | None,
+    ) -> None: ...
+    def get_node(self, path: bytes) -> bytes | None: ...
+    def write(
+        self,
+        records: Sequence[CommitRecord],
+        applied: int,
+        batch_high: int,
+        nodes: Mapping[bytes, bytes] = ...,
+    ) -> None: ...
     def after_write(self) -> None: ...
     def hold_unmapping(self, held: bool) -> None: ...
     def blocks_from(self, num: int, *, reverse: bool = False) -> Iterator[CommitRecord]: ...
@@ -326,6 +347,8 @@ def encode_block(record: CommitRecord) -> bytes:
             list(record.tx_ids),
             [-1, -1] if fp is None else [fp.batch, fp.tx],
             record.block,
+            record.header,
+            record.signature,
         ]
     )
 
@@ -342,6 +365,8 @@ def decode_block(num: int, data: bytes) -> CommitRecord:
         batch,
         tuple((a, v) for a, v in writes),
         fields[7] if len(fields) > 7 else 0,
+        fields[8] if len(fields) > 8 else b"",
+        fields[9] if len(fields) > 9 else "",
     )
 
 
@@ -356,7 +381,7 @@ class LmdbStore:
             self._env = lmdb.open(
                 str(path),
                 map_size=map_size,
-                max_dbs=8,
+                max_dbs=16,
                 sync=True,
                 metasync=False,
                 readahead=False,
@@ -385,6 +410,8 @@ class LmdbStore:
         self._txns = env.open_db(b"txns")
         self._blocks = env.open_db(b"blocks")
         self._chain = env.open_db(b"chain")
+        self._block_ids = env.open_db(b"block_ids")
+        self._merkle = env.open_db(b"merkle")
         self._filter_db = env.open_db(b"filter")
         with env.begin(write=True) as txn:
             found = txn.get(b"format", db=self._meta)
@@ -559,13 +586,73 @@ class LmdbStore:
         self._pages.touch()
         return None if value is None else _U64.unpack(value)[0]
 
+    def block_num(self, block_id: str) -> int | None:
+        try:
+            key = bytes.fromhex(block_id)
+        except ValueError:
+            return None
+        value = self._read.get(key, db=self._block_ids) if key else None
+        self._pages.touch()
+        return None if value is None else _U64.unpack(value)[0]
+
+    def genesis(self) -> tuple[bytes, str] | None:
+        value = self._read.get(b"genesis", db=self._meta)
+        if value is None:
+            return None
+        header, signature = cbor2.loads(bytes(value))
+        return header, signature
+
+    def clear_merkle(self) -> None:
+        """Drop every node of the Merkle tree (before the chain is sealed again)."""
+        with self._env.begin(write=True) as txn:
+            txn.drop(self._merkle, delete=False)
+        self._refresh()
+
+    def reseal(
+        self,
+        records: Sequence[CommitRecord],
+        nodes: Mapping[bytes, bytes],
+        genesis: tuple[bytes, str] | None,
+    ) -> None:
+        """Records given their headers, the tree's nodes, and at last the genesis
+        block (see :func:`ledgerq.node.chain.seal_store`), in one transaction."""
+        with self._env.begin(write=True) as txn:
+            for record in records:
+                txn.put(_U64.pack(record.num), encode_block(record), db=self._blocks)
+                if record.block:
+                    txn.put(
+                        bytes.fromhex(record.signature),
+                        _U64.pack(record.block),
+                        db=self._block_ids,
+                    )
+            for path, node in nodes.items():
+                txn.put(_NODE + path, node, db=self._merkle)
+            if genesis is not None:
+                header, signature = genesis
+                txn.put(b"genesis", cbor2.dumps([header, signature]), db=self._meta)
+                txn.put(bytes.fromhex(signature), _U64.pack(0), db=self._block_ids)
+        self._env.sync(True)
+        self._refresh()
+
+    def get_node(self, path: bytes) -> bytes | None:
+        """A stored node of the state's Merkle tree (see :mod:`ledgerq.node.merkle`)."""
+        value = self._read.get(_NODE + path, db=self._merkle)
+        self._pages.touch()
+        return None if value is None else bytes(value)
+
     # --- writing (a thread) -------------------------------------------------------
 
-    def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
+    def write(
+        self,
+        records: Sequence[CommitRecord],
+        applied: int,
+        batch_high: int,
+        nodes: Mapping[bytes, bytes] = _NO_NODES,
+    ) -> None:
         keys = self._filter
         with self._env.begin(write=True) as txn:
             state, batches, txns, blocks = self._state, self._batches, self._txns, self._blocks
-            chain = self._chain
+            chain, block_ids = self._chain, self._block_ids
             last = None
             height = None
             pages = self._pages
@@ -589,6 +676,7 @@ class LmdbStore:
                 if record.block:
                     height = record.block
                     put(_U64.pack(height), _U64.pack(num), db=chain, append=True)
+                    put(bytes.fromhex(record.signature), _U64.pack(height), db=block_ids)
                 if kind == _COMMITTED:
                     for index, tid in enumerate(record.tx_ids):
                         key = bytes.fromhex(tid)
@@ -600,6 +688,10 @@ class LmdbStore:
                         dirty.add(add(key) // _BLOCKS_PER_CHUNK)
                 # A batch id and its transactions' ids and addresses: a random page each.
                 pages.touch(1 + len(record.tx_ids) + len(record.writes))
+            merkle = self._merkle
+            for path, node in nodes.items():
+                put(_NODE + path, node, db=merkle)
+            pages.touch(len(nodes))
             if last is not None and last - self._filter_through >= FILTER_CHECKPOINT:
                 self._filter_through = last
                 pages.touch(len(self._filter_dirty))
@@ -694,6 +786,9 @@ class MemoryStore:
         self._txns: dict[str, tuple[int, int]] = {}
         self._blocks: dict[int, CommitRecord] = {}
         self._chain: dict[int, int] = {}
+        self._block_ids: dict[str, int] = {}
+        self._nodes: dict[bytes, bytes] = {}
+        self._genesis: tuple[bytes, str] | None = None
 
     def meta(self) -> Meta:
         return self._meta
@@ -718,13 +813,48 @@ class MemoryStore:
     def chain_seq(self, block: int) -> int | None:
         return self._chain.get(block)
 
-    def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
+    def block_num(self, block_id: str) -> int | None:
+        return self._block_ids.get(block_id)
+
+    def genesis(self) -> tuple[bytes, str] | None:
+        return self._genesis
+
+    def clear_merkle(self) -> None:
+        self._nodes.clear()
+
+    def reseal(
+        self,
+        records: Sequence[CommitRecord],
+        nodes: Mapping[bytes, bytes],
+        genesis: tuple[bytes, str] | None,
+    ) -> None:
+        for record in records:
+            self._blocks[record.num] = record
+            if record.block:
+                self._block_ids[record.signature] = record.block
+        self._nodes.update(nodes)
+        if genesis is not None:
+            self._genesis = genesis
+            self._block_ids[genesis[1]] = 0
+
+    def get_node(self, path: bytes) -> bytes | None:
+        return self._nodes.get(path)
+
+    def write(
+        self,
+        records: Sequence[CommitRecord],
+        applied: int,
+        batch_high: int,
+        nodes: Mapping[bytes, bytes] = _NO_NODES,
+    ) -> None:
         events, height = self._meta.events, self._meta.height
+        self._nodes.update(nodes)
         for record in records:
             events = record.num
             if record.block:
                 height = record.block
                 self._chain[height] = record.num
+                self._block_ids[record.signature] = height
             self._batches[record.batch_id] = StoredBatch(
                 record.num, record.fingerprint, record.status
             )

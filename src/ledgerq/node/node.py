@@ -19,9 +19,11 @@ from pathlib import Path
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.codec import ParsedBatch, decode_batch
+from ledgerq.codec.signing import Signer
 from ledgerq.errors import NodeBusyError, NodeError
-from ledgerq.node.blocks import NULL_BLOCK_ID, Block, BlockLog, block_id
+from ledgerq.node.blocks import Block, BlockLog
 from ledgerq.node.candidates import batch_candidate
+from ledgerq.node.chain import Sealer, load_or_create_key, seal_store
 from ledgerq.node.commit import (
     PENDING,
     UNKNOWN,
@@ -32,7 +34,12 @@ from ledgerq.node.commit import (
     _Slot,
     final_info,
 )
-from ledgerq.node.committed import STORE_TXN_COMMITS, STORE_TXN_KEYS, CommittedView
+from ledgerq.node.committed import (
+    STORE_TXN_COMMITS,
+    STORE_TXN_KEYS,
+    WRITE_KEYS,
+    CommittedView,
+)
 from ledgerq.node.datadir import DataDirLock, lock_data_dir
 from ledgerq.node.disk import CommitRecord, LmdbStore, MemoryStore, Store
 from ledgerq.node.families import FamilyRegistry, default_registry
@@ -102,6 +109,7 @@ class Node:
         self.committed = CommittedView(
             store, write_interval_s=store_interval_s, on_written=self._on_written
         )
+        self.sealer = self._open_chain(load_or_create_key(data_dir))
         meta = store.meta()
         self.ledger = Ledger(
             clock=clock,
@@ -141,9 +149,8 @@ class Node:
         # (seq, batch id, stored status): plain tuples, see ledger.FinalStatus.
         self._events: deque[tuple[int, str, FinalStatus]] = deque(maxlen=event_buffer)
         self.replay_limit = replay_limit
-        last = self.committed.chain_record(meta.height) if meta.height else None
-        #: Recent commits as websocket "blocks" (see :mod:`ledgerq.node.blocks`).
-        self.blocks = BlockLog(block_buffer, last_batch_id=None if last is None else last.batch_id)
+        #: Recent blocks for the websocket (see :mod:`ledgerq.node.blocks`).
+        self.blocks = BlockLog(block_buffer, last_id=self.sealer.previous)
         self._event_signal = asyncio.Event()
         self._wake = asyncio.Event()
         self._next_commit_at: int | None = None
@@ -153,6 +160,19 @@ class Node:
         self._driver: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._segment_first = 0
+
+    def _open_chain(self, key: Signer) -> Sealer:
+        """The block sealer, after the genesis block: made now if the store has none
+        (a new store, or one a format-1 store was upgraded from, whose blocks are
+        sealed now; see :func:`ledgerq.node.chain.seal_store`)."""
+        store = self.store
+        genesis = store.genesis()
+        if genesis is None:
+            return seal_store(store, key)
+        meta = store.meta()
+        last = self.committed.chain_record(meta.height)
+        assert last is not None, f"the store has no block {meta.height}"
+        return Sealer(key, self.committed.get_node, last.signature)
 
     @classmethod
     async def open(
@@ -514,6 +534,9 @@ class Node:
                 bid = event.info.id
                 batch = self._inflight.pop(bid, None)
                 txs = batch.transaction_ids if batch is not None else ()
+                header, signature = b"", ""
+                if event.block:
+                    header, signature = self.sealer.seal(event.block, bid, event.writes)
                 records.append(
                     CommitRecord(
                         event.seq,
@@ -524,6 +547,8 @@ class Node:
                         batch.serialized if batch is not None else b"",
                         event.writes,
                         event.block,
+                        header,
+                        signature,
                     )
                 )
                 for tid in txs:
@@ -534,7 +559,13 @@ class Node:
                 for fut in self._waiters.pop(bid, ()):
                     if not fut.done():
                         fut.set_result(None)
-            self.committed.add(records, self.ledger.committed, self.machine.worker.batch_number)
+            self.committed.add(
+                records,
+                self.ledger.committed,
+                self.machine.worker.batch_number,
+                self.sealer.take_changes(),
+            )
+            self.blocks.extend(records)
             events += part
         if self.ledger.last_fingerprint is not None:
             self.machine.forget_through(self.ledger.last_fingerprint)
@@ -542,7 +573,6 @@ class Node:
             self._events.extend(
                 (e.seq, e.info.id, e.info.invalid_transactions or e.info.status) for e in events
             )
-            self.blocks.extend(events)
             signal, self._event_signal = self._event_signal, asyncio.Event()
             signal.set()
         if self._held and final_txs:
@@ -557,7 +587,7 @@ class Node:
             if summary is not None:  # as store_keys() will count its record
                 batch = self._inflight.get(slot.tx_id)
                 txs = 0 if batch is None else len(batch.transaction_ids)
-                weight = 1 + txs + len(summary.values_written)
+                weight = 2 + txs + WRITE_KEYS * len(summary.values_written)
             if part and (len(part) >= COMMIT_PART or keys + weight > STORE_TXN_KEYS):
                 yield part
                 part, keys = [], 0
@@ -699,37 +729,22 @@ class Node:
     @property
     def head(self) -> str:
         """The id of the latest block (as ``/subscriptions`` and ``/blocks`` give it)."""
-        num = self.ledger.height
-        last = self.blocks.last_batch_id
-        if num == 0 or last is None:
-            return NULL_BLOCK_ID
-        return block_id(num, last)
+        return self.sealer.previous
 
     def get_block(self, num: int) -> Block | None:
-        """Block ``num`` of the chain, from memory if recent, else from the store."""
-        if not 0 < num <= self.ledger.height:
+        """Block ``num`` of the chain (0: genesis), from memory if recent, else from
+        the store."""
+        if not 0 <= num <= self.ledger.height:
             return None
         record = self.committed.chain_record(num)
-        if record is None:
-            return None
-        previous = self.committed.chain_record(num - 1) if num > 1 else None
-        return Block(
-            num,
-            record.batch_id,
-            None if previous is None else previous.batch_id,
-            record.writes,
-        )
+        return None if record is None else Block.of(record)
 
     def find_block(self, wanted: str) -> Block | None:
-        """The block with this id (its number is in its first 16 hex digits)."""
-        try:
-            num = int(wanted[:16], 16)
-        except ValueError:
-            return None
+        """The block with this id."""
         if len(wanted) != 128:
             return None
-        block = self.get_block(num)
-        return block if block is not None and block.id == wanted else None
+        num = self.committed.block_num(wanted)
+        return None if num is None else self.get_block(num)
 
     async def subscribe(self, after: int | None = None) -> AsyncIterator[StatusEvent]:
         """Final-status events with ``seq > after`` (default: from now on), as they happen.

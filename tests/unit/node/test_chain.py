@@ -10,8 +10,11 @@ import lmdb
 
 from ledgerq.codec import Signer
 from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.codec.signing import verify_signature
 from ledgerq.node import Node
+from ledgerq.node.chain import header_fields
 from ledgerq.node.disk import _U64, CommitRecord, LmdbStore, encode_block
+from ledgerq.node.merkle import EMPTY_ROOT
 from ledgerq.node.ordering.messages import InvalidTx
 
 SIGNER = Signer.generate()
@@ -87,3 +90,82 @@ def test_a_format_1_store_is_upgraded_its_invalid_batches_leave_the_chain(
         assert [store.get_block(n).block for n in range(1, 6)] == [1, 0, 2, 0, 3]  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+def _root_of_state(state: list[tuple[str, bytes]]) -> str:
+    from tests.unit.node.test_merkle import reference_root
+
+    return reference_root(dict(state))
+
+
+async def test_genesis_block_and_headers_signed_by_a_persistent_key(tmp_path: Path) -> None:
+    node = await Node.open(tmp_path)
+    try:
+        genesis = node.get_block(0)
+        assert genesis is not None and node.head == genesis.id
+        assert genesis.previous_id == "0" * 16 and genesis.batch_id == ""
+        record = node.committed.chain_record(0)
+        assert record is not None
+        header = header_fields(record.header)
+        assert header.state_root_hash == EMPTY_ROOT and list(header.batch_ids) == []
+        key = node.sealer.signer.public_key
+        assert header.signer_public_key == key
+        assert verify_signature(key, record.header, genesis.id)
+        key_file = tmp_path / "validator.priv"
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        batch = make_intkey_batch(SIGNER, [("set", "a", 1), ("set", "b", 2)])
+        await node.submit([batch])
+        await node.batch_statuses([batch.header_signature], wait=10)
+        one = node.committed.chain_record(1)
+        assert one is not None
+        fields = header_fields(one.header)
+        assert fields.previous_block_id == genesis.id
+        assert fields.state_root_hash == _root_of_state(await node.list_state())
+        assert verify_signature(key, one.header, one.signature)
+        await node.close()
+        node = await Node.open(tmp_path)
+        assert node.sealer.signer.public_key == key  # the same key after a restart
+        again = node.get_block(0)
+        assert again is not None and again.id == genesis.id
+        later = make_intkey_batch(SIGNER, [("inc", "a", 1)])
+        await node.submit([later])
+        await node.batch_statuses([later.header_signature], wait=10)
+        two = node.committed.chain_record(2)
+        assert two is not None
+        assert header_fields(two.header).previous_block_id == one.signature
+        assert header_fields(two.header).state_root_hash == _root_of_state(await node.list_state())
+    finally:
+        await node.close()
+
+
+async def test_a_format_1_data_directory_gets_a_genesis_block_and_signed_blocks(
+    tmp_path: Path,
+) -> None:
+    a, b = "1cf126" + "aa" * 32, "1cf126" + "bb" * 32
+    records = [
+        CommitRecord(1, "01" * 64, "COMMITTED", None, (), b"", ((a, b"1"),)),
+        CommitRecord(2, "02" * 64, (InvalidTx("03" * 64, "no"),), None, (), b"", ()),
+        CommitRecord(3, "04" * 64, "COMMITTED", None, (), b"", ((a, b"2"), (b, b"3"))),
+    ]
+    _write_format_1(tmp_path / "store", records)
+    node = await Node.open(tmp_path)
+    try:
+        assert node.height == 2
+        blocks = [node.committed.chain_record(n) for n in (0, 1, 2)]
+        assert all(r is not None for r in blocks)
+        roots = [header_fields(r.header).state_root_hash for r in blocks if r is not None]
+        assert roots == [
+            EMPTY_ROOT,
+            _root_of_state([(a, b"1")]),
+            _root_of_state([(a, b"2"), (b, b"3")]),
+        ]
+        ids = [r.signature for r in blocks if r is not None]
+        assert [header_fields(r.header).previous_block_id for r in blocks if r is not None] == [
+            "0" * 16,
+            *ids[:2],
+        ]
+        assert node.head == ids[2]
+        found = node.find_block(ids[1])
+        assert found is not None and found.num == 1
+    finally:
+        await node.close()
