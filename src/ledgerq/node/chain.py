@@ -142,7 +142,7 @@ def seal_store(store: Store, key: Signer) -> Sealer:
         entries = [(a, v) for a, v in page[:SEAL_CHUNK] if a not in written]
         if entries:
             sealer.tree.apply(entries)
-            store.reseal([], sealer.take_changes(), None)
+            store.reseal([], sealer.take_changes(), None, entries)
         if len(page) <= SEAL_CHUNK:
             break
         start = page[-1][0]

@@ -64,9 +64,10 @@ def _malloc_trim() -> Callable[[], object] | None:
     return lambda: trim(0)
 
 
-#: Keys a write puts at random places: its address in ``state``, and a node of the
-#: Merkle tree on its path (those near the root are shared by every write).
-WRITE_KEYS = 2
+#: Keys a write puts at random places: its address in ``state``, its version in
+#: ``history``, and a node of the Merkle tree on its path (those near the root are
+#: shared by every write).
+WRITE_KEYS = 3
 
 
 def store_keys(record: CommitRecord) -> int:
@@ -205,6 +206,34 @@ class CommittedView:
                 page.update(
                     (a, v) for a, v in layer.state.items() if a >= low and a.startswith(prefix)
                 )
+        return sorted(page.items())[:limit]
+
+    def get_state_at(self, address: KVSKey, block: int) -> KVSDatum | None:
+        """The value at ``address`` as of block ``block`` (its latest write then)."""
+        for layer in (self._new, self._writing):
+            if layer is None:
+                continue
+            for record in reversed(layer.records):
+                if 0 < record.block <= block:
+                    for written, value in reversed(record.writes):
+                        if written == address:
+                            return value
+        return self.store.get_state_at(address, block)
+
+    def state_page_at(
+        self, prefix: str, start: str, limit: int, block: int
+    ) -> list[tuple[KVSKey, KVSDatum]]:
+        """:meth:`state_page` as of block ``block``."""
+        low = max(prefix, start)
+        page = dict(self.store.state_page_at(prefix, start, limit, block))
+        for layer in (self._writing, self._new):  # oldest first: newer values win
+            if layer is None:
+                continue
+            for record in layer.records:
+                if 0 < record.block <= block:
+                    page.update(
+                        (a, v) for a, v in record.writes if a >= low and a.startswith(prefix)
+                    )
         return sorted(page.items())[:limit]
 
     def final(self, batch_id: str) -> StoredBatch | None:

@@ -303,8 +303,13 @@ class Store(Protocol):
         records: Sequence[CommitRecord],
         nodes: Mapping[bytes, bytes],
         genesis: tuple[bytes, str] | None,
+        genesis_state: Sequence[tuple[KVSKey, KVSDatum]] = (),
     ) -> None: ...
     def get_node(self, path: bytes) -> bytes | None: ...
+    def get_state_at(self, address: KVSKey, block: int) -> KVSDatum | None: ...
+    def state_page_at(
+        self, prefix: str, start: str, limit: int, block: int
+    ) -> list[tuple[KVSKey, KVSDatum]]: ...
     def write(
         self,
         records: Sequence[CommitRecord],
@@ -412,6 +417,7 @@ class LmdbStore:
         self._chain = env.open_db(b"chain")
         self._block_ids = env.open_db(b"block_ids")
         self._merkle = env.open_db(b"merkle")
+        self._history = env.open_db(b"history")
         self._filter_db = env.open_db(b"filter")
         with env.begin(write=True) as txn:
             found = txn.get(b"format", db=self._meta)
@@ -613,10 +619,15 @@ class LmdbStore:
         records: Sequence[CommitRecord],
         nodes: Mapping[bytes, bytes],
         genesis: tuple[bytes, str] | None,
+        genesis_state: Sequence[tuple[KVSKey, KVSDatum]] = (),
     ) -> None:
-        """Records given their headers, the tree's nodes, and at last the genesis
+        """Records given their headers (and their writes' versions), the tree's
+        nodes, the state the genesis block starts with and at last the genesis
         block (see :func:`ledgerq.node.chain.seal_store`), in one transaction."""
         with self._env.begin(write=True) as txn:
+            history = self._history
+            for address, datum in genesis_state:
+                txn.put(bytes.fromhex(address) + _U64.pack(0), datum, db=history)
             for record in records:
                 txn.put(_U64.pack(record.num), encode_block(record), db=self._blocks)
                 if record.block:
@@ -625,6 +636,9 @@ class LmdbStore:
                         _U64.pack(record.block),
                         db=self._block_ids,
                     )
+                    version = _U64.pack(record.block)
+                    for address, datum in record.writes:
+                        txn.put(bytes.fromhex(address) + version, datum, db=history)
             for path, node in nodes.items():
                 txn.put(_NODE + path, node, db=self._merkle)
             if genesis is not None:
@@ -640,6 +654,44 @@ class LmdbStore:
         self._pages.touch()
         return None if value is None else bytes(value)
 
+    def get_state_at(self, address: KVSKey, block: int) -> KVSDatum | None:
+        """The value at ``address`` as of block ``block`` (its latest version then)."""
+        key = bytes.fromhex(address)
+        with self._env.begin() as txn:
+            found = _version_at(txn.cursor(db=self._history), key, block)
+        self._pages.touch()
+        return found
+
+    def state_page_at(
+        self, prefix: str, start: str, limit: int, block: int
+    ) -> list[tuple[KVSKey, KVSDatum]]:
+        """:meth:`state_page` as of block ``block``: each address's latest version
+        then, two seeks per address however many versions it has."""
+        low = max(prefix, start)
+        seek = bytes.fromhex(low[: len(low) // 2 * 2])
+        out: list[tuple[KVSKey, KVSDatum]] = []
+        with self._env.begin() as txn:
+            cursor = txn.cursor(db=self._history)
+            if not cursor.set_range(seek):
+                return out
+            while len(out) < limit:
+                key = bytes(cursor.key())
+                address = key[:35]
+                text = address.hex()
+                if text < low:
+                    if not cursor.set_range(address + _LAST_VERSION):
+                        break
+                    continue
+                if not text.startswith(prefix):
+                    break
+                value = _version_at(cursor, address, block)
+                if value is not None:
+                    out.append((text, value))
+                if not cursor.set_range(address + _LAST_VERSION):
+                    break
+        self._pages.touch(1 + len(out) // 16)
+        return out
+
     # --- writing (a thread) -------------------------------------------------------
 
     def write(
@@ -652,7 +704,7 @@ class LmdbStore:
         keys = self._filter
         with self._env.begin(write=True) as txn:
             state, batches, txns, blocks = self._state, self._batches, self._txns, self._blocks
-            chain, block_ids = self._chain, self._block_ids
+            chain, block_ids, history = self._chain, self._block_ids, self._history
             last = None
             height = None
             pages = self._pages
@@ -682,12 +734,14 @@ class LmdbStore:
                         key = bytes.fromhex(tid)
                         put(key, _TXN.pack(num, index), db=txns)
                         dirty.add(add(key) // _BLOCKS_PER_CHUNK)
+                    version = _U64.pack(record.block)
                     for address, datum in record.writes:
                         key = bytes.fromhex(address)
                         put(key, datum, db=state)
+                        put(key + version, datum, db=history)
                         dirty.add(add(key) // _BLOCKS_PER_CHUNK)
                 # A batch id and its transactions' ids and addresses: a random page each.
-                pages.touch(1 + len(record.tx_ids) + len(record.writes))
+                pages.touch(1 + len(record.tx_ids) + 2 * len(record.writes))
             merkle = self._merkle
             for path, node in nodes.items():
                 put(_NODE + path, node, db=merkle)
@@ -776,6 +830,24 @@ class LmdbStore:
                 yield decode_block(_U64.unpack(key)[0], bytes(value))
 
 
+#: Seeks past every version of an address (a block number is 8 bytes).
+_LAST_VERSION = b"\xff" * 8
+
+
+def _version_at(cursor: Any, address: bytes, block: int) -> KVSDatum | None:
+    """The latest version of ``address`` at or before ``block`` (the cursor is left
+    somewhere among its versions)."""
+    if cursor.set_range(address + _U64.pack(block + 1)):
+        if not cursor.prev():
+            return None
+    elif not cursor.last():
+        return None
+    key = cursor.key()
+    if bytes(key[:35]) != address:
+        return None
+    return bytes(cursor.value())
+
+
 class MemoryStore:
     """The same store in dictionaries: a node without a data directory."""
 
@@ -789,6 +861,8 @@ class MemoryStore:
         self._block_ids: dict[str, int] = {}
         self._nodes: dict[bytes, bytes] = {}
         self._genesis: tuple[bytes, str] | None = None
+        #: Address -> its versions, (block, value) in block order.
+        self._history: dict[KVSKey, list[tuple[int, KVSDatum]]] = {}
 
     def meta(self) -> Meta:
         return self._meta
@@ -827,11 +901,16 @@ class MemoryStore:
         records: Sequence[CommitRecord],
         nodes: Mapping[bytes, bytes],
         genesis: tuple[bytes, str] | None,
+        genesis_state: Sequence[tuple[KVSKey, KVSDatum]] = (),
     ) -> None:
+        for address, datum in genesis_state:
+            self._history.setdefault(address, []).insert(0, (0, datum))
         for record in records:
             self._blocks[record.num] = record
             if record.block:
                 self._block_ids[record.signature] = record.block
+                for address, datum in record.writes:
+                    self._history.setdefault(address, []).append((record.block, datum))
         self._nodes.update(nodes)
         if genesis is not None:
             self._genesis = genesis
@@ -839,6 +918,27 @@ class MemoryStore:
 
     def get_node(self, path: bytes) -> bytes | None:
         return self._nodes.get(path)
+
+    def get_state_at(self, address: KVSKey, block: int) -> KVSDatum | None:
+        found = None
+        for version, value in self._history.get(address, ()):
+            if version > block:
+                break
+            found = value
+        return found
+
+    def state_page_at(
+        self, prefix: str, start: str, limit: int, block: int
+    ) -> list[tuple[KVSKey, KVSDatum]]:
+        low = max(prefix, start)
+        out = []
+        for address in sorted(a for a in self._history if a >= low and a.startswith(prefix)):
+            value = self.get_state_at(address, block)
+            if value is not None:
+                out.append((address, value))
+                if len(out) >= limit:
+                    break
+        return out
 
     def write(
         self,
@@ -863,6 +963,8 @@ class MemoryStore:
                 for index, tid in enumerate(record.tx_ids):
                     self._txns[tid] = (record.num, index)
                 self._state.update(record.writes)
+                for address, datum in record.writes:
+                    self._history.setdefault(address, []).append((record.block, datum))
         self._meta = Meta(applied, events, batch_high, height)
 
     def after_write(self) -> None:

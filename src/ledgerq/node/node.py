@@ -680,15 +680,21 @@ class Node:
                                     del self._waiters[bid]
         return {bid: self.status(bid) for bid in ids}
 
-    async def get_state(self, address: str) -> bytes | None:
-        """The committed value at a full address, or ``None``."""
-        return self.committed.get_state(address)
+    async def get_state(self, address: str, *, head: int | None = None) -> bytes | None:
+        """The committed value at a full address, or ``None``; as of block ``head``
+        if given (read from the state's history on disk)."""
+        if head is None or head >= self.ledger.height:
+            return self.committed.get_state(address)
+        return self.committed.get_state_at(address, head)
 
     async def list_state(
-        self, prefix: str = "", *, start: str = "", limit: int = 1000
+        self, prefix: str = "", *, start: str = "", limit: int = 1000, head: int | None = None
     ) -> list[tuple[str, KVSDatum]]:
-        """Up to ``limit`` committed entries under ``prefix`` from ``start``, by address."""
-        return self.committed.state_page(prefix, start, limit)
+        """Up to ``limit`` committed entries under ``prefix`` from ``start``, by address;
+        as of block ``head`` if given."""
+        if head is None or head >= self.ledger.height:
+            return self.committed.state_page(prefix, start, limit)
+        return self.committed.state_page_at(prefix, start, limit, head)
 
     async def request_logs(self, fingerprint: TxFingerprint) -> ExecutionSummary | None:
         """``RequestLogs`` to the worker; its ``SendLog`` answer (``None`` if unknown)."""

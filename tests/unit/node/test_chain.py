@@ -7,9 +7,10 @@ from pathlib import Path
 
 import cbor2
 import lmdb
+import pytest
 
 from ledgerq.codec import Signer
-from ledgerq.codec.intkey import make_intkey_batch
+from ledgerq.codec.intkey import NAMESPACE, make_address, make_intkey_batch
 from ledgerq.codec.signing import verify_signature
 from ledgerq.node import Node
 from ledgerq.node.chain import header_fields
@@ -167,5 +168,41 @@ async def test_a_format_1_data_directory_gets_a_genesis_block_and_signed_blocks(
         assert node.head == ids[2]
         found = node.find_block(ids[1])
         assert found is not None and found.num == 1
+    finally:
+        await node.close()
+
+
+@pytest.mark.parametrize("where", ["memory", "unwritten", "store", "half"])
+async def test_state_at_every_block_of_the_chain(tmp_path: Path, where: str) -> None:
+    node = await Node.open(
+        None if where == "memory" else tmp_path,
+        store_interval_s=3600 if where in ("unwritten", "half") else 0.01,
+    )
+    try:
+        names = ["n0", "n1", "n2", "n3"]
+        model: dict[str, int] = {}
+        expected: list[dict[str, int]] = [{}]  # the state after each block
+        for step in range(24):
+            name = names[(step * 7) % len(names)]
+            verb = "inc" if name in model else "set"
+            batch = make_intkey_batch(SIGNER, [(verb, name, step + 1)])
+            await node.submit([batch])
+            await node.batch_statuses([batch.header_signature], wait=10)
+            model[name] = model.get(name, 0) + step + 1
+            expected.append(dict(model))
+            if where == "half" and step == 11:
+                await node.snapshot()
+        if where == "store":
+            await node.snapshot()
+        assert node.height == 24
+        for block, state in enumerate(expected):
+            for name in names:
+                data = await node.get_state(make_address(name), head=block)
+                value = None if data is None else cbor2.loads(data)[name]
+                assert value == state.get(name), (block, name)
+            listed = await node.list_state(NAMESPACE, head=block)
+            assert sorted(a for a, _ in listed) == sorted(make_address(n) for n in state)
+            page = await node.list_state(NAMESPACE, head=block, limit=1)
+            assert page == sorted(listed)[:1]
     finally:
         await node.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import cbor2
 import pytest
 import yaml
 from aiohttp import web
@@ -340,8 +341,25 @@ async def test_state_head_and_paging(chain: Chain) -> None:
     assert entry["link"] == f"{chain.url}/state/{make_address('a')}?head={latest}"
     entry = await chain.get(f"/state/{make_address('a')}?head={latest}")
     assert entry["head"] == latest
-    older = chain.block_id(1)
-    refused = await chain.get(f"/state/{make_address('a')}?head={older}", 404)
+    # State at any block of the chain: "a" was set to 1 in block 1, incremented
+    # by 5 in block 3; "b" appeared in block 2.
+    a, b = make_address("a"), make_address("b")
+    for head, value in ((1, {"a": 1}), (2, {"a": 1}), (3, {"a": 6})):
+        entry = await chain.get(f"/state/{a}?head={chain.block_id(head)}")
+        assert cbor2.loads(base64.b64decode(entry["data"])) == value
+        assert entry["head"] == chain.block_id(head)
+        assert (await chain.get(f"/state/{a}?head={head}"))["data"] == entry["data"]
+    missing = await chain.get(f"/state/{b}?head={chain.block_id(1)}", 404)
+    assert missing["error"]["code"] == 75
+    assert (await chain.get(f"/state/{a}?head=0", 404))["error"]["code"] == 75  # genesis
+    listed = await chain.get(f"/state?head={chain.block_id(1)}")
+    assert [d["address"] for d in listed["data"]] == [a] and listed["head"] == chain.block_id(1)
+    in_order = sorted([a, b, make_address("c")])  # block 2 set b and c
+    at_two = await chain.get("/state?head=2&limit=2")
+    assert [d["address"] for d in at_two["data"]] == in_order[:2]
+    assert at_two["paging"]["next_position"] == in_order[2]
+    assert (await chain.get("/state?head=0"))["data"] == []
+    refused = await chain.get(f"/state/{a}?head={'a' * 128}", 404)
     assert refused["error"]["code"] == 50
     addresses = sorted(make_address(n) for n in "abc")
     whole = await chain.get("/state")

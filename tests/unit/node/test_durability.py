@@ -453,7 +453,7 @@ async def test_a_large_store_write_is_cut_into_transactions_at_commit_points(
     # consistent store and the journal replays the rest.
     live = tmp_path / "live"
     node = await Node.open(live, snapshot_every=10**6, store_interval_s=3600)
-    node.committed._write_keys = 20  # four commits of 5 keys
+    node.committed._write_keys = 24  # four commits of 6 keys
     written: list[tuple[int, int]] = []
     write = node.store.write
 
@@ -526,7 +526,7 @@ async def test_a_large_commit_slice_reaches_the_store_in_bounded_parts(
 
     monkeypatch.setattr(node_module, "COMMIT_PART", 3)
     node = await Node.open(tmp_path, snapshot_every=10**6, store_interval_s=3600)
-    node.committed._write_keys = 15
+    node.committed._write_keys = 18
     written: list[tuple[int, int]] = []
     write = node.store.write
 
@@ -578,14 +578,14 @@ async def test_store_transactions_are_bounded_in_keys_not_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # LMDB keeps every page buffer a write transaction dirtied, about one per key:
-    # batches of ten transactions (32 keys each) must not make transactions ten
+    # batches of ten transactions (42 keys each) must not make transactions ten
     # times larger than single-transaction batches do.
     from ledgerq.node import node as node_module
     from ledgerq.node.committed import store_keys
 
-    monkeypatch.setattr(node_module, "STORE_TXN_KEYS", 70)
+    monkeypatch.setattr(node_module, "STORE_TXN_KEYS", 90)
     node = await Node.open(tmp_path, snapshot_every=10**6, store_interval_s=3600)
-    node.committed._write_keys = 70
+    node.committed._write_keys = 90
     written: list[int] = []
     write = node.store.write
 
@@ -598,10 +598,10 @@ async def test_store_transactions_are_bounded_in_keys_not_commits(
         make_intkey_batch(SIGNER, [("set", f"k{i}-{j}", j) for j in range(10)]) for i in range(10)
     ]
     try:
-        await node.submit(batches)  # one commit slice of 10 commits, 320 keys
+        await node.submit(batches)  # one commit slice of 10 commits, 420 keys
         assert set(await statuses(node, batches)) == {"COMMITTED"}
         await node.snapshot()
-        assert written == [64] * 5  # two commits per store transaction
+        assert written == [84] * 5  # two commits per store transaction
         assert node.store.meta().applied == 10
     finally:
         await node.close()
