@@ -68,7 +68,8 @@ PROTO_DIR := src/ledgerq/codec/proto
 PROTO_OUT := src/ledgerq/codec
 protos: $(VENV)/.dev
 	$(BIN)/python -m grpc_tools.protoc -I$(PROTO_DIR) --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \
-		$(PROTO_DIR)/batch.proto $(PROTO_DIR)/transaction.proto
+		$(PROTO_DIR)/batch.proto $(PROTO_DIR)/transaction.proto \
+		$(PROTO_DIR)/block.proto $(PROTO_DIR)/settings.proto
 	sed -i 's/^import transaction_pb2 as /from ledgerq.codec import transaction_pb2 as /' \
 		$(PROTO_OUT)/batch_pb2.py $(PROTO_OUT)/batch_pb2.pyi
 

@@ -1,17 +1,15 @@
 """The node's "blocks": what its ``/subscriptions`` websocket reports.
 
-The node has no chain of blocks; it commits one batch at a time, in order.
-So a block here is **one batch commit**, that is one final-status event:
+The node commits one batch at a time, in order, and each COMMITTED batch is
+a block of its own; an INVALID batch is in no block:
 
-* ``block_num`` is the event's sequence number (1, 2, 3, ... across
-  restarts, as ``GET /events`` numbers them); an INVALID batch is a block
-  too, one without state changes.
-* ``block_id`` is 128 hex digits: the block number (16 hex digits) followed
-  by the first 112 hex digits of ``sha512("<block_num>:<batch id>")``. It is
-  deterministic (a restart that replays the journal yields the same ids) and
-  it lets a lookup find the block by number.
+* ``block_num`` is the block's number in the chain (1, 2, 3, ... across
+  restarts), counting COMMITTED batches only (``GET /events`` numbers every
+  final status instead).
+* ``block_id`` is the block's id: the node's signature of its header
+  (:mod:`ledgerq.node.chain`), deterministic across restarts.
 * ``previous_block_id`` is the id of block ``block_num - 1``; block 1 follows
-  :data:`NULL_BLOCK_ID` (Sawtooth's genesis predecessor).
+  the genesis block (0), which follows :data:`NULL_BLOCK_ID`.
 * ``state_changes`` are the commit's writes, ``SET`` with base64 values. The
   node's transaction families never delete, so there is no ``DELETE``.
 
@@ -22,39 +20,30 @@ So a block here is **one batch commit**, that is one final-status event:
 from __future__ import annotations
 
 import base64
-import hashlib
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ledgerq.node.commit import StatusEvent
+from ledgerq.node.chain import NULL_BLOCK_ID, header_fields
+from ledgerq.node.disk import CommitRecord
 from ledgerq.node.ordering.messages import KVSDatum, KVSKey
 
-NULL_BLOCK_ID = "0" * 16
-
-
-def block_id(num: int, batch_id: str) -> str:
-    digest = hashlib.sha512(f"{num}:{batch_id}".encode()).hexdigest()
-    return f"{num:016x}{digest[:112]}"
+__all__ = ["NULL_BLOCK_ID", "Block", "BlockLog"]
 
 
 @dataclass(frozen=True, slots=True)
 class Block:
     num: int
-    batch_id: str
-    previous_batch_id: str | None  # None: block 1, or a predecessor the node no longer knows
+    batch_id: str  # "" for the genesis block
+    id: str
+    previous_id: str
     writes: tuple[tuple[KVSKey, KVSDatum], ...]
 
-    @property
-    def id(self) -> str:
-        return block_id(self.num, self.batch_id)
-
-    @property
-    def previous_id(self) -> str:
-        if self.previous_batch_id is None:
-            return NULL_BLOCK_ID
-        return block_id(self.num - 1, self.previous_batch_id)
+    @classmethod
+    def of(cls, record: CommitRecord) -> Block:
+        previous = header_fields(record.header).previous_block_id
+        return cls(record.block, record.batch_id, record.signature, previous, record.writes)
 
     def to_json(self, prefixes: Sequence[str] = ()) -> dict[str, Any]:
         """The spec's event message; changes filtered by ``prefixes`` (none: all)."""
@@ -73,18 +62,21 @@ class Block:
 class BlockLog:
     """The last ``size`` blocks, appended in commit order."""
 
-    def __init__(self, size: int, *, last_batch_id: str | None = None) -> None:
+    def __init__(self, size: int, *, last_id: str = NULL_BLOCK_ID) -> None:
         # Plain tuples: one is kept per commit on the hot path.
-        self._entries: deque[tuple[int, str, str | None, tuple[tuple[str, bytes], ...]]]
+        self._entries: deque[tuple[int, str, str, str, tuple[tuple[str, bytes], ...]]]
         self._entries = deque(maxlen=size)
-        self.last_batch_id = last_batch_id
+        self.last_id = last_id
 
-    def extend(self, events: Iterable[StatusEvent]) -> None:
-        entries, previous = self._entries, self.last_batch_id
-        for event in events:
-            entries.append((event.seq, event.info.id, previous, event.writes))
-            previous = event.info.id
-        self.last_batch_id = previous
+    def extend(self, records: Iterable[CommitRecord]) -> None:
+        entries, previous = self._entries, self.last_id
+        for record in records:
+            if record.block:
+                entries.append(
+                    (record.block, record.batch_id, record.signature, previous, record.writes)
+                )
+                previous = record.signature
+        self.last_id = previous
 
     @property
     def oldest(self) -> int | None:
@@ -98,18 +90,3 @@ class BlockLog:
             return []
         start = max(0, num + 1 - entries[0][0])
         return [Block(*entries[i]) for i in range(start, len(entries))]
-
-    def get(self, block_id_: str) -> Block | None:
-        """The block with this id if it is still kept."""
-        entries = self._entries
-        try:
-            num = int(block_id_[:16], 16)
-        except ValueError:
-            return None
-        if not entries or len(block_id_) != 128:
-            return None
-        index = num - entries[0][0]
-        if not 0 <= index < len(entries):
-            return None
-        block = Block(*entries[index])
-        return block if block.id == block_id_ else None

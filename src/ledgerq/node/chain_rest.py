@@ -1,9 +1,8 @@
 """Sawtooth's read endpoints over the node's chain of blocks (``openapi.yaml``).
 
-A block is one final status (see :mod:`ledgerq.node.blocks`): a COMMITTED
-batch's block holds that batch; an INVALID batch's block holds none (Sawtooth
-leaves invalid batches out of its blocks; the node keeps the block so block
-numbers stay those of ``/events`` and ``/subscriptions``). Everything is read
+A block holds one COMMITTED batch (see :mod:`ledgerq.node.blocks`); an
+INVALID batch is in no block, as Sawtooth leaves invalid batches out of its
+blocks. Everything is read
 from the node's committed view (memory for what is not written yet, else the
 store), never from a full scan.
 
@@ -49,7 +48,7 @@ from aiohttp import web
 from ledgerq import jsontext
 from ledgerq.codec import ParsedBatch, decode_batch
 from ledgerq.httpbody import read_body
-from ledgerq.node.blocks import NULL_BLOCK_ID
+from ledgerq.node.chain import header_fields
 from ledgerq.node.disk import CommitRecord
 from ledgerq.node.listing import (
     MAX_LIMIT,
@@ -137,12 +136,12 @@ class Chain:
     def head(self, request: web.Request) -> int:
         """The head block number the request asks for (default: the latest)."""
         raw = request.query.get("head", "")
-        latest = self.node.ledger.event_seq
+        latest = self.node.height
         if raw in ("", "latest"):
             return latest
         if _NUM.fullmatch(raw):
             num = int(raw)
-            if 0 < num <= latest:
+            if 0 <= num <= latest:
                 return num
         elif _ID.fullmatch(raw):
             block = self.node.find_block(raw)
@@ -161,11 +160,17 @@ class Chain:
         return self.head(request)
 
     def block(self, num: int) -> CommitRecord | None:
-        return self.node.committed.block(num) if num > 0 else None
+        """The record of the batch block ``num`` holds (block 0: genesis, no batch)."""
+        return self.node.committed.chain_record(num) if num >= 0 else None
+
+    def batch_record(self, seq: int) -> CommitRecord | None:
+        """The record of final status ``seq`` (a batch's or a transaction's ``block``)."""
+        return self.node.committed.record(seq)
 
     def block_id(self, num: int) -> str:
         block = self.node.get_block(num)
-        return NULL_BLOCK_ID if block is None else block.id
+        assert block is not None, f"no block {num}"
+        return block.id
 
     def batches(self, record: CommitRecord) -> list[ParsedBatch]:
         """The batches a block holds, in block order."""
@@ -174,27 +179,26 @@ class Chain:
 
     def block_json(self, record: CommitRecord) -> dict[str, Any]:
         batches = self.batches(record)
-        block = self.node.get_block(record.num)
-        assert block is not None
+        header = header_fields(record.header)
         return {
             "header": {
                 # Sawtooth's REST API writes this uint64 as protobuf's JSON does: a string.
-                "block_num": str(record.num),
-                "previous_block_id": block.previous_id,
-                "signer_public_key": "",
-                "batch_ids": [b.header_signature for b in batches],
-                "consensus": "",
-                "state_root_hash": "",
+                "block_num": str(header.block_num),
+                "previous_block_id": header.previous_block_id,
+                "signer_public_key": header.signer_public_key,
+                "batch_ids": list(header.batch_ids),
+                "consensus": b64(header.consensus),
+                "state_root_hash": header.state_root_hash,
             },
-            "header_signature": block.id,
+            "header_signature": record.signature,
             "batches": [batch_json(b) for b in batches],
         }
 
     def nums(self, head: int, first: int | None, reverse: bool) -> Iterator[int]:
         """Block numbers in list order up to ``head``, from ``first`` if given."""
         if reverse:
-            return iter(range(first or 1, head + 1))
-        return iter(range(head if first is None else first, 0, -1))
+            return iter(range(first or 0, head + 1))
+        return iter(range(head if first is None else first, -1, -1))
 
 
 def _skip_to(items: Items, start: str | None) -> Items:
@@ -311,7 +315,8 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
         stored = node.committed.final(batch_id)
         if stored is None or not isinstance(stored.status, str):
             return None
-        return stored.block
+        record = chain.batch_record(stored.block)  # its final status: event number
+        return None if record is None else record.block
 
     def batch_items(head: int) -> Callable[[int | None, bool], Items]:
         def items(first: int | None, reverse: bool) -> Items:
@@ -351,7 +356,8 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
         if not _ID.fullmatch(tx_id):
             return None
         where = node.committed.txn(tx_id)
-        return None if where is None else where[0]
+        record = None if where is None else chain.batch_record(where[0])
+        return None if record is None else record.block
 
     def transaction(tx_id: str, head: int) -> dict[str, Any] | None:
         num = txn_block(tx_id)
@@ -391,7 +397,7 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
 
     def get_transaction(request: web.Request) -> web.Response:
         wanted = check_id(request.match_info["transaction_id"], "transaction")
-        found = transaction(wanted, node.ledger.event_seq)
+        found = transaction(wanted, node.height)
         if found is None:
             raise RequestError(
                 404, 72, "Transaction Not Found", f"there is no transaction {wanted} in the chain"
@@ -404,7 +410,7 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
             check_id(tx_id, "transaction")
         for tx_id in ids:
             where = node.committed.txn(tx_id)
-            record = None if where is None else chain.block(where[0])
+            record = None if where is None else chain.batch_record(where[0])
             batch = None if record is None else _committed(record)
             if batch is None or record is None or where is None:
                 raise RequestError(

@@ -5,10 +5,12 @@ It is the ``issuer`` engine of the ordering machine: it receives every
 and every ``ExecutionSummary``. Candidates commit **in fingerprint order**,
 each once it has executed and ``commit_delay_ms`` has passed since; a commit
 fixes the batch's final status and numbers it with the next event sequence
-number; its writes go, with the event, to the node's committed view
-(:mod:`ledgerq.node.committed`). Committing in order makes the committed
-state always equal a serial execution of a prefix of the submissions, which
-is what the journal and the store rely on.
+number; a COMMITTED batch also gets the next block number (one block per
+committed batch; an INVALID batch is in no block); its writes go, with the
+event, to the node's committed view (:mod:`ledgerq.node.committed`).
+Committing in order makes the committed state always equal a serial
+execution of a prefix of the submissions, which is what the journal and the
+store rely on.
 """
 
 from __future__ import annotations
@@ -67,13 +69,15 @@ class StatusEvent:
     """A batch reached a final status; ``seq`` increases by one per event.
 
     ``writes``: what the commit applied to the state (empty for an INVALID batch);
-    ``fingerprint``: where the worker ordered the batch.
+    ``fingerprint``: where the worker ordered the batch; ``block``: the number of
+    the block holding a COMMITTED batch (0 for an INVALID one: it is in no block).
     """
 
     seq: int
     info: BatchStatusInfo
     writes: tuple[tuple[KVSKey, KVSDatum], ...] = ()
     fingerprint: TxFingerprint | None = None
+    block: int = 0
 
 
 #: A final status as stored: ``COMMITTED``, or the invalid transactions of an
@@ -107,12 +111,15 @@ class Ledger:
         commit_delay_ms: int = 0,
         submissions: int = 0,
         event_seq: int = 0,
+        height: int = 0,
     ) -> None:
         self._clock = clock
         self.commit_delay_ms = commit_delay_ms
         self.submissions = submissions  # acknowledged submissions so far
         self.committed = submissions  # submissions whose outcome is committed
         self.event_seq = event_seq
+        #: The number of the chain's latest block (0: the genesis block only).
+        self.height = height
         #: The fingerprint of the last commit that executed (None: none yet).
         self.last_fingerprint: TxFingerprint | None = None
         self._slots: deque[_Slot] = deque()
@@ -172,12 +179,15 @@ class Ledger:
             if summary is None:
                 continue  # a duplicate: nothing changes
             writes: tuple[tuple[KVSKey, KVSDatum], ...] = ()
+            block = 0
             if summary.success:
                 writes = summary.values_written
                 info = BatchStatusInfo(slot.tx_id, COMMITTED)
+                self.height += 1
+                block = self.height
             else:
                 info = BatchStatusInfo(slot.tx_id, INVALID, summary.invalid)
             self.event_seq += 1
             self.last_fingerprint = slot.fingerprint
-            events.append(StatusEvent(self.event_seq, info, writes, slot.fingerprint))
+            events.append(StatusEvent(self.event_seq, info, writes, slot.fingerprint, block))
         return events

@@ -64,28 +64,53 @@ def _malloc_trim() -> Callable[[], object] | None:
     return lambda: trim(0)
 
 
+#: Keys a write puts at random places: its address in ``state``, its version in
+#: ``history``, and a node of the Merkle tree on its path (those near the root are
+#: shared by every write).
+WRITE_KEYS = 3
+
+
 def store_keys(record: CommitRecord) -> int:
     """The keys a commit puts at random places in the store's B-trees: its batch id,
-    its transaction ids and its writes (its block is appended in order)."""
-    return 1 + len(record.tx_ids) + len(record.writes)
+    its block id, its transaction ids and its writes (its records are appended in
+    order)."""
+    return 2 + len(record.tx_ids) + WRITE_KEYS * len(record.writes)
 
 
 class _Unwritten:
     """Commits not yet written (or being written) to the store."""
 
-    __slots__ = ("applied", "batch_high", "cuts", "finals", "keys", "records", "state", "txns")
+    __slots__ = (
+        "applied",
+        "batch_high",
+        "chain",
+        "cuts",
+        "finals",
+        "ids",
+        "keys",
+        "node_parts",
+        "nodes",
+        "records",
+        "state",
+        "txns",
+    )
 
     def __init__(self, applied: int, batch_high: int) -> None:
         self.records: list[CommitRecord] = []
+        self.chain: dict[int, CommitRecord] = {}  # block number -> its record
+        self.ids: dict[str, int] = {}  # block id -> block number
+        #: The Merkle tree's nodes the commits changed (all, and those of each add()).
+        self.nodes: dict[bytes, bytes] = {}
+        self.node_parts: list[dict[bytes, bytes]] = []
         self.state: dict[KVSKey, KVSDatum] = {}
         self.finals: dict[str, StoredBatch] = {}
         self.txns: dict[str, tuple[int, int]] = {}
         self.applied = applied
         self.batch_high = batch_high
         self.keys = 0  # store_keys() of the records
-        # After each add(): (records so far, keys so far, applied, batch_high), where a
-        # write may be cut.
-        self.cuts: list[tuple[int, int, int, int]] = []
+        # After each add(): (records so far, keys so far, applied, batch_high, node
+        # parts so far), where a write may be cut.
+        self.cuts: list[tuple[int, int, int, int, int]] = []
 
 
 class CommittedView:
@@ -123,7 +148,15 @@ class CommittedView:
 
     # --- adding (the commit stage) ----------------------------------------------
 
-    def add(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
+    def add(
+        self,
+        records: Sequence[CommitRecord],
+        applied: int,
+        batch_high: int,
+        nodes: dict[bytes, bytes] | None = None,
+    ) -> None:
+        """Commits in order, the journal point they cover, and the Merkle tree's nodes
+        they changed."""
         new = self._new
         new.applied = applied
         new.batch_high = max(new.batch_high, batch_high)
@@ -133,11 +166,16 @@ class CommittedView:
             new.records.append(record)
             new.finals[record.batch_id] = StoredBatch(record.num, record.fingerprint, record.status)
             if isinstance(record.status, str):  # COMMITTED
+                new.chain[record.block] = record
+                new.ids[record.signature] = record.block
                 for index, tid in enumerate(record.tx_ids):
                     new.txns[tid] = (record.num, index)
                 new.state.update(record.writes)
+        if nodes:
+            new.nodes.update(nodes)
+            new.node_parts.append(nodes)
         new.keys = keys
-        new.cuts.append((len(new.records), keys, applied, new.batch_high))
+        new.cuts.append((len(new.records), keys, applied, new.batch_high, len(new.node_parts)))
         if len(new.records) >= self._write_batch:
             self._signal.set()
 
@@ -170,6 +208,34 @@ class CommittedView:
                 )
         return sorted(page.items())[:limit]
 
+    def get_state_at(self, address: KVSKey, block: int) -> KVSDatum | None:
+        """The value at ``address`` as of block ``block`` (its latest write then)."""
+        for layer in (self._new, self._writing):
+            if layer is None:
+                continue
+            for record in reversed(layer.records):
+                if 0 < record.block <= block:
+                    for written, value in reversed(record.writes):
+                        if written == address:
+                            return value
+        return self.store.get_state_at(address, block)
+
+    def state_page_at(
+        self, prefix: str, start: str, limit: int, block: int
+    ) -> list[tuple[KVSKey, KVSDatum]]:
+        """:meth:`state_page` as of block ``block``."""
+        low = max(prefix, start)
+        page = dict(self.store.state_page_at(prefix, start, limit, block))
+        for layer in (self._writing, self._new):  # oldest first: newer values win
+            if layer is None:
+                continue
+            for record in layer.records:
+                if 0 < record.block <= block:
+                    page.update(
+                        (a, v) for a, v in record.writes if a >= low and a.startswith(prefix)
+                    )
+        return sorted(page.items())[:limit]
+
     def final(self, batch_id: str) -> StoredBatch | None:
         found = self._new.finals.get(batch_id)
         if found is None and self._writing is not None:
@@ -183,13 +249,48 @@ class CommittedView:
             found = self._writing.txns.get(tx_id)
         return found if found is not None else self.store.get_txn(tx_id)
 
-    def block(self, num: int) -> CommitRecord | None:
+    def record(self, num: int) -> CommitRecord | None:
+        """The record of final status (event) ``num``."""
         for layer in (self._new, self._writing):
             if layer is not None and layer.records:
                 first = layer.records[0].num
                 if first <= num < first + len(layer.records):
                     return layer.records[num - first]
         return self.store.get_block(num)
+
+    def chain_record(self, block: int) -> CommitRecord | None:
+        """The record of the batch block ``block`` holds (``None``: no such block);
+        block 0's (the genesis block) has no batch."""
+        if block == 0:
+            genesis = self.store.genesis()
+            if genesis is None:
+                return None
+            return CommitRecord(0, "", "COMMITTED", None, (), b"", (), 0, *genesis)
+        for layer in (self._new, self._writing):
+            if layer is not None:
+                found = layer.chain.get(block)
+                if found is not None:
+                    return found
+        seq = self.store.chain_seq(block)
+        return None if seq is None else self.store.get_block(seq)
+
+    def block_num(self, block_id: str) -> int | None:
+        """The number of the block with this id."""
+        for layer in (self._new, self._writing):
+            if layer is not None:
+                found = layer.ids.get(block_id)
+                if found is not None:
+                    return found
+        return self.store.block_num(block_id)
+
+    def get_node(self, path: bytes) -> bytes | None:
+        """A node of the state's Merkle tree, as of the last commit added."""
+        for layer in (self._new, self._writing):
+            if layer is not None:
+                found = layer.nodes.get(path)
+                if found is not None:
+                    return found
+        return self.store.get_node(path)
 
     # --- writing ------------------------------------------------------------------
 
@@ -242,20 +343,27 @@ class CommittedView:
 
     def _write_chunks(self, new: _Unwritten) -> None:
         """In the writer thread: one store transaction per chunk, each with its point."""
-        start = start_keys = 0
-        last = (len(new.records), new.keys, new.applied, new.batch_high)
-        pending: tuple[int, int, int, int] | None = None  # the latest cut not written yet
+        start = start_keys = start_parts = 0
+        last = (len(new.records), new.keys, new.applied, new.batch_high, len(new.node_parts))
+        pending: tuple[int, int, int, int, int] | None = None  # the latest cut not written
+
+        def write(cut: tuple[int, int, int, int, int]) -> None:
+            nodes: dict[bytes, bytes] = {}
+            for part in new.node_parts[start_parts : cut[4]]:
+                nodes.update(part)
+            self.store.write(new.records[start : cut[0]], cut[2], cut[3], nodes)
+
         for cut in new.cuts or [last]:
             if (
                 pending is not None
                 and pending[0] > start
                 and (cut[1] - start_keys > self._write_keys or cut[0] - start > self._write_commits)
             ):
-                self.store.write(new.records[start : pending[0]], pending[2], pending[3])
-                start, start_keys = pending[0], pending[1]
+                write(pending)
+                start, start_keys, start_parts = pending[0], pending[1], pending[4]
             pending = cut
         if pending is not None:
-            self.store.write(new.records[start : pending[0]], pending[2], pending[3])
+            write(pending)
         # What a write frees (its records' batches, LMDB's overflow pages, the key
         # filter's checkpoint) leaves free pages inside malloc's arenas, which glibc
         # keeps resident; give them back after each write.
@@ -278,11 +386,15 @@ class CommittedView:
 def _merge(old: _Unwritten, new: _Unwritten) -> _Unwritten:
     merged = _Unwritten(new.applied, max(old.batch_high, new.batch_high))
     for layer in (old, new):
-        offset, keys = len(merged.records), merged.keys
-        merged.cuts += [(offset + n, keys + k, a, b) for n, k, a, b in layer.cuts]
+        offset, keys, parts = len(merged.records), merged.keys, len(merged.node_parts)
+        merged.cuts += [(offset + n, keys + k, a, b, parts + p) for n, k, a, b, p in layer.cuts]
+        merged.node_parts += layer.node_parts
+        merged.nodes.update(layer.nodes)
+        merged.ids.update(layer.ids)
         merged.keys += layer.keys
         merged.records += layer.records
         merged.state.update(layer.state)
         merged.finals.update(layer.finals)
         merged.txns.update(layer.txns)
+        merged.chain.update(layer.chain)
     return merged

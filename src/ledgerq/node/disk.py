@@ -55,7 +55,7 @@ import ctypes
 import os
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -68,7 +68,9 @@ from ledgerq.node.commit import INVALID, FinalStatus
 from ledgerq.node.idfilter import BLOCK_BYTES, DEFAULT_BLOCKS, KeyFilter
 from ledgerq.node.ordering.messages import InvalidTx, KVSDatum, KVSKey, TxFingerprint
 
-STORE_FORMAT = 1
+STORE_FORMAT = 2
+#: Records of the final-status log upgraded per write transaction (format 1 to 2).
+_UPGRADE_CHUNK = 1_000
 _BATCH = struct.Struct(">QqqB")  # block, fingerprint (batch, tx; -1: none), outcome kind
 _TXN = struct.Struct(">QH")
 _U64 = struct.Struct(">Q")
@@ -79,6 +81,9 @@ FILTER_CHUNK = 64 * 1024
 FILTER_CHECKPOINT = 20_000
 _BLOCKS_PER_CHUNK = FILTER_CHUNK // BLOCK_BYTES
 _COMMITTED, _INVALID = 0, 1
+#: Key prefix of the Merkle tree's nodes (LMDB takes no empty key: the root's path).
+_NODE = b"/"
+_NO_NODES: Mapping[bytes, bytes] = {}
 #: Virtual size of the memory map (LMDB's ceiling for the file, not memory used).
 DEFAULT_MAP_SIZE = 256 << 30
 _MADV_DONTNEED = 4  # Linux
@@ -254,7 +259,8 @@ def _mapping_of(data_file: Path) -> tuple[int, int] | None:
 
 
 class CommitRecord(NamedTuple):
-    """One final status as the store keeps it (a block)."""
+    """One final status as the store keeps it: ``num`` is its event number; a
+    COMMITTED batch's record is also block ``block`` of the chain (0: in no block)."""
 
     num: int
     batch_id: str
@@ -263,18 +269,22 @@ class CommitRecord(NamedTuple):
     tx_ids: tuple[str, ...]
     batch: bytes  # the serialized Batch
     writes: tuple[tuple[KVSKey, KVSDatum], ...]
+    block: int = 0
+    header: bytes = b""  # the block's serialized BlockHeader
+    signature: str = ""  # the block's id
 
 
 class StoredBatch(NamedTuple):
-    block: int
+    block: int  # the event number of its final status (its record in ``blocks``)
     fingerprint: TxFingerprint | None
     status: FinalStatus
 
 
 class Meta(NamedTuple):
     applied: int = 0  # journal records whose outcome the store holds
-    events: int = 0  # blocks (final statuses) so far
+    events: int = 0  # final statuses so far (the last record of ``blocks``)
     batch_high: int = 0  # the highest worker batch number in the store
+    height: int = 0  # the number of the chain's latest block
 
 
 class Store(Protocol):
@@ -284,7 +294,29 @@ class Store(Protocol):
     def get_batch(self, batch_id: str) -> StoredBatch | None: ...
     def get_txn(self, tx_id: str) -> tuple[int, int] | None: ...
     def get_block(self, num: int) -> CommitRecord | None: ...
-    def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None: ...
+    def chain_seq(self, block: int) -> int | None: ...
+    def block_num(self, block_id: str) -> int | None: ...
+    def genesis(self) -> tuple[bytes, str] | None: ...
+    def clear_merkle(self) -> None: ...
+    def reseal(
+        self,
+        records: Sequence[CommitRecord],
+        nodes: Mapping[bytes, bytes],
+        genesis: tuple[bytes, str] | None,
+        genesis_state: Sequence[tuple[KVSKey, KVSDatum]] = (),
+    ) -> None: ...
+    def get_node(self, path: bytes) -> bytes | None: ...
+    def get_state_at(self, address: KVSKey, block: int) -> KVSDatum | None: ...
+    def state_page_at(
+        self, prefix: str, start: str, limit: int, block: int
+    ) -> list[tuple[KVSKey, KVSDatum]]: ...
+    def write(
+        self,
+        records: Sequence[CommitRecord],
+        applied: int,
+        batch_high: int,
+        nodes: Mapping[bytes, bytes] = ...,
+    ) -> None: ...
     def after_write(self) -> None: ...
     def hold_unmapping(self, held: bool) -> None: ...
     def blocks_from(self, num: int, *, reverse: bool = False) -> Iterator[CommitRecord]: ...
@@ -319,12 +351,16 @@ def encode_block(record: CommitRecord) -> bytes:
             [[a, v] for a, v in record.writes],
             list(record.tx_ids),
             [-1, -1] if fp is None else [fp.batch, fp.tx],
+            record.block,
+            record.header,
+            record.signature,
         ]
     )
 
 
 def decode_block(num: int, data: bytes) -> CommitRecord:
-    batch_id, kind, invalid, batch, writes, tx_ids, (fb, ft) = cbor2.loads(data)
+    fields = cbor2.loads(data)
+    batch_id, kind, invalid, batch, writes, tx_ids, (fb, ft) = fields[:7]
     return CommitRecord(
         num,
         batch_id,
@@ -333,6 +369,9 @@ def decode_block(num: int, data: bytes) -> CommitRecord:
         tuple(tx_ids),
         batch,
         tuple((a, v) for a, v in writes),
+        fields[7] if len(fields) > 7 else 0,
+        fields[8] if len(fields) > 8 else b"",
+        fields[9] if len(fields) > 9 else "",
     )
 
 
@@ -347,7 +386,7 @@ class LmdbStore:
             self._env = lmdb.open(
                 str(path),
                 map_size=map_size,
-                max_dbs=8,
+                max_dbs=16,
                 sync=True,
                 metasync=False,
                 readahead=False,
@@ -375,19 +414,62 @@ class LmdbStore:
         self._batches = env.open_db(b"batches")
         self._txns = env.open_db(b"txns")
         self._blocks = env.open_db(b"blocks")
+        self._chain = env.open_db(b"chain")
+        self._block_ids = env.open_db(b"block_ids")
+        self._merkle = env.open_db(b"merkle")
+        self._history = env.open_db(b"history")
         self._filter_db = env.open_db(b"filter")
         with env.begin(write=True) as txn:
             found = txn.get(b"format", db=self._meta)
             if found is None:
                 txn.put(b"format", _U64.pack(STORE_FORMAT), db=self._meta)
-            elif _U64.unpack(found)[0] != STORE_FORMAT:
-                raise NodeDataError(
-                    f"the node store in {path} has format {_U64.unpack(found)[0]}, this "
-                    f"ledgerq reads format {STORE_FORMAT}"
-                )
+                version = STORE_FORMAT
+            else:
+                version = _U64.unpack(found)[0]
+        if version == 1:
+            self._upgrade_from_1()
+        elif version != STORE_FORMAT:
+            raise NodeDataError(
+                f"the node store in {path} has format {version}, this ledgerq reads "
+                f"formats 1 and {STORE_FORMAT}"
+            )
         self._filter = self._load_filter(filter_blocks)
         self._read = env.begin()
         self._pages = MappedPages(path / "data.mdb")
+
+    def _upgrade_from_1(self) -> None:
+        """Format 1 numbered a block per final status, INVALID ones too: give the
+        COMMITTED records block numbers (1, 2, ... in commit order) and index them in
+        ``chain``. In transactions of :data:`_UPGRADE_CHUNK` records, each with its
+        progress (``upgraded``, ``height`` in ``meta``), so a crash resumes it."""
+        env, meta = self._env, self._meta
+        with env.begin() as txn:
+            done = txn.get(b"upgraded", db=meta)
+            height = txn.get(b"height", db=meta)
+        through = 0 if done is None else _U64.unpack(done)[0]
+        count = 0 if height is None else _U64.unpack(height)[0]
+        while True:
+            with env.begin(write=True) as txn:
+                cursor = txn.cursor(db=self._blocks)
+                moved = 0
+                if cursor.set_range(_U64.pack(through + 1)):
+                    for key, value in cursor:
+                        record = decode_block(_U64.unpack(key)[0], bytes(value))
+                        if isinstance(record.status, str):
+                            count += 1
+                            record = record._replace(block=count)
+                            txn.put(_U64.pack(count), key, db=self._chain)
+                        txn.put(key, encode_block(record), db=self._blocks)
+                        through = record.num
+                        moved += 1
+                        if moved >= _UPGRADE_CHUNK:
+                            break
+                txn.put(b"upgraded", _U64.pack(through), db=meta)
+                txn.put(b"height", _U64.pack(count), db=meta)
+                if moved < _UPGRADE_CHUNK:
+                    txn.put(b"format", _U64.pack(STORE_FORMAT), db=meta)
+                    txn.delete(b"upgraded", db=meta)
+                    return
 
     def _load_filter(self, blocks: int) -> KeyFilter:
         """The key filter: its checkpoint plus the blocks after it; built from the
@@ -445,7 +527,7 @@ class LmdbStore:
 
     def meta(self) -> Meta:
         txn, db = self._read, self._meta
-        values = [txn.get(k, db=db) for k in (b"applied", b"events", b"batch_high")]
+        values = [txn.get(k, db=db) for k in (b"applied", b"events", b"batch_high", b"height")]
         self._pages.touch()
         return Meta(*(0 if v is None else _U64.unpack(v)[0] for v in values))
 
@@ -504,13 +586,127 @@ class LmdbStore:
         self._pages.touch()
         return None if value is None else decode_block(num, bytes(value))
 
+    def chain_seq(self, block: int) -> int | None:
+        """The event number of block ``block``'s record."""
+        value = self._read.get(_U64.pack(block), db=self._chain)
+        self._pages.touch()
+        return None if value is None else _U64.unpack(value)[0]
+
+    def block_num(self, block_id: str) -> int | None:
+        try:
+            key = bytes.fromhex(block_id)
+        except ValueError:
+            return None
+        value = self._read.get(key, db=self._block_ids) if key else None
+        self._pages.touch()
+        return None if value is None else _U64.unpack(value)[0]
+
+    def genesis(self) -> tuple[bytes, str] | None:
+        value = self._read.get(b"genesis", db=self._meta)
+        if value is None:
+            return None
+        header, signature = cbor2.loads(bytes(value))
+        return header, signature
+
+    def clear_merkle(self) -> None:
+        """Drop every node of the Merkle tree (before the chain is sealed again)."""
+        with self._env.begin(write=True) as txn:
+            txn.drop(self._merkle, delete=False)
+        self._refresh()
+
+    def reseal(
+        self,
+        records: Sequence[CommitRecord],
+        nodes: Mapping[bytes, bytes],
+        genesis: tuple[bytes, str] | None,
+        genesis_state: Sequence[tuple[KVSKey, KVSDatum]] = (),
+    ) -> None:
+        """Records given their headers (and their writes' versions), the tree's
+        nodes, the state the genesis block starts with and at last the genesis
+        block (see :func:`ledgerq.node.chain.seal_store`), in one transaction."""
+        with self._env.begin(write=True) as txn:
+            history = self._history
+            for address, datum in genesis_state:
+                txn.put(bytes.fromhex(address) + _U64.pack(0), datum, db=history)
+            for record in records:
+                txn.put(_U64.pack(record.num), encode_block(record), db=self._blocks)
+                if record.block:
+                    txn.put(
+                        bytes.fromhex(record.signature),
+                        _U64.pack(record.block),
+                        db=self._block_ids,
+                    )
+                    version = _U64.pack(record.block)
+                    for address, datum in record.writes:
+                        txn.put(bytes.fromhex(address) + version, datum, db=history)
+            for path, node in nodes.items():
+                txn.put(_NODE + path, node, db=self._merkle)
+            if genesis is not None:
+                header, signature = genesis
+                txn.put(b"genesis", cbor2.dumps([header, signature]), db=self._meta)
+                txn.put(bytes.fromhex(signature), _U64.pack(0), db=self._block_ids)
+        self._env.sync(True)
+        self._refresh()
+
+    def get_node(self, path: bytes) -> bytes | None:
+        """A stored node of the state's Merkle tree (see :mod:`ledgerq.node.merkle`)."""
+        value = self._read.get(_NODE + path, db=self._merkle)
+        self._pages.touch()
+        return None if value is None else bytes(value)
+
+    def get_state_at(self, address: KVSKey, block: int) -> KVSDatum | None:
+        """The value at ``address`` as of block ``block`` (its latest version then)."""
+        key = bytes.fromhex(address)
+        with self._env.begin() as txn:
+            found = _version_at(txn.cursor(db=self._history), key, block)
+        self._pages.touch()
+        return found
+
+    def state_page_at(
+        self, prefix: str, start: str, limit: int, block: int
+    ) -> list[tuple[KVSKey, KVSDatum]]:
+        """:meth:`state_page` as of block ``block``: each address's latest version
+        then, two seeks per address however many versions it has."""
+        low = max(prefix, start)
+        seek = bytes.fromhex(low[: len(low) // 2 * 2])
+        out: list[tuple[KVSKey, KVSDatum]] = []
+        with self._env.begin() as txn:
+            cursor = txn.cursor(db=self._history)
+            if not cursor.set_range(seek):
+                return out
+            while len(out) < limit:
+                key = bytes(cursor.key())
+                address = key[:35]
+                text = address.hex()
+                if text < low:
+                    if not cursor.set_range(address + _LAST_VERSION):
+                        break
+                    continue
+                if not text.startswith(prefix):
+                    break
+                value = _version_at(cursor, address, block)
+                if value is not None:
+                    out.append((text, value))
+                if not cursor.set_range(address + _LAST_VERSION):
+                    break
+        self._pages.touch(1 + len(out) // 16)
+        return out
+
     # --- writing (a thread) -------------------------------------------------------
 
-    def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
+    def write(
+        self,
+        records: Sequence[CommitRecord],
+        applied: int,
+        batch_high: int,
+        nodes: Mapping[bytes, bytes] = _NO_NODES,
+    ) -> None:
         keys = self._filter
         with self._env.begin(write=True) as txn:
             state, batches, txns, blocks = self._state, self._batches, self._txns, self._blocks
+            chain, block_ids, history = self._chain, self._block_ids, self._history
             last = None
+            height = None
             pages = self._pages
             # Each key's bytes serve its put and the filter (before the commit: the
             # filter may hold more than the store, never less); the filter's chunk of
@@ -529,17 +725,27 @@ class LmdbStore:
                 put(key, value, db=batches)
                 dirty.add(add(key) // _BLOCKS_PER_CHUNK)
                 put(_U64.pack(num), encode_block(record), db=blocks, append=True)
+                if record.block:
+                    height = record.block
+                    put(_U64.pack(height), _U64.pack(num), db=chain, append=True)
+                    put(bytes.fromhex(record.signature), _U64.pack(height), db=block_ids)
                 if kind == _COMMITTED:
                     for index, tid in enumerate(record.tx_ids):
                         key = bytes.fromhex(tid)
                         put(key, _TXN.pack(num, index), db=txns)
                         dirty.add(add(key) // _BLOCKS_PER_CHUNK)
+                    version = _U64.pack(record.block)
                     for address, datum in record.writes:
                         key = bytes.fromhex(address)
                         put(key, datum, db=state)
+                        put(key + version, datum, db=history)
                         dirty.add(add(key) // _BLOCKS_PER_CHUNK)
                 # A batch id and its transactions' ids and addresses: a random page each.
-                pages.touch(1 + len(record.tx_ids) + len(record.writes))
+                pages.touch(1 + len(record.tx_ids) + 2 * len(record.writes))
+            merkle = self._merkle
+            for path, node in nodes.items():
+                put(_NODE + path, node, db=merkle)
+            pages.touch(len(nodes))
             if last is not None and last - self._filter_through >= FILTER_CHECKPOINT:
                 self._filter_through = last
                 pages.touch(len(self._filter_dirty))
@@ -549,6 +755,8 @@ class LmdbStore:
             txn.put(b"batch_high", _U64.pack(batch_high), db=meta)
             if last is not None:
                 txn.put(b"events", _U64.pack(last), db=meta)
+            if height is not None:
+                txn.put(b"height", _U64.pack(height), db=meta)
             failpoint("node_store_write")
         failpoint("node_store_written")
         # The transaction's descents mapped its random leaves (most of the pages the
@@ -622,6 +830,24 @@ class LmdbStore:
                 yield decode_block(_U64.unpack(key)[0], bytes(value))
 
 
+#: Seeks past every version of an address (a block number is 8 bytes).
+_LAST_VERSION = b"\xff" * 8
+
+
+def _version_at(cursor: Any, address: bytes, block: int) -> KVSDatum | None:
+    """The latest version of ``address`` at or before ``block`` (the cursor is left
+    somewhere among its versions)."""
+    if cursor.set_range(address + _U64.pack(block + 1)):
+        if not cursor.prev():
+            return None
+    elif not cursor.last():
+        return None
+    key = cursor.key()
+    if bytes(key[:35]) != address:
+        return None
+    return bytes(cursor.value())
+
+
 class MemoryStore:
     """The same store in dictionaries: a node without a data directory."""
 
@@ -631,6 +857,12 @@ class MemoryStore:
         self._batches: dict[str, StoredBatch] = {}
         self._txns: dict[str, tuple[int, int]] = {}
         self._blocks: dict[int, CommitRecord] = {}
+        self._chain: dict[int, int] = {}
+        self._block_ids: dict[str, int] = {}
+        self._nodes: dict[bytes, bytes] = {}
+        self._genesis: tuple[bytes, str] | None = None
+        #: Address -> its versions, (block, value) in block order.
+        self._history: dict[KVSKey, list[tuple[int, KVSDatum]]] = {}
 
     def meta(self) -> Meta:
         return self._meta
@@ -652,10 +884,77 @@ class MemoryStore:
     def get_block(self, num: int) -> CommitRecord | None:
         return self._blocks.get(num)
 
-    def write(self, records: Sequence[CommitRecord], applied: int, batch_high: int) -> None:
-        events = self._meta.events
+    def chain_seq(self, block: int) -> int | None:
+        return self._chain.get(block)
+
+    def block_num(self, block_id: str) -> int | None:
+        return self._block_ids.get(block_id)
+
+    def genesis(self) -> tuple[bytes, str] | None:
+        return self._genesis
+
+    def clear_merkle(self) -> None:
+        self._nodes.clear()
+
+    def reseal(
+        self,
+        records: Sequence[CommitRecord],
+        nodes: Mapping[bytes, bytes],
+        genesis: tuple[bytes, str] | None,
+        genesis_state: Sequence[tuple[KVSKey, KVSDatum]] = (),
+    ) -> None:
+        for address, datum in genesis_state:
+            self._history.setdefault(address, []).insert(0, (0, datum))
+        for record in records:
+            self._blocks[record.num] = record
+            if record.block:
+                self._block_ids[record.signature] = record.block
+                for address, datum in record.writes:
+                    self._history.setdefault(address, []).append((record.block, datum))
+        self._nodes.update(nodes)
+        if genesis is not None:
+            self._genesis = genesis
+            self._block_ids[genesis[1]] = 0
+
+    def get_node(self, path: bytes) -> bytes | None:
+        return self._nodes.get(path)
+
+    def get_state_at(self, address: KVSKey, block: int) -> KVSDatum | None:
+        found = None
+        for version, value in self._history.get(address, ()):
+            if version > block:
+                break
+            found = value
+        return found
+
+    def state_page_at(
+        self, prefix: str, start: str, limit: int, block: int
+    ) -> list[tuple[KVSKey, KVSDatum]]:
+        low = max(prefix, start)
+        out = []
+        for address in sorted(a for a in self._history if a >= low and a.startswith(prefix)):
+            value = self.get_state_at(address, block)
+            if value is not None:
+                out.append((address, value))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def write(
+        self,
+        records: Sequence[CommitRecord],
+        applied: int,
+        batch_high: int,
+        nodes: Mapping[bytes, bytes] = _NO_NODES,
+    ) -> None:
+        events, height = self._meta.events, self._meta.height
+        self._nodes.update(nodes)
         for record in records:
             events = record.num
+            if record.block:
+                height = record.block
+                self._chain[height] = record.num
+                self._block_ids[record.signature] = height
             self._batches[record.batch_id] = StoredBatch(
                 record.num, record.fingerprint, record.status
             )
@@ -664,7 +963,9 @@ class MemoryStore:
                 for index, tid in enumerate(record.tx_ids):
                     self._txns[tid] = (record.num, index)
                 self._state.update(record.writes)
-        self._meta = Meta(applied, events, batch_high)
+                for address, datum in record.writes:
+                    self._history.setdefault(address, []).append((record.block, datum))
+        self._meta = Meta(applied, events, batch_high, height)
 
     def after_write(self) -> None:
         return None

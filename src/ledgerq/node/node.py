@@ -19,9 +19,11 @@ from pathlib import Path
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.codec import ParsedBatch, decode_batch
+from ledgerq.codec.signing import Signer
 from ledgerq.errors import NodeBusyError, NodeError
-from ledgerq.node.blocks import NULL_BLOCK_ID, Block, BlockLog, block_id
+from ledgerq.node.blocks import Block, BlockLog
 from ledgerq.node.candidates import batch_candidate
+from ledgerq.node.chain import Sealer, load_or_create_key, seal_store
 from ledgerq.node.commit import (
     PENDING,
     UNKNOWN,
@@ -32,7 +34,12 @@ from ledgerq.node.commit import (
     _Slot,
     final_info,
 )
-from ledgerq.node.committed import STORE_TXN_COMMITS, STORE_TXN_KEYS, CommittedView
+from ledgerq.node.committed import (
+    STORE_TXN_COMMITS,
+    STORE_TXN_KEYS,
+    WRITE_KEYS,
+    CommittedView,
+)
 from ledgerq.node.datadir import DataDirLock, lock_data_dir
 from ledgerq.node.disk import CommitRecord, LmdbStore, MemoryStore, Store
 from ledgerq.node.families import FamilyRegistry, default_registry
@@ -102,12 +109,14 @@ class Node:
         self.committed = CommittedView(
             store, write_interval_s=store_interval_s, on_written=self._on_written
         )
+        self.sealer = self._open_chain(load_or_create_key(data_dir))
         meta = store.meta()
         self.ledger = Ledger(
             clock=clock,
             commit_delay_ms=commit_delay_ms,
             submissions=meta.applied,
             event_seq=meta.events,
+            height=meta.height,
         )
         self.machine = OrderingMachine(
             self.ledger,
@@ -140,9 +149,8 @@ class Node:
         # (seq, batch id, stored status): plain tuples, see ledger.FinalStatus.
         self._events: deque[tuple[int, str, FinalStatus]] = deque(maxlen=event_buffer)
         self.replay_limit = replay_limit
-        last = store.get_block(meta.events) if meta.events else None
-        #: Recent commits as websocket "blocks" (see :mod:`ledgerq.node.blocks`).
-        self.blocks = BlockLog(block_buffer, last_batch_id=None if last is None else last.batch_id)
+        #: Recent blocks for the websocket (see :mod:`ledgerq.node.blocks`).
+        self.blocks = BlockLog(block_buffer, last_id=self.sealer.previous)
         self._event_signal = asyncio.Event()
         self._wake = asyncio.Event()
         self._next_commit_at: int | None = None
@@ -152,6 +160,19 @@ class Node:
         self._driver: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._segment_first = 0
+
+    def _open_chain(self, key: Signer) -> Sealer:
+        """The block sealer, after the genesis block: made now if the store has none
+        (a new store, or one a format-1 store was upgraded from, whose blocks are
+        sealed now; see :func:`ledgerq.node.chain.seal_store`)."""
+        store = self.store
+        genesis = store.genesis()
+        if genesis is None:
+            return seal_store(store, key)
+        meta = store.meta()
+        last = self.committed.chain_record(meta.height)
+        assert last is not None, f"the store has no block {meta.height}"
+        return Sealer(key, self.committed.get_node, last.signature)
 
     @classmethod
     async def open(
@@ -385,8 +406,8 @@ class Node:
         where = self.committed.txn(tx_id)
         if where is None:
             return None
-        block = self.committed.block(where[0])
-        return "" if block is None else block.batch_id
+        record = self.committed.record(where[0])
+        return "" if record is None else record.batch_id
 
     async def _admit(self, batches: Sequence[_Admitted]) -> None:
         """Journal (durable mode) then hand batches to the worker, in this order."""
@@ -513,6 +534,9 @@ class Node:
                 bid = event.info.id
                 batch = self._inflight.pop(bid, None)
                 txs = batch.transaction_ids if batch is not None else ()
+                header, signature = b"", ""
+                if event.block:
+                    header, signature = self.sealer.seal(event.block, bid, event.writes)
                 records.append(
                     CommitRecord(
                         event.seq,
@@ -522,6 +546,9 @@ class Node:
                         txs,
                         batch.serialized if batch is not None else b"",
                         event.writes,
+                        event.block,
+                        header,
+                        signature,
                     )
                 )
                 for tid in txs:
@@ -532,7 +559,13 @@ class Node:
                 for fut in self._waiters.pop(bid, ()):
                     if not fut.done():
                         fut.set_result(None)
-            self.committed.add(records, self.ledger.committed, self.machine.worker.batch_number)
+            self.committed.add(
+                records,
+                self.ledger.committed,
+                self.machine.worker.batch_number,
+                self.sealer.take_changes(),
+            )
+            self.blocks.extend(records)
             events += part
         if self.ledger.last_fingerprint is not None:
             self.machine.forget_through(self.ledger.last_fingerprint)
@@ -540,7 +573,6 @@ class Node:
             self._events.extend(
                 (e.seq, e.info.id, e.info.invalid_transactions or e.info.status) for e in events
             )
-            self.blocks.extend(events)
             signal, self._event_signal = self._event_signal, asyncio.Event()
             signal.set()
         if self._held and final_txs:
@@ -555,7 +587,7 @@ class Node:
             if summary is not None:  # as store_keys() will count its record
                 batch = self._inflight.get(slot.tx_id)
                 txs = 0 if batch is None else len(batch.transaction_ids)
-                weight = 1 + txs + len(summary.values_written)
+                weight = 2 + txs + WRITE_KEYS * len(summary.values_written)
             if part and (len(part) >= COMMIT_PART or keys + weight > STORE_TXN_KEYS):
                 yield part
                 part, keys = [], 0
@@ -648,15 +680,21 @@ class Node:
                                     del self._waiters[bid]
         return {bid: self.status(bid) for bid in ids}
 
-    async def get_state(self, address: str) -> bytes | None:
-        """The committed value at a full address, or ``None``."""
-        return self.committed.get_state(address)
+    async def get_state(self, address: str, *, head: int | None = None) -> bytes | None:
+        """The committed value at a full address, or ``None``; as of block ``head``
+        if given (read from the state's history on disk)."""
+        if head is None or head >= self.ledger.height:
+            return self.committed.get_state(address)
+        return self.committed.get_state_at(address, head)
 
     async def list_state(
-        self, prefix: str = "", *, start: str = "", limit: int = 1000
+        self, prefix: str = "", *, start: str = "", limit: int = 1000, head: int | None = None
     ) -> list[tuple[str, KVSDatum]]:
-        """Up to ``limit`` committed entries under ``prefix`` from ``start``, by address."""
-        return self.committed.state_page(prefix, start, limit)
+        """Up to ``limit`` committed entries under ``prefix`` from ``start``, by address;
+        as of block ``head`` if given."""
+        if head is None or head >= self.ledger.height:
+            return self.committed.state_page(prefix, start, limit)
+        return self.committed.state_page_at(prefix, start, limit, head)
 
     async def request_logs(self, fingerprint: TxFingerprint) -> ExecutionSummary | None:
         """``RequestLogs`` to the worker; its ``SendLog`` answer (``None`` if unknown)."""
@@ -690,39 +728,29 @@ class Node:
         return None if stored is None else stored.fingerprint
 
     @property
+    def height(self) -> int:
+        """The number of the chain's latest block."""
+        return self.ledger.height
+
+    @property
     def head(self) -> str:
         """The id of the latest block (as ``/subscriptions`` and ``/blocks`` give it)."""
-        num = self.ledger.event_seq
-        last = self.blocks.last_batch_id
-        if num == 0 or last is None:
-            return NULL_BLOCK_ID
-        return block_id(num, last)
+        return self.sealer.previous
 
     def get_block(self, num: int) -> Block | None:
-        """Block ``num``, from memory if recent, else from the store."""
-        if not 0 < num <= self.ledger.event_seq:
+        """Block ``num`` of the chain (0: genesis), from memory if recent, else from
+        the store."""
+        if not 0 <= num <= self.ledger.height:
             return None
-        record = self.committed.block(num)
-        if record is None:
-            return None
-        previous = self.committed.block(num - 1) if num > 1 else None
-        return Block(
-            num,
-            record.batch_id,
-            None if previous is None else previous.batch_id,
-            record.writes,
-        )
+        record = self.committed.chain_record(num)
+        return None if record is None else Block.of(record)
 
     def find_block(self, wanted: str) -> Block | None:
-        """The block with this id (its number is in its first 16 hex digits)."""
-        try:
-            num = int(wanted[:16], 16)
-        except ValueError:
-            return None
+        """The block with this id."""
         if len(wanted) != 128:
             return None
-        block = self.get_block(num)
-        return block if block is not None and block.id == wanted else None
+        num = self.committed.block_num(wanted)
+        return None if num is None else self.get_block(num)
 
     async def subscribe(self, after: int | None = None) -> AsyncIterator[StatusEvent]:
         """Final-status events with ``seq > after`` (default: from now on), as they happen.
@@ -736,7 +764,7 @@ class Node:
             events = self._events
             if events and events[-1][0] > last:
                 while last + 1 < events[0][0]:  # older than the buffer: from the store
-                    record = self.committed.block(last + 1)
+                    record = self.committed.record(last + 1)
                     last += 1
                     if record is not None:
                         yield StatusEvent(last, final_info(record.batch_id, record.status))
@@ -760,7 +788,7 @@ class Node:
         Ends when the node closes. A follower slower than ``block_buffer``
         blocks skips to the oldest kept.
         """
-        head = self.ledger.event_seq
+        head = self.ledger.height
         last = head if after is None else max(after, head - self.replay_limit, 0)
         while True:
             oldest = self.blocks.oldest

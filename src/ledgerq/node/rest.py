@@ -9,7 +9,8 @@
   ids) → ``{"data": [...]}`` alone, as Sawtooth's. Empty properties (an
   ``extended_data`` or ``message`` of ``""``) are left out, as Sawtooth's
   REST API leaves them out.
-* ``GET /state/{address}`` → ``{"data": base64, "head", "link"}`` (62, 75);
+* ``GET /state/{address}`` → ``{"data": base64, "head", "link"}`` (62, 75), at
+  any block of the chain (``head``, default the latest; 50 for one not in it);
   ``GET /state?address=prefix`` → ``{"data": [{"address", "data"}], "head",
   "link", "paging"}``, paged as :mod:`ledgerq.node.listing` says (100 entries
   by default, at most ``RestLimits.max_state_limit``).
@@ -293,21 +294,13 @@ def make_app(
 
     chain = Chain(node)
 
-    def state_head(request: web.Request) -> web.Response | None:
-        """State is served at the latest block only: an older head is refused."""
+    def state_head(request: web.Request) -> int | web.Response:
+        """The block the state is read at (``head``, default the latest), or the
+        404 (code 50) of a head that is not in the chain."""
         try:
-            head = chain.head(request)
+            return chain.head(request)
         except RequestError as exc:
             return exc.response
-        if head != node.ledger.event_seq:
-            return _error(
-                404,
-                50,
-                "Head Not Found",
-                f"state is served at the latest block ({node.head}) only: this node keeps "
-                "no state of older blocks",
-            )
-        return None
 
     async def get_state_entry(request: web.Request) -> web.Response:
         address = request.match_info["address"]
@@ -319,13 +312,13 @@ def make_app(
                 f"{address!r} is not a state address: fetch a leaf with its full "
                 "70-character lowercase hex address",
             )
-        refused = state_head(request)
-        if refused is not None:
-            return refused
-        value = await node.get_state(address)
+        num = state_head(request)
+        if isinstance(num, web.Response):
+            return num
+        value = await node.get_state(address, head=num)
         if value is None:
             return _error(404, 75, "State Not Found", f"There is no state data at {address}")
-        head = node.head
+        head = chain.block_id(num)
         return web.json_response(
             {
                 "data": base64.b64encode(value).decode(),
@@ -351,9 +344,9 @@ def make_app(
                 f"{prefix[:80]!r} is not an address prefix: use whole bytes of lowercase hex "
                 "(an even number of characters), at most 70 characters",
             )
-        refused = state_head(request)
-        if refused is not None:
-            return refused
+        num = state_head(request)
+        if isinstance(num, web.Response):
+            return num
         if is_reverse(request, "default"):
             return _error(
                 400,
@@ -369,12 +362,12 @@ def make_app(
                 "a page (lowercase hex, at most 70 characters)"
             )
         size = controls.size(limits.max_state_limit)
-        head = node.head
-        entries = await node.list_state(prefix, start=start, limit=size + 1)
+        head = chain.block_id(num)
+        entries = await node.list_state(prefix, start=start, limit=size + 1, head=num)
         # As Sawtooth's validator: ``start`` is an entry of the list, not a position
         # between entries; only an empty list has no wrong start.
         missed = start and (not entries or entries[0][0] != start)
-        if missed and (entries or await node.list_state(prefix, limit=1)):
+        if missed and (entries or await node.list_state(prefix, limit=1, head=num)):
             raise paging_invalid(
                 f"'start' {start!r} is not an address in state under {prefix!r}: use the "
                 "'next_position' of a page"

@@ -124,7 +124,7 @@ class _Session:
                 await self.send({"error": _PREFIX_RULE})
                 return
             await self.unsubscribe()
-            after = self._node.ledger.event_seq  # as of now, before any await
+            after = self._node.height  # as of now, before any await
             self._sender = asyncio.create_task(self._send_blocks(after, prefixes))
         elif action == "unsubscribe":
             await self.unsubscribe()

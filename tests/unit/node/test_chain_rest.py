@@ -7,20 +7,22 @@ documented, with Sawtooth's response shapes.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import cbor2
 import pytest
 import yaml
 from aiohttp import web
 
-from ledgerq.codec import ParsedBatch, Signer, encode_batch_list, make_batch
+from ledgerq.codec import ParsedBatch, Signer, block_pb2, encode_batch_list, make_batch
 from ledgerq.codec.intkey import make_address, make_intkey_batch
+from ledgerq.codec.signing import verify_signature
 from ledgerq.node import Node
-from ledgerq.node.blocks import block_id
 from ledgerq.node.rest import make_app
 from ledgerq.operator import extend_node_app
 from ledgerq.operator.openapi import load_spec
@@ -35,6 +37,11 @@ class Chain:
         self, url: str, session: aiohttp.ClientSession, batches: list[ParsedBatch], node: Node
     ):
         self.url, self.session, self.batches, self.node = url, session, batches, node
+
+    def block_id(self, num: int) -> str:
+        block = self.node.get_block(num)
+        assert block is not None
+        return block.id
 
     async def get(self, path: str, status: int = 200) -> Any:
         async with self.session.get(self.url + path) as r:
@@ -57,8 +64,8 @@ async def chain(tmp_path: Path) -> AsyncIterator[Chain]:
     batches = [
         make_intkey_batch(SIGNER, [("set", "a", 1)]),  # block 1
         two,  # block 2: two transactions
-        make_intkey_batch(SIGNER, [("inc", "nope", 1)]),  # block 3: INVALID, no batch
-        make_intkey_batch(SIGNER, [("inc", "a", 5)]),  # block 4
+        make_intkey_batch(SIGNER, [("inc", "nope", 1)]),  # INVALID: in no block
+        make_intkey_batch(SIGNER, [("inc", "a", 5)]),  # block 3
     ]
     for batch in batches:
         await node.submit([batch])
@@ -75,9 +82,9 @@ def ids(doc: dict[str, Any]) -> list[str]:
 
 
 def block_ids(chain: Chain) -> list[str]:
-    """The fixture's block ids, newest first (block 3 holds the INVALID batch: no batch)."""
-    nums = (4, 3, 2, 1)
-    return [block_id(n, x.header_signature) for n, x in zip(nums, chain.batches[::-1], strict=True)]
+    """The fixture's block ids, newest first, down to the genesis block (the INVALID
+    batch is in no block)."""
+    return [chain.block_id(n) for n in (3, 2, 1, 0)]
 
 
 def tx_ids(chain: Chain) -> list[str]:
@@ -88,27 +95,34 @@ def tx_ids(chain: Chain) -> list[str]:
 
 async def test_blocks_newest_first_with_paging_and_head(chain: Chain) -> None:
     b, expected = chain.batches, block_ids(chain)
+    in_chain = [b[3], b[1], b[0]]  # newest first; the INVALID batch is in no block
     doc = await chain.get("/blocks")
     assert ids(doc) == expected and doc["head"] == expected[0]
-    assert doc["data"][0]["header"]["previous_block_id"] == expected[1]
-    assert doc["data"][1]["batches"] == [] and doc["data"][1]["header"]["batch_ids"] == []
-    assert doc["data"][3]["header"]["previous_block_id"] == "0" * 16
     # A uint64 in Sawtooth's JSON (protobuf's MessageToDict) is a string.
-    assert [d["header"]["block_num"] for d in doc["data"]] == ["4", "3", "2", "1"]
+    assert [d["header"]["block_num"] for d in doc["data"]] == ["3", "2", "1", "0"]
+    assert doc["data"][0]["header"]["previous_block_id"] == expected[1]
+    for block, batch in zip(doc["data"], in_chain, strict=False):
+        assert block["header"]["batch_ids"] == [batch.header_signature]
+        assert [x["header_signature"] for x in block["batches"]] == [batch.header_signature]
+    genesis = doc["data"][3]
+    assert genesis["header"]["previous_block_id"] == "0" * 16
+    assert genesis["batches"] == [] and genesis["header"]["batch_ids"] == []
+    assert doc["data"][2]["header"]["previous_block_id"] == expected[3]
     page = await chain.get("/blocks?limit=2")
     # Block positions are block numbers as Sawtooth's validator writes them.
-    assert ids(page) == expected[:2] and page["paging"]["next_position"] == "0x0000000000000002"
+    assert ids(page) == expected[:2] and page["paging"]["next_position"] == "0x0000000000000001"
     rest = await chain.get(page["paging"]["next"].removeprefix(chain.url))
     assert ids(rest) == expected[2:] and "next_position" not in rest["paging"]
-    assert ids(await chain.get("/blocks?start=0x0000000000000003&limit=1")) == expected[1:2]
+    assert ids(await chain.get("/blocks?start=0x0000000000000003&limit=1")) == expected[:1]
     assert ids(await chain.get(f"/blocks?start={expected[1]}&limit=1")) == expected[1:2]
     assert ids(await chain.get("/blocks?reverse")) == expected[::-1]
     assert ids(await chain.get("/blocks?reverse=block_num")) == expected[::-1]
-    assert ids(await chain.get("/blocks?reverse&start=0x0000000000000002")) == expected[::-1][1:]
+    assert ids(await chain.get("/blocks?reverse&start=0x0000000000000002")) == expected[::-1][2:]
     older = await chain.get(f"/blocks?head={expected[1]}")
     assert ids(older) == expected[1:] and older["head"] == expected[1]
-    assert ids(await chain.get("/blocks?head=2")) == expected[2:]
-    one = await chain.get(f"/blocks/{expected[2]}")
+    assert ids(await chain.get("/blocks?head=2")) == expected[1:]
+    assert ids(await chain.get("/blocks?head=0")) == expected[3:]
+    one = await chain.get(f"/blocks/{expected[1]}")
     assert one["data"]["batches"][0]["header_signature"] == b[1].header_signature
     assert (await chain.get(f"/blocks/{'a' * 128}", 404))["error"]["code"] == 70
     assert (await chain.get("/blocks/xyz", 400))["error"]["code"] == 60
@@ -229,10 +243,10 @@ async def test_id_filters(chain: Chain) -> None:
     tx = b[1].transactions[1].header_signature
     assert ids(await chain.get(f"/transactions?id={tx},{unknown}")) == [tx]
     # Blocks by id come whole, unpaged, as Sawtooth's validator answers them.
-    doc = await chain.get(f"/blocks?id={blocks[3]},{blocks[0]}&limit=1")
-    assert ids(doc) == [blocks[3], blocks[0]] and "next" not in doc["paging"]
-    assert ids(await chain.get(f"/blocks?id={blocks[0]},{blocks[3]}&head={blocks[1]}")) == [
-        blocks[3]
+    doc = await chain.get(f"/blocks?id={blocks[2]},{blocks[0]}&limit=1")
+    assert ids(doc) == [blocks[2], blocks[0]] and "next" not in doc["paging"]
+    assert ids(await chain.get(f"/blocks?id={blocks[0]},{blocks[2]}&head={blocks[1]}")) == [
+        blocks[2]
     ]
 
 
@@ -327,8 +341,25 @@ async def test_state_head_and_paging(chain: Chain) -> None:
     assert entry["link"] == f"{chain.url}/state/{make_address('a')}?head={latest}"
     entry = await chain.get(f"/state/{make_address('a')}?head={latest}")
     assert entry["head"] == latest
-    older = block_id(1, chain.batches[0].header_signature)
-    refused = await chain.get(f"/state/{make_address('a')}?head={older}", 404)
+    # State at any block of the chain: "a" was set to 1 in block 1, incremented
+    # by 5 in block 3; "b" appeared in block 2.
+    a, b = make_address("a"), make_address("b")
+    for head, value in ((1, {"a": 1}), (2, {"a": 1}), (3, {"a": 6})):
+        entry = await chain.get(f"/state/{a}?head={chain.block_id(head)}")
+        assert cbor2.loads(base64.b64decode(entry["data"])) == value
+        assert entry["head"] == chain.block_id(head)
+        assert (await chain.get(f"/state/{a}?head={head}"))["data"] == entry["data"]
+    missing = await chain.get(f"/state/{b}?head={chain.block_id(1)}", 404)
+    assert missing["error"]["code"] == 75
+    assert (await chain.get(f"/state/{a}?head=0", 404))["error"]["code"] == 75  # genesis
+    listed = await chain.get(f"/state?head={chain.block_id(1)}")
+    assert [d["address"] for d in listed["data"]] == [a] and listed["head"] == chain.block_id(1)
+    in_order = sorted([a, b, make_address("c")])  # block 2 set b and c
+    at_two = await chain.get("/state?head=2&limit=2")
+    assert [d["address"] for d in at_two["data"]] == in_order[:2]
+    assert at_two["paging"]["next_position"] == in_order[2]
+    assert (await chain.get("/state?head=0"))["data"] == []
+    refused = await chain.get(f"/state/{a}?head={'a' * 128}", 404)
     assert refused["error"]["code"] == 50
     addresses = sorted(make_address(n) for n in "abc")
     whole = await chain.get("/state")
@@ -385,7 +416,7 @@ async def test_a_head_that_is_no_id_is_a_malformed_id_on_lists(chain: Chain, hea
     assert refused["error"]["code"] == 60
 
 
-@pytest.mark.parametrize("head", ["\u00b2", "9" * 5000, "0", "-1", "5"])
+@pytest.mark.parametrize("head", ["\u00b2", "9" * 5000, "-1", "4"])
 @pytest.mark.parametrize("path", ["/state", f"/state/{make_address('a')}"])
 async def test_a_head_that_is_no_block_number_is_head_not_found(
     chain: Chain, path: str, head: str
@@ -394,7 +425,7 @@ async def test_a_head_that_is_no_block_number_is_head_not_found(
     assert refused["error"]["code"] == 50
 
 
-@pytest.mark.parametrize("head", ["0", "5"])
+@pytest.mark.parametrize("head", ["4", "5"])
 async def test_a_block_number_past_the_chain_is_head_not_found(chain: Chain, head: str) -> None:
     refused = await chain.get(f"/blocks?head={head}", 404)
     assert refused["error"]["code"] == 50
@@ -491,3 +522,27 @@ def test_sawtooth_response_envelopes_and_shapes_are_the_node_s() -> None:
         theirs = set(SAWTOOTH["definitions"][header]["properties"])
         schema = _resolve(node, node["components"]["schemas"][name]["properties"]["header"])
         assert theirs <= set(schema["properties"]), (header, theirs - set(schema["properties"]))
+
+
+async def test_block_headers_are_signed_by_the_node_key_over_the_state_root(
+    chain: Chain,
+) -> None:
+    doc = await chain.get("/blocks")
+    keys = {d["header"]["signer_public_key"] for d in doc["data"]}
+    assert keys == {chain.node.sealer.signer.public_key}
+    roots = [d["header"]["state_root_hash"] for d in doc["data"]]
+    assert all(len(r) == 64 for r in roots) and len(set(roots)) == len(roots)
+    for block in doc["data"]:
+        header = block_pb2.BlockHeader(
+            block_num=int(block["header"]["block_num"]),
+            previous_block_id=block["header"]["previous_block_id"],
+            signer_public_key=block["header"]["signer_public_key"],
+            batch_ids=block["header"]["batch_ids"],
+            consensus=base64.b64decode(block["header"]["consensus"]),
+            state_root_hash=block["header"]["state_root_hash"],
+        ).SerializeToString()
+        assert verify_signature(
+            block["header"]["signer_public_key"], header, block["header_signature"]
+        )
+    consensus = [base64.b64decode(d["header"]["consensus"]) for d in doc["data"]]
+    assert consensus == [b"ledgerq-single-node"] * 3 + [b"Genesis"]

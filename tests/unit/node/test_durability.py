@@ -13,6 +13,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import cbor2
 import pytest
@@ -452,13 +453,13 @@ async def test_a_large_store_write_is_cut_into_transactions_at_commit_points(
     # consistent store and the journal replays the rest.
     live = tmp_path / "live"
     node = await Node.open(live, snapshot_every=10**6, store_interval_s=3600)
-    node.committed._write_keys = 12  # four commits of 3 keys
+    node.committed._write_keys = 24  # four commits of 6 keys
     written: list[tuple[int, int]] = []
     write = node.store.write
 
-    def spy(records: list[object], applied: int, batch_high: int) -> None:
+    def spy(records: list[object], applied: int, batch_high: int, nodes: Any = None) -> None:
         written.append((len(records), applied))
-        write(records, applied, batch_high)  # type: ignore[arg-type]
+        write(records, applied, batch_high, nodes)  # type: ignore[arg-type]
         if len(written) == 2:
             shutil.copytree(live, tmp_path / "image")  # a kill -9 between two transactions
 
@@ -490,10 +491,10 @@ async def test_closing_while_the_store_is_being_written_lets_the_write_finish(
     entered, release = threading.Event(), threading.Event()
     write = node.store.write
 
-    def slow(records: list[object], applied: int, batch_high: int) -> None:
+    def slow(records: list[object], applied: int, batch_high: int, nodes: Any = None) -> None:
         entered.set()
         release.wait(10)
-        write(records, applied, batch_high)  # type: ignore[arg-type]
+        write(records, applied, batch_high, nodes)  # type: ignore[arg-type]
 
     monkeypatch.setattr(node.store, "write", slow)
     batches = [make_intkey_batch(SIGNER, [("set", f"w{i}", i)]) for i in range(5)]
@@ -525,13 +526,13 @@ async def test_a_large_commit_slice_reaches_the_store_in_bounded_parts(
 
     monkeypatch.setattr(node_module, "COMMIT_PART", 3)
     node = await Node.open(tmp_path, snapshot_every=10**6, store_interval_s=3600)
-    node.committed._write_keys = 9
+    node.committed._write_keys = 18
     written: list[tuple[int, int]] = []
     write = node.store.write
 
-    def spy(records: list[object], applied: int, batch_high: int) -> None:
+    def spy(records: list[object], applied: int, batch_high: int, nodes: Any = None) -> None:
         written.append((len(records), applied))
-        write(records, applied, batch_high)  # type: ignore[arg-type]
+        write(records, applied, batch_high, nodes)  # type: ignore[arg-type]
 
     monkeypatch.setattr(node.store, "write", spy)
     batches = [make_intkey_batch(SIGNER, [("set", f"p{i}", i)]) for i in range(10)]
@@ -557,9 +558,9 @@ async def test_a_writer_behind_merges_parts_into_transactions_bounded_in_commits
     written: list[int] = []
     write = node.store.write
 
-    def spy(records: list[CommitRecord], applied: int, batch_high: int) -> None:
+    def spy(records: list[CommitRecord], applied: int, batch_high: int, nodes: Any = None) -> None:
         written.append(len(records))
-        write(records, applied, batch_high)
+        write(records, applied, batch_high, nodes)
 
     monkeypatch.setattr(node.store, "write", spy)
     batches = [make_intkey_batch(SIGNER, [("set", f"m{i}", i)]) for i in range(10)]
@@ -577,30 +578,30 @@ async def test_store_transactions_are_bounded_in_keys_not_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # LMDB keeps every page buffer a write transaction dirtied, about one per key:
-    # batches of ten transactions (21 keys each) must not make transactions ten
+    # batches of ten transactions (42 keys each) must not make transactions ten
     # times larger than single-transaction batches do.
     from ledgerq.node import node as node_module
     from ledgerq.node.committed import store_keys
 
-    monkeypatch.setattr(node_module, "STORE_TXN_KEYS", 45)
+    monkeypatch.setattr(node_module, "STORE_TXN_KEYS", 90)
     node = await Node.open(tmp_path, snapshot_every=10**6, store_interval_s=3600)
-    node.committed._write_keys = 45
+    node.committed._write_keys = 90
     written: list[int] = []
     write = node.store.write
 
-    def spy(records: list[CommitRecord], applied: int, batch_high: int) -> None:
+    def spy(records: list[CommitRecord], applied: int, batch_high: int, nodes: Any = None) -> None:
         written.append(sum(store_keys(r) for r in records))
-        write(records, applied, batch_high)
+        write(records, applied, batch_high, nodes)
 
     monkeypatch.setattr(node.store, "write", spy)
     batches = [
         make_intkey_batch(SIGNER, [("set", f"k{i}-{j}", j) for j in range(10)]) for i in range(10)
     ]
     try:
-        await node.submit(batches)  # one commit slice of 10 commits, 210 keys
+        await node.submit(batches)  # one commit slice of 10 commits, 420 keys
         assert set(await statuses(node, batches)) == {"COMMITTED"}
         await node.snapshot()
-        assert written == [42] * 5  # two commits per store transaction
+        assert written == [84] * 5  # two commits per store transaction
         assert node.store.meta().applied == 10
     finally:
         await node.close()

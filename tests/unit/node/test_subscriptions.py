@@ -17,7 +17,6 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from ledgerq.codec import ParsedBatch, Signer, encode_batch_list
 from ledgerq.codec.intkey import NAMESPACE, make_address, make_intkey_batch
 from ledgerq.node import Node
-from ledgerq.node.blocks import NULL_BLOCK_ID, block_id
 from ledgerq.node.rest import make_app
 
 SIGNER = Signer.generate()
@@ -38,6 +37,11 @@ class Server:
         ids = [b.header_signature for b in batches]
         infos = await self.node.batch_statuses(ids, wait=10)
         assert all(i.status in ("COMMITTED", "INVALID") for i in infos.values())
+
+    def block_id(self, num: int) -> str:
+        block = self.node.get_block(num)
+        assert block is not None
+        return block.id
 
     async def socket(self) -> aiohttp.ClientWebSocketResponse:
         return await self.session.ws_connect(f"{self.url}/subscriptions")
@@ -93,23 +97,25 @@ async def test_subscribe_filters_state_changes_by_prefix(server: Server) -> None
 
     both = make_intkey_batch(SIGNER, [("set", "x", 5), ("set", "y", 6)])
     invalid = make_intkey_batch(SIGNER, [("inc", "missing", 1)])
+    after = make_intkey_batch(SIGNER, [("set", "x2", 7)])
     await server.commit(both)
     await server.commit(invalid)
+    await server.commit(after)
 
     first = await receive(only_x)  # as of the subscription: block 1 is not sent
     assert first["block_num"] == 2
-    assert first["block_id"] == block_id(2, both.header_signature)
-    assert first["previous_block_id"] == block_id(1, before.header_signature)
+    assert first["block_id"] == server.block_id(2)
+    assert first["previous_block_id"] == server.block_id(1)
     assert first["state_changes"] == [
         {"type": "SET", "value": first["state_changes"][0]["value"], "address": make_address("x")}
     ]
     assert value(first["state_changes"][0]) == {"x": 5}
     second = await receive(only_x)
     assert second == {
-        "block_num": 3,
-        "block_id": block_id(3, invalid.header_signature),
+        "block_num": 3,  # the INVALID batch is in no block: the next one is `after`'s
+        "block_id": server.block_id(3),
         "previous_block_id": first["block_id"],
-        "state_changes": [],  # an INVALID batch is a block without changes
+        "state_changes": [],  # nothing under the prefix
     }
 
     all_first = await receive(everything)
@@ -125,13 +131,13 @@ async def test_subscribe_filters_state_changes_by_prefix(server: Server) -> None
     await everything.close()
 
 
-async def test_first_block_follows_the_null_block(server: Server) -> None:
+async def test_first_block_follows_the_genesis_block(server: Server) -> None:
     ws = await server.socket()
     await subscribe(ws, [NAMESPACE])
     batch = make_intkey_batch(SIGNER, [("set", "one", 1)])
     await server.commit(batch)
     doc = await receive(ws)
-    assert (doc["block_num"], doc["previous_block_id"]) == (1, NULL_BLOCK_ID)
+    assert (doc["block_num"], doc["previous_block_id"]) == (1, server.block_id(0))
     assert len(doc["block_id"]) == 128
     await ws.close()
 
@@ -152,9 +158,9 @@ async def test_resubscribe_replaces_prefixes_and_unsubscribe_stops(server: Serve
     c = make_intkey_batch(SIGNER, [("set", "e", 3)])
     await server.commit(c)
     # The next message is the answer to this request, not block 3.
-    await ws.send_json({"action": "get_block_deltas", "block_id": block_id(3, c.header_signature)})
+    await ws.send_json({"action": "get_block_deltas", "block_id": server.block_id(3)})
     answer = await receive(ws)
-    assert answer["block_num"] == 3 and answer["block_id"] == block_id(3, c.header_signature)
+    assert answer["block_num"] == 3 and answer["block_id"] == server.block_id(3)
     await ws.close()
 
 
@@ -163,13 +169,13 @@ async def test_get_block_deltas(server: Server) -> None:
     for batch in batches:
         await server.commit(batch)
     ws = await server.socket()
-    known = block_id(4, batches[3].header_signature)
+    known = server.block_id(4)
     await ws.send_json(
         {"action": "get_block_deltas", "block_id": known, "address_prefixes": [NAMESPACE]}
     )
     doc = await receive(ws)
     assert doc["block_num"] == 4
-    assert doc["previous_block_id"] == block_id(3, batches[2].header_signature)
+    assert doc["previous_block_id"] == server.block_id(3)
     assert [value(c) for c in doc["state_changes"]] == [{"k3": 3}]
     await ws.send_json(
         {"action": "get_block_deltas", "block_id": known, "address_prefixes": ["00"]}
@@ -178,11 +184,11 @@ async def test_get_block_deltas(server: Server) -> None:
 
     # The node keeps the last 3 blocks in memory (block_buffer=3); older ones are read
     # from the store.
-    older = block_id(1, batches[0].header_signature)
+    older = server.block_id(1)
     await ws.send_json({"action": "get_block_deltas", "block_id": older})
     doc = await receive(ws)
-    assert doc["block_num"] == 1 and doc["previous_block_id"] == "0" * 16
-    for unknown in ("f" * 128, block_id(4, batches[0].header_signature), "nothex"):
+    assert doc["block_num"] == 1 and doc["previous_block_id"] == server.block_id(0)
+    for unknown in ("f" * 128, server.block_id(4)[::-1], "nothex"):
         await ws.send_json({"action": "get_block_deltas", "block_id": unknown})
         assert set(await receive(ws)) == {"error"}
     await ws.send_json({"action": "get_block_deltas"})
@@ -227,6 +233,7 @@ async def test_block_ids_survive_a_restart(tmp_path: Path) -> None:
     first = make_intkey_batch(SIGNER, [("set", "r1", 1)])
     await node.submit([first])
     await node.batch_statuses([first.header_signature], wait=10)
+    before = [b.id for b in map(node.get_block, (0, 1)) if b is not None]
     await node.close()
 
     node = await Node.open(tmp_path, shards=2)
@@ -237,7 +244,9 @@ async def test_block_ids_survive_a_restart(tmp_path: Path) -> None:
         block = await asyncio.wait_for(follow.__anext__(), 10)
         await follow.aclose()
         assert block.num == 2
-        assert block.id == block_id(2, second.header_signature)
-        assert block.previous_id == block_id(1, first.header_signature)
+        assert [b.id for b in map(node.get_block, (0, 1)) if b is not None] == before
+        assert block.previous_id == before[1]
+        again = node.get_block(2)
+        assert again is not None and block.id == again.id
     finally:
         await node.close()

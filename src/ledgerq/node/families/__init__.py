@@ -32,11 +32,18 @@ class InvalidTransaction(Exception):
         self.extended_data = extended_data
 
 
+class HeaderLike(Protocol):
+    @property
+    def signer_public_key(self) -> str: ...
+
+
 class TransactionLike(Protocol):
     @property
     def header_signature(self) -> str: ...
     @property
     def payload(self) -> bytes: ...
+    @property
+    def header(self) -> HeaderLike: ...
 
 
 class Context:
@@ -115,5 +122,6 @@ class FamilyRegistry:
 
 def default_registry() -> FamilyRegistry:
     from ledgerq.node.families.intkey import IntkeyHandler
+    from ledgerq.node.families.settings import SettingsHandler
 
-    return FamilyRegistry([IntkeyHandler()])
+    return FamilyRegistry([IntkeyHandler(), SettingsHandler()])
