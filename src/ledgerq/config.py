@@ -359,12 +359,23 @@ KEYS: tuple[Key, ...] = (
     Key("node.max_scabbard_services", _positive(_int), 64, "node: scabbard ledgers open at once"),
     Key("node.scabbard_idle_s", _positive(_float), 300.0, "node: close a scabbard ledger idle (s)"),
     Key("delay_window_ms", _non_negative(_int), 15_000, "wait after a Delayed batch (ms)"),
-    Key("queuer.strategy", _strategy, "serial", "serial (Grid's plan) or parallel (per key)"),
+    Key(
+        "queuer.strategy",
+        _strategy,
+        "serial",
+        "serial (Grid's plan), parallel (per key) or pipelined (chained batches in flight)",
+    ),
     Key(
         "queuer.strategy_by_service",
         _strategy_rules,
         "",
         "PATTERN=STRATEGY,... overriding queuer.strategy per service id (first match)",
+    ),
+    Key(
+        "queuer.pipeline_depth",
+        _positive(_int),
+        64,
+        "pipelined strategy: batches of a service in flight at once, at most",
     ),
     Key(
         "queuer.on_invalid",
@@ -766,6 +777,7 @@ def load_settings(
     settings.claims  # noqa: B018
     _check_tokens(settings)
     _check_ledger(settings)
+    _check_strategies(settings)
     return settings
 
 
@@ -817,6 +829,19 @@ def _check_ledger(settings: Settings) -> None:
     _, sep, url = settings.ledger.partition("+")
     if sep and url_credentials(url)[1] is not None and settings["ledger_token"]:
         raise ConfigError(f"ledger and ledger_token: {LEDGER_CREDENTIALS_TWICE}")
+
+
+def _check_strategies(settings: Settings) -> None:
+    """The pipelined strategy needs a ledger that enforces declared
+    dependencies: the node or a Sawtooth REST API, not a scabbard service."""
+    if Strategy.PIPELINED in settings.strategies.kinds() and settings.ledger.startswith(
+        "splinter+"
+    ):
+        raise ConfigError(
+            "queuer.strategy pipelined needs a ledger that holds a batch until the "
+            "transactions it depends on are committed (the node, or sawtooth+http://...); "
+            f"{settings.ledger.split('://')[0]} does not: use serial or parallel for it"
+        )
 
 
 def _check_tokens(settings: Settings) -> None:

@@ -81,9 +81,11 @@ def _announce(gateway: Gateway) -> None:
 )
 @click.option(
     "--strategy",
-    type=click.Choice(["serial", "parallel"], case_sensitive=False),
-    help="Queuer strategy: serial (one batch of a service in flight, default) or "
-    "parallel (batches touching different state in flight together).",
+    type=click.Choice(["serial", "parallel", "pipelined"], case_sensitive=False),
+    help="Queuer strategy: serial (one batch of a service in flight, default), "
+    "parallel (batches touching different state in flight together) or pipelined "
+    "(batches that declare their predecessors in flight together; the ledger keeps "
+    "their order).",
 )
 @click.option(
     "--strategy-for",

@@ -139,6 +139,7 @@ class Gateway:
                 # limit is a backstop, long enough for a slow store to record
                 # a hand-out.
                 hold_ms=max(settings["delay_window_ms"], HOLD_BACKSTOP_MS),
+                pipeline_depth=settings["queuer.pipeline_depth"],
             ),
             strategies=strategies,
             on_invalid=settings.on_invalid,

@@ -133,6 +133,10 @@ class DependencyCheck:
         #: Untracked transactions the ledger said it committed (they stay so).
         self._known: OrderedDict[str, None] = OrderedDict()
 
+    def known(self, transaction_id: str) -> bool:
+        """Whether the ledger said it committed this untracked transaction."""
+        return transaction_id in self._known
+
     async def resolve(self, batch: TrackingBatch) -> Resolution:
         return await self._resolve(batch, (batch.batch_id,))
 

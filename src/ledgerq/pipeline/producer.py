@@ -118,6 +118,11 @@ class ProducerStore(
 ):
     """The store roles the producer's stages read."""
 
+    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
+        """The service's first non-final batch after ``after`` (``None``: its
+        first), whatever its state."""
+        ...
+
     @property
     def takes_freed(self) -> bool:
         """Whether a final status can take the batches it frees (``BatchWrite.take_freed``)."""
@@ -168,6 +173,8 @@ class PipelineSettings:
     #: How long a batch handed out by the queue stays held at most (ms): a
     #: backstop, long enough for a slow store to record a take.
     hold_ms: int = 60_000
+    #: Batches of a pipelined service in flight at once, at most.
+    pipeline_depth: int = 64
 
 
 class _Lease:
@@ -219,6 +226,10 @@ class Producer:
         self._completer = completer
         self._strategies = strategies
         self._all_serial = strategies.uniform is Strategy.SERIAL
+        self._any_pipelined = Strategy.PIPELINED in strategies.kinds()
+        #: Per pipelined service, its batches this process has in flight
+        #: (taken, and not yet final, Unknown or Delayed), in order.
+        self._pipeline: dict[str, dict[str, None]] = {}
         self._on_invalid = on_invalid
         self._never_halts = on_invalid.uniform is OnInvalid.CONTINUE
         #: Services that take nothing now: stopped (paused or halted, as the
@@ -302,6 +313,9 @@ class Producer:
         """Batch ids being posted right now (a live view)."""
         return self._posting
 
+    def _pipelined(self, service_id: str) -> bool:
+        return self._any_pipelined and self._strategies.of(service_id) is Strategy.PIPELINED
+
     def _parallel(self, service_id: str) -> bool:
         return not self._all_serial and self._strategies.of(service_id) is Strategy.PARALLEL
 
@@ -315,6 +329,8 @@ class Producer:
         self._in_flight[batch.batch_id] = batch.service_id
         self._busy[batch.service_id] = self._busy.get(batch.service_id, 0) + 1
         self._posting.add(batch.batch_id)
+        if self._pipelined(batch.service_id):
+            self._pipeline.setdefault(batch.service_id, {})[batch.batch_id] = None
         self.follower.resending(batch.batch_id)
         if self._observer is not None:
             self._observer.batch_taken(batch)
@@ -453,11 +469,17 @@ class Producer:
     # -- one submission ------------------------------------------------------------
 
     async def _submit(
-        self, batch: TrackingBatch, *, recorded: bool = False, fence: Fence | None = None
+        self,
+        batch: TrackingBatch,
+        *,
+        recorded: bool = False,
+        fence: Fence | None = None,
+        checked: bool = False,
     ) -> None:
         """Take, post and record ``batch``; ``recorded``: the store shows it
         taken already (with its predecessor's final status, under ``fence``),
-        so the POST comes first."""
+        so the POST comes first; ``checked``: its dependencies were checked
+        (a pipelined batch, which goes while its predecessors are in flight)."""
         started = time.monotonic()
         # One line here and one when it ends, per batch, at INFO: the HA chaos
         # tests read them to know which POSTs a frozen gateway had under way.
@@ -468,7 +490,11 @@ class Producer:
         try:
             if not recorded:
                 failpoint("submitting")
-                if dependencies_of(batch) and not await self._dependencies_met(batch):
+                if (
+                    not checked
+                    and dependencies_of(batch)
+                    and not await self._dependencies_met(batch)
+                ):
                     return
                 fence = self._fence(batch.service_id)
                 await self._completer.apply(writes.taken(batch, now=self._clock(), fence=fence))
@@ -504,6 +530,7 @@ class Producer:
         finally:
             if taken_here and not recorded:
                 self.source.released(batch)
+                self._leave_pipeline(batch.service_id, batch.batch_id)
             self._untake(batch)
             log.info(
                 "submission finished batch=%s service=%s result=%s attempts=%s in %.1f ms",
@@ -556,6 +583,8 @@ class Producer:
             await self._completer.apply(
                 writes.outcome(batch, Accepted(), 1, now=self._clock(), fence=fence)
             )
+            if self._pipelined(batch.service_id):
+                self._spawn(self._pipeline_next(batch.service_id, batch.batch_id))
         finally:
             # Set as the submission ends (nothing is done after this returns
             # but free its slot and the service), so an answer waiting for it
@@ -612,6 +641,9 @@ class Producer:
                 self._next_of.pop(batch_id, None)
             if not final or self._halt_reason(service_id, written) is not None:
                 await self._write_status(service_id, batch_id, written, fence)
+                if pending and self._pipelined(service_id):
+                    # Asked about (it was ambiguous): at the ledger after all.
+                    self._spawn(self._pipeline_next(service_id, batch_id))
             elif ahead is not None:
                 await self._final_then_next(service_id, batch_id, written, fence, ahead)
             else:
@@ -641,13 +673,26 @@ class Producer:
         if halt is not None:
             write = dataclasses.replace(write, halt=halt)
         await self._completer.apply(write)
+        service_id = write.service_id
         if halt is not None:
-            self._stop(write.service_id)
-            self._notify(write.service_id)
+            self._stop(service_id)
+            self._notify(service_id)
         elif write.frees_service:
-            self._unlocked(write.service_id)
+            self._unlocked(service_id)
         if write.status is not None and write.status.is_final:
             self._finished(write.id)
+        if write.frees_service and self._pipelined(service_id):
+            before, after = self._leave_pipeline(service_id, write.id)
+            if isinstance(status, Invalid):
+                await self._fail_pipeline(service_id, write.id, after)
+            elif write.status is not None and write.status.is_final:
+                self._spawn(self._pipeline_next(service_id, write.id))
+            elif before is not None or after:
+                # Lost (Unknown) or refused for now (Delayed) while others of
+                # the service are in flight (which lock it in the queue's
+                # rounds): the first batch of the service not at the ledger
+                # is sent again from here, then each after it, in order.
+                self._spawn(self._pipeline_next(service_id, None))
 
     def _reserve_next(self, service_id: str) -> bool:
         """A slot for a serial service's next batch, taken with its
@@ -768,6 +813,117 @@ class Producer:
             self._unlocked(service_id)
         else:
             self._notify(service_id)
+
+    # -- the pipelined strategy ------------------------------------------------
+
+    def _leave_pipeline(self, service_id: str, batch_id: str) -> tuple[str | None, list[str]]:
+        """``batch_id`` is no longer in flight here: the batch of its
+        service in flight here just before it, and those after it, in order."""
+        lane = self._pipeline.get(service_id)
+        if lane is None or batch_id not in lane:
+            return None, []
+        ids = list(lane)
+        del lane[batch_id]
+        if not lane:
+            del self._pipeline[service_id]
+        at = ids.index(batch_id)
+        return (ids[at - 1] if at else None), ids[at + 1 :]
+
+    async def _pipeline_next(self, service_id: str, after: str | None) -> None:
+        """Take the batches of a pipelined service that may go while those
+        before them are in flight: walking the service's open batches after
+        ``after``, past those in flight, the first that is not (new, or
+        ``Unknown``, or ``Delayed`` past its window) goes if it declares a
+        dependency on the batch just before it and each of its dependencies
+        is committed or in flight here — the ledger then keeps the order.
+        At most ``pipeline_depth`` in flight; one at a time, in order."""
+        depth = self.settings.pipeline_depth
+        previous = after
+        if after is None:
+            depth += 1  # the walk from the service's first batch: one more step
+        try:
+            for _ in range(depth + 1):
+                if (
+                    self._tasks is None
+                    or self._stopping.is_set()
+                    or service_id in self._resting
+                    or len(self._pipeline.get(service_id, ())) >= depth
+                ):
+                    return
+                nxt = await self._store.batch_following(service_id, previous)
+                if nxt is None or nxt.batch_id in self._in_flight:
+                    return
+                if nxt.submitted or nxt.status_name is BatchStatusName.PENDING:
+                    previous = nxt.batch_id  # in flight (here or elsewhere): look past it
+                    continue
+                if not await self._may_pipeline(nxt, previous):
+                    return
+                self._take(nxt)
+                self._tasks.create_task(self._submit(nxt, checked=True))
+                return
+        except LedgerqError as exc:
+            log.warning("cannot read the next batch of service %s: %s", service_id, exc)
+
+    def _look_again(self, service_id: str, batch_id: str, previous: str | None) -> None:
+        if self._tasks is None or self._stopping.is_set():
+            return
+        self._spawn(self._pipeline_next(service_id, previous))
+
+    async def _may_pipeline(self, batch: TrackingBatch, previous: str | None) -> bool:
+        """Whether ``batch`` may go while the batches before it are in
+        flight: it declares a dependency on ``previous`` (the batch just
+        before it; ``None``: none is open), and each of its dependencies is
+        committed or in flight here."""
+        if batch.status_name is BatchStatusName.DELAYED:
+            due = (batch.last_attempt_at or 0) + self.settings.delay_window_ms
+            wait_ms = due - self._clock()
+            if wait_ms > 0:
+                # Looked at again once its delay window is over.
+                asyncio.get_running_loop().call_later(
+                    wait_ms / 1000, self._look_again, batch.service_id, batch.batch_id, previous
+                )
+                return False
+        deps = dependencies_of(batch)
+        if not deps:
+            # Declares nothing: it waits for those before it, if any.
+            return previous is None
+        states = await self._store.dependency_states(deps)
+        if previous is not None and not any(s.batch_id == previous for s in states.values()):
+            return False  # does not follow the batch before it
+        here = self._pipeline.get(batch.service_id, {})
+        for d in deps:
+            state = states.get(d)
+            if state is None:
+                if not self.dependencies.known(d):
+                    return False  # the queue's path asks the ledger
+            elif not state.committed and state.batch_id not in here:
+                return False
+        return True
+
+    async def _fail_pipeline(self, service_id: str, invalid: str, after: Sequence[str]) -> None:
+        """A pipelined batch is ``Invalid``: the batches taken after it, in
+        flight at the ledger, depend on it (each declared the one before):
+        they fail at once, and are followed no more."""
+        if not after:
+            return
+        try:
+            fence = self._fence(service_id)
+            batches = await self._store.get_batches_by_id(after)
+        except LedgerqError as exc:
+            log.warning("cannot fail the batches after %s: %s", invalid[:16], exc)
+            return
+        reason = f"depends on batch {invalid}, which the ledger judged INVALID"
+        for batch in batches:
+            self.follower.resending(batch.batch_id)
+            self._leave_pipeline(service_id, batch.batch_id)
+            self._posting.discard(batch.batch_id)
+            try:
+                await self._apply_freeing(
+                    writes.dependency_failed(batch, reason, now=self._clock(), fence=fence)
+                )
+            except LedgerqError as exc:
+                # Left in flight: the follower's scan asks about it.
+                log.warning("batch %s not failed: %s", batch.batch_id[:16], exc)
 
     # -- declared dependencies, halts and operator control --------------------
 

@@ -151,12 +151,15 @@ class QueueSource:
         if delay_window_ms < 0:
             raise ValueError(f"delay_window_ms must be >= 0, got {delay_window_ms}")
         check_per_service(parallel_picks)
-        if strategies.uniform is not Strategy.SERIAL and not hasattr(store, "parallel_round"):
+        rounds = {kind.rounds for kind in strategies.kinds()}
+        #: The rounds every service takes picks from, if one kind for all.
+        self._uniform_rounds = rounds.pop() if len(rounds) == 1 else None
+        if self._uniform_rounds is not Strategy.SERIAL and not hasattr(store, "parallel_round"):
             raise TypeError("the parallel strategy needs a store with parallel_round")
         self._store = store
         self._strategies = strategies
         # Every service serial (the default): no per-service strategy lookups.
-        self._all_serial = strategies.uniform is Strategy.SERIAL
+        self._all_serial = self._uniform_rounds is Strategy.SERIAL
         self._clock = clock
         self._delay_window_ms = delay_window_ms
         self._services = services
@@ -560,7 +563,7 @@ class QueueSource:
         # Stores without lean rounds (test doubles) never see the argument.
         # Rounds of a few woken services come whole: one query, no reload.
         extra: dict[str, Any] = {"lean": targets is None} if self._lean else {}
-        uniform = self._strategies.uniform
+        uniform = self._uniform_rounds
         groups: list[tuple[Strategy, set[str] | None]]
         if uniform is not None:
             groups = [(uniform, services)]
@@ -578,7 +581,7 @@ class QueueSource:
             if group is not None:
                 got = [b for b in got if b.service_id in group]
             if uniform is None:
-                got = [b for b in got if self._strategies.of(b.service_id) is strategy]
+                got = [b for b in got if self._strategies.of(b.service_id).rounds is strategy]
             picks += got
         if len(groups) > 1:
             picks.sort(key=round_order_key)

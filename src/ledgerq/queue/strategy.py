@@ -7,8 +7,10 @@ pattern matches the id (shell-style, :func:`fnmatch.fnmatchcase`: ``*``,
 
 * :class:`StrategyMap`: ``serial`` is Grid's one-round serial queuer
   (:mod:`ledgerq.queue.serial`), ``parallel`` the per-key one
-  (:mod:`ledgerq.queue.parallel`). See ``docs/queuer.md``, "Choosing a
-  strategy".
+  (:mod:`ledgerq.queue.parallel`), ``pipelined`` the serial one whose
+  batches that declare their predecessors go out while those are in flight
+  (for ledgers that enforce declared dependencies). See ``docs/queuer.md``,
+  "Choosing a strategy".
 * :class:`OnInvalidMap`: ``continue`` (the seed's rule: the next batch goes
   after an ``Invalid`` one) or ``halt`` (Grid's implicit dependencies on
   order: the service stops at the ``Invalid`` batch until an operator
@@ -37,6 +39,13 @@ class _Choice(enum.StrEnum):
 class Strategy(_Choice):
     SERIAL = "serial"
     PARALLEL = "parallel"
+    PIPELINED = "pipelined"
+
+    @property
+    def rounds(self) -> Strategy:
+        """The queuer rounds it takes picks from: a pipelined service is
+        queued as a serial one (it sends more only from its lane)."""
+        return Strategy.PARALLEL if self is Strategy.PARALLEL else Strategy.SERIAL
 
 
 class OnInvalid(_Choice):
@@ -99,6 +108,10 @@ class PatternMap(Generic[E]):
     def _default(self) -> E:
         assert self.default is not None
         return self.default
+
+    def kinds(self) -> frozenset[E]:
+        """Every value some service may get."""
+        return frozenset([self._default, *(v for _, v in self.rules)])
 
     @property
     def uniform(self) -> E | None:

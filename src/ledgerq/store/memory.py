@@ -344,6 +344,25 @@ class MemoryStore(common.SeedWrites):
             del s.receipts[rkey]
         return len(stale)
 
+    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
+        common.check_service_id(service_id)
+        floor = 0
+        if after is not None:
+            before = self._s.records.get((service_id, after))
+            if before is None:
+                return None
+            floor = before.batch.seq or 0
+        later = [
+            r
+            for (sid, _), r in self._s.records.items()
+            if sid == service_id
+            and (r.batch.seq or 0) > floor
+            and not (r.status and r.status.is_final)
+        ]
+        if not later:
+            return None
+        return self._view(min(later, key=lambda r: r.batch.seq or 0))
+
     # -- operator control and declared dependencies ---------------------------
 
     async def service_controls(

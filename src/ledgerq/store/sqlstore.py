@@ -1184,6 +1184,18 @@ class SqlStore(common.SeedWrites):
                 out[later] = (found[0].value, found[1])
         return out
 
+    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
+        common.check_service_id(service_id)
+        rows = await self._fetchall(
+            "batch_following", {"service_id": service_id, "after": after}, short=True
+        )
+        if not rows:
+            return None
+        txns = [(r[0], *r[_BATCH_COLUMNS:]) for r in rows if r[_BATCH_COLUMNS] is not None]
+        # Not final: no invalid transactions to read.
+        [found] = common.assemble([rows[0][:_BATCH_COLUMNS]], txns, ())
+        return found
+
     # -- operator control and declared dependencies --------------------------
 
     async def service_controls(

@@ -1,0 +1,212 @@
+"""The pipelined strategy: chained batches of one service in flight together,
+their order kept by a ledger that enforces declared dependencies."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ledgerq.config import load_settings
+from ledgerq.errors import ConfigError
+from ledgerq.ledgers.base import SubmitResult
+from ledgerq.model import (
+    BatchStatus,
+    BatchStatusName,
+    Committed,
+    Invalid,
+    InvalidTransaction,
+    Pending,
+    TrackingBatch,
+    Unknown,
+)
+from ledgerq.queue.strategy import OnInvalidMap, StrategyMap
+from tests.factories import tracking_batch
+from tests.ledger_fakes import ScriptedLedger
+from tests.unit.test_producer import Rig, until, until_status
+
+PIPELINED = StrategyMap.parse("pipelined")
+
+
+def chain(service: str, n: int, *, first: int = 1) -> list[TrackingBatch]:
+    """``n`` batches, each depending on the one before (as ``intkey load`` makes them)."""
+    out: list[TrackingBatch] = []
+    for i in range(first, first + n):
+        deps = [out[-1].transactions[0].transaction_header] if out else []
+        out.append(tracking_batch(service, i, dependencies=deps))
+    return out
+
+
+class Ordering(ScriptedLedger):
+    """A ledger that enforces declared dependencies: a batch it holds commits
+    (on :meth:`commit`) once every batch it depends on committed, in the
+    order they arrived; it records a POST of a batch it holds or committed."""
+
+    def __init__(self, batches: list[TrackingBatch]) -> None:
+        super().__init__()
+        self.arrived: list[str] = []
+        self.committed: list[str] = []
+        self.violations: list[str] = []
+        self.most_pending = 0
+        #: Batch ids it judges INVALID when their turn comes.
+        self.invalid: set[str] = set()
+        self._needs = {b.batch_id: set(b.transactions[0].dependencies) for b in batches}
+        self._tx = {b.batch_id: b.transactions[0].transaction_header for b in batches}
+
+    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
+        if isinstance(self.statuses.get(batch_id), Pending | Committed | Invalid):
+            self.violations.append(batch_id)
+        result = await super().submit(service_id, batch_id, serialized_batch)
+        self.statuses[batch_id] = Pending()  # held until its dependencies commit
+        self.arrived.append(batch_id)
+        pending = [b for b, s in self.statuses.items() if isinstance(s, Pending)]
+        self.most_pending = max(self.most_pending, len(pending))
+        return result
+
+    def _done(self, batch_id: str) -> bool:
+        txs = {self._tx[b] for b in self.committed}
+        return self._needs.get(batch_id, set()) <= txs
+
+    async def commit(self) -> None:
+        """A block: every held batch whose dependencies committed, in order."""
+        progress = True
+        while progress:
+            progress = False
+            for batch_id in list(dict.fromkeys(self.arrived)):
+                if not isinstance(self.statuses.get(batch_id), Pending):
+                    continue
+                if batch_id in self.invalid:
+                    bad = InvalidTransaction(self._tx[batch_id], error_message="no such key")
+                    await self.decide(batch_id, Invalid((bad,)))
+                elif self._done(batch_id):
+                    self.committed.append(batch_id)
+                    await self.decide(batch_id, Committed())
+                    progress = True
+
+    async def forget(self, ids: list[str]) -> None:
+        for batch_id in ids:
+            await self.decide(batch_id, Unknown())
+
+    def status(self, batch_id: str) -> BatchStatus | None:
+        return self.statuses.get(batch_id)
+
+
+async def test_a_chain_is_in_flight_together_and_committed_in_order() -> None:
+    batches = chain("s", 10)
+    ledger = Ordering(batches)
+    rig = Rig(ledger=ledger, strategies=PIPELINED)
+    await rig.add(*batches)
+    async with rig:
+        # Before anything commits, the whole chain is at the ledger.
+        await until(lambda: len(ledger.arrived) == 10)
+        assert ledger.committed == []
+        await ledger.commit()
+        for b in batches:
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+    assert ledger.committed == [b.batch_id for b in batches]
+    assert ledger.arrived == ledger.committed  # each once, in order
+    assert ledger.violations == [] and ledger.most_pending == 10
+
+
+async def test_the_depth_bounds_what_is_in_flight() -> None:
+    batches = chain("s", 6)
+    ledger = Ordering(batches)
+    rig = Rig(ledger=ledger, strategies=PIPELINED)
+    rig.producer.settings = type(rig.producer.settings)(
+        submitter=rig.producer.settings.submitter,
+        monitor=rig.producer.settings.monitor,
+        delay_window_ms=rig.producer.settings.delay_window_ms,
+        pipeline_depth=2,
+    )
+    await rig.add(*batches)
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 2)
+        await asyncio.sleep(0.02)
+        assert len(ledger.arrived) == 2
+        for _ in range(6):
+            await ledger.commit()
+            await asyncio.sleep(0.01)
+        for b in batches:
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+            await ledger.commit()
+    assert ledger.most_pending == 2 and ledger.violations == []
+
+
+async def test_a_batch_that_does_not_declare_its_predecessor_waits_for_it() -> None:
+    first, loose, last = tracking_batch("s", 1), tracking_batch("s", 2), tracking_batch("s", 3)
+    ledger = Ordering([first, loose, last])
+    rig = Rig(ledger=ledger, strategies=PIPELINED)
+    await rig.add(first, loose, last)
+    async with rig:
+        await until(lambda: ledger.arrived == [first.batch_id] and ledger.parked == 1)
+        await asyncio.sleep(0.02)
+        assert ledger.arrived == [first.batch_id]  # as serial
+        await ledger.commit()
+        await until(lambda: len(ledger.arrived) == 2)
+        await ledger.commit()
+        await until(lambda: len(ledger.arrived) == 3)
+    assert ledger.arrived == [first.batch_id, loose.batch_id, last.batch_id]
+
+
+@pytest.mark.parametrize("halt", [False, True])
+async def test_an_invalid_batch_mid_chain_fails_what_follows_it_at_once(halt: bool) -> None:
+    batches = chain("s", 5)
+    ledger = Ordering(batches)
+    ledger.invalid = {batches[2].batch_id}
+    on_invalid = OnInvalidMap.parse("halt" if halt else "continue")
+    rig = Rig(ledger=ledger, strategies=PIPELINED, on_invalid=on_invalid)
+    await rig.add(*batches[:4])
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 4)
+        await ledger.commit()
+        await until_status(rig, batches[2], BatchStatusName.INVALID)
+        # The one in flight after it failed without waiting for the ledger.
+        await until_status(rig, batches[3], BatchStatusName.INVALID)
+        await rig.add(batches[4])  # accepted after the failure
+        if halt:
+            await asyncio.sleep(0.02)
+            assert (await rig.get(batches[4])).batch_status is None  # halted: untouched
+        else:
+            await until_status(rig, batches[4], BatchStatusName.INVALID)
+        controls = await rig.store.service_controls()
+    assert ledger.committed == [b.batch_id for b in batches[:2]]
+    assert ledger.arrived == [b.batch_id for b in batches[:4]]  # none sent after
+    status = (await rig.get(batches[3])).batch_status
+    assert isinstance(status, Invalid)
+    assert batches[2].batch_id in (status.transactions[0].external_error_message or "")
+    assert ("s" in controls) is halt
+
+
+@pytest.mark.parametrize("first", [0, 1])
+async def test_batches_the_ledger_lost_are_sent_again_in_order_and_only_those(first: int) -> None:
+    batches = chain("s", 5)
+    ledger = Ordering(batches)
+    rig = Rig(ledger=ledger, strategies=PIPELINED)
+    await rig.add(*batches)
+    lost = batches[first : first + 3]
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 5)
+        await ledger.forget([b.batch_id for b in lost])
+        for b in lost:
+            await until(lambda b=b: ledger.arrived.count(b.batch_id) == 2)
+        await ledger.commit()
+        for b in batches:
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+    resent = ledger.arrived[5:]
+    assert resent == [b.batch_id for b in lost]  # in order, each once
+    assert ledger.committed == [b.batch_id for b in batches]
+    assert ledger.violations == []
+
+
+def test_a_ledger_that_does_not_enforce_dependencies_is_refused() -> None:
+    with pytest.raises(ConfigError, match="pipelined needs a ledger"):
+        load_settings(
+            {
+                "ledger": "splinter+http://127.0.0.1:8085",
+                "queuer.strategy_by_service": "a*=pipelined",
+            },
+            environ={},
+        )
+    load_settings(
+        {"ledger": "sawtooth+http://127.0.0.1:8008", "queuer.strategy": "pipelined"}, environ={}
+    )
