@@ -10,6 +10,10 @@
   ``python -m ledgerq.testing.fault_ledger``.
 * :mod:`ledgerq.testing.dependencies` — what it knows of transactions to
   judge dependencies: seen, committed, and the batches waiting on them.
+* :mod:`ledgerq.testing.intkey_load` — the ``intkey load`` shape: intkey
+  batches with cross-batch dependencies (as sawtooth-sdk-python's ``intkey
+  create_batch`` makes them) posted out of dependency order by concurrent
+  posters, and the judge of a run.
 * :mod:`ledgerq.testing.intkey` — the IntegerKey rules it executes, and the
   per-key commit order it records.
 
