@@ -2,11 +2,12 @@
 a batch whose dependencies it has not seen is held (read UNKNOWN, or PENDING on
 request), accepted once they arrive and committed after them, dropped after its
 hold; a dependency judged INVALID leaves its dependent PENDING for ever; resends
-of what it has are judged."""
+of what it has are judged; committed transactions are read at /transactions/{id}."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
@@ -14,6 +15,7 @@ import pytest
 
 from ledgerq.codec import ParsedBatch, Signer, encode_batch_list, make_batch
 from ledgerq.codec.intkey import make_intkey_transaction
+from ledgerq.ledgers.sawtooth import SawtoothClient
 from ledgerq.testing.fault_ledger import FaultLedger, FaultPlan
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -232,3 +234,35 @@ async def test_the_hold_settings_are_checked_and_steerable(http: aiohttp.ClientS
         ) as r:
             assert r.status == 200
         assert ledger.plan.held_status == "PENDING" and ledger.plan.dependency_hold_s == 5
+
+
+async def test_committed_transactions_are_read_as_sawtooths_rest_api_answers(
+    http: aiohttp.ClientSession,
+) -> None:
+    first = batch("set", "k", 0)
+    second = batch("inc", "k", 1, first)
+    txn = first.transaction_ids[0]
+    async with FaultLedger(FaultPlan(commit_delay_ms=60_000)) as ledger:
+        client = SawtoothClient(ledger.url)
+        try:
+            await post(http, ledger.url, first, second)
+            async with http.get(f"{ledger.url}/transactions/{txn}") as r:
+                assert r.status == 404  # pending: Sawtooth's REST API knows committed ones only
+                assert (await r.json())["error"]["code"] == 72
+            assert await client.transaction_committed(txn) is False
+            ledger.plan = ledger.plan.updated({"commit_delay_ms": 0})
+            ledger.forget_pending()
+            await post(http, ledger.url, first)
+            assert await status(http, ledger.url, first, wait="5") == "COMMITTED"
+            async with http.get(f"{ledger.url}/transactions/{txn}") as r:
+                assert r.status == 200
+                data = (await r.json())["data"]
+            assert data["header_signature"] == txn
+            assert data["header"]["family_name"] == "intkey"
+            assert base64.b64decode(data["payload"]) == first.transactions[0].payload
+            assert await client.transaction_committed(txn) is True
+            assert await client.transaction_committed(second.transaction_ids[0]) is False
+            async with http.get(f"{ledger.url}/transactions/{txn.upper()}") as r:
+                assert r.status == 400 and (await r.json())["error"]["code"] == 60
+        finally:
+            await client.close()

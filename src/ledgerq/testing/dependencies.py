@@ -47,6 +47,9 @@ class DependencyBook:
     def committed(self, transaction_ids: Iterable[str]) -> None:
         self._committed.update(transaction_ids)
 
+    def carriers(self, txn: str) -> list[str]:
+        return list(self._carriers.get(txn, ()))
+
     def is_committed(self, txn: str) -> bool:
         return txn in self._committed
 

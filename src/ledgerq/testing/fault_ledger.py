@@ -11,6 +11,10 @@ or a hosted endpoint) answers, over real HTTP on loopback:
   (a JSON array of ids): ``{"data": [{"id", "status", "invalid_transactions"}],
   "link"}``; with ``wait`` the answer comes when none of the ids is
   ``PENDING`` any more (as Sawtooth's), or after N seconds (at most 300).
+* ``GET /transactions/{id}``: a committed transaction, ``{"data": {"header",
+  "header_signature", "payload"}, "link"}``; ``404`` (code 72) for any other,
+  as Sawtooth's REST API (it knows committed transactions only); ``400`` (code
+  60) for an id that is not 128 lower-case hex digits.
 * No ``/events``, no ``/subscriptions``: ``404``, as on a plain validator.
 
 Each accepted batch is committed ``commit_delay_ms`` after it was accepted
@@ -86,11 +90,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import heapq
 import json
 import random
+import re
 import signal
 import sys
 import time
@@ -128,6 +134,8 @@ MALFORMED_KINDS = (
 )
 
 
+#: A block, batch or transaction id as Sawtooth's REST API checks it.
+_RESOURCE_ID = re.compile(r"[0-9a-f]{128}")
 #: What status reads may answer about a batch held for its dependencies.
 HELD_STATUSES = (UNKNOWN, PENDING)
 #: The plan's fields that are times, not probabilities.
@@ -368,6 +376,7 @@ class FaultLedger:
         app.router.add_post("/batches", self._post_batches)
         app.router.add_get("/batch_statuses", self._get_statuses)
         app.router.add_post("/batch_statuses", self._post_statuses)
+        app.router.add_get("/transactions/{transaction_id}", self._get_transaction)
         app.router.add_get("/_fault/report", self._report)
         app.router.add_get("/_fault/progress", self._progress)
         app.router.add_put("/_fault/plan", self._put_plan)
@@ -715,6 +724,30 @@ class FaultLedger:
             event = self._finals.setdefault(pending[0], asyncio.Event())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
+
+    async def _get_transaction(self, request: web.Request) -> web.StreamResponse:
+        txn_id = request.match_info["transaction_id"]
+        if not _RESOURCE_ID.fullmatch(txn_id):
+            return _error(400, 60, "Invalid Resource Id", f"not a transaction id: {txn_id!r}")
+        self.counts["transaction_reads"] += 1
+        if self.dependencies.is_committed(txn_id):
+            for batch_id in self.dependencies.carriers(txn_id):
+                record = self.batches[batch_id]
+                if record.status != COMMITTED:
+                    continue
+                tx = next(t for t in record.batch.transactions if t.header_signature == txn_id)
+                data = {
+                    "header": dataclasses.asdict(tx.header),
+                    "header_signature": txn_id,
+                    "payload": base64.b64encode(tx.payload).decode(),
+                }
+                return web.json_response({"data": data, "link": str(request.url)})
+        return _error(
+            404,
+            72,
+            "Transaction Not Found",
+            "There is no transaction with the id specified in the blockchain.",
+        )
 
     def _entry(self, batch_id: str) -> dict[str, Any]:
         record = self.batches.get(batch_id)
