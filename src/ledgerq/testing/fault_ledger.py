@@ -11,39 +11,75 @@ or a hosted endpoint) answers, over real HTTP on loopback:
   (a JSON array of ids): ``{"data": [{"id", "status", "invalid_transactions"}],
   "link"}``; with ``wait`` the answer comes when none of the ids is
   ``PENDING`` any more (as Sawtooth's), or after N seconds (at most 300).
+* ``GET /transactions/{id}``: a committed transaction, ``{"data": {"header",
+  "header_signature", "payload"}, "link"}``; ``404`` (code 72) for any other,
+  as Sawtooth's REST API (it knows committed transactions only); ``400`` (code
+  60) for an id that is not 128 lower-case hex digits.
 * No ``/events``, no ``/subscriptions``: ``404``, as on a plain validator.
 
 Each accepted batch is committed ``commit_delay_ms`` after it was accepted
 (with equal delays: in acceptance order) by executing its intkey transactions
 (:mod:`ledgerq.testing.intkey`): a batch out of order is ``INVALID``.
 
-**Judging.** A POST of a batch the ledger holds as ``PENDING``, ``COMMITTED``
-or ``INVALID`` is recorded as a :class:`Violation` (a real validator would
-tolerate it; ledgerq's rule is to ask before any resend). The batch is
-answered ``202`` as a validator would. A batch the ledger forgot
-(``UNKNOWN``) may be sent again.
+**Dependencies** (a transaction header's ``dependencies``), as a Sawtooth
+validator treats them (its completer, block publisher and batch tracker):
+
+* A batch is accepted only when every transaction its transactions depend on
+  has been *seen* — it is in a batch the ledger accepted (pending, committed,
+  or judged) — or is committed. Otherwise the ledger *holds* it: status reads
+  answer ``held_status`` (``UNKNOWN`` by default, as Sawtooth's REST API does:
+  a held batch has not reached the validator's batch tracker; ``PENDING`` on
+  request), ``wait`` does not wait for it (unless ``PENDING``), and it counts
+  for neither ``max_pending`` nor ``peak_pending``. A dependency on a
+  transaction of the same batch is never seen first (the validator checks a
+  batch before it counts the batch's own transactions as seen): such a batch
+  is held until dropped.
+* A held batch is accepted as soon as the batches it waits for are (one
+  acceptance releasing the next in turn), and then committed as any other.
+* A held batch is dropped silently ``dependency_hold_s`` after its last POST
+  (a POST of it restarts the time, as it refreshes the validator's cache):
+  status reads answer ``UNKNOWN``, and a POST of it is a new start.
+* An accepted batch is committed only after every transaction it depends on
+  is committed: one due before its dependency waits for it.
+* A batch that depends on a transaction the ledger judged ``INVALID`` is
+  never committed and never judged: the validator's scheduler fails it
+  without asking a transaction processor, so nothing tells its batch tracker,
+  and status reads answer ``PENDING`` for as long as the ledger runs (it is
+  *stuck*; :meth:`FaultLedger.forget_pending`, a restart, forgets it).
+
+**Judging.** A POST of a batch the ledger knows as ``PENDING``, ``COMMITTED``
+or ``INVALID``, holds for its dependencies, or has stuck, is recorded as a
+:class:`Violation` (a real validator would tolerate it; ledgerq's rule is to
+ask before any resend). The batch is answered ``202`` as a validator would. A
+batch the ledger forgot (``UNKNOWN``) may be sent again, and so may a held
+batch once a status read answered ``UNKNOWN`` about it since its last POST
+(what the ledger told the client is what the client may act on).
 
 **Judging overlaps** (``judge_overlaps=True``). A batch accepted while
-another batch the ledger holds as ``PENDING`` conflicts with it — one writes
+another batch the ledger knows as ``PENDING`` conflicts with it — one writes
 (declared ``outputs``) an address or prefix the other reads or writes, prefixes
 overlapping when one begins the other — is recorded as an :class:`Overlap`:
 the two were in flight together, which the per-key parallel queuer must never
 allow within a service (batches of different services are not judged apart:
 give each service its own keys). :attr:`FaultLedger.peak_pending` is the most
-batches the ledger held pending at once, which shows whether anything was in
+batches the ledger had pending at once, which shows whether anything was in
 flight together at all.
 
 **Faults** (:class:`FaultPlan`, replaceable at any time, drawn from a seeded
 random generator): ``503``/``429`` before accepting; the connection dropped,
 or a ``500``, *after* accepting; accepted batches forgotten before they
-commit (or all pending ones at once: :meth:`FaultLedger.forget_pending`);
+commit (or all pending, held and stuck ones at once, as a restarted
+validator: :meth:`FaultLedger.forget_pending`);
 every route answering ``404`` for a while; status reads answered ``503``, or
 with malformed bodies for a while.
 
 **Report.** :meth:`FaultLedger.report` (and ``GET /_fault/report``) gives the
-violations, the fault counts, per batch its POST count and times (ms since
-the ledger started: first POST, accepted, final) and the per-key commit
-order; ``GET /_fault/progress`` just how many batches are final. ``PUT
+violations, the fault and dependency counts (``held``, ``released_from_hold``,
+``dropped_after_hold``, ``stuck_on_invalid_dependency``), per batch its state
+(``HELD`` and ``STUCK`` beside the Sawtooth statuses), POST count, times (ms
+since the ledger started: first POST, first held, accepted, final) and place
+in the commit order (``commit_seq``), and the per-key commit order; ``GET
+/_fault/progress`` just how many batches are final, held and stuck. ``PUT
 /_fault/plan`` (JSON fields of :class:`FaultPlan`) and ``POST /_fault/forget``
 steer a ledger running in another process; ``/_fault/`` routes never fail.
 
@@ -54,11 +90,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import heapq
 import json
 import random
+import re
 import signal
 import sys
 import time
@@ -71,9 +109,16 @@ from aiohttp import web
 
 from ledgerq.codec import ParsedBatch, decode_batch_list
 from ledgerq.errors import InvalidBatchError
+from ledgerq.testing.dependencies import DependencyBook
 from ledgerq.testing.intkey import IntkeyState, TxFailure, names_of
 
 PENDING, COMMITTED, INVALID, UNKNOWN = "PENDING", "COMMITTED", "INVALID", "UNKNOWN"
+#: The ledger's own states beyond Sawtooth's statuses: waiting for dependencies
+#: to be seen (read as ``FaultPlan.held_status``), and never to be committed
+#: for a dependency judged INVALID (read as PENDING).
+HELD, STUCK = "HELD", "STUCK"
+#: How long Sawtooth's completer keeps a batch with missing dependencies.
+SAWTOOTH_HOLD_S = 1200.0
 MAX_WAIT_S = 300.0
 #: Status bodies served, in turn, while ``malformed_statuses`` is on.
 MALFORMED_KINDS = (
@@ -87,6 +132,14 @@ MALFORMED_KINDS = (
     # RecursionError, not ValueError, for these).
     "nested_too_deep",
 )
+
+
+#: A block, batch or transaction id as Sawtooth's REST API checks it.
+_RESOURCE_ID = re.compile(r"[0-9a-f]{128}")
+#: What status reads may answer about a batch held for its dependencies.
+HELD_STATUSES = (UNKNOWN, PENDING)
+#: The plan's fields that are times, not probabilities.
+_DURATIONS = ("commit_delay_ms", "dependency_hold_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +164,26 @@ class FaultPlan:
     malformed_statuses: bool = False
     #: More pending batches than this: 429, code 31 (0: no limit).
     max_pending: int = 0
+    #: A batch held for dependencies not seen is dropped this long after its
+    #: last POST (Sawtooth's completer: 1,200 s).
+    dependency_hold_s: float = SAWTOOTH_HOLD_S
+    #: What status reads answer about a held batch: UNKNOWN (Sawtooth's batch
+    #: tracker has not seen it) or PENDING.
+    held_status: str = UNKNOWN
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.type == "float" and f.name != "commit_delay_ms" and not 0.0 <= value <= 1.0:
+            if f.type == "float" and f.name not in _DURATIONS and not 0.0 <= value <= 1.0:
                 raise ValueError(f"{f.name} is a probability, between 0 and 1; got {value}")
-        if self.commit_delay_ms < 0 or self.max_pending < 0:
-            raise ValueError("commit_delay_ms and max_pending must not be negative")
+        if self.commit_delay_ms < 0 or self.max_pending < 0 or self.dependency_hold_s < 0:
+            raise ValueError(
+                "commit_delay_ms, max_pending and dependency_hold_s must not be negative"
+            )
+        if self.held_status not in HELD_STATUSES:
+            raise ValueError(
+                f"held_status is one of {', '.join(HELD_STATUSES)}; got {self.held_status!r}"
+            )
 
     def updated(self, changes: dict[str, Any]) -> FaultPlan:
         """This plan with ``changes`` (field name → value); ``ValueError`` on unknown fields."""
@@ -131,7 +196,7 @@ class FaultPlan:
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """A POST of a batch the ledger already held: a resend made without asking."""
+    """A POST of a batch the ledger already had: a resend made without asking."""
 
     batch_id: str
     held_as: str
@@ -157,18 +222,18 @@ def _access(batch: ParsedBatch) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def _conflict(
-    held: tuple[frozenset[str], frozenset[str]], new: tuple[frozenset[str], frozenset[str]]
+    pending: tuple[frozenset[str], frozenset[str]], new: tuple[frozenset[str], frozenset[str]]
 ) -> str | None:
-    """The entry of ``held`` that conflicts with ``new``, if any."""
+    """The entry of ``pending`` that conflicts with ``new``, if any."""
 
     def overlaps(a: str, b: str) -> bool:
         return a.startswith(b) or b.startswith(a)
 
-    (held_reads, held_writes), (new_reads, new_writes) = held, new
-    for entry in held_writes:
+    (pending_reads, pending_writes), (new_reads, new_writes) = pending, new
+    for entry in pending_writes:
         if any(overlaps(entry, x) for x in new_reads | new_writes):
             return entry
-    for entry in held_reads:
+    for entry in pending_reads:
         if any(overlaps(entry, x) for x in new_writes):
             return entry
     return None
@@ -188,6 +253,21 @@ class BatchRecord:
     forget: bool = False
     #: How many times it was accepted (a forgotten batch may be accepted again).
     acceptances: int = 0
+    #: The transactions its transactions depend on, each once, in order.
+    dependencies: tuple[str, ...] = ()
+    #: When it was first held for its dependencies (ms, as ``first_post_ms``).
+    held_ms: float | None = None
+    #: While held: the dependencies not seen yet; when it is dropped (monotonic
+    #: seconds); how many times its hold began or was restarted.
+    missing: tuple[str, ...] = ()
+    hold_until: float = 0.0
+    holds: int = 0
+    #: A status read answered UNKNOWN about it while held, since its last POST.
+    told_unknown: bool = False
+    #: The dependency judged INVALID that keeps it from ever committing.
+    stuck_on: str | None = None
+    #: Its place in the ledger's commit order (0 first).
+    commit_seq: int | None = None
 
     def report(self) -> dict[str, Any]:
         return {
@@ -195,9 +275,19 @@ class BatchRecord:
             "names": list(self.names),
             "posts": self.posts,
             "first_post_ms": self.first_post_ms,
+            "held_ms": self.held_ms,
             "accepted_ms": self.accepted_ms,
             "final_ms": self.final_ms,
+            "commit_seq": self.commit_seq,
+            "stuck_on": self.stuck_on,
         }
+
+
+def _dependencies(batch: ParsedBatch) -> tuple[str, ...]:
+    out: dict[str, None] = {}
+    for tx in batch.transactions:
+        out.update(dict.fromkeys(tx.header.dependencies))
+    return tuple(out)
 
 
 @dataclass
@@ -224,20 +314,26 @@ class FaultLedger:
         #: before it is posted (its first POST comes after this).
         self.first_answer_ms: dict[str, float] = {}
         self.overlaps: list[Overlap] = []
-        #: The most batches held pending at once.
+        #: The most batches pending at once.
         self.peak_pending = 0
         # Pending batch id -> its declared (reads, writes), while judging overlaps.
         self._pending_access: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
         self.counts: Counter[str] = Counter()
         self.url = ""
         self._t0 = time.monotonic()
-        # Heap of (due, acceptance order, batch id, acceptance number of the batch).
-        self._queue: list[tuple[float, int, str, int]] = []
-        self._accepted_total = 0
+        # Heap of (due, order pushed, batch id, what is due, its turn): what is
+        # due is a commit (turn: the batch's acceptance number) or the end of a
+        # hold (turn: its hold number); an entry whose turn has passed is skipped.
+        self._queue: list[tuple[float, int, str, str, int]] = []
+        self._pushed = 0
         self._queued = asyncio.Event()
         self._finals: dict[str, asyncio.Event] = {}
         self._pending = 0
         self._final = 0
+        self._held = 0
+        self._stuck = 0
+        self._committed_total = 0
+        self.dependencies = DependencyBook(lambda b: self._state_of(b))
         self._malformed_turn = 0
         self._forget_forced = False
         # Requests still to answer 404 / status reads still to answer malformed
@@ -280,6 +376,7 @@ class FaultLedger:
         app.router.add_post("/batches", self._post_batches)
         app.router.add_get("/batch_statuses", self._get_statuses)
         app.router.add_post("/batch_statuses", self._post_statuses)
+        app.router.add_get("/transactions/{transaction_id}", self._get_transaction)
         app.router.add_get("/_fault/report", self._report)
         app.router.add_get("/_fault/progress", self._progress)
         app.router.add_put("/_fault/plan", self._put_plan)
@@ -292,6 +389,13 @@ class FaultLedger:
         return (time.monotonic() - self._t0) * 1000
 
     def status_of(self, batch_id: str) -> str:
+        """What a status read answers about ``batch_id``."""
+        state = self._state_of(batch_id)
+        if state == HELD:
+            return self.plan.held_status
+        return PENDING if state == STUCK else state
+
+    def _state_of(self, batch_id: str) -> str:
         record = self.batches.get(batch_id)
         return UNKNOWN if record is None else record.status
 
@@ -303,8 +407,9 @@ class FaultLedger:
         self._next_malformed += malformed_statuses
 
     def forget_pending(self) -> int:
-        """Forget every pending batch at once (a validator restarted); returns how many."""
-        forgotten = [r for r in self.batches.values() if r.status == PENDING]
+        """Forget every pending, held and stuck batch at once (a validator
+        restarted); returns how many."""
+        forgotten = [r for r in self.batches.values() if r.status in (PENDING, HELD, STUCK)]
         for record in forgotten:
             self._settle(record, UNKNOWN)
         self.counts["forgotten"] += len(forgotten)
@@ -327,10 +432,27 @@ class FaultLedger:
         }
 
     def progress(self) -> dict[str, int]:
-        """How many batches it holds, and how many are final (cheap: no per-batch data)."""
-        return {"batches": len(self.batches), "final": self._final, "pending": self._pending}
+        """How many batches it has, how many are final, pending, held and stuck
+        (cheap: no per-batch data)."""
+        return {
+            "batches": len(self.batches),
+            "final": self._final,
+            "pending": self._pending,
+            "held": self._held,
+            "stuck": self._stuck,
+        }
 
     # -- committing ---------------------------------------------------------
+
+    def _admit(self, record: BatchRecord, now: float) -> None:
+        """A POST of a batch the ledger does not know: accept it, or hold it
+        until the transactions it depends on are seen."""
+        missing = self.dependencies.missing(record.dependencies)
+        if missing:
+            self._hold(record, missing, now)
+            return
+        self._accept(record, now)
+        self._release(record, now)
 
     def _accept(self, record: BatchRecord, now: float) -> None:
         record.status = PENDING
@@ -341,19 +463,57 @@ class FaultLedger:
         record.acceptances += 1
         self._pending += 1
         self.peak_pending = max(self.peak_pending, self._pending)
-        self._accepted_total += 1
         if self.judge_overlaps:
             access = _access(record.batch)
-            for other, held in self._pending_access.items():
-                entry = _conflict(held, access)
+            for other, pending in self._pending_access.items():
+                entry = _conflict(pending, access)
                 if entry is not None:
                     self.overlaps.append(Overlap(record.batch_id, other, entry, now))
             self._pending_access[record.batch_id] = access
-        due = time.monotonic() + self.plan.commit_delay_ms / 1000
+        self._push(self.plan.commit_delay_ms / 1000, record.batch_id, "commit", record.acceptances)
+
+    def _push(self, delay_s: float, batch_id: str, what: str, turn: int) -> None:
+        self._pushed += 1
         heapq.heappush(
-            self._queue, (due, self._accepted_total, record.batch_id, record.acceptances)
+            self._queue, (time.monotonic() + delay_s, self._pushed, batch_id, what, turn)
         )
         self._queued.set()
+
+    def _hold(self, record: BatchRecord, missing: tuple[str, ...], now: float) -> None:
+        record.status = HELD
+        record.missing = missing
+        if record.held_ms is None:
+            record.held_ms = now
+        self._held += 1
+        self.counts["held"] += 1
+        self.dependencies.hold(record.batch_id, missing)
+        self._restart_hold(record)
+
+    def _restart_hold(self, record: BatchRecord) -> None:
+        record.holds += 1
+        record.told_unknown = False
+        self._push(self.plan.dependency_hold_s, record.batch_id, "drop", record.holds)
+
+    def _release(self, accepted: BatchRecord, now: float) -> None:
+        """Accept the held batches that ``accepted`` makes complete, and the ones
+        those make complete in turn."""
+        todo = [accepted]
+        while todo:
+            carrier = todo.pop(0)
+            for batch_id in self.dependencies.held_on(carrier.batch.transaction_ids):
+                record = self.batches[batch_id]
+                if record.status != HELD:
+                    continue
+                missing = self.dependencies.missing(record.dependencies)
+                self.dependencies.unhold(batch_id, record.missing)
+                record.missing = missing
+                if missing:
+                    self.dependencies.hold(batch_id, missing)
+                    continue
+                self._held -= 1
+                self.counts["released_from_hold"] += 1
+                self._accept(record, now)
+                todo.append(record)
 
     async def _commit_loop(self) -> None:
         while True:
@@ -361,10 +521,10 @@ class FaultLedger:
                 self._queued.clear()
                 await self._queued.wait()
                 continue
-            due, _, batch_id, acceptance = self._queue[0]
+            due, _, batch_id, what, turn = self._queue[0]
             delay = due - time.monotonic()
             if delay > 0:
-                # An acceptance due sooner (the delay was shortened) wakes us.
+                # An entry due sooner (the delay was shortened) wakes us.
                 self._queued.clear()
                 # asyncio.timeout, not wait_for: on Python 3.11 a wait_for whose
                 # event is set as the task is cancelled can leave close() waiting.
@@ -374,23 +534,58 @@ class FaultLedger:
                 continue
             heapq.heappop(self._queue)
             record = self.batches[batch_id]
-            if record.status != PENDING or record.acceptances != acceptance:
+            if what == "drop":
+                if record.status == HELD and record.holds == turn:
+                    self.counts["dropped_after_hold"] += 1
+                    self._settle(record, UNKNOWN)
+                continue
+            if record.status != PENDING or record.acceptances != turn:
                 continue  # forgotten (and perhaps accepted again since)
             if record.forget:
                 self.counts["forgotten"] += 1
                 self._settle(record, UNKNOWN)
                 continue
-            record.failure = self.state.apply(record.batch)
-            self._settle(record, INVALID if record.failure else COMMITTED)
+            blocker = self.dependencies.blocker(record.dependencies)
+            if blocker is None:
+                record.failure = self.state.apply(record.batch)
+                self._settle(record, INVALID if record.failure else COMMITTED)
+            elif blocker[0] == "invalid":
+                self._stick(record, blocker[1])
+            else:
+                self.dependencies.park(batch_id, blocker[1])
+
+    def _stick(self, record: BatchRecord, dependency: str) -> None:
+        """Never to be committed nor judged: read PENDING for ever."""
+        self._pending -= 1
+        self._pending_access.pop(record.batch_id, None)
+        record.status = STUCK
+        record.stuck_on = dependency
+        self._stuck += 1
+        self.counts["stuck_on_invalid_dependency"] += 1
 
     def _settle(self, record: BatchRecord, status: str) -> None:
         if record.status == PENDING:
             self._pending -= 1
             self._pending_access.pop(record.batch_id, None)
+        elif record.status == HELD:
+            self._held -= 1
+            self.dependencies.unhold(record.batch_id, record.missing)
+        elif record.status == STUCK:
+            self._stuck -= 1
         record.status = status
         if status != UNKNOWN:
             record.final_ms = self.now_ms()
             self._final += 1
+        if status == COMMITTED:
+            record.commit_seq = self._committed_total
+            self._committed_total += 1
+            self.dependencies.committed(record.batch.transaction_ids)
+        # Batches parked on these transactions check their dependencies again
+        # (committed: perhaps free; judged: stuck; forgotten: parked again).
+        for batch_id in self.dependencies.parked_on(record.batch.transaction_ids):
+            parked = self.batches[batch_id]
+            if parked.status == PENDING:
+                self._push(0.0, batch_id, "commit", parked.acceptances)
         event = self._finals.pop(record.batch_id, None)
         if event is not None:
             event.set()
@@ -434,9 +629,13 @@ class FaultLedger:
             return _error(429, 31, "Unable to Accept Batches", "the queue is full")
         for record in records:
             if record.status == UNKNOWN:
-                self._accept(record, now)
-            else:
+                self._admit(record, now)
+                continue
+            excused = record.status == HELD and record.told_unknown
+            if not excused:
                 self.violations.append(Violation(record.batch_id, record.status, now))
+            if record.status == HELD:
+                self._restart_hold(record)  # as the validator's cache is refreshed
         roll = self.rng.random()
         forced = self._first_due(("drop_after_accept", "error_500_after_accept"))
         if forced is not None:
@@ -467,8 +666,11 @@ class FaultLedger:
     def _record(self, batch: ParsedBatch, now: float) -> BatchRecord:
         record = self.batches.get(batch.header_signature)
         if record is None:
-            record = BatchRecord(batch.header_signature, batch, names_of(batch))
+            record = BatchRecord(
+                batch.header_signature, batch, names_of(batch), dependencies=_dependencies(batch)
+            )
             self.batches[record.batch_id] = record
+            self.dependencies.carried(record.batch_id, batch.transaction_ids)
         record.posts += 1
         if record.first_post_ms is None:
             record.first_post_ms = now
@@ -505,6 +707,9 @@ class FaultLedger:
         now = self.now_ms()
         for i in ids:
             self.first_answer_ms.setdefault(i, now)
+            record = self.batches.get(i)
+            if record is not None and record.status == HELD and self.status_of(i) == UNKNOWN:
+                record.told_unknown = True
         data = [self._entry(i) for i in ids]
         return web.json_response({"data": data, "link": str(request.url)})
 
@@ -519,6 +724,30 @@ class FaultLedger:
             event = self._finals.setdefault(pending[0], asyncio.Event())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
+
+    async def _get_transaction(self, request: web.Request) -> web.StreamResponse:
+        txn_id = request.match_info["transaction_id"]
+        if not _RESOURCE_ID.fullmatch(txn_id):
+            return _error(400, 60, "Invalid Resource Id", f"not a transaction id: {txn_id!r}")
+        self.counts["transaction_reads"] += 1
+        if self.dependencies.is_committed(txn_id):
+            for batch_id in self.dependencies.carriers(txn_id):
+                record = self.batches[batch_id]
+                if record.status != COMMITTED:
+                    continue
+                tx = next(t for t in record.batch.transactions if t.header_signature == txn_id)
+                data = {
+                    "header": dataclasses.asdict(tx.header),
+                    "header_signature": txn_id,
+                    "payload": base64.b64encode(tx.payload).decode(),
+                }
+                return web.json_response({"data": data, "link": str(request.url)})
+        return _error(
+            404,
+            72,
+            "Transaction Not Found",
+            "There is no transaction with the id specified in the blockchain.",
+        )
 
     def _entry(self, batch_id: str) -> dict[str, Any]:
         record = self.batches.get(batch_id)
@@ -608,6 +837,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":
             parser.add_argument(flag, action="store_true")
+        elif f.name == "held_status":
+            parser.add_argument(flag, choices=HELD_STATUSES, default=f.default)
         else:
             kind = int if f.type == "int" else float
             parser.add_argument(flag, type=kind, default=f.default)
