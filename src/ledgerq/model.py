@@ -279,10 +279,10 @@ class BatchWrite:
     #: A final status (``attempt=False``) that *takes what it frees*: after
     #: the group's writes, in its transaction, up to this many of the batches
     #: this one blocked that are free by then (not final, no blocker left,
-    #: never taken, no status) are recorded taken (an attempt, under this
-    #: write's fence), first in acceptance order, and appended, fully loaded,
-    #: to :attr:`freed`. Only where the store's ``takes_freed`` says so;
-    #: elsewhere nothing is taken.
+    #: never taken, no status, declaring no dependency) are recorded taken
+    #: (an attempt, under this write's fence), first in acceptance order,
+    #: and appended, fully loaded, to :attr:`freed`. Only where the store's
+    #: ``takes_freed`` says so; elsewhere nothing is taken.
     take_freed: int = 0
     #: Where the batches taken by :attr:`take_freed` go (the caller's list).
     freed: list[TrackingBatch] | None = field(default=None, compare=False)

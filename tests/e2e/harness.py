@@ -111,8 +111,10 @@ FAST_GATEWAY_ENV = {
 }
 
 
-def gateway_proc(tmp: Path, db: str, ledger: str, *, port: int = 0) -> Proc:
-    args = ["serve", "--db", db, "--ledger", ledger, "--bind", f"127.0.0.1:{port}"]
+def gateway_proc(
+    tmp: Path, db: str, ledger: str, *, port: int = 0, extra: Sequence[str] = ()
+) -> Proc:
+    args = ["serve", "--db", db, "--ledger", ledger, "--bind", f"127.0.0.1:{port}", *extra]
     return Proc(args, tmp / "gateway.log", env={**FAST_GATEWAY_ENV, "LEDGERQ_CONFIG": ""})
 
 

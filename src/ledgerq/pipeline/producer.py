@@ -805,6 +805,8 @@ class Producer:
             self._slot_free.set()
         self._finished(batch_id)
         for batch in freed:
+            if batch.batch_id in self._in_flight:
+                continue  # a submission of this process has it already
             self._take(batch)
             self.taken_with_final += 1
             self.taken_freed += 1

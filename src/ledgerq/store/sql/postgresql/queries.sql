@@ -947,6 +947,13 @@ WITH c AS (
         FROM c
         JOIN batches b ON b.seq = c.seq
         WHERE NOT b.final AND b.blocked_by IS NULL AND NOT b.submitted AND b.status IS NULL
+          -- A batch that declares dependencies goes through the queue, which
+          -- checks them before its take.
+          AND NOT EXISTS (
+                SELECT 1 FROM transactions t
+                WHERE t.service_id = b.service_id AND t.batch_id = b.batch_id
+                  AND cardinality(t.dependencies) > 0
+              )
     ) AS r
     WHERE place <= take
 ), submission AS (
