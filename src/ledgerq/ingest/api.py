@@ -1,4 +1,5 @@
-"""The gateway's REST API (aiohttp), compatible with Grid's batch endpoints.
+"""The gateway's REST API (aiohttp), compatible with Grid's batch endpoints
+and with Sawtooth's REST API.
 
 * ``POST /batches?service_id=S`` — body: an ``application/octet-stream``
   protobuf ``BatchList``. Every batch is decoded and verified, then all are
@@ -25,10 +26,13 @@
   shared cache, the others read in one query, two reads at a time, the
   requests waiting meanwhile read together (:mod:`ledgerq.ingest.combined`);
   an unparsable ``wait`` is a 400; parked requests are capped (429).
-* ``GET /batches?service_id=&status=&limit=&after=`` — tracked batches in
-  acceptance order, paginated by ``seq`` (``paging.next`` links the next page).
-* ``GET /batches/{id}?service_id=S`` — one batch (a malformed id is a 400,
-  as in a status request).
+* ``GET /tracking/batches?service_id=&status=&limit=&after=`` — tracked
+  batches in acceptance order, paginated by ``seq`` (``paging.next`` links
+  the next page); off Sawtooth's paths, where ``GET /batches`` is the chain's.
+* ``GET /tracking/batches/{id}?service_id=S`` — one batch (a malformed id is
+  a 400, as in a status request).
+* Sawtooth's read routes (``/state``, ``/blocks``, the chain's ``/batches``,
+  …), answered by the ledger: :mod:`ledgerq.ingest.chain`.
 * ``GET /services?limit=&after=`` — in service id order, paginated by id
   (``paging.next`` links the next page): queue depth, head batch, in-flight
   batch, lock reason, the ledger's open problem for the service (what it
@@ -80,6 +84,7 @@ from ledgerq.errors import (
     StoreUnavailableError,
 )
 from ledgerq.httpbody import read_body
+from ledgerq.ingest.chain import ChainRoutes
 from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone, Yielding
 from ledgerq.ingest.errors import Handler, error_body, json_errors
@@ -87,6 +92,7 @@ from ledgerq.ingest.guard import guard_middleware, on_disconnect, refuse_encodin
 from ledgerq.ingest.longpoll import Changes as Changes
 from ledgerq.ingest.longpoll import FinalCache
 from ledgerq.ingest.longpoll import TooManyWaitersError as TooManyWaitersError
+from ledgerq.ledgers.chain import ChainReads
 from ledgerq.model import (
     NO_SERVICE,
     BatchStatus,
@@ -462,6 +468,8 @@ class GatewayApi:
         decode_yielding: Yielding | None = None,
         pipeline_busy: Callable[[], bool] = lambda: False,
         verify_thread: bool = False,
+        chain: ChainReads | None = None,
+        ledger_name: str = "the ledger",
     ) -> None:
         """``acceptor``: what stores accepted batches (default: ``store``);
         ``ledger_problem``: the ledger's open problem for a service, if any;
@@ -472,7 +480,9 @@ class GatewayApi:
         the largest of them yield to the pipeline while ``pipeline_busy()``
         as ``decode_yielding`` says (:mod:`ledgerq.ingest.decoding`);
         ``verify_thread``: smaller ones have their signatures verified on a
-        thread beside the loop."""
+        thread beside the loop; ``chain``: the ledger's answers to Sawtooth's
+        read routes (:mod:`ledgerq.ingest.chain`; ``None``: a ledger without
+        them, ``ledger_name`` in the 501 that says so)."""
         self.max_status_ids = max_status_ids
         #: Posts below the yielding size being taken in now (pipeline work).
         self.posting = 0
@@ -506,6 +516,12 @@ class GatewayApi:
             max_queued=self.changes.max_waiters,
         )
         self.clock = clock
+        self.chain = ChainRoutes(
+            chain,
+            base=_base,
+            sees_everything=lambda request: scope_of(request).sees_everything,
+            ledger=ledger_name,
+        )
 
     def set_tenants(self, tenants: int) -> None:
         """How many tenants (tokens) share the long-poll places and the status
@@ -519,10 +535,13 @@ class GatewayApi:
             middlewares=[guard_middleware, json_errors, read_failures],
         )
         app.router.add_post("/batches", self.post_batches)
-        app.router.add_get("/batches", self.list_batches)
-        app.router.add_get("/batches/{batch_id}", self.get_batch)
         app.router.add_get("/batch_statuses", self.batch_statuses)
         app.router.add_post("/batch_statuses", self.batch_statuses)
+        # Sawtooth's read routes, answered by the ledger.
+        self.chain.add_to(app)
+        # ledgerq's own tracking records, off Sawtooth's paths.
+        app.router.add_get("/tracking/batches", self.list_batches)
+        app.router.add_get("/tracking/batches/{batch_id}", self.get_batch)
         app.on_cleanup.append(self._stop_decoding)
         app.router.add_get("/services", self.services)
         app.router.add_get("/instances", self.instances)
@@ -885,7 +904,7 @@ class GatewayApi:
         if len(listed.batches) == limit and listed.batches[-1].seq is not None:
             params = {k: v for k, v in q.items() if k != "after"}
             params["after"] = str(listed.batches[-1].seq)
-            next_link = f"{_base(request)}/batches?{urlencode(params)}"
+            next_link = f"{_base(request)}/tracking/batches?{urlencode(params)}"
         return web.json_response({"data": data, "paging": {"limit": limit, "next": next_link}})
 
     async def services(self, request: web.Request) -> web.Response:

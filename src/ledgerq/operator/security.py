@@ -48,7 +48,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SERVICE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-:~@+]*")
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: POST routes that only read (long id lists in the body): they need read access.
-READ_POSTS = frozenset({"/batch_statuses"})
+READ_POSTS = frozenset({"/batch_statuses", "/receipts"})
 #: Paths that never need the token: they hold no tracked data.
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/static/",)

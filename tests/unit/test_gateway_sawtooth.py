@@ -1,0 +1,288 @@
+"""The gateway as a Sawtooth REST API: every read route answered from its ledger.
+
+Over real HTTP on loopback, against a gateway whose ledger is the in-process
+node, and against one in front of ``ledgerq node`` (its REST API on a real
+socket, reached by the Sawtooth client): every read route of Sawtooth's REST
+API (sawtooth-core ``rest_api.py``) answers through the gateway what the
+node answers itself — status, body, error codes — with the links moved
+onto the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import jsonschema_rs
+import pytest
+from aiohttp import web
+
+from ledgerq.codec import Signer, encode_batch_list
+from ledgerq.codec.intkey import make_address, make_intkey_batch
+from ledgerq.config import load_settings
+from ledgerq.gateway.bus import MetricsSockets, WorkerChainReads
+from ledgerq.gateway.run import IngestOnlyLedger
+from ledgerq.gateway.service import Gateway
+from ledgerq.ledgers.base import LedgerClient
+from ledgerq.ledgers.chain import SAWTOOTH_READS
+from ledgerq.ledgers.inprocess import NodeClient
+from ledgerq.ledgers.sawtooth import SawtoothClient
+from ledgerq.ledgers.splinter import SplinterClient
+from ledgerq.node import Node
+from ledgerq.node.rest import make_app
+from ledgerq.operator.openapi import load_spec
+from ledgerq.store import open_store
+
+OCTET = {"Content-Type": "application/octet-stream"}
+SIGNER = Signer.generate()
+
+
+class Setup:
+    def __init__(self, gateway: str, node: str, http: aiohttp.ClientSession) -> None:
+        self.gateway, self.node, self.http = gateway, node, http
+
+    async def get(self, url: str, status: int = 200, **kwargs: Any) -> Any:
+        async with self.http.get(url, **kwargs) as r:
+            assert r.status == status, await r.text()
+            return await r.json()
+
+
+@contextlib.asynccontextmanager
+async def gateway_on(
+    ledger: LedgerClient, flags: Mapping[str, Any] | None = None
+) -> AsyncIterator[tuple[str, Gateway]]:
+    with tempfile.TemporaryDirectory(prefix="ledgerq-test-") as folder:
+        db = f"sqlite:///{folder}/gateway.sqlite3"
+        settings = load_settings(
+            {"db": db, "bind": "127.0.0.1:0", **(flags or {})},
+            environ={},
+            config_file=None,
+            cwd=Path(folder),
+        )
+        store = await open_store(db)
+        gateway = Gateway(settings, store, ledger)
+        task = asyncio.create_task(gateway.run())
+        try:
+            await asyncio.wait_for(gateway.started.wait(), 10)
+            yield f"http://127.0.0.1:{gateway.port}", gateway
+        finally:
+            gateway.stop()
+            await asyncio.wait_for(task, 10)
+            await store.close()
+
+
+@contextlib.asynccontextmanager
+async def served_node(node: Node) -> AsyncIterator[str]:
+    runner = web.AppRunner(make_app(node), shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture(params=["in-process", "sawtooth+http"])
+async def setup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Setup]:
+    node = await Node.open(tmp_path / "node")
+    try:
+        async with served_node(node) as node_url:
+            in_process = request.param == "in-process"
+            ledger: LedgerClient = NodeClient(node) if in_process else SawtoothClient(node_url)
+            async with (
+                gateway_on(ledger) as (gateway_url, _),
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http,
+            ):
+                yield Setup(gateway_url, node_url, http)
+            await ledger.close()
+    finally:
+        await node.close()
+
+
+async def submit(setup: Setup, prefix: str, *ops: tuple[str, str, int]) -> list[str]:
+    """Post one batch per op through the gateway under ``prefix`` and wait for them."""
+    batches = [make_intkey_batch(SIGNER, [op]) for op in ops]
+    async with setup.http.post(
+        f"{setup.gateway}{prefix}/batches", data=encode_batch_list(batches), headers=OCTET
+    ) as r:
+        assert r.status == 202, await r.text()
+        link = (await r.json())["link"]
+    assert link.startswith(f"{setup.gateway}{prefix}/batch_statuses?id=")
+    doc = await setup.get(link + "&wait=10")
+    assert {d["status"] for d in doc["data"]} == {"COMMITTED"}, doc
+    return [b.header_signature for b in batches]
+
+
+def documented(route: str, method: str, status: int, doc: Any) -> None:
+    """``doc`` is what the gateway's spec says ``method route`` answers with ``status``."""
+    spec = load_spec("gateway.openapi.json")
+    responses = spec["paths"][route][method.lower()]["responses"]
+    assert str(status) in responses, (method, route, status)
+    schema = responses[str(status)]["content"]["application/json"]["schema"]
+    jsonschema_rs.validator_for({**schema, "components": spec["components"]}).validate(doc)
+
+
+def without_links(doc: Any) -> Any:
+    """A Sawtooth answer without the links, which differ by where it was asked."""
+    if isinstance(doc, dict):
+        doc = {k: v for k, v in doc.items() if k != "link"}
+        if isinstance(doc.get("paging"), dict):
+            doc["paging"] = {k: v for k, v in doc["paging"].items() if k != "next"}
+    return doc
+
+
+#: Where the gateway serves Sawtooth's routes.
+PREFIXES = ("",)
+
+
+async def test_every_read_route_answers_what_the_ledger_answers(setup: Setup) -> None:
+    ids = await submit(setup, "", ("set", "a", 1), ("set", "b", 2), ("inc", "a", 5))
+    blocks = (await setup.get(f"{setup.node}/blocks"))["data"]
+    tx = (await setup.get(f"{setup.node}/transactions"))["data"][0]["header_signature"]
+    address = make_address("a")
+    asked = {
+        "/state": [f"/state?address={address[:6]}", "/state?limit=1", "/state?limit=0"],
+        "/state/{address}": [f"/state/{address}", f"/state/{'0' * 70}", "/state/xyz"],
+        "/blocks": ["/blocks", "/blocks?limit=1", "/blocks?limit=x", f"/blocks?head={'a' * 128}"],
+        "/blocks/{block_id}": [
+            f"/blocks/{blocks[0]['header_signature']}",
+            f"/blocks/{'a' * 128}",
+            "/blocks/nothex",
+        ],
+        "/batches": ["/batches", "/batches?limit=2", f"/batches?start={ids[1]}"],
+        "/batches/{batch_id}": [f"/batches/{ids[0]}", f"/batches/{'b' * 128}", "/batches/x"],
+        "/transactions": ["/transactions", "/transactions?limit=1&reverse"],
+        "/transactions/{transaction_id}": [f"/transactions/{tx}", f"/transactions/{'c' * 128}"],
+        "/receipts": [f"/receipts?id={tx}", "/receipts", f"/receipts?id={'d' * 128}"],
+        "/peers": ["/peers"],
+        "/status": ["/status"],
+    }
+    assert set(asked) == {route for _, route in SAWTOOTH_READS}
+    for route, paths in asked.items():
+        for path in paths:
+            for prefix in PREFIXES:
+                async with setup.http.get(setup.node + path) as r:
+                    expected_status, expected = r.status, await r.json()
+                async with setup.http.get(setup.gateway + prefix + path) as r:
+                    assert r.status == expected_status, (route, path, await r.text())
+                    assert r.content_type == "application/json"
+                    got = await r.json()
+                assert without_links(got) == without_links(expected), (route, path)
+                documented(route, "GET", r.status, got)
+                if "link" in expected:
+                    # The same link, on the gateway and under the prefix it was asked by.
+                    assert got["link"] == setup.gateway + prefix + expected["link"].removeprefix(
+                        setup.node
+                    )
+    for body, content_type in (([tx], "application/json"), ([tx], "text/plain"), ([], None)):
+        kwargs: dict[str, Any] = {"json": body} if content_type is None else {}
+        if content_type is not None:
+            kwargs = {"data": str(body), "headers": {"Content-Type": content_type}}
+        async with setup.http.post(f"{setup.node}/receipts", **kwargs) as r:
+            expected_status, expected = r.status, await r.json()
+        async with setup.http.post(f"{setup.gateway}/receipts", **kwargs) as r:
+            got = await r.json()
+            assert (r.status, without_links(got)) == (expected_status, without_links(expected))
+            documented("/receipts", "POST", r.status, got)
+
+
+async def test_paging_links_stay_on_the_gateway(setup: Setup) -> None:
+    ids = await submit(setup, "", *(("set", f"k{i}", i) for i in range(3)))
+    seen: list[str] = []
+    url: str | None = f"{setup.gateway}/batches?limit=1"
+    while url is not None:
+        assert url.startswith(f"{setup.gateway}/batches?")
+        doc = await setup.get(url)
+        seen += [b["header_signature"] for b in doc["data"]]
+        url = doc["paging"].get("next")
+    assert seen == ids[::-1]
+
+
+async def test_an_unreachable_ledger_is_sawtooths_validator_disconnected() -> None:
+    ledger = SawtoothClient("http://127.0.0.1:9")  # the discard port: nothing listens
+    async with gateway_on(ledger) as (url, _), aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/blocks") as r:
+            assert r.status == 503
+            error = (await r.json())["error"]
+    assert (error["code"], error["title"]) == (18, "Validator Disconnected")
+    assert "127.0.0.1:9" in error["message"]
+    await ledger.close()
+
+
+async def test_a_ledger_without_reads_answers_501() -> None:
+    ledger = SplinterClient("http://127.0.0.1:9")
+    async with gateway_on(ledger) as (url, _), aiohttp.ClientSession() as http:
+        for path in ("/blocks", "/state", "/status"):
+            async with http.get(url + path) as r:
+                assert r.status == 501, path
+                assert "splinter" in (await r.json())["error"]["message"]
+    await ledger.close()
+
+
+ADMIN, ACME, AUDIT = (
+    "admin-token-0123456789ab",
+    "acme-token-0123456789ab",
+    "audit-token-0123456789ab",
+)
+TOKENS = [
+    {"name": "acme", "token": ACME, "services": ["acme-*"], "access": "read-write"},
+    {"name": "audit", "token": AUDIT, "services": ["*"], "access": "read"},
+]
+
+
+async def test_chain_reads_need_a_token_that_reads_every_service(tmp_path: Path) -> None:
+    node = await Node.open(tmp_path)
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with gateway_on(NodeClient(node), flags) as (url, _), aiohttp.ClientSession() as http:
+
+        async def status(method: str, path: str, token: str | None, **kw: Any) -> int:
+            headers = {**kw.pop("headers", {})}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            async with http.request(method, url + path, headers=headers, **kw) as r:
+                return r.status
+
+        tx = "ab" * 64
+        # The chain is every service's: a token limited to some may not read it.
+        for path in ("/blocks", "/state", "/status"):
+            assert await status("GET", path, ACME) == 403, path
+            assert await status("GET", path, AUDIT) == 200, path
+            assert await status("GET", path, None) == 401, path
+        # POST /receipts is a read.
+        assert await status("POST", "/receipts", AUDIT, json=[tx]) == 404  # code 80
+        assert await status("POST", "/receipts", ACME, json=[tx]) == 403
+    await node.close()
+
+
+async def test_a_worker_without_the_node_reads_it_through_worker_0(tmp_path: Path) -> None:
+    """``serve --workers N`` on SQLite: the in-process node lives in worker 0;
+    the others answer Sawtooth's reads through worker 0's socket."""
+    node = await Node.open(tmp_path / "node")
+    sockets = MetricsSockets(str(tmp_path), 0, 2)
+    stop = await sockets.serve(lambda: b"", chain=NodeClient(node))
+    reads = WorkerChainReads(sockets.path(0))
+    try:
+        async with (
+            served_node(node) as node_url,
+            gateway_on(IngestOnlyLedger(reads)) as (url, _),
+            aiohttp.ClientSession() as http,
+        ):
+            await node.submit([make_intkey_batch(SIGNER, [("set", "w", 1)])])
+            setup = Setup(url, node_url, http)
+            for path in ("/blocks", f"/state/{make_address('w')}", "/blocks/nothex"):
+                async with http.get(node_url + path) as r:
+                    expected_status, expected = r.status, await r.json()
+                async with http.get(f"{url}{path}") as r:
+                    assert r.status == expected_status, path
+                    assert without_links(await r.json()) == without_links(expected)
+            doc = await setup.get(f"{url}/blocks")
+            assert doc["link"].startswith(f"{url}/blocks")
+    finally:
+        await reads.close()
+        await stop()
+        await node.close()
