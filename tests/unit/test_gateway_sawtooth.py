@@ -5,12 +5,15 @@ node, and against one in front of ``ledgerq node`` (its REST API on a real
 socket, reached by the Sawtooth client): every read route of Sawtooth's REST
 API (sawtooth-core ``rest_api.py``) answers through the gateway what the
 node answers itself — status, body, error codes — with the links moved
-onto the gateway.
+onto the gateway, at its root and under a service's prefix. A Sawtooth
+client's flow (submit under ``/services/svc1``, wait, read state, blocks
+and transactions back) runs through the prefix alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import tempfile
 from collections.abc import AsyncIterator, Mapping
@@ -25,6 +28,7 @@ from aiohttp import web
 from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_address, make_intkey_batch
 from ledgerq.config import load_settings
+from ledgerq.errors import ConfigError
 from ledgerq.gateway.bus import MetricsSockets, WorkerChainReads
 from ledgerq.gateway.run import IngestOnlyLedger
 from ledgerq.gateway.service import Gateway
@@ -136,10 +140,6 @@ def without_links(doc: Any) -> Any:
     return doc
 
 
-#: Where the gateway serves Sawtooth's routes.
-PREFIXES = ("",)
-
-
 async def test_every_read_route_answers_what_the_ledger_answers(setup: Setup) -> None:
     ids = await submit(setup, "", ("set", "a", 1), ("set", "b", 2), ("inc", "a", 5))
     blocks = (await setup.get(f"{setup.node}/blocks"))["data"]
@@ -165,7 +165,7 @@ async def test_every_read_route_answers_what_the_ledger_answers(setup: Setup) ->
     assert set(asked) == {route for _, route in SAWTOOTH_READS}
     for route, paths in asked.items():
         for path in paths:
-            for prefix in PREFIXES:
+            for prefix in ("", "/services/svc1"):
                 async with setup.http.get(setup.node + path) as r:
                     expected_status, expected = r.status, await r.json()
                 async with setup.http.get(setup.gateway + prefix + path) as r:
@@ -173,7 +173,7 @@ async def test_every_read_route_answers_what_the_ledger_answers(setup: Setup) ->
                     assert r.content_type == "application/json"
                     got = await r.json()
                 assert without_links(got) == without_links(expected), (route, path)
-                documented(route, "GET", r.status, got)
+                documented(prefix.replace("svc1", "{service_id}") + route, "GET", r.status, got)
                 if "link" in expected:
                     # The same link, on the gateway and under the prefix it was asked by.
                     assert got["link"] == setup.gateway + prefix + expected["link"].removeprefix(
@@ -185,28 +185,50 @@ async def test_every_read_route_answers_what_the_ledger_answers(setup: Setup) ->
             kwargs = {"data": str(body), "headers": {"Content-Type": content_type}}
         async with setup.http.post(f"{setup.node}/receipts", **kwargs) as r:
             expected_status, expected = r.status, await r.json()
-        async with setup.http.post(f"{setup.gateway}/receipts", **kwargs) as r:
+        async with setup.http.post(f"{setup.gateway}/services/s/receipts", **kwargs) as r:
             got = await r.json()
             assert (r.status, without_links(got)) == (expected_status, without_links(expected))
-            documented("/receipts", "POST", r.status, got)
+            documented("/services/{service_id}/receipts", "POST", r.status, got)
 
 
 async def test_paging_links_stay_on_the_gateway(setup: Setup) -> None:
-    ids = await submit(setup, "", *(("set", f"k{i}", i) for i in range(3)))
+    ids = await submit(setup, "/services/svc1", *(("set", f"k{i}", i) for i in range(3)))
     seen: list[str] = []
-    url: str | None = f"{setup.gateway}/batches?limit=1"
+    url: str | None = f"{setup.gateway}/services/svc1/batches?limit=1"
     while url is not None:
-        assert url.startswith(f"{setup.gateway}/batches?")
+        assert url.startswith(f"{setup.gateway}/services/svc1/batches?")
         doc = await setup.get(url)
         seen += [b["header_signature"] for b in doc["data"]]
         url = doc["paging"].get("next")
     assert seen == ids[::-1]
 
 
+async def test_a_sawtooth_client_flow_under_a_service_prefix(setup: Setup) -> None:
+    """Submit, wait, then read state, blocks and transactions back, all
+    under ``/services/svc1`` as a Sawtooth client with that ``--url`` would."""
+    base = f"{setup.gateway}/services/svc1"
+    ids = await submit(setup, "/services/svc1", ("set", "flow", 7), ("inc", "flow", 3))
+    # The batches are the service's, in the gateway's tracking.
+    tracked = await setup.get(f"{setup.gateway}/tracking/batches?service_id=svc1")
+    assert [b["id"] for b in tracked["data"]] == ids
+    state = await setup.get(f"{base}/state/{make_address('flow')}")
+    assert base64.b64decode(state["data"]) == bytes.fromhex("a164666c6f770a")  # {"flow": 10}
+    listed = await setup.get(f"{base}/state?address={make_address('flow')[:6]}")
+    assert [e["address"] for e in listed["data"]] == [make_address("flow")]
+    blocks = await setup.get(f"{base}/blocks")
+    in_blocks = [b["header_signature"] for block in blocks["data"] for b in block["batches"]]
+    assert in_blocks[:2] == ids[::-1]
+    batch = await setup.get(f"{base}/batches/{ids[0]}")
+    tx_id = batch["data"]["transactions"][0]["header_signature"]
+    tx = await setup.get(f"{base}/transactions/{tx_id}")
+    assert tx["data"]["header"]["family_name"] == "intkey"
+    assert tx["link"] == f"{base}/transactions/{tx_id}"
+
+
 async def test_an_unreachable_ledger_is_sawtooths_validator_disconnected() -> None:
     ledger = SawtoothClient("http://127.0.0.1:9")  # the discard port: nothing listens
     async with gateway_on(ledger) as (url, _), aiohttp.ClientSession() as http:
-        async with http.get(f"{url}/blocks") as r:
+        async with http.get(f"{url}/services/s/blocks") as r:
             assert r.status == 503
             error = (await r.json())["error"]
     assert (error["code"], error["title"]) == (18, "Validator Disconnected")
@@ -217,7 +239,7 @@ async def test_an_unreachable_ledger_is_sawtooths_validator_disconnected() -> No
 async def test_a_ledger_without_reads_answers_501() -> None:
     ledger = SplinterClient("http://127.0.0.1:9")
     async with gateway_on(ledger) as (url, _), aiohttp.ClientSession() as http:
-        for path in ("/blocks", "/state", "/status"):
+        for path in ("/blocks", "/services/c::s/state", "/status"):
             async with http.get(url + path) as r:
                 assert r.status == 501, path
                 assert "splinter" in (await r.json())["error"]["message"]
@@ -247,16 +269,50 @@ async def test_chain_reads_need_a_token_that_reads_every_service(tmp_path: Path)
             async with http.request(method, url + path, headers=headers, **kw) as r:
                 return r.status
 
+        body = encode_batch_list([make_intkey_batch(SIGNER, [("set", "t", 1)])])
+        post = {"data": body, "headers": OCTET}
         tx = "ab" * 64
         # The chain is every service's: a token limited to some may not read it.
-        for path in ("/blocks", "/state", "/status"):
+        for path in ("/blocks", "/services/acme-1/state", "/services/acme-1/status"):
             assert await status("GET", path, ACME) == 403, path
             assert await status("GET", path, AUDIT) == 200, path
             assert await status("GET", path, None) == 401, path
-        # POST /receipts is a read.
-        assert await status("POST", "/receipts", AUDIT, json=[tx]) == 404  # code 80
-        assert await status("POST", "/receipts", ACME, json=[tx]) == 403
+        # Posting under a prefix is a write into that service.
+        async with http.post(
+            f"{url}/services/acme-1/batches",
+            data=body,
+            headers={**OCTET, "Authorization": f"Bearer {ACME}"},
+        ) as r:
+            assert r.status == 202
+        assert await status("POST", "/services/globex/batches", ACME, **post) == 403
+        assert await status("POST", "/services/acme-1/batches", AUDIT, **post) == 403
+        # POST /receipts and POST /batch_statuses are reads, under a prefix too.
+        ids = {"json": [tx]}
+        assert await status("POST", "/services/acme-1/receipts", AUDIT, **ids) == 404  # code 80
+        assert await status("POST", "/services/acme-1/batch_statuses", AUDIT, **ids) == 200
+        assert await status("POST", "/services/acme-1/batch_statuses", ACME, **ids) == 200
+        assert await status("GET", "/services/bad%20id/blocks", ADMIN) == 400
     await node.close()
+
+
+async def test_default_service_takes_batches_posted_without_one(tmp_path: Path) -> None:
+    node = await Node.open(tmp_path)
+    flags = {"default_service": "main"}
+    async with gateway_on(NodeClient(node), flags) as (url, _), aiohttp.ClientSession() as http:
+        setup = Setup(url, "", http)
+        ids = await submit(setup, "", ("set", "d", 1))
+        ids += await submit(setup, "/services/other", ("set", "o", 1))
+        listed = await setup.get(f"{url}/tracking/batches")
+    assert [(b["id"], b["service_id"]) for b in listed["data"]] == [
+        (ids[0], "main"),
+        (ids[1], "other"),
+    ]
+    await node.close()
+
+
+def test_default_service_is_checked_at_start() -> None:
+    with pytest.raises(ConfigError, match="default_service"):
+        load_settings({"default_service": "no spaces"}, environ={}, config_file=None)
 
 
 async def test_a_worker_without_the_node_reads_it_through_worker_0(tmp_path: Path) -> None:
@@ -277,11 +333,11 @@ async def test_a_worker_without_the_node_reads_it_through_worker_0(tmp_path: Pat
             for path in ("/blocks", f"/state/{make_address('w')}", "/blocks/nothex"):
                 async with http.get(node_url + path) as r:
                     expected_status, expected = r.status, await r.json()
-                async with http.get(f"{url}{path}") as r:
+                async with http.get(f"{url}/services/s{path}") as r:
                     assert r.status == expected_status, path
                     assert without_links(await r.json()) == without_links(expected)
-            doc = await setup.get(f"{url}/blocks")
-            assert doc["link"].startswith(f"{url}/blocks")
+            doc = await setup.get(f"{url}/services/s/blocks")
+            assert doc["link"].startswith(f"{url}/services/s/blocks")
     finally:
         await reads.close()
         await stop()

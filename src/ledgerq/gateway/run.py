@@ -18,7 +18,7 @@ from typing import Any
 
 from ledgerq.clock import now_ms
 from ledgerq.config import Settings
-from ledgerq.errors import InvalidBatchError, LedgerError
+from ledgerq.errors import ConfigError, InvalidBatchError, LedgerError
 from ledgerq.gateway.bus import MetricsSockets, WorkerBus, WorkerChainReads, WorkerInfo
 from ledgerq.gateway.ha import advertised_address, open_high_availability
 from ledgerq.gateway.service import Gateway
@@ -80,6 +80,11 @@ def _any_service_id(service_id: str) -> None:
 
 
 async def open_ledger(settings: Settings, stack: AsyncExitStack) -> LedgerClient:
+    if settings.ledger.startswith("splinter+") and settings["default_service"]:
+        try:
+            scabbard_path(settings["default_service"])
+        except LedgerError as exc:
+            raise ConfigError(f"default_service: {exc}") from exc
     if settings.ledger == "node":
         # The in-process node lives as long as the gateway: the stack closes it.
         from ledgerq.ledgers.inprocess import NodeClient

@@ -187,6 +187,7 @@ class Gateway:
             ledger_problem=self._ledger_problem,
             chain=chain_reads(ledger),
             ledger_name=ledger.description,
+            default_service=settings["default_service"],
         )
         #: Asks the ledger about the batches a take-over finds mid-submission.
         self.take_over = TakeOverAsks(

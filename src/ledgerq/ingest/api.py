@@ -13,7 +13,8 @@ and with Sawtooth's REST API.
   batch id is tracked with another body or in another service (or a list
   mixes new and tracked batches; a data change id or transaction id is
   taken), 413 for a body over ``max_body_bytes``, 415 for any other content
-  type or a ``Content-Encoding`` other than identity, gzip and deflate.
+  type or a ``Content-Encoding`` other than identity, gzip and deflate. Without a
+  service the batches go to ``default_service`` (empty: none).
 * ``GET /batch_statuses?id=a,b&service_id=S&wait=N`` — Sawtooth's shape
   (``{"data": [{"id", "status", "invalid_transactions"}], "link"}``): a batch
   ledgerq still holds is ``PENDING``, one it never saw ``UNKNOWN``; with
@@ -44,6 +45,11 @@ and with Sawtooth's REST API.
   port (index, pid, role, instance id, start, restarts).
 * ``GET /health`` — the process answers; ``GET /ready`` — the store answers
   and the pipeline runs (503 otherwise).
+
+Sawtooth's routes (``POST /batches``, ``/batch_statuses`` and the read
+routes) are served again under ``/services/{service_id}``, which names the
+service as ``?service_id=`` does (both, differing: a 400), so that a
+Sawtooth client, which only appends paths to its URL, can name one.
 
 A query parameter given twice with different values is a 400 naming it
 (which was meant cannot be told); ``id`` given twice is one list, as
@@ -84,7 +90,7 @@ from ledgerq.errors import (
     StoreUnavailableError,
 )
 from ledgerq.httpbody import read_body
-from ledgerq.ingest.chain import ChainRoutes
+from ledgerq.ingest.chain import SERVICE_PREFIX, ChainRoutes, service_prefix
 from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone, Yielding
 from ledgerq.ingest.errors import Handler, error_body, json_errors
@@ -324,6 +330,20 @@ def _param(query: MultiMapping[str], name: str) -> str | None:
     return first
 
 
+def _service_param(request: web.Request) -> str | None:
+    """The service a request names: by its prefix (``/services/{service_id}/...``)
+    or by ``?service_id=`` (None when neither; ValueError when both, differing)."""
+    given = _param(request.query, "service_id") or None
+    in_path = request.match_info.get("service_id")
+    if in_path is None:
+        return given
+    if given is not None and given != in_path:
+        raise ValueError(
+            f"the path names service {in_path!r} and service_id names {given!r}; name one"
+        )
+    return in_path
+
+
 def _repeated(exc: RepeatedParameterError) -> web.Response:
     return _error(400, "Bad Query", str(exc), "repeated_parameter")
 
@@ -470,6 +490,7 @@ class GatewayApi:
         verify_thread: bool = False,
         chain: ChainReads | None = None,
         ledger_name: str = "the ledger",
+        default_service: str = "",
     ) -> None:
         """``acceptor``: what stores accepted batches (default: ``store``);
         ``ledger_problem``: the ledger's open problem for a service, if any;
@@ -482,7 +503,8 @@ class GatewayApi:
         ``verify_thread``: smaller ones have their signatures verified on a
         thread beside the loop; ``chain``: the ledger's answers to Sawtooth's
         read routes (:mod:`ledgerq.ingest.chain`; ``None``: a ledger without
-        them, ``ledger_name`` in the 501 that says so)."""
+        them, ``ledger_name`` in the 501 that says so); ``default_service``:
+        the service of batches posted without one (empty: none)."""
         self.max_status_ids = max_status_ids
         #: Posts below the yielding size being taken in now (pipeline work).
         self.posting = 0
@@ -516,6 +538,7 @@ class GatewayApi:
             max_queued=self.changes.max_waiters,
         )
         self.clock = clock
+        self.default_service = default_service or None
         self.chain = ChainRoutes(
             chain,
             base=_base,
@@ -534,10 +557,11 @@ class GatewayApi:
             client_max_size=self.max_body_bytes + 1,
             middlewares=[guard_middleware, json_errors, read_failures],
         )
-        app.router.add_post("/batches", self.post_batches)
-        app.router.add_get("/batch_statuses", self.batch_statuses)
-        app.router.add_post("/batch_statuses", self.batch_statuses)
-        # Sawtooth's read routes, answered by the ledger.
+        # Sawtooth's API, at the root and under a service's prefix.
+        for prefix in ("", SERVICE_PREFIX):
+            app.router.add_post(prefix + "/batches", self.post_batches)
+            app.router.add_get(prefix + "/batch_statuses", self.batch_statuses)
+            app.router.add_post(prefix + "/batch_statuses", self.batch_statuses)
         self.chain.add_to(app)
         # ledgerq's own tracking records, off Sawtooth's paths.
         app.router.add_get("/tracking/batches", self.list_batches)
@@ -560,9 +584,12 @@ class GatewayApi:
         if refused is not None:
             return refused
         try:
-            service_id = _param(request.query, "service_id") or None
+            service_id = _service_param(request)
         except RepeatedParameterError as exc:
             return _repeated(exc)
+        except ValueError as exc:
+            return _error(400, "Invalid Service Id", str(exc), "conflicting_service_id")
+        service_id = service_id or self.default_service
         scope = scope_of(request)
         if not scope.covers(service_id or NO_SERVICE):
             return _out_of_scope(scope, service_id or NO_SERVICE, "post into")
@@ -686,7 +713,12 @@ class GatewayApi:
                 if problem is not None:
                     return _error(400, "Invalid Id", problem, "malformed_id")
         try:
-            service_id = _param(request.query, "service_id") or None
+            service_id = _service_param(request)
+        except RepeatedParameterError as exc:
+            return _repeated(exc)
+        except ValueError as exc:
+            return _error(400, "Invalid Service Id", str(exc), "conflicting_service_id")
+        try:
             wait_s = _parse_wait(_param(request.query, "wait"))
         except RepeatedParameterError as exc:
             return _repeated(exc)
@@ -727,9 +759,10 @@ class GatewayApi:
         if request.method == "POST":
             # The same question as a GET: the ids, and where they were looked for.
             query = {"id": ",".join(ids)}
-            if service_id is not None:
+            prefix = service_prefix(request)
+            if service_id is not None and not prefix:
                 query["service_id"] = service_id
-            link = f"{_base(request)}/batch_statuses?{urlencode(query)}"
+            link = f"{_base(request)}{prefix}/batch_statuses?{urlencode(query)}"
         return web.Response(
             text=status_body(ids, found, link, self.changes.final),
             content_type="application/json",
@@ -1080,9 +1113,12 @@ def _status_link(
     # hex ids character by character (a long list cost 4 ms): each id is
     # quoted alone (at once when it needs nothing), the commas as %2C.
     query = "id=" + "%2C".join(quote_plus(b.batch_id, safe="") for b in batches)
-    if service_id is not None:
+    prefix = service_prefix(request)
+    if service_id is not None and not prefix:
         query += "&" + urlencode({"service_id": service_id})
-    return web.json_response({"link": f"{_base(request)}/batch_statuses?{query}"}, status=202)
+    return web.json_response(
+        {"link": f"{_base(request)}{prefix}/batch_statuses?{query}"}, status=202
+    )
 
 
 def _taken_elsewhere(batch_id: str, service_id: str) -> str:
