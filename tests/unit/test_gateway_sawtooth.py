@@ -225,6 +225,56 @@ async def test_a_sawtooth_client_flow_under_a_service_prefix(setup: Setup) -> No
     assert tx["link"] == f"{base}/transactions/{tx_id}"
 
 
+#: Sawtooth's REST API errors (sawtooth-core ``exceptions.py``): code → status, title.
+SAWTOOTH = {
+    30: (400, "Submitted Batches Invalid"),
+    34: (400, "No Batches Submitted"),
+    35: (400, "Protobuf Not Decodable"),
+    42: (400, "Wrong Content Type"),
+    43: (400, "Wrong Content Type"),
+    46: (400, "Bad Status Request"),
+    60: (400, "Invalid Resource Id"),
+    66: (400, "Id Query Invalid or Missing"),
+}
+
+
+def _bad_signature() -> bytes:
+    batch = make_intkey_batch(SIGNER, [("set", "sig", 1)])
+    raw = bytearray(batch.serialized)
+    at = raw.index(batch.header_signature.encode()) + 100
+    raw[at] = ord("0") if raw[at] != ord("0") else ord("1")  # the signature no longer verifies
+    return encode_batch_list([bytes(raw)])
+
+
+@pytest.mark.parametrize("prefix", ["", "/services/svc1"])
+async def test_sawtooth_routes_answer_sawtooth_errors_with_the_rule_kept(prefix: str) -> None:
+    # A bad signature was {"code": 400, "title": "Invalid BatchList"}: a
+    # Sawtooth client (or a gateway in front) did not recognise a rejection.
+    ok = encode_batch_list([make_intkey_batch(SIGNER, [("set", "e", 1)])])
+    cases: list[tuple[str, str, Any, dict[str, str], int, str | None]] = [
+        ("POST", "/batches", _bad_signature(), OCTET, 30, "bad_batch_signature"),
+        ("POST", "/batches", b"", OCTET, 34, "empty_batch_list"),
+        ("POST", "/batches", b"\x0a\x05junk!", OCTET, 35, "malformed_protobuf"),
+        ("POST", "/batches", ok, {"Content-Type": "text/plain"}, 42, "wrong_content_type"),
+        ("POST", "/batch_statuses", b"[]", {"Content-Type": "text/plain"}, 43, None),
+        ("POST", "/batch_statuses", b'{"id": 1}', {"Content-Type": "application/json"}, 46, None),
+        ("POST", "/batch_statuses", b"[]", {"Content-Type": "application/json"}, 46, "missing_id"),
+        ("GET", "/batch_statuses?id=nothex", None, {}, 60, "malformed_id"),
+        ("GET", "/batch_statuses", None, {}, 66, "missing_id"),
+    ]
+    node = await Node.open(None)
+    async with gateway_on(NodeClient(node)) as (url, _), aiohttp.ClientSession() as http:
+        for method, path, body, headers, code, rule in cases:
+            async with http.request(method, url + prefix + path, data=body, headers=headers) as r:
+                error = (await r.json())["error"]
+                status, title = SAWTOOTH[code]
+                assert (r.status, error["code"], error["title"]) == (status, code, title), error
+            if rule is not None:
+                assert error["rule"] == rule, (path, error)
+            assert error["message"]
+    await node.close()
+
+
 async def test_an_unreachable_ledger_is_sawtooths_validator_disconnected() -> None:
     ledger = SawtoothClient("http://127.0.0.1:9")  # the discard port: nothing listens
     async with gateway_on(ledger) as (url, _), aiohttp.ClientSession() as http:

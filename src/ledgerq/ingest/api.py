@@ -9,11 +9,12 @@ and with Sawtooth's REST API.
   same bytes in the same service — answers ``202`` with the same link (as
   Grid and Sawtooth do), storing nothing.
   Errors are JSON ``{"error": {"code", "title", "message", "rule"?}}``:
-  400 for a malformed or unverifiable list or a bad service id, 409 when a
+  400 for a malformed or unverifiable list (Sawtooth's codes 30, 34, 35; 42
+  for another content type) or a bad service id, 409 when a
   batch id is tracked with another body or in another service (or a list
   mixes new and tracked batches; a data change id or transaction id is
-  taken), 413 for a body over ``max_body_bytes``, 415 for any other content
-  type or a ``Content-Encoding`` other than identity, gzip and deflate. Without a
+  taken), 413 for a body over ``max_body_bytes``, 415 for a
+  ``Content-Encoding`` other than identity, gzip and deflate. Without a
   service the batches go to ``default_service`` (empty: none).
 * ``GET /batch_statuses?id=a,b&service_id=S&wait=N`` — Sawtooth's shape
   (``{"data": [{"id", "status", "invalid_transactions"}], "link"}``): a batch
@@ -49,7 +50,9 @@ and with Sawtooth's REST API.
 Sawtooth's routes (``POST /batches``, ``/batch_statuses`` and the read
 routes) are served again under ``/services/{service_id}``, which names the
 service as ``?service_id=`` does (both, differing: a 400), so that a
-Sawtooth client, which only appends paths to its URL, can name one.
+Sawtooth client, which only appends paths to its URL, can name one; their
+errors carry Sawtooth's codes and titles (``exceptions.py``), with the
+``rule`` beside them.
 
 A query parameter given twice with different values is a 400 naming it
 (which was meant cannot be told); ``id`` given twice is one list, as
@@ -93,7 +96,7 @@ from ledgerq.httpbody import read_body
 from ledgerq.ingest.chain import SERVICE_PREFIX, ChainRoutes, service_prefix
 from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone, Yielding
-from ledgerq.ingest.errors import Handler, error_body, json_errors
+from ledgerq.ingest.errors import Handler, error_body, json_errors, sawtooth_error
 from ledgerq.ingest.guard import guard_middleware, on_disconnect, refuse_encoding
 from ledgerq.ingest.longpoll import Changes as Changes
 from ledgerq.ingest.longpoll import FinalCache
@@ -235,6 +238,12 @@ def _error(
         error_body(status, title, message, rule), status=status, headers=headers
     )
 
+
+#: Sawtooth's error code for a posted BatchList refused by a codec rule
+#: (exceptions.py): an empty list 34, one that does not parse 35, any other
+#: refusal 30 (Submitted Batches Invalid: a bad signature, a header that
+#: does not decode, ...).
+_REFUSAL_CODES = {"empty_batch_list": 34, "malformed_protobuf": 35}
 
 _BATCH_ID = re.compile(r"[0-9a-f]{128}")
 MAX_DATA_CHANGE_ID_LENGTH = 256
@@ -575,10 +584,10 @@ class GatewayApi:
 
     async def post_batches(self, request: web.Request) -> web.Response:
         if request.content_type != "application/octet-stream":
-            return _error(
-                415,
-                "Unsupported Media Type",
+            return sawtooth_error(
+                42,
                 f"send the BatchList as application/octet-stream, not {request.content_type!r}",
+                "wrong_content_type",
             )
         refused = refuse_encoding(request)
         if refused is not None:
@@ -618,7 +627,9 @@ class GatewayApi:
         except InvalidBatchError as exc:
             if exc.rule == "too_large":
                 return _too_large(self.max_body_bytes)
-            return _error(400, "Invalid BatchList", str(exc), exc.rule)
+            if exc.rule == "invalid_service_id":
+                return _error(400, "Invalid Service Id", str(exc), exc.rule)
+            return sawtooth_error(_REFUSAL_CODES.get(exc.rule, 30), str(exc), exc.rule)
         try:
             stored = await self.acceptor.add_batches(list(batches), now=self.clock())
         except DuplicateBatchError as exc:
@@ -698,11 +709,12 @@ class GatewayApi:
         # De-duplicated, in the order asked.
         ids = list(dict.fromkeys(i for i in raw_ids if i))
         if not ids:
-            return _error(400, "Missing Id", "give the batch ids as ?id=a,b", "missing_id")
+            if request.method == "POST":
+                return sawtooth_error(46, "give at least one batch id", "missing_id")
+            return sawtooth_error(66, "give the batch ids as ?id=a,b", "missing_id")
         if len(ids) > self.max_status_ids:
-            return _error(
-                400,
-                "Too Many Ids",
+            return sawtooth_error(
+                46,
                 f"{len(ids)} distinct batch ids in one request; ask for at most "
                 f"{self.max_status_ids} at a time",
                 "too_many_ids",
@@ -711,7 +723,7 @@ class GatewayApi:
             for i in ids:
                 problem = _id_problem(i)
                 if problem is not None:
-                    return _error(400, "Invalid Id", problem, "malformed_id")
+                    return sawtooth_error(60, problem, "malformed_id")
         try:
             service_id = _service_param(request)
         except RepeatedParameterError as exc:
@@ -771,10 +783,10 @@ class GatewayApi:
     async def _posted_ids(self, request: web.Request) -> list[str] | web.Response:
         """The ids of a ``POST /batch_statuses`` (a JSON array, as Sawtooth's)."""
         if request.content_type != "application/json":
-            return _error(
-                415,
-                "Unsupported Media Type",
+            return sawtooth_error(
+                43,
                 "send the batch ids as a JSON array with Content-Type application/json",
+                "wrong_content_type",
             )
         refused = refuse_encoding(request)
         if refused is not None:
@@ -789,8 +801,8 @@ class GatewayApi:
         except ValueError:
             ids = None
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            return _error(
-                400, "Bad Status Request", "the body must be a JSON array of batch ids (strings)"
+            return sawtooth_error(
+                46, "the body must be a JSON array of batch ids (strings)", "bad_status_request"
             )
         return [i.strip() for i in ids]
 
@@ -1072,7 +1084,7 @@ def _store_failed(exc: StoreError) -> web.Response:
     cause of a 503 or 500 goes to the log only."""
     if isinstance(exc, StoreInputError):
         log.warning("the store refused a list the codec passed: %s", exc)
-        return _error(400, "Invalid BatchList", str(exc), "store_input")
+        return sawtooth_error(30, str(exc), "store_input")
     if isinstance(exc, StoreUnavailableError):
         log.error("cannot store batches: %s", exc)
         return _error(503, "Store Unavailable", STORE_UNAVAILABLE)
