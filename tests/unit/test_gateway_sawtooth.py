@@ -275,6 +275,27 @@ async def test_sawtooth_routes_answer_sawtooth_errors_with_the_rule_kept(prefix:
     await node.close()
 
 
+async def test_an_invalid_batch_is_answered_without_empty_properties(tmp_path: Path) -> None:
+    # Sawtooth's REST API drops empty strings (route_handlers._drop_empty_props):
+    # "extended_data": "" was in every INVALID entry.
+    node = await Node.open(tmp_path)
+    async with gateway_on(NodeClient(node)) as (url, _), aiohttp.ClientSession() as http:
+        batch = make_intkey_batch(SIGNER, [("inc", "missing", 1)])
+        async with http.post(
+            f"{url}/services/s/batches", data=encode_batch_list([batch]), headers=OCTET
+        ) as r:
+            link = (await r.json())["link"]
+        async with http.get(link + "&wait=10") as r:
+            (entry,) = (await r.json())["data"]
+    assert entry["status"] == "INVALID"
+    (invalid,) = entry["invalid_transactions"]
+    assert invalid == {
+        "id": batch.transactions[0].header_signature,
+        "message": 'Verb is "inc" but name "missing" not in state',
+    }
+    await node.close()
+
+
 async def test_an_unreachable_ledger_is_sawtooths_validator_disconnected() -> None:
     ledger = SawtoothClient("http://127.0.0.1:9")  # the discard port: nothing listens
     async with gateway_on(ledger) as (url, _), aiohttp.ClientSession() as http:

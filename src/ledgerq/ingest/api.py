@@ -394,14 +394,13 @@ def status_entry(batch_id: str, batch: TrackingBatch | None) -> dict[str, Any]:
     invalid = []
     if isinstance(batch.batch_status, Invalid):
         for t in batch.batch_status.transactions:
-            message = t.error_message or t.external_error_message or ""
-            invalid.append(
-                {
-                    "id": t.transaction_id,
-                    "message": message,
-                    "extended_data": base64.b64encode(t.error_data or b"").decode(),
-                }
-            )
+            entry = {
+                "id": t.transaction_id,
+                "message": t.error_message or t.external_error_message or "",
+                "extended_data": base64.b64encode(t.error_data or b"").decode(),
+            }
+            # As Sawtooth's REST API answers: empty properties left out.
+            invalid.append({k: v for k, v in entry.items() if v})
     return {
         "id": batch_id,
         "status": sawtooth_status(batch.batch_status),
