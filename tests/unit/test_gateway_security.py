@@ -480,8 +480,8 @@ async def test_no_answer_names_the_store_whatever_fails(failure: StoreError) -> 
             for token in (ACME, ADMIN):
                 for method, path, data in (
                     ("post", "/batches?service_id=acme-x", body),
-                    ("get", "/batches", None),
-                    ("get", f"/batches/{ids[0]}", None),
+                    ("get", "/tracking/batches", None),
+                    ("get", f"/tracking/batches/{ids[0]}", None),
                     ("get", f"/batch_statuses?id={ids[0]}", None),
                     ("get", "/services", None),
                     ("get", "/instances", None),
