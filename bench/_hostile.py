@@ -48,8 +48,11 @@ from ledgerq.codec.build import make_batch
 from ledgerq.codec.intkey import make_intkey_batch, make_intkey_transaction
 
 ROUTES = (
+    ("GET", "/tracking/batches"),
+    ("GET", "/tracking/batches/" + "0" * 128),
     ("GET", "/batches"),
-    ("GET", "/batches/" + "0" * 128),
+    ("GET", "/blocks?limit=5"),
+    ("GET", "/state/" + "0" * 70),
     ("POST", "/batches"),
     ("GET", "/batch_statuses?id=" + "0" * 128),
     ("POST", "/batch_statuses"),

@@ -33,6 +33,7 @@ from ledgerq.errors import ConfigError
 from ledgerq.follow.follower import FollowSettings
 from ledgerq.ledgers import LEDGER_CREDENTIALS_TWICE
 from ledgerq.ledgers.http import url_credentials
+from ledgerq.model import service_id_problem
 from ledgerq.procpool import Priority
 from ledgerq.queue.strategy import OnInvalid, OnInvalidMap, Strategy, StrategyMap
 from ledgerq.scopes import ACCESS_MODES, Scope
@@ -241,6 +242,14 @@ def _public_url(value: Any) -> str:
     if url and (not url.startswith(("http://", "https://")) or "?" in url or "#" in url):
         raise ValueError(f"{url!r}: give the gateway's base URL, e.g. https://gw.example.com")
     return url
+
+
+def _service_id(value: Any) -> str:
+    service_id = _text(value).strip()
+    problem = service_id_problem(service_id) if service_id else None
+    if problem is not None:
+        raise ValueError(f"{service_id!r}: {problem}")
+    return service_id
 
 
 _TOKEN_FIELDS = {"name", "token", "services", "access"}
@@ -536,6 +545,12 @@ KEYS: tuple[Key, ...] = (
         "Host names answered besides the bind address and loopback (*: any)",
     ),
     Key("public_url", _public_url, "", "base URL of status links (default: from the Host)"),
+    Key(
+        "default_service",
+        _service_id,
+        "",
+        "service of batches posted without one (empty: none, one queue)",
+    ),
     Key(
         "trust_forwarded",
         _bool,

@@ -21,6 +21,7 @@ Conventions a caller relies on:
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
@@ -34,6 +35,24 @@ NO_SERVICE = "#none"
 #: and a service id (4 characters) make 17, the seed's VARCHAR(17). We allow
 #: more room for Sawtooth-only deployments that name their scopes freely.
 MAX_SERVICE_ID_LENGTH = 64
+#: What a service id holds: letters, digits and ``. _ - : ~ @ +``, starting
+#: with a letter or digit (Grid's ``circuit::service`` fits; ``#`` of
+#: :data:`NO_SERVICE` does not).
+SERVICE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-:~@+]*")
+
+
+def service_id_problem(service_id: str) -> str | None:
+    """Why ``service_id`` is refused, or ``None`` if it is acceptable."""
+    if len(service_id) > MAX_SERVICE_ID_LENGTH:
+        return f"service_id is longer than {MAX_SERVICE_ID_LENGTH} characters"
+    if not SERVICE_ID_RE.fullmatch(service_id):
+        return (
+            "service_id must start with a letter or digit and hold only letters, digits "
+            "and . _ - : ~ @ +"
+        )
+    return None
+
+
 #: Longest family name and version the store holds (the seed's columns).
 MAX_FAMILY_NAME_LENGTH = 128
 MAX_FAMILY_VERSION_LENGTH = 16

@@ -138,7 +138,8 @@ async def test_a_served_gateway_with_scoped_tokens_keeps_tenants_apart(
     connector = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(url, connector=connector) as http:
         for path in (
-            "/batches",
+            "/tracking/batches",
+            "/blocks",
             "/batch_statuses?id=x",
             "/services",
             "/metrics",

@@ -22,13 +22,13 @@ from hypothesis import HealthCheck, settings
 
 from ledgerq.config import load_settings
 from ledgerq.gateway.service import Gateway
+from ledgerq.ledgers.inprocess import NodeClient
 from ledgerq.node import Node
 from ledgerq.node.rest import make_app
 from ledgerq.node.scabbard import ScabbardServices
 from ledgerq.operator import extend_node_app, gateway_app
 from ledgerq.operator.openapi import load_spec
 from ledgerq.store import open_store
-from tests.operator_fakes import CommittingLedger
 
 AppFactory = Callable[[], Awaitable[tuple[web.Application, Callable[[], Awaitable[None]]]]]
 
@@ -83,10 +83,13 @@ async def _gateway_app() -> tuple[web.Application, Callable[[], Awaitable[None]]
     db = f"sqlite:///{folder.name}/g.sqlite3"
     config = load_settings({"db": db, "bind": "127.0.0.1:0"}, environ={}, cwd=Path(folder.name))
     store = await open_store(db)
-    gateway = Gateway(config, store, CommittingLedger())
+    # A ledger that answers Sawtooth's read routes, as the default one does.
+    node = await Node.open(None)
+    gateway = Gateway(config, store, NodeClient(node))
 
     async def close() -> None:
         await store.close()
+        await node.close()
         folder.cleanup()
 
     return gateway_app(gateway), close

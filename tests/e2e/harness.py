@@ -232,7 +232,7 @@ async def check_no_service_locked(session: aiohttp.ClientSession, gateway: str) 
 async def resubmitted(session: aiohttp.ClientSession, gateway: str) -> int:
     """How many tracked batches were submitted more than once (resent after a fault)."""
     count = 0
-    next_url: str | None = f"{gateway}/batches?limit=1000"
+    next_url: str | None = f"{gateway}/tracking/batches?limit=1000"
     while next_url:
         async with session.get(next_url) as resp:
             page = await resp.json()

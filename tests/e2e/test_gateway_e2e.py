@@ -166,7 +166,9 @@ async def test_gateway_killed_and_restarted_mid_run(
 
 async def _until_some_pending(session: aiohttp.ClientSession, gw: str) -> None:
     for _ in range(200):
-        async with session.get(f"{gw}/batches", params={"status": "Pending", "limit": "5"}) as r:
+        async with session.get(
+            f"{gw}/tracking/batches", params={"status": "Pending", "limit": "5"}
+        ) as r:
             if (await r.json())["data"]:
                 return
         await asyncio.sleep(0.01)

@@ -161,7 +161,7 @@ async def test_a_wrong_url_leaves_every_batch_waiting_and_says_why(
                 await asyncio.sleep(0.02)
             assert len(problems) == 3, rows
             assert {p["cause"] for p in problems} == {"HTTP 404"}
-            async with session.get(f"{gateway.url}/batches?limit=100") as r:
+            async with session.get(f"{gateway.url}/tracking/batches?limit=100") as r:
                 batches = (await r.json())["data"]
             assert not [b for b in batches if b["status"] in ("Invalid", "Committed")]
             # The operator fixes it: everything commits, in order, and nothing twice.

@@ -181,8 +181,8 @@ async def test_a_body_over_the_limit_is_a_json_413_on_any_route(
 @pytest.mark.parametrize(
     "path",
     [
-        "/batches",
-        f"/batches/{TX_ID}",
+        "/tracking/batches",
+        f"/tracking/batches/{TX_ID}",
         "/services",
         f"/batch_statuses?id={TX_ID}",
     ],

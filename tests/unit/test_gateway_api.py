@@ -87,7 +87,7 @@ async def test_post_errors_name_the_problem(
     url, _, _ = api
     body = encode_batch_list(batches(1))
     async with http.post(f"{url}/batches", data=body, headers={"Content-Type": "text/plain"}) as r:
-        assert r.status == 415
+        assert r.status == 400  # Sawtooth's code 42
         assert "application/octet-stream" in (await r.json())["error"]["message"]
     async with http.post(f"{url}/batches", data=b"\x0a\x05junk!", headers=OCTET) as r:
         assert r.status == 400
@@ -155,15 +155,15 @@ async def test_a_batch_is_found_by_id_alone_across_services(
         (nobody.batch_id, "PENDING", "#none"),
         ("ab" * 64, "UNKNOWN", None),
     ]
-    async with http.get(f"{url}/batches/{b1.batch_id}") as r:
+    async with http.get(f"{url}/tracking/batches/{b1.batch_id}") as r:
         assert (await r.json())["data"]["service_id"] == "b::2"
     # A service named explicitly is the only place looked in.
     async with http.get(f"{url}/batch_statuses?id={a1.batch_id}&service_id=b::2") as r:
         assert (await r.json())["data"][0]["status"] == "UNKNOWN"
-    async with http.get(f"{url}/batches/{a1.batch_id}?service_id=b::2") as r:
+    async with http.get(f"{url}/tracking/batches/{a1.batch_id}?service_id=b::2") as r:
         assert r.status == 404
         assert "in service b::2" in (await r.json())["error"]["message"]
-    async with http.get(f"{url}/batches/{'cd' * 64}") as r:
+    async with http.get(f"{url}/tracking/batches/{'cd' * 64}") as r:
         assert r.status == 404
         assert "in any service" in (await r.json())["error"]["message"]
 
@@ -174,12 +174,12 @@ async def test_a_malformed_batch_id_is_a_400_naming_it(
 ) -> None:
     # As for status requests: a NUL reached PostgreSQL and came back a 500.
     url, _, _ = api
-    async with http.get(f"{url}/batches/{path_id}") as r:
+    async with http.get(f"{url}/tracking/batches/{path_id}") as r:
         assert r.status == 400
         error = (await r.json())["error"]
     assert error["rule"] == "malformed_id"
     assert "128 lowercase hex" in error["message"] or "data change id" in error["message"]
-    async with http.get(f"{url}/batches/dc:order-17") as r:
+    async with http.get(f"{url}/tracking/batches/dc:order-17") as r:
         assert r.status == 404
 
 
@@ -192,21 +192,21 @@ async def test_listing_pagination_services_health(
         async with http.post(f"{url}/batches?service_id={service}", data=body, headers=OCTET):
             pass
     seen = []
-    next_url: str | None = f"{url}/batches?limit=4"
+    next_url: str | None = f"{url}/tracking/batches?limit=4"
     while next_url:
         async with http.get(next_url) as r:
             page = await r.json()
         seen += [d["id"] for d in page["data"]]
         next_url = page["paging"]["next"]
     assert seen == [b.batch_id for b in accepted]
-    async with http.get(f"{url}/batches?service_id=b::2&status=none") as r:
+    async with http.get(f"{url}/tracking/batches?service_id=b::2&status=none") as r:
         assert len((await r.json())["data"]) == 3
-    async with http.get(f"{url}/batches?status=bogus") as r:
+    async with http.get(f"{url}/tracking/batches?status=bogus") as r:
         assert r.status == 400
     one = accepted[0]
-    async with http.get(f"{url}/batches/{one.batch_id}?service_id=a::1") as r:
+    async with http.get(f"{url}/tracking/batches/{one.batch_id}?service_id=a::1") as r:
         assert (await r.json())["data"]["service_id"] == "a::1"
-    async with http.get(f"{url}/batches/{one.batch_id}?service_id=b::2") as r:
+    async with http.get(f"{url}/tracking/batches/{one.batch_id}?service_id=b::2") as r:
         assert r.status == 404
     async with http.get(f"{url}/services") as r:
         services = {s["service_id"]: s for s in (await r.json())["data"]}
@@ -240,12 +240,14 @@ async def test_a_bad_listing_query_is_a_400_naming_the_parameter(
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         try:
-            async with http.get(f"{url}/batches?{query}") as r:
+            async with http.get(f"{url}/tracking/batches?{query}") as r:
                 assert r.status == 400
                 message = (await r.json())["error"]["message"]
             assert message.startswith(f"{named} must be an integer from")
             assert repr(query.partition("=")[2]) in message
-            async with http.get(f"{url}/batches?after=9223372036854775807&limit=1000") as r:
+            async with http.get(
+                f"{url}/tracking/batches?after=9223372036854775807&limit=1000"
+            ) as r:
                 assert r.status == 200
                 assert (await r.json())["data"] == []
         finally:
@@ -277,11 +279,11 @@ async def test_a_parameter_given_twice_with_different_values_is_a_400_naming_it(
         ("GET", f"/batch_statuses?id={one}&service_id=a&service_id=b", "service_id"),
         ("GET", f"/batch_statuses?id={one}&wait=0&wait=false", "wait"),
         ("POST", "/batch_statuses?service_id=a&service_id=", "service_id"),
-        ("GET", f"/batches/{one}?service_id=a&service_id=b", "service_id"),
-        ("GET", "/batches?service_id=a&service_id=b", "service_id"),
-        ("GET", "/batches?status=none&status=Pending", "status"),
-        ("GET", "/batches?limit=1&limit=2", "limit"),
-        ("GET", "/batches?after=1&after=2", "after"),
+        ("GET", f"/tracking/batches/{one}?service_id=a&service_id=b", "service_id"),
+        ("GET", "/tracking/batches?service_id=a&service_id=b", "service_id"),
+        ("GET", "/tracking/batches?status=none&status=Pending", "status"),
+        ("GET", "/tracking/batches?limit=1&limit=2", "limit"),
+        ("GET", "/tracking/batches?after=1&after=2", "after"),
         ("GET", "/services?limit=1&limit=2", "limit"),
         ("GET", "/services?after=a&after=b", "after"),
     ):
@@ -298,7 +300,7 @@ async def test_a_parameter_given_twice_with_different_values_is_a_400_naming_it(
         assert error["message"].startswith(f"{named} is given 2 times with different values")
     assert len(accepted) == 1
     # The same value twice is no question.
-    async with http.get(f"{url}/batches?service_id=a&service_id=a&limit=5&limit=5") as r:
+    async with http.get(f"{url}/tracking/batches?service_id=a&service_id=a&limit=5&limit=5") as r:
         assert [d["id"] for d in (await r.json())["data"]] == [one]
     async with http.get(f"{url}/services?limit=5&limit=5") as r:
         assert r.status == 200

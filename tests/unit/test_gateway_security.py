@@ -101,7 +101,7 @@ async def test_scoped_tokens_see_only_their_services() -> None:
                 status, doc = await get(http, url, "/services", token)
                 assert status == 200
                 assert [s["service_id"] for s in doc["data"]] == ["acme-orders"]
-                status, doc = await get(http, url, "/batches", token)
+                status, doc = await get(http, url, "/tracking/batches", token)
                 assert status == 200
                 assert {b["service_id"] for b in doc["data"]} == {"acme-orders"}
                 assert len(doc["data"]) == 2
@@ -119,9 +119,9 @@ async def test_scoped_tokens_see_only_their_services() -> None:
                     assert r.status == 200
                     data = (await r.json())["data"]
                     assert [e["status"] for e in data] == ["PENDING"] * 2 + ["UNKNOWN"] * 2
-                status, doc = await get(http, url, f"/batches/{globex_ids[0]}", token)
+                status, doc = await get(http, url, f"/tracking/batches/{globex_ids[0]}", token)
                 assert status == 404
-                for path in ("/batches", "/batch_statuses"):
+                for path in ("/tracking/batches", "/batch_statuses"):
                     status, doc = await get(
                         http, url, path, token, service_id="globex::ledger", id=globex_ids[0]
                     )
@@ -254,7 +254,13 @@ def _matches_spec(doc: Any, path: str) -> None:
 async def test_scoped_tokens_alone_guard_every_route() -> None:
     async with running_gateway({"auth.tokens": TOKENS}, pipeline=False) as (url, _gw):
         async with aiohttp.ClientSession() as http:
-            for path in ("/batches", "/services", "/instances", "/dashboard/data", "/metrics"):
+            for path in (
+                "/tracking/batches",
+                "/services",
+                "/instances",
+                "/dashboard/data",
+                "/metrics",
+            ):
                 status, _doc = await get(http, url, path, None)
                 assert status == 401, path
             status, _doc = await get(http, url, "/services", "not-a-token-0123456789")
@@ -269,13 +275,13 @@ async def test_a_host_not_allowed_is_refused_with_421() -> None:
         async with aiohttp.ClientSession() as http:
             # DNS rebinding: a page named evil.example resolving to 127.0.0.1.
             for host in ("evil.example", f"evil.example:{port}", "127.0.0.2.nip.io"):
-                async with http.get(f"{url}/batches", headers={"Host": host}) as r:
+                async with http.get(f"{url}/tracking/batches", headers={"Host": host}) as r:
                     assert r.status == 421, host
                     doc = await r.json()
                     assert doc["error"]["code"] == 421
                     assert "allowed_hosts" in doc["error"]["message"]
             for host in ("localhost", f"127.0.0.1:{port}", "[::1]:80", "gw.example.com:443"):
-                async with http.get(f"{url}/batches", headers={"Host": host}) as r:
+                async with http.get(f"{url}/tracking/batches", headers={"Host": host}) as r:
                     assert r.status == 200, host
             # Probes answer whatever the Host (load balancers name instances by address).
             async with http.get(f"{url}/health", headers={"Host": "10.1.2.3:8080"}) as r:
@@ -346,7 +352,7 @@ async def test_failures_carry_the_security_headers_too() -> None:
         gw.store.list_batches = unavailable  # type: ignore[method-assign]
         gw.store.list_services = broken  # type: ignore[method-assign]
         async with aiohttp.ClientSession() as http:
-            for path, expected in (("/batches", 503), ("/services", 500)):
+            for path, expected in (("/tracking/batches", 503), ("/services", 500)):
                 async with http.get(url + path) as r:
                     assert r.status == expected, path
                     assert r.headers["X-Content-Type-Options"] == "nosniff", path
@@ -378,8 +384,8 @@ async def test_store_failures_answer_a_status_the_spec_documents(
         body, ids = batch_list(1, "k")
         requests = [
             ("post", "/batches", "/batches", body, OCTET),
-            ("get", "/batches", "/batches", None, {}),
-            ("get", "/batches/{batch_id}", f"/batches/{ids[0]}", None, {}),
+            ("get", "/tracking/batches", "/tracking/batches", None, {}),
+            ("get", "/tracking/batches/{batch_id}", f"/tracking/batches/{ids[0]}", None, {}),
             ("get", "/batch_statuses", f"/batch_statuses?id={ids[0]}", None, {}),
             ("post", "/batch_statuses", "/batch_statuses", json.dumps(ids), {}),
             ("get", "/services", "/services", None, {}),
@@ -474,8 +480,8 @@ async def test_no_answer_names_the_store_whatever_fails(failure: StoreError) -> 
             for token in (ACME, ADMIN):
                 for method, path, data in (
                     ("post", "/batches?service_id=acme-x", body),
-                    ("get", "/batches", None),
-                    ("get", f"/batches/{ids[0]}", None),
+                    ("get", "/tracking/batches", None),
+                    ("get", f"/tracking/batches/{ids[0]}", None),
                     ("get", f"/batch_statuses?id={ids[0]}", None),
                     ("get", "/services", None),
                     ("get", "/instances", None),

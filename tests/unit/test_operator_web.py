@@ -155,9 +155,11 @@ async def test_a_token_guards_every_route_but_health_ready_openapi_and_the_page(
             async with http.post(f"{url}/batches", data=body, headers=good) as r:
                 assert r.status == 202
             for path in (
-                "/batches",
-                "/batches/abc",
+                "/tracking/batches",
+                "/tracking/batches/abc",
                 "/batch_statuses?id=abc",
+                "/blocks",
+                "/services/svc1/state",
                 "/services",
                 "/instances",
                 "/metrics",
@@ -172,7 +174,13 @@ async def test_a_token_guards_every_route_but_health_ready_openapi_and_the_page(
             async with http.get(url + "/ready") as r:
                 assert r.status == 503  # open, and not ready: the pipeline is not running
             auth = {"Authorization": f"Bearer {TOKEN}"}
-            for path in ("/batches", "/services", "/instances", "/metrics", "/dashboard/data"):
+            for path in (
+                "/tracking/batches",
+                "/services",
+                "/instances",
+                "/metrics",
+                "/dashboard/data",
+            ):
                 async with http.get(url + path, headers=auth) as r:
                     assert r.status == 200, path
 

@@ -248,7 +248,11 @@ def batches(
 
     async def fetch(client: GatewayClient) -> Any:
         return await client.get(
-            "/batches", service_id=service_id, status=status_filter, limit=limit, after=after
+            "/tracking/batches",
+            service_id=service_id,
+            status=status_filter,
+            limit=limit,
+            after=after,
         )
 
     doc = run(fetch, url, token)

@@ -116,6 +116,10 @@ def _announce(gateway: Gateway) -> None:
 )
 @click.option("--public-url", help="Base URL of the links in answers [public_url].")
 @click.option(
+    "--default-service",
+    help="The service of batches posted without one (empty: none) [default_service].",
+)
+@click.option(
     "--insecure-allow-remote",
     is_flag=True,
     default=None,
@@ -138,6 +142,7 @@ def serve(
     on_invalid_for: tuple[str, ...],
     allowed_hosts: str | None,
     public_url: str | None,
+    default_service: str | None,
     insecure_allow_remote: bool | None,
     log_level: str | None,
     log_json: bool | None,
@@ -157,6 +162,7 @@ def serve(
         "queuer.on_invalid_by_service": ",".join(on_invalid_for) if on_invalid_for else None,
         "allowed_hosts": allowed_hosts,
         "public_url": public_url,
+        "default_service": default_service,
         "insecure_allow_remote": insecure_allow_remote,
         "log.level": log_level,
         "log.json": log_json,

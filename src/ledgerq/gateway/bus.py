@@ -23,7 +23,10 @@ polling is the fallback.
 Metrics do not fit in a datagram: each worker also serves its own Prometheus
 exposition on a Unix socket in a directory its supervisor made
 (:class:`MetricsSockets`); the worker that answers ``/metrics`` reads the
-others' there and adds them up.
+others' there and adds them up. On SQLite, worker 0 serves there too the
+in-process node's answers to Sawtooth's read routes, which the others
+forward to it (:class:`WorkerChainReads`): whichever worker a Sawtooth
+client reaches reads the same chain.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from ledgerq.ledgers.chain import SAWTOOTH_READS, ChainHandler, ChainReads, forward_read
 
 log = logging.getLogger(__name__)
 
@@ -223,10 +228,12 @@ class MetricsSockets:
         self,
         exposition: Callable[[], bytes],
         dashboard_part: Callable[[int, int], dict[str, Any]] | None = None,
+        chain: ChainReads | None = None,
     ) -> Callable[[], Awaitable[None]]:
-        """Serve this worker's exposition (``/``) and its share of the
-        dashboard (``/dashboard?seconds=N&until=S``); returns the coroutine
-        function that stops it."""
+        """Serve this worker's exposition (``/``), its share of the
+        dashboard (``/dashboard?seconds=N&until=S``) and, given ``chain``,
+        Sawtooth's read routes (for :class:`WorkerChainReads`); returns the
+        coroutine function that stops it."""
 
         async def own(_request: web.Request) -> web.Response:
             return web.Response(body=exposition())
@@ -243,6 +250,11 @@ class MetricsSockets:
         app = web.Application()
         app.router.add_get("/", own)
         app.router.add_get("/dashboard", dashboard)
+        for method, route in SAWTOOTH_READS if chain is not None else ():
+            assert chain is not None
+            handler = chain.chain_handler(method, route)
+            if handler is not None:
+                app.router.add_route(method, route, handler)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         path = self.path(self.index)
@@ -280,6 +292,35 @@ class MetricsSockets:
         """The other workers' shares of the dashboard (``dashboard_part``)."""
         bodies = await self._from_peers(f"/dashboard?seconds={int(seconds)}&until={int(until_s)}")
         return [json.loads(b) for b in bodies]
+
+
+class WorkerChainReads:
+    """Sawtooth's read routes of the in-process node, which lives in worker 0:
+    forwarded to it on its socket (:meth:`MetricsSockets.serve`)."""
+
+    def __init__(self, path: str, *, timeout_s: float = 30.0) -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def chain_handler(self, method: str, route: str) -> ChainHandler | None:
+        return self._forward if (method, route) in SAWTOOTH_READS else None
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.path))
+        return await forward_read(
+            self._session,
+            "http://worker0",
+            request,
+            ledger="the in-process node, in worker 0",
+            timeout_s=self.timeout_s,
+            connect_s=2.0,
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 def socket_pairs(count: int) -> list[tuple[socket.socket, socket.socket]]:

@@ -18,14 +18,15 @@ from typing import Any
 
 from ledgerq.clock import now_ms
 from ledgerq.config import Settings
-from ledgerq.errors import InvalidBatchError, LedgerError
-from ledgerq.gateway.bus import MetricsSockets, WorkerBus, WorkerInfo
+from ledgerq.errors import ConfigError, InvalidBatchError, LedgerError
+from ledgerq.gateway.bus import MetricsSockets, WorkerBus, WorkerChainReads, WorkerInfo
 from ledgerq.gateway.ha import advertised_address, open_high_availability
 from ledgerq.gateway.service import Gateway
 from ledgerq.gateway.wakeups import PgWakeups
 from ledgerq.gateway.workers import WorkerSpec, listening_socket
 from ledgerq.ledgers import HttpTimeouts, LedgerClient, http_ledger_client
 from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, SubmitResult
+from ledgerq.ledgers.chain import ChainHandler, ChainReads, chain_reads
 from ledgerq.ledgers.splinter import scabbard_path
 from ledgerq.queue.strategy import Strategy
 from ledgerq.store import open_store
@@ -34,9 +35,17 @@ log = logging.getLogger(__name__)
 
 
 class IngestOnlyLedger:
-    """The ledger client of an ingest worker, which never submits nor follows."""
+    """The ledger client of an ingest worker, which never submits nor follows;
+    Sawtooth's read routes it answers through ``reads`` (the ledger's own
+    client, or worker 0 for the in-process node)."""
 
     description = "none in this worker (worker 0 submits)"
+
+    def __init__(self, reads: ChainReads | None = None) -> None:
+        self.reads = reads
+
+    def chain_handler(self, method: str, route: str) -> ChainHandler | None:
+        return None if self.reads is None else self.reads.chain_handler(method, route)
 
     async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
         raise LedgerError("an ingest worker submits nothing; worker 0 runs the pipeline")
@@ -71,6 +80,11 @@ def _any_service_id(service_id: str) -> None:
 
 
 async def open_ledger(settings: Settings, stack: AsyncExitStack) -> LedgerClient:
+    if settings.ledger.startswith("splinter+") and settings["default_service"]:
+        try:
+            scabbard_path(settings["default_service"])
+        except LedgerError as exc:
+            raise ConfigError(f"default_service: {exc}") from exc
     if settings.ledger == "node":
         # The in-process node lives as long as the gateway: the stack closes it.
         from ledgerq.ledgers.inprocess import NodeClient
@@ -83,7 +97,13 @@ async def open_ledger(settings: Settings, stack: AsyncExitStack) -> LedgerClient
         )
         stack.push_async_callback(node.close)
         return NodeClient(node)
-    client = http_ledger_client(
+    client = _http_client(settings)
+    stack.push_async_callback(client.close)
+    return client
+
+
+def _http_client(settings: Settings) -> LedgerClient:
+    return http_ledger_client(
         settings.ledger,
         HttpTimeouts(
             connect=settings["ledger_timeout.connect_s"],
@@ -92,8 +112,22 @@ async def open_ledger(settings: Settings, stack: AsyncExitStack) -> LedgerClient
         ),
         token=settings["ledger_token"],
     )
+
+
+async def ingest_ledger(
+    settings: Settings, stack: AsyncExitStack, worker: WorkerSpec
+) -> IngestOnlyLedger:
+    """An ingest worker's ledger: Sawtooth's reads from the ledger's own
+    client, or from worker 0 when the ledger is its in-process node."""
+    if settings.ledger == "node":
+        reads = WorkerChainReads(
+            MetricsSockets(worker.sockets_dir, worker.index, worker.count).path(0)
+        )
+        stack.push_async_callback(reads.close)
+        return IngestOnlyLedger(reads)
+    client = _http_client(settings)
     stack.push_async_callback(client.close)
-    return client
+    return IngestOnlyLedger(chain_reads(client))
 
 
 async def run_gateway(
@@ -119,6 +153,8 @@ async def run_gateway(
         pipeline = worker is None or worker.role == "gateway"
         claims = None
         ledger: LedgerClient = IngestOnlyLedger()
+        if worker is not None and not pipeline:
+            ledger = await ingest_ledger(settings, stack, worker)
         if pipeline:
             # SQLite: refuse a second gateway on the file (unless this worker's
             # supervisor holds the lock for it); PostgreSQL: take claims.
@@ -162,7 +198,12 @@ async def run_gateway(
             # /metrics of any worker adds up every worker's counters.
             sockets = MetricsSockets(worker.sockets_dir, worker.index, worker.count)
             stack.push_async_callback(
-                await sockets.serve(gateway.metrics.exposition, gateway.metrics.dashboard_part)
+                await sockets.serve(
+                    gateway.metrics.exposition,
+                    gateway.metrics.dashboard_part,
+                    # Worker 0 answers the others' Sawtooth reads of its in-process node.
+                    chain=chain_reads(ledger) if pipeline and settings.ledger == "node" else None,
+                )
             )
             gateway.metrics.peers = sockets.peers
             # /dashboard/data of any worker adds up every worker's throughput and recent batches.

@@ -42,6 +42,7 @@ from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
 from ledgerq.ingest.decoding import Yielding, verify_thread_wanted
 from ledgerq.ingest.guard import GuardedSite, HttpLimits, request_line_limit
 from ledgerq.ledgers.base import LedgerClient
+from ledgerq.ledgers.chain import chain_reads
 from ledgerq.ledgers.health import LedgerHealth
 from ledgerq.model import Fence, TrackingBatch
 from ledgerq.operator import GatewayMetrics, gateway_app
@@ -184,6 +185,9 @@ class Gateway:
             acceptor=GroupInserter(store, successors=successors),
             strategy_of=lambda service_id: strategies.of(service_id).value,
             ledger_problem=self._ledger_problem,
+            chain=chain_reads(ledger),
+            ledger_name=ledger.description,
+            default_service=settings["default_service"],
         )
         #: Asks the ledger about the batches a take-over finds mid-submission.
         self.take_over = TakeOverAsks(

@@ -1,4 +1,5 @@
-"""The gateway's REST API (aiohttp), compatible with Grid's batch endpoints.
+"""The gateway's REST API (aiohttp), compatible with Grid's batch endpoints
+and with Sawtooth's REST API.
 
 * ``POST /batches?service_id=S`` — body: an ``application/octet-stream``
   protobuf ``BatchList``. Every batch is decoded and verified, then all are
@@ -8,11 +9,13 @@
   same bytes in the same service — answers ``202`` with the same link (as
   Grid and Sawtooth do), storing nothing.
   Errors are JSON ``{"error": {"code", "title", "message", "rule"?}}``:
-  400 for a malformed or unverifiable list or a bad service id, 409 when a
+  400 for a malformed or unverifiable list (Sawtooth's codes 30, 34, 35; 42
+  for another content type) or a bad service id, 409 when a
   batch id is tracked with another body or in another service (or a list
   mixes new and tracked batches; a data change id or transaction id is
-  taken), 413 for a body over ``max_body_bytes``, 415 for any other content
-  type or a ``Content-Encoding`` other than identity, gzip and deflate.
+  taken), 413 for a body over ``max_body_bytes``, 415 for a
+  ``Content-Encoding`` other than identity, gzip and deflate. Without a
+  service the batches go to ``default_service`` (empty: none).
 * ``GET /batch_statuses?id=a,b&service_id=S&wait=N`` — Sawtooth's shape
   (``{"data": [{"id", "status", "invalid_transactions"}], "link"}``): a batch
   ledgerq still holds is ``PENDING``, one it never saw ``UNKNOWN``; with
@@ -25,10 +28,13 @@
   shared cache, the others read in one query, two reads at a time, the
   requests waiting meanwhile read together (:mod:`ledgerq.ingest.combined`);
   an unparsable ``wait`` is a 400; parked requests are capped (429).
-* ``GET /batches?service_id=&status=&limit=&after=`` — tracked batches in
-  acceptance order, paginated by ``seq`` (``paging.next`` links the next page).
-* ``GET /batches/{id}?service_id=S`` — one batch (a malformed id is a 400,
-  as in a status request).
+* ``GET /tracking/batches?service_id=&status=&limit=&after=`` — tracked
+  batches in acceptance order, paginated by ``seq`` (``paging.next`` links
+  the next page); off Sawtooth's paths, where ``GET /batches`` is the chain's.
+* ``GET /tracking/batches/{id}?service_id=S`` — one batch (a malformed id is
+  a 400, as in a status request).
+* Sawtooth's read routes (``/state``, ``/blocks``, the chain's ``/batches``,
+  …), answered by the ledger: :mod:`ledgerq.ingest.chain`.
 * ``GET /services?limit=&after=`` — in service id order, paginated by id
   (``paging.next`` links the next page): queue depth, head batch, in-flight
   batch, lock reason, the ledger's open problem for the service (what it
@@ -40,6 +46,13 @@
   port (index, pid, role, instance id, start, restarts).
 * ``GET /health`` — the process answers; ``GET /ready`` — the store answers
   and the pipeline runs (503 otherwise).
+
+Sawtooth's routes (``POST /batches``, ``/batch_statuses`` and the read
+routes) are served again under ``/services/{service_id}``, which names the
+service as ``?service_id=`` does (both, differing: a 400), so that a
+Sawtooth client, which only appends paths to its URL, can name one; their
+errors carry Sawtooth's codes and titles (``exceptions.py``), with the
+``rule`` beside them.
 
 A query parameter given twice with different values is a 400 naming it
 (which was meant cannot be told); ``id`` given twice is one list, as
@@ -80,13 +93,15 @@ from ledgerq.errors import (
     StoreUnavailableError,
 )
 from ledgerq.httpbody import read_body
+from ledgerq.ingest.chain import SERVICE_PREFIX, ChainRoutes, service_prefix
 from ledgerq.ingest.combined import CombinedReads, StatusQueueFull
 from ledgerq.ingest.decoding import DEFAULT_PRIORITY, BatchListDecoder, ClientGone, Yielding
-from ledgerq.ingest.errors import Handler, error_body, json_errors
+from ledgerq.ingest.errors import Handler, error_body, json_errors, sawtooth_error
 from ledgerq.ingest.guard import guard_middleware, on_disconnect, refuse_encoding
 from ledgerq.ingest.longpoll import Changes as Changes
 from ledgerq.ingest.longpoll import FinalCache
 from ledgerq.ingest.longpoll import TooManyWaitersError as TooManyWaitersError
+from ledgerq.ledgers.chain import ChainReads
 from ledgerq.model import (
     NO_SERVICE,
     BatchStatus,
@@ -224,6 +239,12 @@ def _error(
     )
 
 
+#: Sawtooth's error code for a posted BatchList refused by a codec rule
+#: (exceptions.py): an empty list 34, one that does not parse 35, any other
+#: refusal 30 (Submitted Batches Invalid: a bad signature, a header that
+#: does not decode, ...).
+_REFUSAL_CODES = {"empty_batch_list": 34, "malformed_protobuf": 35}
+
 _BATCH_ID = re.compile(r"[0-9a-f]{128}")
 MAX_DATA_CHANGE_ID_LENGTH = 256
 
@@ -318,6 +339,20 @@ def _param(query: MultiMapping[str], name: str) -> str | None:
     return first
 
 
+def _service_param(request: web.Request) -> str | None:
+    """The service a request names: by its prefix (``/services/{service_id}/...``)
+    or by ``?service_id=`` (None when neither; ValueError when both, differing)."""
+    given = _param(request.query, "service_id") or None
+    in_path = request.match_info.get("service_id")
+    if in_path is None:
+        return given
+    if given is not None and given != in_path:
+        raise ValueError(
+            f"the path names service {in_path!r} and service_id names {given!r}; name one"
+        )
+    return in_path
+
+
 def _repeated(exc: RepeatedParameterError) -> web.Response:
     return _error(400, "Bad Query", str(exc), "repeated_parameter")
 
@@ -359,14 +394,13 @@ def status_entry(batch_id: str, batch: TrackingBatch | None) -> dict[str, Any]:
     invalid = []
     if isinstance(batch.batch_status, Invalid):
         for t in batch.batch_status.transactions:
-            message = t.error_message or t.external_error_message or ""
-            invalid.append(
-                {
-                    "id": t.transaction_id,
-                    "message": message,
-                    "extended_data": base64.b64encode(t.error_data or b"").decode(),
-                }
-            )
+            entry = {
+                "id": t.transaction_id,
+                "message": t.error_message or t.external_error_message or "",
+                "extended_data": base64.b64encode(t.error_data or b"").decode(),
+            }
+            # As Sawtooth's REST API answers: empty properties left out.
+            invalid.append({k: v for k, v in entry.items() if v})
     return {
         "id": batch_id,
         "status": sawtooth_status(batch.batch_status),
@@ -462,6 +496,9 @@ class GatewayApi:
         decode_yielding: Yielding | None = None,
         pipeline_busy: Callable[[], bool] = lambda: False,
         verify_thread: bool = False,
+        chain: ChainReads | None = None,
+        ledger_name: str = "the ledger",
+        default_service: str = "",
     ) -> None:
         """``acceptor``: what stores accepted batches (default: ``store``);
         ``ledger_problem``: the ledger's open problem for a service, if any;
@@ -472,7 +509,10 @@ class GatewayApi:
         the largest of them yield to the pipeline while ``pipeline_busy()``
         as ``decode_yielding`` says (:mod:`ledgerq.ingest.decoding`);
         ``verify_thread``: smaller ones have their signatures verified on a
-        thread beside the loop."""
+        thread beside the loop; ``chain``: the ledger's answers to Sawtooth's
+        read routes (:mod:`ledgerq.ingest.chain`; ``None``: a ledger without
+        them, ``ledger_name`` in the 501 that says so); ``default_service``:
+        the service of batches posted without one (empty: none)."""
         self.max_status_ids = max_status_ids
         #: Posts below the yielding size being taken in now (pipeline work).
         self.posting = 0
@@ -506,6 +546,13 @@ class GatewayApi:
             max_queued=self.changes.max_waiters,
         )
         self.clock = clock
+        self.default_service = default_service or None
+        self.chain = ChainRoutes(
+            chain,
+            base=_base,
+            sees_everything=lambda request: scope_of(request).sees_everything,
+            ledger=ledger_name,
+        )
 
     def set_tenants(self, tenants: int) -> None:
         """How many tenants (tokens) share the long-poll places and the status
@@ -518,11 +565,15 @@ class GatewayApi:
             client_max_size=self.max_body_bytes + 1,
             middlewares=[guard_middleware, json_errors, read_failures],
         )
-        app.router.add_post("/batches", self.post_batches)
-        app.router.add_get("/batches", self.list_batches)
-        app.router.add_get("/batches/{batch_id}", self.get_batch)
-        app.router.add_get("/batch_statuses", self.batch_statuses)
-        app.router.add_post("/batch_statuses", self.batch_statuses)
+        # Sawtooth's API, at the root and under a service's prefix.
+        for prefix in ("", SERVICE_PREFIX):
+            app.router.add_post(prefix + "/batches", self.post_batches)
+            app.router.add_get(prefix + "/batch_statuses", self.batch_statuses)
+            app.router.add_post(prefix + "/batch_statuses", self.batch_statuses)
+        self.chain.add_to(app)
+        # ledgerq's own tracking records, off Sawtooth's paths.
+        app.router.add_get("/tracking/batches", self.list_batches)
+        app.router.add_get("/tracking/batches/{batch_id}", self.get_batch)
         app.on_cleanup.append(self._stop_decoding)
         app.router.add_get("/services", self.services)
         app.router.add_get("/instances", self.instances)
@@ -532,18 +583,21 @@ class GatewayApi:
 
     async def post_batches(self, request: web.Request) -> web.Response:
         if request.content_type != "application/octet-stream":
-            return _error(
-                415,
-                "Unsupported Media Type",
+            return sawtooth_error(
+                42,
                 f"send the BatchList as application/octet-stream, not {request.content_type!r}",
+                "wrong_content_type",
             )
         refused = refuse_encoding(request)
         if refused is not None:
             return refused
         try:
-            service_id = _param(request.query, "service_id") or None
+            service_id = _service_param(request)
         except RepeatedParameterError as exc:
             return _repeated(exc)
+        except ValueError as exc:
+            return _error(400, "Invalid Service Id", str(exc), "conflicting_service_id")
+        service_id = service_id or self.default_service
         scope = scope_of(request)
         if not scope.covers(service_id or NO_SERVICE):
             return _out_of_scope(scope, service_id or NO_SERVICE, "post into")
@@ -572,7 +626,9 @@ class GatewayApi:
         except InvalidBatchError as exc:
             if exc.rule == "too_large":
                 return _too_large(self.max_body_bytes)
-            return _error(400, "Invalid BatchList", str(exc), exc.rule)
+            if exc.rule == "invalid_service_id":
+                return _error(400, "Invalid Service Id", str(exc), exc.rule)
+            return sawtooth_error(_REFUSAL_CODES.get(exc.rule, 30), str(exc), exc.rule)
         try:
             stored = await self.acceptor.add_batches(list(batches), now=self.clock())
         except DuplicateBatchError as exc:
@@ -652,11 +708,12 @@ class GatewayApi:
         # De-duplicated, in the order asked.
         ids = list(dict.fromkeys(i for i in raw_ids if i))
         if not ids:
-            return _error(400, "Missing Id", "give the batch ids as ?id=a,b", "missing_id")
+            if request.method == "POST":
+                return sawtooth_error(46, "give at least one batch id", "missing_id")
+            return sawtooth_error(66, "give the batch ids as ?id=a,b", "missing_id")
         if len(ids) > self.max_status_ids:
-            return _error(
-                400,
-                "Too Many Ids",
+            return sawtooth_error(
+                46,
                 f"{len(ids)} distinct batch ids in one request; ask for at most "
                 f"{self.max_status_ids} at a time",
                 "too_many_ids",
@@ -665,9 +722,14 @@ class GatewayApi:
             for i in ids:
                 problem = _id_problem(i)
                 if problem is not None:
-                    return _error(400, "Invalid Id", problem, "malformed_id")
+                    return sawtooth_error(60, problem, "malformed_id")
         try:
-            service_id = _param(request.query, "service_id") or None
+            service_id = _service_param(request)
+        except RepeatedParameterError as exc:
+            return _repeated(exc)
+        except ValueError as exc:
+            return _error(400, "Invalid Service Id", str(exc), "conflicting_service_id")
+        try:
             wait_s = _parse_wait(_param(request.query, "wait"))
         except RepeatedParameterError as exc:
             return _repeated(exc)
@@ -708,9 +770,10 @@ class GatewayApi:
         if request.method == "POST":
             # The same question as a GET: the ids, and where they were looked for.
             query = {"id": ",".join(ids)}
-            if service_id is not None:
+            prefix = service_prefix(request)
+            if service_id is not None and not prefix:
                 query["service_id"] = service_id
-            link = f"{_base(request)}/batch_statuses?{urlencode(query)}"
+            link = f"{_base(request)}{prefix}/batch_statuses?{urlencode(query)}"
         return web.Response(
             text=status_body(ids, found, link, self.changes.final),
             content_type="application/json",
@@ -719,10 +782,10 @@ class GatewayApi:
     async def _posted_ids(self, request: web.Request) -> list[str] | web.Response:
         """The ids of a ``POST /batch_statuses`` (a JSON array, as Sawtooth's)."""
         if request.content_type != "application/json":
-            return _error(
-                415,
-                "Unsupported Media Type",
+            return sawtooth_error(
+                43,
                 "send the batch ids as a JSON array with Content-Type application/json",
+                "wrong_content_type",
             )
         refused = refuse_encoding(request)
         if refused is not None:
@@ -737,8 +800,8 @@ class GatewayApi:
         except ValueError:
             ids = None
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            return _error(
-                400, "Bad Status Request", "the body must be a JSON array of batch ids (strings)"
+            return sawtooth_error(
+                46, "the body must be a JSON array of batch ids (strings)", "bad_status_request"
             )
         return [i.strip() for i in ids]
 
@@ -885,7 +948,7 @@ class GatewayApi:
         if len(listed.batches) == limit and listed.batches[-1].seq is not None:
             params = {k: v for k, v in q.items() if k != "after"}
             params["after"] = str(listed.batches[-1].seq)
-            next_link = f"{_base(request)}/batches?{urlencode(params)}"
+            next_link = f"{_base(request)}/tracking/batches?{urlencode(params)}"
         return web.json_response({"data": data, "paging": {"limit": limit, "next": next_link}})
 
     async def services(self, request: web.Request) -> web.Response:
@@ -1020,7 +1083,7 @@ def _store_failed(exc: StoreError) -> web.Response:
     cause of a 503 or 500 goes to the log only."""
     if isinstance(exc, StoreInputError):
         log.warning("the store refused a list the codec passed: %s", exc)
-        return _error(400, "Invalid BatchList", str(exc), "store_input")
+        return sawtooth_error(30, str(exc), "store_input")
     if isinstance(exc, StoreUnavailableError):
         log.error("cannot store batches: %s", exc)
         return _error(503, "Store Unavailable", STORE_UNAVAILABLE)
@@ -1061,9 +1124,12 @@ def _status_link(
     # hex ids character by character (a long list cost 4 ms): each id is
     # quoted alone (at once when it needs nothing), the commas as %2C.
     query = "id=" + "%2C".join(quote_plus(b.batch_id, safe="") for b in batches)
-    if service_id is not None:
+    prefix = service_prefix(request)
+    if service_id is not None and not prefix:
         query += "&" + urlencode({"service_id": service_id})
-    return web.json_response({"link": f"{_base(request)}/batch_statuses?{query}"}, status=202)
+    return web.json_response(
+        {"link": f"{_base(request)}{prefix}/batch_statuses?{query}"}, status=202
+    )
 
 
 def _taken_elsewhere(batch_id: str, service_id: str) -> str:

@@ -1,7 +1,8 @@
 """JSON error bodies for the errors aiohttp itself raises.
 
 The handlers answer every refusal as ``{"error": {"code", "title",
-"message"}}``; aiohttp's own answers (no route: 404, wrong method: 405, body
+"message"}}`` (on Sawtooth's routes with Sawtooth's codes and titles:
+:func:`sawtooth_error`); aiohttp's own answers (no route: 404, wrong method: 405, body
 over the limit: 413, a handler that raised: 500) would be plain text. This
 middleware, the outermost one, turns every such error into the same JSON
 shape, keeping its status and headers (``Allow`` on a 405). A body aiohttp
@@ -47,8 +48,36 @@ SECURITY_HEADERS = {
 }
 
 
-def error_body(status: int, title: str, message: str, rule: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"code": status, "title": title, "message": message}
+#: The errors of Sawtooth's REST API the gateway itself gives on Sawtooth's
+#: routes (sawtooth-core ``rest_api/sawtooth_rest_api/exceptions.py``): code →
+#: HTTP status and title. The read routes' errors (50, 53, 54, 57, 62, 70-72,
+#: 75, 80-83) are the ledger's own (:mod:`ledgerq.ingest.chain`).
+SAWTOOTH_ERRORS: dict[int, tuple[int, str]] = {
+    30: (400, "Submitted Batches Invalid"),
+    34: (400, "No Batches Submitted"),
+    35: (400, "Protobuf Not Decodable"),
+    42: (400, "Wrong Content Type"),
+    43: (400, "Wrong Content Type"),
+    46: (400, "Bad Status Request"),
+    60: (400, "Invalid Resource Id"),
+    66: (400, "Id Query Invalid or Missing"),
+}
+
+
+def sawtooth_error(code: int, message: str, rule: str | None = None) -> web.Response:
+    """Sawtooth's error ``code`` (:data:`SAWTOOTH_ERRORS`), its status and
+    title, with ledgerq's message and the ``rule`` that was broken."""
+    status, title = SAWTOOTH_ERRORS[code]
+    return web.json_response(error_body(status, title, message, rule, code=code), status=status)
+
+
+def error_body(
+    status: int, title: str, message: str, rule: str | None = None, *, code: int | None = None
+) -> dict[str, Any]:
+    """``{"error": {"code", "title", "message", "rule"?}}``: ``code`` is
+    Sawtooth's numeric code on Sawtooth's routes, else the HTTP status."""
+    body: dict[str, Any] = {"code": status if code is None else code, "title": title}
+    body["message"] = message
     if rule is not None:
         body["rule"] = rule
     return {"error": body}

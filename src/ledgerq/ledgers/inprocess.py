@@ -4,7 +4,9 @@ Direct calls, no HTTP: ``submit`` hands the batch to ``Node.submit`` (which
 returns once it is journaled), a full node is ``Busy`` (as its REST API's
 429), statuses come from ``Node.batch_statuses`` and final-status events from
 ``Node.subscribe``, so a commit reaches the follower at once. The node
-has no services; ``service_id`` is not sent.
+has no services; ``service_id`` is not sent. Sawtooth's read routes are
+answered by the node's own REST handlers (:meth:`NodeClient.chain_handler`),
+called directly: the gateway serves the same answers ``ledgerq node`` gives.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from ledgerq.ledgers.base import (
     SubmitResult,
     Unreachable,
 )
+from ledgerq.ledgers.chain import SAWTOOTH_READS, ChainHandler
 from ledgerq.ledgers.status import check_ids, sawtooth_status
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from ledgerq.node import Node
 
 
@@ -33,6 +38,7 @@ class NodeClient:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.description = "in-process node"
+        self._routes: dict[tuple[str, str], ChainHandler] | None = None
 
     async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
         try:
@@ -67,5 +73,29 @@ class NodeClient:
             status = sawtooth_status(event.info.to_json())
             yield CommitEvent(status.batch_id, status.status, str(event.seq))
 
+    def chain_handler(self, method: str, route: str) -> ChainHandler | None:
+        if (method, route) not in SAWTOOTH_READS:
+            return None
+        if self._routes is None:
+            self._routes = _read_routes(self.node)
+        return self._routes.get((method, route))
+
     async def close(self) -> None:
         pass
+
+
+def _read_routes(node: Node) -> dict[tuple[str, str], ChainHandler]:
+    """The node REST app's handlers of Sawtooth's read routes. The app is
+    never served: its handlers answer the gateway's requests (no decoding
+    processes: it takes no batches)."""
+    from ledgerq.node.decoding import BatchDecoder
+    from ledgerq.node.rest import make_app
+
+    app: web.Application = make_app(node, decoder=BatchDecoder(workers=0))
+    routes: dict[tuple[str, str], ChainHandler] = {}
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource is not None else {}
+        path = info.get("path") or info.get("formatter")
+        if isinstance(path, str) and (route.method, path) in SAWTOOTH_READS:
+            routes[(route.method, path)] = route.handler
+    return routes

@@ -25,11 +25,13 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
+from aiohttp import web
 
 from ledgerq import jsontext
 from ledgerq.backoff import Backoff
 from ledgerq.errors import LedgerError
 from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, SubmitResult, batch_list_bytes
+from ledgerq.ledgers.chain import SAWTOOTH_READS, ChainHandler, forward_read
 from ledgerq.ledgers.http import (
     HttpSessions,
     HttpTimeouts,
@@ -186,6 +188,20 @@ class SawtoothClient:
         url = "ws" + self.base_url.removeprefix("http") + "/subscriptions"
         async for _ in block_triggers(self, url):
             yield None
+
+    def chain_handler(self, method: str, route: str) -> ChainHandler | None:
+        """Every Sawtooth read route, forwarded (:mod:`ledgerq.ledgers.chain`)."""
+        return self._forward if (method, route) in SAWTOOTH_READS else None
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        return await forward_read(
+            self.status_session,
+            self.base_url,
+            request,
+            ledger=self.description,
+            timeout_s=self.timeouts.submit,
+            connect_s=self.timeouts.connect,
+        )
 
     async def close(self) -> None:
         await self._sessions.close()

@@ -22,7 +22,8 @@
 * **CORS** (``cors.origins``): no CORS header at all unless origins are
   configured; then only a listed origin (or ``*``) gets
   ``Access-Control-Allow-Origin`` and preflight answers.
-* **Service ids** given as ``?service_id=`` must match :data:`SERVICE_ID_RE`
+* **Service ids** given as ``?service_id=`` or in a service's prefix
+  (``/services/{service_id}/...``) must match :data:`SERVICE_ID_RE`
   (letters, digits and ``. _ - : ~ @ +``, at most
   :data:`~ledgerq.model.MAX_SERVICE_ID_LENGTH` characters, starting with a
   letter or digit), which admits Grid's ``circuit::service`` form; anything
@@ -32,23 +33,24 @@
 from __future__ import annotations
 
 import hmac
-import re
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from aiohttp import web
 
 from ledgerq.ingest.api import BASE_URL, SCOPE
+from ledgerq.ingest.chain import unprefixed_path
 from ledgerq.ingest.errors import SECURITY_HEADERS
-from ledgerq.model import MAX_SERVICE_ID_LENGTH
+from ledgerq.model import SERVICE_ID_RE as SERVICE_ID_RE
+from ledgerq.model import service_id_problem
 from ledgerq.node.access import host_name, is_loopback
 from ledgerq.scopes import Scope
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-SERVICE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-:~@+]*")
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-#: POST routes that only read (long id lists in the body): they need read access.
-READ_POSTS = frozenset({"/batch_statuses"})
+#: POST routes that only read (long id lists in the body): they need read
+#: access, at the root and under a service's prefix.
+READ_POSTS = frozenset({"/batch_statuses", "/receipts"})
 #: Paths that never need the token: they hold no tracked data.
 PUBLIC_PATHS = frozenset({"/health", "/ready", "/", "/openapi.json"})
 PUBLIC_PREFIXES = ("/static/",)
@@ -65,18 +67,6 @@ def _json_error(status: int, title: str, message: str, **headers: str) -> web.Re
         status=status,
         headers=headers,
     )
-
-
-def service_id_problem(service_id: str) -> str | None:
-    """Why ``service_id`` is refused, or ``None`` if it is acceptable."""
-    if len(service_id) > MAX_SERVICE_ID_LENGTH:
-        return f"service_id is longer than {MAX_SERVICE_ID_LENGTH} characters"
-    if not SERVICE_ID_RE.fullmatch(service_id):
-        return (
-            "service_id must start with a letter or digit and hold only letters, digits "
-            "and . _ - : ~ @ +"
-        )
-    return None
 
 
 def token_middleware(
@@ -112,7 +102,7 @@ def token_middleware(
                 **{"WWW-Authenticate": 'Bearer realm="ledgerq"'},
             )
         # POST /batch_statuses is a read with its ids in the body (as Sawtooth's).
-        write = request.method in WRITE_METHODS and path not in READ_POSTS
+        write = request.method in WRITE_METHODS and unprefixed_path(request) not in READ_POSTS
         if (write and not scope.write) or (not write and not scope.read):
             return _json_error(
                 403,
@@ -219,11 +209,12 @@ def cors_middleware(origins: Collection[str]) -> Callable[..., Awaitable[web.Str
 
 @web.middleware
 async def service_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    service_id = request.query.get("service_id")
-    if service_id:
-        problem = service_id_problem(service_id)
-        if problem is not None:
-            return _json_error(400, "Invalid Service Id", problem)
+    # In the query (?service_id=) and in the path (/services/{service_id}/...).
+    for service_id in (request.query.get("service_id"), request.match_info.get("service_id")):
+        if service_id:
+            problem = service_id_problem(service_id)
+            if problem is not None:
+                return _json_error(400, "Invalid Service Id", problem)
     return await handler(request)
 
 
