@@ -18,10 +18,12 @@ def tracking_batch(
     dependencies: Sequence[str] | None = None,
     seq: int | None = None,
     created_at: int | None = None,
+    transaction_id: str | None = None,
 ) -> TrackingBatch:
     """Batch ``n`` of ``service_id``: one intkey transaction; ids that sort
     in ``n`` order (``<service>-<n>`` padded to 16 characters); ``seq`` and
-    ``created_at`` ``n`` unless given (0 lets the store stamp them)."""
+    ``created_at`` ``n`` unless given (0 lets the store stamp them); its
+    transaction's id ``tx-<batch id>`` unless given."""
     bid = f"{service_id}-{n:04d}".ljust(16, "0")
     return TrackingBatch(
         service_id=service_id,
@@ -35,7 +37,7 @@ def tracking_batch(
             TrackingTransaction(
                 "intkey",
                 "1.0",
-                f"tx-{bid}",
+                transaction_id or f"tx-{bid}",
                 b"p",
                 SIGNER,
                 service_id,

@@ -10,12 +10,13 @@ dependencies"):
 
 * every dependency committed (a tracked batch ``Committed``, or a
   transaction the ledger says it committed) → :class:`Ready`;
-* a dependency ledgerq tracks in a batch of the same service that was not
-  sent yet (accepted later, queued behind) → :class:`TakeFirst`: that batch
-  goes first (its own dependencies resolved the same way), then this one;
-* a tracked dependency in flight, or in a batch of another service not
-  committed yet → :class:`Wait` for that batch (it goes in its own service's
-  order; the waiting service is woken when it is final);
+* a dependency ledgerq tracks in a batch not sent yet (accepted later,
+  queued behind, in this service or another) → :class:`TakeFirst`: that
+  batch goes first (its own dependencies resolved the same way), then this
+  one — if the producer can take it (it holds that service, and nothing of
+  it is in flight); else the service waits for it;
+* a tracked dependency in flight → :class:`Wait` for that batch (the
+  waiting service is woken when it is final);
 * a dependency the ledger judged ``Invalid``, or an operator cancelled →
   :class:`Fail`: the batch fails too, at once, without a POST;
 * a dependency ledgerq does not track: the ledger is asked; committed →
@@ -90,9 +91,11 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class TakeFirst:
-    """A batch of the same service this one depends on goes first."""
+    """A batch this one depends on, not sent yet, goes first (of this service
+    or another). ``reason``: what the service waits for if it cannot."""
 
     batch: TrackingBatch
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,13 +182,10 @@ class DependencyCheck:
     ) -> Resolution | None:
         """A tracked dependency not committed yet: what it means for ``batch``."""
         where = f"transaction {d} of batch {state.batch_id}"
+        if state.service_id != batch.service_id:
+            where += f" of service {state.service_id!r}"
         if state.submitted or state.status is BatchStatusName.PENDING:
             return Wait(f"waits for {where}, in flight", state.batch_id)
-        if state.service_id != batch.service_id:
-            return Wait(
-                f"waits for {where} of service {state.service_id!r}, not committed yet",
-                state.batch_id,
-            )
         if state.batch_id in chain:
             return Fail(f"depends on {where}, which depends on it in turn: a cycle")
         if len(chain) >= MAX_DEPTH:
@@ -198,7 +198,7 @@ class DependencyCheck:
         match inner:
             case Ready() | Fail():
                 # It goes first (a failed one fails on its own, then this one).
-                return TakeFirst(first)
+                return TakeFirst(first, f"waits for {where}, not committed yet")
             case TakeFirst() | Wait():
                 return inner
         return None

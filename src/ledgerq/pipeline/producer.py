@@ -239,6 +239,9 @@ class Producer:
         self._waiting: dict[str, _Waiting] = {}
         #: Per tracked batch waited for, the services waiting for it.
         self._waiters: dict[str, set[str]] = {}
+        #: Per service, the services waiting until it has nothing in flight
+        #: (to take a batch of it they depend on first).
+        self._on_free: dict[str, set[str]] = {}
         #: The wait reason last recorded per batch (recorded once per change).
         self._told: dict[str, str] = {}
         self._claims = claims
@@ -343,6 +346,8 @@ class Producer:
             self._busy[batch.service_id] = left
         else:
             self._busy.pop(batch.service_id, None)
+            for waiting in sorted(self._on_free.pop(batch.service_id, ())):
+                self._end_wait(waiting)
         self._posting.discard(batch.batch_id)
         self._ended += 1
         self._slot_free.set()
@@ -937,13 +942,15 @@ class Producer:
         verdict = await self.dependencies.resolve(batch)
         service_id = batch.service_id
         match verdict:
-            case TakeFirst(batch=first):
-                alone = self._busy.get(service_id, 0) <= 1
-                if first.batch_id in self._in_flight or not alone or self._tasks is None:
-                    # Another submission has it, or (parallel) others of the
-                    # service are in flight: look again once they end.
-                    await self._wait_for(batch, Wait(f"waits for batch {first.batch_id}"))
+            case TakeFirst(batch=first, reason=reason):
+                if not self._may_take_first(batch, first):
+                    # Another submission has it, others of its service are in
+                    # flight, or another instance holds its service: wait,
+                    # and look again once that service has nothing in flight.
+                    self._on_free.setdefault(first.service_id, set()).add(service_id)
+                    await self._wait_for(batch, Wait(reason, first.batch_id))
                     return False
+                assert self._tasks is not None
                 self._take(first)
                 self._tasks.create_task(self._submit(first))
                 return False
@@ -959,6 +966,21 @@ class Producer:
                 return False
         self._end_wait(service_id, wake=False)
         return True
+
+    def _may_take_first(self, batch: TrackingBatch, first: TrackingBatch) -> bool:
+        """Whether ``first`` (a batch ``batch`` depends on) may be taken now,
+        ahead of its service's order: nothing else of its service in flight
+        here (``batch`` aside), that service held and taking batches."""
+        service_id = first.service_id
+        others = self._busy.get(service_id, 0) - (service_id == batch.service_id)
+        if (
+            self._tasks is None
+            or first.batch_id in self._in_flight
+            or others > 0
+            or service_id in self._stopped
+        ):
+            return False
+        return self._claims is None or self._claims.fence_for(service_id) is not None
 
     async def _wait_for(self, batch: TrackingBatch, wait: Wait) -> None:
         """Set the batch's service waiting (it takes nothing until woken), and
