@@ -37,8 +37,8 @@ from typing import Any
 import cbor2
 import psycopg
 
-from ledgerq.codec import Signer, encode_batch_list
-from ledgerq.codec.intkey import make_address, make_intkey_batch
+from ledgerq.codec import Signer, encode_batch_list, make_batch
+from ledgerq.codec.intkey import make_address, make_intkey_transaction
 
 LEDGERQ = str(Path(sys.executable).parent / "ledgerq")
 _LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
@@ -278,6 +278,9 @@ class Workload:
     services: int
     batches_per_service: int
     signer: Signer = field(default_factory=Signer.generate)
+    #: Each batch declares a dependency on the one before (a chain, for the
+    #: pipelined strategy).
+    chained: bool = False
     #: service id → (batch id, serialized batch) in creation order.
     batches: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)
 
@@ -285,9 +288,14 @@ class Workload:
         for s in range(self.services):
             service_id, key = f"svc-{s:03d}", f"k{s:03d}"
             made = []
+            previous: list[str] = []
             for n in range(self.batches_per_service):
-                op = ("set", key, 0) if n == 0 else ("inc", key, 1)
-                b = make_intkey_batch(self.signer, [op])
+                verb, value = ("set", 0) if n == 0 else ("inc", 1)
+                tx = make_intkey_transaction(
+                    self.signer, verb, key, value, dependencies=previous if self.chained else ()
+                )
+                b = make_batch(self.signer, [tx])
+                previous = [tx.header_signature]
                 made.append((b.header_signature, encode_batch_list([b])))
             self.batches[service_id] = made
 

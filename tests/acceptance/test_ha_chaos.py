@@ -203,7 +203,58 @@ def test_a_fault_at_each_step_of_the_cycle_loses_and_reorders_nothing(
 ) -> None:
     """FAIL (kill), DELAY (stop, resumed once its claims moved on) or a dropped
     connection, in gateway a, at exactly one step of the plan's list."""
-    workload = Workload(services=6, batches_per_service=5)
+    _fault_at_step(cluster, step, action, Workload(services=6, batches_per_service=5))
+
+
+#: The pipelined strategy (several batches of a service in flight, the
+#: ledger keeping their order): the steps around a POST and its record.
+PIPELINED_STEP_CASES = [
+    *(
+        ("node", step, action)
+        for step in ("submitting", "after_response", "before_record")
+        for action in ("kill", "stop")
+    ),
+    *(("fault-ledger", step, "stop") for step in ("after_response", "before_record")),
+]
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize(("cluster", "step", "action"), PIPELINED_STEP_CASES, indirect=["cluster"])
+def test_a_fault_at_each_step_of_a_pipelined_service_loses_and_reorders_nothing(
+    cluster: Cluster, step: str, action: str
+) -> None:
+    """As above, with chained batches under the pipelined strategy: a
+    take-over finds several batches of a service in flight, follows them
+    all, and asks the ledger before anything is resent."""
+    cluster.env = {**cluster.env, "LEDGERQ_QUEUER_STRATEGY": "pipelined"}
+    workload = Workload(services=4, batches_per_service=8, chained=True)
+    _fault_at_step(cluster, step, action, workload)
+
+
+@pytest.mark.pg
+def test_pipelined_services_under_random_faults(cluster: Cluster) -> None:
+    cluster.env = {**cluster.env, "LEDGERQ_QUEUER_STRATEGY": "pipelined"}
+    rng = random.Random(5)
+    workload = Workload(services=6, batches_per_service=8, chained=True)
+    for name in ("a", "b", "c"):
+        cluster.start_gateway(name)
+    for n in range(8):
+        cluster.post_round_robin(_wave(workload, n, n + 1))
+        fault = rng.choice(["none", "kill", "pause", "drop"])
+        gw = cluster.gateways[rng.choice(sorted(cluster.gateways))]
+        if fault == "kill" and gw.alive and len(cluster.live_gateways()) > 1:
+            gw.kill()
+            cluster.start_gateway(gw.name.split("-")[1])
+        elif fault == "pause" and gw.alive and not gw.stopped:
+            gw.stop()
+            time.sleep(rng.uniform(0.5, 3.5))
+            gw.cont()
+        elif fault == "drop":
+            cluster.drop_connections()
+    _finish(cluster, workload)
+
+
+def _fault_at_step(cluster: Cluster, step: str, action: str, workload: Workload) -> None:
     asyncio.run(_preload(cluster.pg_url, workload))
     # a starts alone and claims every service, so it passes each point of the
     # submission cycle once per batch: the 8th pass of 30 is mid-run. The

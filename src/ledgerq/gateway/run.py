@@ -145,7 +145,7 @@ async def run_gateway(
             migrate=True,
             pg_idle_in_transaction_ms=settings.claims.claim_ttl_ms,
             # Lock entries only if some service may be parallel (docs/store.md).
-            lock_entries=settings.strategies.uniform is not Strategy.SERIAL,
+            lock_entries=Strategy.PARALLEL in settings.strategies.kinds(),
             # PostgreSQL: the hot statements prepared before the first request.
             warm=True,
         )

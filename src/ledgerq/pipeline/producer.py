@@ -230,6 +230,8 @@ class Producer:
         #: Per pipelined service, its batches this process has in flight
         #: (taken, and not yet final, Unknown or Delayed), in order.
         self._pipeline: dict[str, dict[str, None]] = {}
+        #: Per pipelined service being walked, the walk's lock.
+        self._walking: dict[str, asyncio.Lock] = {}
         self._on_invalid = on_invalid
         self._never_halts = on_invalid.uniform is OnInvalid.CONTINUE
         #: Services that take nothing now: stopped (paused or halted, as the
@@ -844,6 +846,14 @@ class Producer:
         dependency on the batch just before it and each of its dependencies
         is committed or in flight here — the ledger then keeps the order.
         At most ``pipeline_depth`` in flight; one at a time, in order."""
+        lock = self._walking.setdefault(service_id, asyncio.Lock())
+        # One walk of a service at a time: two would both find its next batch.
+        async with lock:
+            await self._walk(service_id, after)
+        if not lock.locked() and self._walking.get(service_id) is lock:
+            del self._walking[service_id]
+
+    async def _walk(self, service_id: str, after: str | None) -> None:
         depth = self.settings.pipeline_depth
         previous = after
         if after is None:
@@ -863,7 +873,7 @@ class Producer:
                 if nxt.submitted or nxt.status_name is BatchStatusName.PENDING:
                     previous = nxt.batch_id  # in flight (here or elsewhere): look past it
                     continue
-                if not await self._may_pipeline(nxt, previous):
+                if not await self._may_pipeline(nxt, previous) or nxt.batch_id in self._in_flight:
                     return
                 self._take(nxt)
                 self._tasks.create_task(self._submit(nxt, checked=True))
