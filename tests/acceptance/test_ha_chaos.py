@@ -39,7 +39,8 @@ from bench._cluster import (
     wait_all_final,
 )
 from ledgerq.clock import now_ms
-from ledgerq.codec import parse_batch_list
+from ledgerq.codec import Signer, encode_batch_list, parse_batch_list
+from ledgerq.codec.intkey import make_intkey_batch
 from ledgerq.store import open_store
 
 pytestmark = [pytest.mark.slow]
@@ -316,3 +317,60 @@ def test_the_fence_audit_catches_a_write_by_a_non_holder(pg_url: str) -> None:
         )
         conn.execute("UPDATE batches SET submitted = TRUE WHERE service_id = 's'")
     assert fence_violations(pg_url) == [("gw-x", "s", "b", "gw-y")]
+
+
+@pytest.mark.pg
+def test_a_halt_holds_across_a_take_over_until_an_operator_resumes_the_service(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """on_invalid = halt: a's service stops at its INVALID batch; a dies; b
+    takes the service over and sends nothing after that batch until an
+    operator resumes it past it, then commits the rest in order."""
+    asyncio.run(_migrate(pg_url))
+    install_fence_audit(pg_url)
+    cluster = Cluster(tmp_path, pg_url)
+    cluster.env = {**cluster.env, "LEDGERQ_QUEUER_ON_INVALID": "halt"}
+    try:
+        cluster.start_node()
+        signer = Signer.generate()
+        ops = [("set", "h1", 0), ("inc", "h1", 1), ("inc", "nobody", 1), ("inc", "h1", 1)]
+        made = [make_intkey_batch(signer, [op]) for op in ops]
+        bad = made[2].header_signature  # an inc of a name never set: INVALID
+        a = cluster.start_gateway("a")
+        for b in made:
+            cluster.post_round_robin([("halting", encode_batch_list([b]))], to=[a])
+        _wait_for(lambda: _status(pg_url, bad) == "Invalid", 60, "the invalid batch", a)
+        a.kill()
+        b = cluster.start_gateway("b")
+        _wait_for(lambda: _held_by(pg_url, b.name) >= 1, 60, "b to take the service", b)
+        time.sleep(1.5)  # b's queue, claims and controls have all had their turn
+        last = made[3].header_signature
+        assert _status(pg_url, last) is None
+        assert not _submitted(pg_url, last)
+
+        async def skip() -> None:
+            store = await open_store(pg_url)
+            try:
+                await store.control_service("halting", "skip", actor="ops", batch_ids=[bad])
+            finally:
+                await store.close()
+
+        asyncio.run(skip())
+        _wait_for(lambda: _status(pg_url, last) == "Committed", 60, "the rest to commit", b)
+        assert fence_violations(pg_url) == []
+    finally:
+        cluster.close()
+
+
+def _status(pg_url: str, batch_id: str) -> str | None:
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute("SELECT status FROM batches WHERE batch_id = %s", (batch_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+def _submitted(pg_url: str, batch_id: str) -> bool:
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute(
+            "SELECT submitted FROM batches WHERE batch_id = %s", (batch_id,)
+        ).fetchone()
+    return bool(row and row[0])
