@@ -85,6 +85,7 @@ STORE_FAMILIES = frozenset(
         "ledgerq_batches",
         "ledgerq_queue_depth",
         "ledgerq_service_queue_depth",
+        "ledgerq_service_in_flight",
         "ledgerq_services",
         "ledgerq_services_in_flight",
     }
@@ -207,6 +208,14 @@ class GatewayMetrics:
             ["service_id"],
             registry=r,
         )
+        self.service_in_flight = Gauge(
+            "ledgerq_service_in_flight",
+            "Batches in flight (taken, or pending at the ledger) of the deepest services: "
+            "one at most under the serial strategy, up to the pipeline depth under the "
+            "pipelined one; service_id=other sums the rest.",
+            ["service_id"],
+            registry=r,
+        )
         self.services = Gauge("ledgerq_services", "Services with tracked batches.", registry=r)
         self.in_flight = Gauge(
             "ledgerq_services_in_flight", "Services with a batch being submitted.", registry=r
@@ -325,12 +334,14 @@ class GatewayMetrics:
             if name not in _STATUSES:
                 self.batches.labels(name).set(n)
         depths: list[tuple[int, str]] = []
+        flying: dict[str, int] = {}
         in_flight = 0
         after: str | None = None
         while True:
             page = await store.list_services(limit=_SERVICES_PAGE, after=after)
             for s in page:
                 depths.append((s.queue_depth, s.service_id))
+                flying[s.service_id] = s.in_flight
                 in_flight += s.in_flight_batch_id is not None
             if len(page) < _SERVICES_PAGE:
                 break
@@ -340,9 +351,13 @@ class GatewayMetrics:
         self.services.set(len(depths))
         self.in_flight.set(in_flight)
         self.service_depth.clear()
+        self.service_in_flight.clear()
         for depth, service_id in depths[: self.top_services]:
             self.service_depth.labels(service_id).set(depth)
-        self.service_depth.labels("other").set(sum(d for d, _ in depths[self.top_services :]))
+            self.service_in_flight.labels(service_id).set(flying[service_id])
+        rest = depths[self.top_services :]
+        self.service_depth.labels("other").set(sum(d for d, _ in rest))
+        self.service_in_flight.labels("other").set(sum(flying[s] for _, s in rest))
 
     def watch_pipeline(
         self, pipeline: PipelineStats, follower: FollowerStats, claims: HeldClaims | None
