@@ -111,13 +111,7 @@ async def test_a_chain_is_in_flight_together_and_committed_in_order() -> None:
 async def test_the_depth_bounds_what_is_in_flight() -> None:
     batches = chain("s", 6)
     ledger = Ordering(batches)
-    rig = Rig(ledger=ledger, strategies=PIPELINED)
-    rig.producer.settings = type(rig.producer.settings)(
-        submitter=rig.producer.settings.submitter,
-        monitor=rig.producer.settings.monitor,
-        delay_window_ms=rig.producer.settings.delay_window_ms,
-        pipeline_depth=2,
-    )
+    rig = Rig(ledger=ledger, strategies=PIPELINED, pipeline_depth=2)
     await rig.add(*batches)
     async with rig:
         await until(lambda: len(ledger.arrived) == 2)

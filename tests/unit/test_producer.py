@@ -97,6 +97,7 @@ class Rig:
         on_invalid: OnInvalidMap | None = None,
         poll_s: float = HOUR,
         clock: ManualClock | None = None,
+        pipeline_depth: int = 64,
     ) -> None:
         self.clock = clock or ManualClock()
         self.store = store if store is not None else MemoryStore(clock=self.clock)
@@ -119,6 +120,7 @@ class Rig:
                     poll_interval_s=HOUR, wait_s=HOUR, min_poll_interval_s=0, backoff_initial_ms=1
                 ),
                 delay_window_ms=15_000,
+                pipeline_depth=pipeline_depth,
             ),
             strategies=strategies,
             on_invalid=on_invalid or OnInvalidMap(),

@@ -51,7 +51,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -66,12 +66,13 @@ from ledgerq.ledgers.health import LedgerHealth
 from ledgerq.model import BatchStatus, BatchStatusName, BatchWrite, Fence, Invalid, TrackingBatch
 from ledgerq.pipeline.dependencies import (
     DependencyCheck,
-    DependencyStore,
     Fail,
     TakeFirst,
     Wait,
     dependencies_of,
 )
+from ledgerq.pipeline.pipelined import Later, Pipelines, PipelineStore, Take
+from ledgerq.pipeline.resting import ControlsStore, Resting
 from ledgerq.queue.ahead import NextOpenStore, NextReader, Successors
 from ledgerq.queue.parallel import ParallelRoundStore
 from ledgerq.queue.serial import RoundStore
@@ -95,57 +96,23 @@ log = logging.getLogger(__name__)
 FREED_TAKE = 4
 #: Next batches read ahead kept at most.
 _MAX_READ_AHEAD = 100_000
-#: A service waiting for a dependency is looked at again after this long at
-#: first, then twice as long each time, up to the second figure (ms): a
-#: dependency ledgerq does not track is asked about again then, and one in a
-#: batch this process does not finish (another instance's) is looked up.
-_WAIT_FIRST_MS = 500
-_WAIT_MOST_MS = 10_000
-
-
-class ServiceControl(Protocol):
-    """A service's control (``ledgerq.store.base.ServiceControl``)."""
-
-    @property
-    def service_id(self) -> str: ...
-
-    @property
-    def stopped(self) -> bool: ...
 
 
 class ProducerStore(
-    RoundStore, ParallelRoundStore, InFlightStore, NextOpenStore, DependencyStore, Protocol
+    RoundStore,
+    ParallelRoundStore,
+    InFlightStore,
+    NextOpenStore,
+    PipelineStore,
+    ControlsStore,
+    Protocol,
 ):
     """The store roles the producer's stages read."""
-
-    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
-        """The service's first non-final batch after ``after`` (``None``: its
-        first), whatever its state."""
-        ...
 
     @property
     def takes_freed(self) -> bool:
         """Whether a final status can take the batches it frees (``BatchWrite.take_freed``)."""
         ...
-
-    async def service_controls(
-        self, service_ids: Collection[str] | None = None
-    ) -> Mapping[str, ServiceControl]:
-        """The controls of these services (``None``: of every stopped one)."""
-        ...
-
-
-@dataclass(slots=True)
-class _Waiting:
-    """A service waiting for a dependency of its next batch."""
-
-    batch_id: str
-    reason: str
-    #: The tracked batch waited for, if any.
-    on: str | None
-    #: When it is looked at again (ms), and how many waits in a row.
-    due: int
-    times: int
 
 
 class ClaimLeases(Protocol):
@@ -226,31 +193,15 @@ class Producer:
         self._completer = completer
         self._strategies = strategies
         self._all_serial = strategies.uniform is Strategy.SERIAL
-        self._any_pipelined = Strategy.PIPELINED in strategies.kinds()
-        #: Per pipelined service, its batches this process has in flight
-        #: (taken, and not yet final, Unknown or Delayed), in order.
-        self._pipeline: dict[str, dict[str, None]] = {}
-        #: Per pipelined service being walked, the walk's lock.
-        self._walking: dict[str, asyncio.Lock] = {}
         self._on_invalid = on_invalid
         self._never_halts = on_invalid.uniform is OnInvalid.CONTINUE
-        #: Services that take nothing now: stopped (paused or halted, as the
-        #: store says) or waiting for a dependency. The queue's live view.
-        self._resting: set[str] = set()
-        self._stopped: set[str] = set()
-        self._waiting: dict[str, _Waiting] = {}
-        #: Per tracked batch waited for, the services waiting for it.
-        self._waiters: dict[str, set[str]] = {}
-        #: Per service, the services waiting until it has nothing in flight
-        #: (to take a batch of it they depend on first).
-        self._on_free: dict[str, set[str]] = {}
-        #: The wait reason last recorded per batch (recorded once per change).
-        self._told: dict[str, str] = {}
         self._claims = claims
         self._notify = notify
         self._observer = observer
         self._clock = clock
         health = health or LedgerHealth(ledger.description, clock=clock)
+        #: Services that take nothing now (stopped, or waiting for a dependency).
+        self._rests = Resting(store, wake=self._wake_source, clock=clock)
         self.source = QueueSource(
             store,
             clock=clock,
@@ -261,7 +212,7 @@ class Producer:
             lean=lean,
             strategies=strategies,
             hold_ms=s.hold_ms,
-            resting=self._resting,
+            resting=self._rests.services,
         )
         self.submitter = Submitter(ledger, s.submitter, sleep=sleep, health=health, jitter=jitter)
         #: Batch ids being posted right now: the follower leaves them alone.
@@ -277,6 +228,14 @@ class Producer:
         )
         self.ahead = NextReader(store, successors)
         self.dependencies = DependencyCheck(store, ledger)
+        self._pipelines = Pipelines(
+            store,
+            strategies,
+            self.dependencies,
+            depth=s.pipeline_depth,
+            delay_window_ms=s.delay_window_ms,
+            clock=clock,
+        )
         # The lanes: submissions in progress (batch id -> service id), per
         # service how many, and slots set aside for takes under way.
         self._in_flight: dict[str, str] = {}
@@ -295,6 +254,10 @@ class Producer:
         #: Batches being recorded accepted: done once their submission ended.
         self._accepting: dict[str, asyncio.Future[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        #: Batches in flight here that wait for, or undergo, the check of their
+        #: declared dependencies (not taken yet: they may still step aside).
+        self._checking: set[str] = set()
+        self._checks = asyncio.Lock()
         self.submitted_total = 0
         #: Batches taken with their predecessor's final status; of those,
         #: the ones a parallel final status freed.
@@ -318,8 +281,8 @@ class Producer:
         """Batch ids being posted right now (a live view)."""
         return self._posting
 
-    def _pipelined(self, service_id: str) -> bool:
-        return self._any_pipelined and self._strategies.of(service_id) is Strategy.PIPELINED
+    def _wake_source(self, service_id: str) -> None:
+        self.source.wake(service_id)
 
     def _parallel(self, service_id: str) -> bool:
         return not self._all_serial and self._strategies.of(service_id) is Strategy.PARALLEL
@@ -327,15 +290,17 @@ class Producer:
     def _free_slots(self) -> int:
         return self.settings.submitter.slots - len(self._in_flight) - self._reserved
 
-    def _take(self, batch: TrackingBatch) -> None:
+    def _take(self, batch: TrackingBatch, *, check: bool = False) -> None:
         """Count ``batch`` in its lane: its slot, its service busy, posting.
         Reads of it already under way answer for the batch as it was before:
-        the follower drops them."""
+        the follower drops them. ``check``: its declared dependencies are
+        checked before its take is recorded."""
         self._in_flight[batch.batch_id] = batch.service_id
+        if check and dependencies_of(batch):
+            self._checking.add(batch.batch_id)
         self._busy[batch.service_id] = self._busy.get(batch.service_id, 0) + 1
         self._posting.add(batch.batch_id)
-        if self._pipelined(batch.service_id):
-            self._pipeline.setdefault(batch.service_id, {})[batch.batch_id] = None
+        self._pipelines.taken(batch)
         self.follower.resending(batch.batch_id)
         if self._observer is not None:
             self._observer.batch_taken(batch)
@@ -343,13 +308,13 @@ class Producer:
     def _untake(self, batch: TrackingBatch) -> None:
         """Undo :meth:`_take` (the submission ended, or never started)."""
         self._in_flight.pop(batch.batch_id, None)
+        self._checking.discard(batch.batch_id)
         left = self._busy.get(batch.service_id, 1) - 1
         if left > 0:
             self._busy[batch.service_id] = left
         else:
             self._busy.pop(batch.service_id, None)
-            for waiting in sorted(self._on_free.pop(batch.service_id, ())):
-                self._end_wait(waiting)
+            self._rests.idle(batch.service_id)
         self._posting.discard(batch.batch_id)
         self._ended += 1
         self._slot_free.set()
@@ -388,7 +353,7 @@ class Producer:
 
     async def run(self) -> None:
         self._stopped_future = None  # made on this run's loop by the first _next
-        await self._refresh_controls(None)
+        await self._rests.refresh()
         async with asyncio.TaskGroup() as outer:
             outer.create_task(self.follower.run())
             resting = outer.create_task(self._rest_loop())
@@ -423,7 +388,7 @@ class Producer:
                     # Never one batch twice, never two of a serial service.
                     self.source.released(batch)
                     continue
-                self._take(batch)
+                self._take(batch, check=True)
                 self._tasks.create_task(self._submit(batch))
 
     async def _next(self, limit: int) -> Sequence[TrackingBatch]:
@@ -524,7 +489,7 @@ class Producer:
             # meanwhile (by an operator elsewhere): expected too.
             refused = isinstance(exc, StatusTransitionError) and not recorded
             if refused:
-                self._spawn(self._refresh_controls([batch.service_id]))
+                self._spawn(self._rests.refresh([batch.service_id]))
             log.log(
                 logging.WARNING
                 if isinstance(exc, FencedOffError | StatusTransitionError)
@@ -537,7 +502,7 @@ class Producer:
         finally:
             if taken_here and not recorded:
                 self.source.released(batch)
-                self._leave_pipeline(batch.service_id, batch.batch_id)
+                self._pipelines.leave(batch.service_id, batch.batch_id)
             self._untake(batch)
             log.info(
                 "submission finished batch=%s service=%s result=%s attempts=%s in %.1f ms",
@@ -590,7 +555,7 @@ class Producer:
             await self._completer.apply(
                 writes.outcome(batch, Accepted(), 1, now=self._clock(), fence=fence)
             )
-            if self._pipelined(batch.service_id):
+            if self._pipelines.pipelined(batch.service_id):
                 self._spawn(self._pipeline_next(batch.service_id, batch.batch_id))
         finally:
             # Set as the submission ends (nothing is done after this returns
@@ -648,7 +613,7 @@ class Producer:
                 self._next_of.pop(batch_id, None)
             if not final or self._halt_reason(service_id, written) is not None:
                 await self._write_status(service_id, batch_id, written, fence)
-                if pending and self._pipelined(service_id):
+                if pending and self._pipelines.pipelined(service_id):
                     # Asked about (it was ambiguous): at the ledger after all.
                     self._spawn(self._pipeline_next(service_id, batch_id))
             elif ahead is not None:
@@ -682,14 +647,14 @@ class Producer:
         await self._completer.apply(write)
         service_id = write.service_id
         if halt is not None:
-            self._stop(service_id)
+            self._rests.stop(service_id)
             self._notify(service_id)
         elif write.frees_service:
             self._unlocked(service_id)
         if write.status is not None and write.status.is_final:
-            self._finished(write.id)
-        if write.frees_service and self._pipelined(service_id):
-            before, after = self._leave_pipeline(service_id, write.id)
+            self._rests.finished(write.id)
+        if write.frees_service and self._pipelines.pipelined(service_id):
+            before, after = self._pipelines.leave(service_id, write.id)
             if isinstance(status, Invalid):
                 await self._fail_pipeline(service_id, write.id, after)
             elif write.status is not None and write.status.is_final:
@@ -710,7 +675,7 @@ class Producer:
             self._tasks is None
             or self._stopping.is_set()
             or service_id in self._busy
-            or service_id in self._resting
+            or service_id in self._rests.services
             or self._free_slots() <= 0
             or self._parallel(service_id)
             or not self.source.idle(service_id)
@@ -762,7 +727,7 @@ class Producer:
         if not landed:
             self._unlocked(service_id)
             return
-        self._finished(batch_id)
+        self._rests.finished(batch_id)
         self.taken_with_final += 1
         self.source.taken_elsewhere(nxt)
         self._post_taken(nxt, fence)
@@ -787,7 +752,7 @@ class Producer:
             slots <= 0
             or not self._parallel(service_id)
             or not self._store.takes_freed
-            or service_id in self._resting
+            or service_id in self._rests.services
             or self._tasks is None
             or self._stopping.is_set()
         ):
@@ -810,7 +775,7 @@ class Producer:
         finally:
             self._reserved -= slots
             self._slot_free.set()
-        self._finished(batch_id)
+        self._rests.finished(batch_id)
         for batch in freed:
             if batch.batch_id in self._in_flight:
                 continue  # a submission of this process has it already
@@ -825,97 +790,35 @@ class Producer:
 
     # -- the pipelined strategy ------------------------------------------------
 
-    def _leave_pipeline(self, service_id: str, batch_id: str) -> tuple[str | None, list[str]]:
-        """``batch_id`` is no longer in flight here: the batch of its
-        service in flight here just before it, and those after it, in order."""
-        lane = self._pipeline.get(service_id)
-        if lane is None or batch_id not in lane:
-            return None, []
-        ids = list(lane)
-        del lane[batch_id]
-        if not lane:
-            del self._pipeline[service_id]
-        at = ids.index(batch_id)
-        return (ids[at - 1] if at else None), ids[at + 1 :]
-
     async def _pipeline_next(self, service_id: str, after: str | None) -> None:
-        """Take the batches of a pipelined service that may go while those
-        before them are in flight: walking the service's open batches after
-        ``after``, past those in flight, the first that is not (new, or
-        ``Unknown``, or ``Delayed`` past its window) goes if it declares a
-        dependency on the batch just before it and each of its dependencies
-        is committed or in flight here — the ledger then keeps the order.
-        At most ``pipeline_depth`` in flight; one at a time, in order."""
-        lock = self._walking.setdefault(service_id, asyncio.Lock())
-        # One walk of a service at a time: two would both find its next batch.
-        async with lock:
-            await self._walk(service_id, after)
-        if not lock.locked() and self._walking.get(service_id) is lock:
-            del self._walking[service_id]
-
-    async def _walk(self, service_id: str, after: str | None) -> None:
-        depth = self.settings.pipeline_depth
-        previous = after
-        if after is None:
-            depth += 1  # the walk from the service's first batch: one more step
+        """Take the next batch of a pipelined service that may go while those
+        before it are in flight, if there is one (:class:`Pipelines`)."""
+        lock = self._pipelines.lock(service_id)
         try:
-            for _ in range(depth + 1):
-                if (
-                    self._tasks is None
-                    or self._stopping.is_set()
-                    or service_id in self._resting
-                    or len(self._pipeline.get(service_id, ())) >= depth
+            async with lock:
+                if self._stopping.is_set() or service_id in self._rests.services:
+                    return
+                found = await self._pipelines.next(service_id, after, self._in_flight)
+                if isinstance(found, Later):
+                    asyncio.get_running_loop().call_later(
+                        found.delay_ms / 1000, self._look_again, service_id, found.after
+                    )
+                elif (
+                    isinstance(found, Take)
+                    and self._tasks is not None
+                    and not self._stopping.is_set()
+                    and found.batch.batch_id not in self._in_flight
                 ):
-                    return
-                nxt = await self._store.batch_following(service_id, previous)
-                if nxt is None or nxt.batch_id in self._in_flight:
-                    return
-                if nxt.submitted or nxt.status_name is BatchStatusName.PENDING:
-                    previous = nxt.batch_id  # in flight (here or elsewhere): look past it
-                    continue
-                if not await self._may_pipeline(nxt, previous) or nxt.batch_id in self._in_flight:
-                    return
-                self._take(nxt)
-                self._tasks.create_task(self._submit(nxt, checked=True))
-                return
+                    self._take(found.batch)
+                    self._tasks.create_task(self._submit(found.batch, checked=True))
         except LedgerqError as exc:
             log.warning("cannot read the next batch of service %s: %s", service_id, exc)
+        finally:
+            self._pipelines.unlocked(service_id, lock)
 
-    def _look_again(self, service_id: str, batch_id: str, previous: str | None) -> None:
-        if self._tasks is None or self._stopping.is_set():
-            return
-        self._spawn(self._pipeline_next(service_id, previous))
-
-    async def _may_pipeline(self, batch: TrackingBatch, previous: str | None) -> bool:
-        """Whether ``batch`` may go while the batches before it are in
-        flight: it declares a dependency on ``previous`` (the batch just
-        before it; ``None``: none is open), and each of its dependencies is
-        committed or in flight here."""
-        if batch.status_name is BatchStatusName.DELAYED:
-            due = (batch.last_attempt_at or 0) + self.settings.delay_window_ms
-            wait_ms = due - self._clock()
-            if wait_ms > 0:
-                # Looked at again once its delay window is over.
-                asyncio.get_running_loop().call_later(
-                    wait_ms / 1000, self._look_again, batch.service_id, batch.batch_id, previous
-                )
-                return False
-        deps = dependencies_of(batch)
-        if not deps:
-            # Declares nothing: it waits for those before it, if any.
-            return previous is None
-        states = await self._store.dependency_states(deps)
-        if previous is not None and not any(s.batch_id == previous for s in states.values()):
-            return False  # does not follow the batch before it
-        here = self._pipeline.get(batch.service_id, {})
-        for d in deps:
-            state = states.get(d)
-            if state is None:
-                if not self.dependencies.known(d):
-                    return False  # the queue's path asks the ledger
-            elif not state.committed and state.batch_id not in here:
-                return False
-        return True
+    def _look_again(self, service_id: str, after: str | None) -> None:
+        if self._tasks is not None and not self._stopping.is_set():
+            self._spawn(self._pipeline_next(service_id, after))
 
     async def _fail_pipeline(self, service_id: str, invalid: str, after: Sequence[str]) -> None:
         """A pipelined batch is ``Invalid``: the batches taken after it, in
@@ -932,7 +835,7 @@ class Producer:
         reason = f"depends on batch {invalid}, which the ledger judged INVALID"
         for batch in batches:
             self.follower.resending(batch.batch_id)
-            self._leave_pipeline(service_id, batch.batch_id)
+            self._pipelines.leave(service_id, batch.batch_id)
             self._posting.discard(batch.batch_id)
             try:
                 await self._apply_freeing(
@@ -949,6 +852,15 @@ class Producer:
         dependencies go (``ledgerq.pipeline.dependencies``). If not, what
         it must do instead was done: a dependency of its service taken
         first, the batch failed, or its service set waiting."""
+        # One check at a time: checks made together each see the others'
+        # batches as in flight, and would each wait for the others.
+        try:
+            async with self._checks:
+                return await self._check_dependencies(batch)
+        finally:
+            self._checking.discard(batch.batch_id)
+
+    async def _check_dependencies(self, batch: TrackingBatch) -> bool:
         verdict = await self.dependencies.resolve(batch)
         service_id = batch.service_id
         match verdict:
@@ -957,11 +869,11 @@ class Producer:
                     # Another submission has it, others of its service are in
                     # flight, or another instance holds its service: wait,
                     # and look again once that service has nothing in flight.
-                    self._on_free.setdefault(first.service_id, set()).add(service_id)
+                    self._rests.wait_for_idle(first.service_id, service_id)
                     await self._wait_for(batch, Wait(reason, first.batch_id))
                     return False
                 assert self._tasks is not None
-                self._take(first)
+                self._take(first, check=True)
                 self._tasks.create_task(self._submit(first))
                 return False
             case Fail(reason=reason):
@@ -974,102 +886,64 @@ class Producer:
             case Wait():
                 await self._wait_for(batch, verdict)
                 return False
-        self._end_wait(service_id, wake=False)
+        if not self._parallel(service_id) and self._taken_of(service_id, batch.batch_id):
+            # A batch of the service went first (a dependency of another):
+            # still one at a time.
+            self._rests.wait_for_idle(service_id, service_id)
+            await self._wait_for(batch, Wait("waits for its service's batch in flight"))
+            return False
+        self._rests.end_wait(service_id, wake=False)
         return True
+
+    def _taken_of(self, service_id: str, but: str) -> int:
+        """The batches of ``service_id`` in flight here, ``but`` aside; one
+        still waiting for its dependency check does not count (it may step
+        aside, and checks it waits for would wait for it in turn)."""
+        return sum(
+            1
+            for batch_id, of in self._in_flight.items()
+            if of == service_id and batch_id not in self._checking and batch_id != but
+        )
 
     def _may_take_first(self, batch: TrackingBatch, first: TrackingBatch) -> bool:
         """Whether ``first`` (a batch ``batch`` depends on) may be taken now,
         ahead of its service's order: nothing else of its service in flight
         here (``batch`` aside), that service held and taking batches."""
         service_id = first.service_id
-        others = self._busy.get(service_id, 0) - (service_id == batch.service_id)
+        others = self._taken_of(service_id, batch.batch_id)
         if (
             self._tasks is None
             or first.batch_id in self._in_flight
             or others > 0
-            or service_id in self._stopped
+            or self._rests.stopped(service_id)
         ):
             return False
         return self._claims is None or self._claims.fence_for(service_id) is not None
 
     async def _wait_for(self, batch: TrackingBatch, wait: Wait) -> None:
-        """Set the batch's service waiting (it takes nothing until woken), and
-        record what it waits for once per change (its lock reason)."""
+        """Set the batch's service waiting (it takes nothing until it looks
+        again), and record what it waits for once per change (its lock
+        reason)."""
         service_id = batch.service_id
-        now = self._clock()
-        before = self._waiting.get(service_id)
-        times = 1 if before is None or before.batch_id != batch.batch_id else before.times + 1
-        delay = min(_WAIT_FIRST_MS * 2 ** min(times - 1, 16), _WAIT_MOST_MS)
-        self._waiting[service_id] = _Waiting(
-            batch.batch_id, wait.reason, wait.on, now + delay, times
-        )
-        if wait.on is not None:
-            self._waiters.setdefault(wait.on, set()).add(service_id)
-        self._resting.add(service_id)
-        if self._told.get(batch.batch_id) != wait.reason:
+        if self._rests.wait(service_id, batch.batch_id, wait.reason, wait.on):
             fence = self._fence(service_id)
-            await self._completer.apply(writes.waiting(batch, wait.reason, now=now, fence=fence))
-            self._told[batch.batch_id] = wait.reason
+            await self._completer.apply(
+                writes.waiting(batch, wait.reason, now=self._clock(), fence=fence)
+            )
             self._notify(service_id)
-
-    def _end_wait(self, service_id: str, *, wake: bool = True) -> None:
-        waiting = self._waiting.pop(service_id, None)
-        if waiting is None:
-            return
-        self._told.pop(waiting.batch_id, None)
-        if waiting.on is not None:
-            services = self._waiters.get(waiting.on)
-            if services is not None:
-                services.discard(service_id)
-                if not services:
-                    del self._waiters[waiting.on]
-        if service_id not in self._stopped:
-            self._resting.discard(service_id)
-            if wake:
-                self.source.wake(service_id)
-
-    def _finished(self, batch_id: str) -> None:
-        """Batch ``batch_id`` is final here: the services waiting for it look again."""
-        for service_id in sorted(self._waiters.pop(batch_id, ())):
-            self._end_wait(service_id)
-
-    def _stop(self, service_id: str) -> None:
-        """The service is paused or halted: it takes nothing more."""
-        self._stopped.add(service_id)
-        self._resting.add(service_id)
 
     async def refresh_controls(self, service_ids: Collection[str] | None = None) -> None:
         """Read the services' controls again (an operator paused, resumed or
         resumed one past its halt); ``None``: every service's."""
-        await self._refresh_controls(service_ids)
-
-    async def _refresh_controls(self, service_ids: Collection[str] | None) -> None:
-        try:
-            controls = await self._store.service_controls(service_ids)
-        except LedgerqError as exc:
-            log.warning("cannot read which services are paused or halted: %s", exc)
-            return
-        stopped = {s for s, c in controls.items() if c.stopped}
-        looked = self._stopped if service_ids is None else set(service_ids)
-        for service_id in looked - stopped:
-            if service_id in self._stopped:
-                self._stopped.discard(service_id)
-                if service_id not in self._waiting:
-                    self._resting.discard(service_id)
-                    self.source.wake(service_id)
-        for service_id in stopped:
-            self._stop(service_id)
+        await self._rests.refresh(service_ids)
 
     async def _rest_loop(self) -> None:
         """Every poll interval: which services are paused or halted (an
         operator acted on another instance), and the waits that are due."""
-        interval = self.settings.submitter.poll_timeout_s
         while True:
-            await asyncio.sleep(interval)
-            await self._refresh_controls(None)
-            now = self._clock()
-            for service_id in [s for s, w in self._waiting.items() if w.due <= now]:
-                self._end_wait(service_id)
+            await asyncio.sleep(self.settings.submitter.poll_timeout_s)
+            await self._rests.refresh()
+            self._rests.due()
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
