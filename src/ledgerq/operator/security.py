@@ -39,9 +39,10 @@ from aiohttp import web
 
 from ledgerq.ingest.api import BASE_URL, SCOPE
 from ledgerq.ingest.chain import unprefixed_path
+from ledgerq.ingest.control import is_control_path
 from ledgerq.ingest.errors import SECURITY_HEADERS
+from ledgerq.model import NO_SERVICE, service_id_problem
 from ledgerq.model import SERVICE_ID_RE as SERVICE_ID_RE
-from ledgerq.model import service_id_problem
 from ledgerq.node.access import host_name, is_loopback
 from ledgerq.scopes import Scope
 
@@ -209,8 +210,13 @@ def cors_middleware(origins: Collection[str]) -> Callable[..., Awaitable[web.Str
 
 @web.middleware
 async def service_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    # In the query (?service_id=) and in the path (/services/{service_id}/...).
-    for service_id in (request.query.get("service_id"), request.match_info.get("service_id")):
+    # In the query (?service_id=) and in the path (/services/{service_id}/...);
+    # an operator reaches the batches posted without a service too (#none,
+    # as /services/%23none/pause).
+    in_path = request.match_info.get("service_id")
+    if in_path == NO_SERVICE and is_control_path(request.path):
+        in_path = None
+    for service_id in (request.query.get("service_id"), in_path):
         if service_id:
             problem = service_id_problem(service_id)
             if problem is not None:

@@ -214,8 +214,11 @@ class BatchReader(Protocol):
     ) -> TrackingBatchList: ...
 
     async def list_services(
-        self, *, limit: int = 1000, after: str | None = None
-    ) -> list[ServiceSummary]: ...
+        self, *, limit: int = 1000, after: str | None = None, service_id: str | None = None
+    ) -> list[ServiceSummary]:
+        """Services with batches, in id order, ``limit`` after ``after``;
+        with ``service_id``, that one service only (none if it has no batch)."""
+        ...
 
     async def status_counts(self) -> dict[str, int]:
         """Batches per status name; ``"none"`` counts batches without one."""

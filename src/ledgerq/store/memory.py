@@ -619,7 +619,7 @@ class MemoryStore(common.SeedWrites):
         return TrackingBatchList(tuple(out))
 
     async def list_services(
-        self, *, limit: int = 1000, after: str | None = None
+        self, *, limit: int = 1000, after: str | None = None, service_id: str | None = None
     ) -> list[ServiceSummary]:
         common.check_limit(limit)
         by_service: dict[str, list[_Record]] = {}
@@ -627,7 +627,7 @@ class MemoryStore(common.SeedWrites):
             by_service.setdefault(r.batch.service_id, []).append(r)
         out: list[ServiceSummary] = []
         for sid in sorted(by_service):
-            if after is not None and sid <= after:
+            if (after is not None and sid <= after) or service_id not in (None, sid):
                 continue
             recs = by_service[sid]
             open_ = [r for r in recs if not (r.status is not None and r.status.is_final)]

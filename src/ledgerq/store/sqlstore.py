@@ -1130,12 +1130,13 @@ class SqlStore(common.SeedWrites):
         return TrackingBatchList(tuple(await self._list(name, params)))
 
     async def list_services(
-        self, *, limit: int = 1000, after: str | None = None
+        self, *, limit: int = 1000, after: str | None = None, service_id: str | None = None
     ) -> list[ServiceSummary]:
         common.check_limit(limit)
+        params = {"after": after, "limit": limit, "service_id": service_id}
 
         async def body(session: Session) -> list[ServiceSummary]:
-            rows = await session.fetchall("list_services", {"after": after, "limit": limit})
+            rows = await session.fetchall("list_services", params)
             held = {r[6]: r[8] for r in rows if r[8] is not None}  # next seq -> blocker seq
             holds = await self._holds(session, held) if held else {}
             out = []

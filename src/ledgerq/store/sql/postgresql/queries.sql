@@ -441,7 +441,10 @@ WHERE s.service_id = b.service_id AND s.batch_id = b.batch_id
 WITH page AS (
     SELECT service_id, count(*) AS total
     FROM batches
-    WHERE %(after)s::text IS NULL OR service_id > %(after)s::text
+    -- The lower bound lets the index range start at the page (or the one service).
+    WHERE service_id >= coalesce(%(service_id)s::text, %(after)s::text, '')
+      AND (%(after)s::text IS NULL OR service_id > %(after)s::text)
+      AND (%(service_id)s::text IS NULL OR service_id = %(service_id)s::text)
     GROUP BY service_id
     ORDER BY service_id
     LIMIT %(limit)s::int

@@ -344,7 +344,10 @@ WHERE final
 WITH page AS (
     SELECT service_id, count(*) AS total
     FROM batches
-    WHERE :after IS NULL OR service_id > :after
+    -- The lower bound lets the index range start at the page (or the one service).
+    WHERE service_id >= coalesce(:service_id, :after, '')
+      AND (:after IS NULL OR service_id > :after)
+      AND (:service_id IS NULL OR service_id = :service_id)
     GROUP BY service_id
     ORDER BY service_id
     LIMIT :limit
