@@ -318,3 +318,61 @@ async def statuses(
     params = {"id": ",".join(ids), "wait": str(wait)}
     async with http.get(f"{url}/batch_statuses", params=params) as r:
         return [e["status"] for e in (await r.json())["data"]]
+
+
+ADMIN = "admin-token-0123456789abcdef"
+ACME = "acme-token-0123456789abcdef"
+OPS = "ops-token-0123456789abcdef"
+AUDIT = "audit-token-0123456789abcdef"
+TOKENS = [
+    {"name": "acme", "token": ACME, "services": ["acme::*"]},
+    {"name": "acme-ops", "token": OPS, "services": ["acme::*"], "access": "operate"},
+    {"name": "audit", "token": AUDIT, "services": ["*"], "access": "read"},
+]
+
+
+async def test_only_operate_tokens_act_and_only_on_their_services() -> None:
+    flags = {"auth.token": ADMIN, "auth.tokens": TOKENS}
+    async with running_gateway(flags, pipeline=False) as (url, _gw):
+        acme = aiohttp.ClientSession(headers={"Authorization": f"Bearer {ACME}"})
+        ops = aiohttp.ClientSession(headers={"Authorization": f"Bearer {OPS}"})
+        audit = aiohttp.ClientSession(headers={"Authorization": f"Bearer {AUDIT}"})
+        admin = aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN}"})
+        anyone = aiohttp.ClientSession()
+        async with acme, ops, audit, admin, anyone:
+            await post_batches(acme, url, 1)
+            await post_batches(admin, url, 1, service="globex::ledger")
+            # Posting batches is no operating, nor is reading.
+            for http in (acme, audit):
+                status, doc = await act(http, url, "pause")
+                assert status == 403
+                assert "may not pause, resume, skip or cancel" in doc["error"]["message"]
+                assert "access operate" in doc["error"]["message"]
+            status, doc = await act(anyone, url, "pause")
+            assert status == 401
+            status, doc = await act(ops, url, "pause", service="globex::ledger")
+            assert (status, doc["error"]["rule"]) == (403, "out_of_scope")
+            assert "'globex::ledger'" in doc["error"]["message"]
+            status, doc = await act(ops, url, "pause")
+            assert (status, doc["data"]["actor"]) == (200, "acme-ops")
+            status, doc = await act(admin, url, "resume")
+            assert (status, doc["data"]["actor"]) == (200, "auth.token")
+            # operate reads its services (an operator acts on what it sees), posts nothing.
+            status, doc = await service(ops, url)
+            assert status == 200
+            assert [(h["action"], h["actor"]) for h in doc["data"]["history"]] == [
+                ("resume", "auth.token"),
+                ("pause", "acme-ops"),
+            ]
+            status, doc = await service(ops, url, "globex::ledger")
+            assert (status, doc["error"]["rule"]) == (403, "out_of_scope")
+            async with ops.get(f"{url}/services") as r:
+                assert [s["service_id"] for s in (await r.json())["data"]] == [SVC]
+            body, _ids = batch_list(1, "more")
+            async with ops.post(
+                f"{url}/batches", params={"service_id": SVC}, data=body, headers=OCTET
+            ) as r:
+                assert r.status == 403
+            # The history needs read access: a read-only token sees it.
+            status, doc = await service(audit, url)
+            assert status == 200 and len(doc["data"]["history"]) == 2

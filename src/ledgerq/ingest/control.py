@@ -89,7 +89,14 @@ MAX_HISTORY_PAGE = 1000
 
 OnControl = Callable[[str], Awaitable[None]]
 
-_CONTROL_PATH = re.compile(r"/services/[^/]+(?:/(?:pause|resume|skip|cancel))?")
+_ACTIONS = "|".join(ACTIONS)
+_ACTION_PATH = re.compile(r"/services/[^/]+/(?:" + _ACTIONS + ")")
+_CONTROL_PATH = re.compile(r"/services/[^/]+(?:/(?:" + _ACTIONS + "))?")
+
+
+def is_action_path(path: str) -> bool:
+    """Whether ``path`` (decoded) is one of an action's (they need ``operate`` access)."""
+    return _ACTION_PATH.fullmatch(path) is not None
 
 
 def is_control_path(path: str) -> bool:
