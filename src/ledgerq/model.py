@@ -186,6 +186,11 @@ class SubmissionError:
     error_message: str
 
 
+#: The submission error type (and external error status) of what a declared
+#: dependency causes: a batch waiting for one, or failed because one failed.
+DEPENDENCY = "dependency"
+
+
 @dataclass(frozen=True, slots=True)
 class TrackingTransaction:
     family_name: str

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from ledgerq.ingest.api import GatewayApi
-from ledgerq.model import BatchWrite, Invalid, InvalidTransaction
+from ledgerq.model import DEPENDENCY, BatchWrite, Invalid, InvalidTransaction, SubmissionError
 from ledgerq.store import open_store
 from ledgerq.store.base import BatchTrackingStore
 from tests.operator_fakes import batch_list, running_gateway
@@ -376,3 +376,45 @@ async def test_only_operate_tokens_act_and_only_on_their_services() -> None:
             # The history needs read access: a read-only token sees it.
             status, doc = await service(audit, url)
             assert status == 200 and len(doc["data"]["history"]) == 2
+
+
+async def test_services_say_what_stops_a_service_and_why(
+    gateway: tuple[str, Any, aiohttp.ClientSession],
+) -> None:
+    url, gw, http = gateway
+    first, second = await post_batches(http, url, 2)
+    await post_batches(http, url, 1, service="acme::other")
+
+    async def listed() -> dict[str, dict[str, Any]]:
+        async with http.get(f"{url}/services") as r:
+            assert r.status == 200
+            by_id = {s["service_id"]: s for s in (await r.json())["data"]}
+        _status, doc = await service(http, url)
+        one = {k: v for k, v in doc["data"].items() if k != "history"}
+        assert one == by_id[SVC]  # GET /services/{id} says what /services says
+        assert by_id["acme::other"]["lock_reason"] is None
+        return by_id
+
+    s = (await listed())[SVC]
+    assert (s["paused"], s["halted"], s["waits_for"], s["lock_reason"]) == (None,) * 4
+    await halt_at(gw.store, first, "no such key")
+    s = (await listed())[SVC]
+    assert s["halted"] == {"batch_id": first, "reason": "no such key", "at": s["halted"]["at"]}
+    [halt] = await gw.store.service_actions(SVC)
+    assert s["halted"]["at"] == halt.at
+    assert s["lock_reason"] == f"halted at batch {first}: no such key"
+    assert (await act(http, url, "pause"))[0] == 200
+    s = (await listed())[SVC]
+    assert s["paused"] == {"by": "anonymous", "at": s["paused"]["at"]}
+    assert isinstance(s["paused"]["at"], int)
+    assert s["lock_reason"] == f"halted at batch {first}: no such key"  # the halt first
+    assert (await act(http, url, "skip", {"batch_id": first}))[0] == 200
+    s = (await listed())[SVC]
+    assert (s["halted"], s["lock_reason"]) == (None, "paused by anonymous")
+    assert (await act(http, url, "resume"))[0] == 200
+    waits = f"waits for transaction {'ab' * 64}, not seen on the ledger"
+    error = SubmissionError(DEPENDENCY, waits)
+    assert await gw.store.apply_writes([BatchWrite(SVC, second, None, (), error)]) == [None]
+    s = (await listed())[SVC]
+    assert (s["paused"], s["halted"]) == (None, None)
+    assert (s["next_batch_id"], s["waits_for"], s["lock_reason"]) == (second, waits, waits)

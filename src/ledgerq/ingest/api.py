@@ -170,6 +170,20 @@ class ServiceInfo(Protocol):
     def held_kind(self) -> str | None: ...
     @property
     def held_on(self) -> str | None: ...
+    @property
+    def paused(self) -> bool: ...
+    @property
+    def paused_by(self) -> str | None: ...
+    @property
+    def paused_at(self) -> int | None: ...
+    @property
+    def halted_batch_id(self) -> str | None: ...
+    @property
+    def halted_reason(self) -> str | None: ...
+    @property
+    def halted_at(self) -> int | None: ...
+    @property
+    def next_waits_for(self) -> str | None: ...
 
 
 class ApiStore(ControlStore, Protocol):
@@ -214,11 +228,19 @@ class ClaimsView(Protocol):
 
 
 def _lock_reason(s: ServiceInfo, strategy: str) -> str | None:
-    """Why the service's next batch is not going to the ledger, if it is not."""
+    """Why the service's next batch is not going to the ledger, if it is not:
+    halted, paused, a batch in flight (serial), a declared dependency it waits
+    for, a conflicting batch (parallel)."""
+    if s.halted_batch_id is not None:
+        return f"halted at batch {s.halted_batch_id}: {s.halted_reason}"
+    if s.paused:
+        return f"paused by {s.paused_by}" if s.paused_by else "paused"
     if strategy != "parallel":
         if s.in_flight_batch_id:
             return f"batch {s.in_flight_batch_id} is with the submitter or the ledger"
-        return None
+        return s.next_waits_for
+    if s.next_waits_for is not None:
+        return s.next_waits_for
     if s.held_by_batch_id is None:
         return None
     what = {
@@ -1007,6 +1029,11 @@ class GatewayApi:
                 "next_batch_id": s.next_batch_id,
                 "held_by": held_by,
                 "lock_reason": _lock_reason(s, strategy),
+                "paused": {"by": s.paused_by, "at": s.paused_at} if s.paused else None,
+                "halted": None
+                if s.halted_batch_id is None
+                else {"batch_id": s.halted_batch_id, "reason": s.halted_reason, "at": s.halted_at},
+                "waits_for": s.next_waits_for,
                 "ledger_problem": self.ledger_problem(s.service_id),
             }
             if self.claims is not None:
