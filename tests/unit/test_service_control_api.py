@@ -138,6 +138,10 @@ async def test_skip_resumes_a_halted_service_past_the_batch_it_names(
     assert doc["data"]["batch_ids"] == [first]
     assert doc["data"]["detail"] == f"resumed past invalid batch {first}"
     assert not (await gw.store.service_controls([SVC]))[SVC].stopped
+    # A batch the ledger judged INVALID reads Invalid (not Cancelled).
+    async with http.get(f"{url}/batch_statuses", params={"id": first}) as r:
+        [entry] = (await r.json())["data"]
+    assert (entry["status"], entry["ledgerq_status"]) == ("INVALID", "Invalid")
     _status, doc = await service(http, url)
     assert [h["action"] for h in doc["data"]["history"]] == ["skip", "halt"]
     assert doc["data"]["history"][1]["actor"] == "gateway"
@@ -164,8 +168,15 @@ async def test_cancel_makes_queued_batches_final_all_or_none(
     async with http.get(f"{url}/batch_statuses", params={"id": f"{queued},{also}"}) as r:
         statuses = (await r.json())["data"]
     for entry in statuses:
-        assert entry["status"] == "INVALID"
+        # Sawtooth's shape: INVALID, the message saying who and when; ledgerq's own: Cancelled.
+        assert (entry["status"], entry["ledgerq_status"]) == ("INVALID", "Cancelled")
         assert [t["message"] for t in entry["invalid_transactions"]] == [action["detail"]]
+    async with http.get(f"{url}/tracking/batches", params={"service_id": SVC}) as r:
+        listed = {b["id"]: b["status"] for b in (await r.json())["data"]}
+    assert listed == {taken: None, queued: "Cancelled", also: "Cancelled"}
+    async with http.get(f"{url}/tracking/batches/{queued}") as r:
+        one = (await r.json())["data"]
+    assert (one["status"], one["error"]["type"]) == ("Cancelled", "cancelled")
     status, doc = await act(http, url, "cancel", {"batch_ids": [queued]})
     assert status == 409
     assert "final" in doc["error"]["message"]

@@ -21,7 +21,8 @@ and with Sawtooth's REST API.
   ledgerq still holds is ``PENDING``, one it never saw ``UNKNOWN``; with
   ``wait`` the answer waits up to N seconds (at most 300) until no batch is
   ``PENDING`` (Sawtooth's rule; :mod:`ledgerq.ingest.longpoll`).
-  ``ledgerq_status`` gives the tracking status itself, ``service_id`` the
+  ``ledgerq_status`` gives the tracking status itself (``Cancelled`` for a
+  batch an operator cancelled, which reads ``INVALID``), ``service_id`` the
   batch's service. ``POST /batch_statuses`` takes the ids as a JSON array.
   Bounded: at most ``max_status_ids`` distinct ids (repeats answered once),
   each a batch id or ``dc:`` id (else 400); final batches answered from a
@@ -429,7 +430,7 @@ def status_entry(batch_id: str, batch: TrackingBatch | None) -> dict[str, Any]:
         "id": batch_id,
         "status": sawtooth_status(batch.batch_status),
         "invalid_transactions": invalid,
-        "ledgerq_status": batch.status_name.value if batch.status_name else None,
+        "ledgerq_status": batch.tracking_status,
         "submitted": batch.submitted,
         "service_id": batch.service_id,
     }
@@ -488,7 +489,7 @@ def batch_json(b: TrackingBatch) -> dict[str, Any]:
         "service_id": b.service_id,
         "seq": b.seq,
         "created_at": b.created_at,
-        "status": b.status_name.value if b.status_name else None,
+        "status": b.tracking_status,
         "submitted": b.submitted,
         "attempts": b.attempts,
         "last_attempt_at": b.last_attempt_at,

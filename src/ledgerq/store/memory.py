@@ -21,6 +21,7 @@ from ledgerq.errors import (
     StoreError,
 )
 from ledgerq.model import (
+    CANCELLED,
     DEPENDENCY,
     BatchStatus,
     BatchStatusName,
@@ -444,7 +445,7 @@ class MemoryStore(common.SeedWrites):
                     rec.batch.seq or 0,
                     rec.status,
                     rec.submitted,
-                    cancelled=rec.error is not None and rec.error.error_type == common.CANCELLED,
+                    cancelled=rec.error is not None and rec.error.error_type == CANCELLED,
                 )
         return out
 
