@@ -17,7 +17,15 @@ import pytest
 from aiohttp import web
 
 from ledgerq.ingest.api import GatewayApi
-from ledgerq.model import DEPENDENCY, BatchWrite, Invalid, InvalidTransaction, SubmissionError
+from ledgerq.model import (
+    DEPENDENCY,
+    BatchStatusName,
+    BatchWrite,
+    Committed,
+    Invalid,
+    InvalidTransaction,
+    SubmissionError,
+)
 from ledgerq.store import open_store
 from ledgerq.store.base import BatchTrackingStore
 from tests.operator_fakes import batch_list, running_gateway
@@ -401,7 +409,7 @@ async def test_services_say_what_stops_a_service_and_why(
             assert r.status == 200
             by_id = {s["service_id"]: s for s in (await r.json())["data"]}
         _status, doc = await service(http, url)
-        one = {k: v for k, v in doc["data"].items() if k != "history"}
+        one = {k: v for k, v in doc["data"].items() if k not in ("history", "queued")}
         assert one == by_id[SVC]  # GET /services/{id} says what /services says
         assert by_id["acme::other"]["lock_reason"] is None
         return by_id
@@ -429,3 +437,22 @@ async def test_services_say_what_stops_a_service_and_why(
     s = (await listed())[SVC]
     assert (s["paused"], s["halted"]) == (None, None)
     assert (s["next_batch_id"], s["waits_for"], s["lock_reason"]) == (second, waits, waits)
+
+
+async def test_the_service_lists_the_batches_a_cancel_may_name(
+    gateway: tuple[str, Any, aiohttp.ClientSession],
+) -> None:
+    url, gw, http = gateway
+    taken, delayed, queued, done = await post_batches(http, url, 4)
+    for write in (
+        BatchWrite(SVC, taken, attempt=True),
+        BatchWrite(SVC, delayed, BatchStatusName.DELAYED, attempt=True),
+        BatchWrite(SVC, done, Committed()),
+    ):
+        assert await gw.store.apply_writes([write]) == [None]
+    status, doc = await service(http, url)
+    assert status == 200
+    assert doc["data"]["queued"] == [delayed, queued]  # in acceptance order
+    status, _doc = await act(http, url, "cancel", {"batch_ids": doc["data"]["queued"]})
+    assert status == 200
+    assert (await service(http, url))[1]["data"]["queued"] == []

@@ -14,7 +14,9 @@
   cancelled it and when); ledgerq's own status reads ``Cancelled``.
 * ``GET /services/{id}?limit=&before=`` — the service as ``/services`` shows
   it, plus ``history``: its recorded actions, newest first, ``limit`` at a
-  time (``paging.next`` links the older ones).
+  time (``paging.next`` links the older ones); and ``queued``: the ids of its
+  first :data:`QUEUED_SHOWN` batches that a cancel may name (not taken for
+  submission; no status, or ``Delayed``/``Unknown``), in acceptance order.
 
 Each action is one store transaction (:meth:`ControlStore.control_service
 <ledgerq.store.base.ControlStore.control_service>`), recorded with who made
@@ -63,8 +65,9 @@ from ledgerq.ingest.api import (
     scope_of,
 )
 from ledgerq.ingest.guard import refuse_encoding
+from ledgerq.model import BatchStatusName
 from ledgerq.scopes import Scope
-from ledgerq.store.base import ServiceAction
+from ledgerq.store.base import NO_STATUS, ServiceAction
 
 if TYPE_CHECKING:
     from ledgerq.ingest.api import GatewayApi
@@ -83,6 +86,10 @@ MAX_CANCEL = 1000
 #: The largest body of an action: room for MAX_CANCEL batch ids (132 bytes
 #: each, quoted and separated) written loosely (indented, some repeated).
 MAX_BODY_BYTES = 1 << 20
+#: Batches listed in ``queued`` at most.
+QUEUED_SHOWN = 100
+#: The statuses a batch that cannot be on the ledger may have (besides none).
+_UNSENT = (BatchStatusName.DELAYED, BatchStatusName.UNKNOWN)
 #: History entries per page, by default and at most.
 HISTORY_PAGE = 100
 MAX_HISTORY_PAGE = 1000
@@ -241,6 +248,17 @@ class ServiceControls:
         except ValueError:
             return _error(400, "Bad Request", "the body is not JSON", "bad_body")
 
+    async def _queued(self, service_id: str) -> list[str]:
+        """The first batches of the service that a cancel may name."""
+        found = []
+        for status in (NO_STATUS, *_UNSENT):
+            listed = await self.api.store.list_batches(
+                service_id=service_id, status=status, limit=QUEUED_SHOWN
+            )
+            found += [b for b in listed.batches if not b.submitted]
+        found.sort(key=lambda b: b.seq or 0)
+        return [b.batch_id for b in found[:QUEUED_SHOWN]]
+
     async def service(self, request: web.Request) -> web.Response:
         service_id = request.match_info["service_id"]
         try:
@@ -269,4 +287,5 @@ class ServiceControls:
             params["before"] = str(history[-1].id)
             next_link = f"{_base(request)}{request.rel_url.raw_path}?{urlencode(params)}"
         item["history"] = [action_json(a) for a in history]
+        item["queued"] = await self._queued(service_id)
         return web.json_response({"data": item, "paging": {"limit": limit, "next": next_link}})
