@@ -41,6 +41,10 @@ cli.add_command(submit)
 cli.add_command(status)
 cli.add_command(batches)
 
+from ledgerq.commands.service import service  # noqa: E402
+
+cli.add_command(service)
+
 from ledgerq.commands.config import config  # noqa: E402
 
 cli.add_command(config)

@@ -530,7 +530,7 @@ KEYS: tuple[Key, ...] = (
         "auth.tokens",
         _scoped_tokens,
         "",
-        "scoped tokens: service id patterns, read/write (secret; JSON in the environment)",
+        "scoped tokens: service id patterns, read/write/operate (secret; JSON in the environment)",
     ),
     Key(
         "insecure_allow_remote",

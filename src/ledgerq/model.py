@@ -186,6 +186,15 @@ class SubmissionError:
     error_message: str
 
 
+#: The submission error type (and external error status) of what a declared
+#: dependency causes: a batch waiting for one, or failed because one failed.
+DEPENDENCY = "dependency"
+#: The submission error type of a batch an operator cancelled (stored ``Invalid``).
+CANCELLED = "cancelled"
+#: ledgerq's own status of a cancelled batch (:attr:`TrackingBatch.tracking_status`).
+CANCELLED_STATUS = "Cancelled"
+
+
 @dataclass(frozen=True, slots=True)
 class TrackingTransaction:
     family_name: str
@@ -249,6 +258,25 @@ class TrackingBatch:
     @property
     def is_final(self) -> bool:
         return self.batch_status is not None and self.batch_status.is_final
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled by an operator: ``Invalid``, with a ``cancelled`` submission error."""
+        return (
+            self.batch_status is not None
+            and self.batch_status.name is BatchStatusName.INVALID
+            and self.submission_error is not None
+            and self.submission_error.error_type == CANCELLED
+        )
+
+    @property
+    def tracking_status(self) -> str | None:
+        """ledgerq's own status of the batch: its status name, or ``Cancelled``
+        for a batch an operator cancelled (the ledger never saw it; Sawtooth's
+        shape says ``INVALID``)."""
+        if self.batch_status is None:
+            return None
+        return CANCELLED_STATUS if self.cancelled else self.batch_status.name.value
 
 
 @dataclass(frozen=True, slots=True)

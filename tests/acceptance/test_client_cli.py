@@ -26,6 +26,8 @@ LEDGERQ = str(Path(sys.executable).parent / "ledgerq")
 TOKEN = "cli-test-token-5f1c2a9e"
 
 pytestmark = pytest.mark.slow
+#: Services halt-* halt on an INVALID batch (the others continue).
+SERVE_FLAGS = ("--bind", "127.0.0.1:0", "--on-invalid-for", "halt-*=halt")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -45,7 +47,7 @@ class Served:
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("gateway")
     proc = subprocess.Popen(
-        [LEDGERQ, "serve", "--db", f"sqlite:///{folder}/g.sqlite3", "--bind", "127.0.0.1:0"],
+        [LEDGERQ, "serve", "--db", f"sqlite:///{folder}/g.sqlite3", *SERVE_FLAGS],
         cwd=folder,
         env=_env(LEDGERQ_AUTH_TOKEN=TOKEN, LEDGERQ_LOG_LEVEL="debug"),
         stderr=subprocess.PIPE,
@@ -78,10 +80,18 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         proc.stderr.close()
 
 
-def ledgerq(*args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess[str]:
+def ledgerq(
+    *args: str, token: str | None = TOKEN, answer: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = _env() if token is None else _env(LEDGERQ_TOKEN=token)
     return subprocess.run(
-        [LEDGERQ, *args], capture_output=True, text=True, timeout=120, check=False, env=env
+        [LEDGERQ, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+        input=answer,
     )
 
 
@@ -195,3 +205,103 @@ def test_the_token_never_reaches_the_log(gateway: Served) -> None:
     log = "".join(gateway.log)
     assert "submission started" in log  # the log was captured at all
     assert TOKEN not in log
+
+
+def _post(gateway: Served, tmp_path: Path, service: str, batches: list[Any]) -> list[str]:
+    """Post ``batches`` to ``service`` with ``ledgerq submit --no-wait``; their ids."""
+    from ledgerq.codec import encode_batch_list
+
+    path = tmp_path / f"{service}-{len(list(tmp_path.iterdir()))}.batchlist"
+    path.write_bytes(encode_batch_list(batches))
+    done = ledgerq("submit", str(path), "-s", service, "--no-wait", "--url", gateway.url)
+    assert done.returncode == 0, done.stderr
+    return [b.header_signature for b in batches]
+
+
+def test_service_pause_cancel_resume_and_history(gateway: Served, tmp_path: Path) -> None:
+    from ledgerq.codec import Signer
+    from ledgerq.codec.intkey import make_intkey_batch
+
+    url = ("--url", gateway.url)
+    unknown = ledgerq("service", "pause", "svc-nothing", *url)
+    assert unknown.returncode == 4
+    assert unknown.stderr.strip().splitlines() == [
+        "Error: HTTP 404 Not Found: no batch of service 'svc-nothing' is tracked; check the "
+        "service id"
+    ]
+    signer = Signer.generate()
+    [first] = _post(gateway, tmp_path, "svc-ops", [make_intkey_batch(signer, [("set", "ops", 0)])])
+    assert ledgerq("status", first, "--wait", *url).returncode == 0
+    paused = ledgerq("service", "pause", "svc-ops", *url)
+    assert paused.returncode == 0, paused.stderr
+    assert paused.stdout.startswith("service svc-ops: paused by auth.token at ")
+    later = [make_intkey_batch(signer, [("inc", "ops", 1)]) for _ in range(2)]
+    doomed, kept = _post(gateway, tmp_path, "svc-ops", later)
+
+    # Cancel asks first; no (or no answer) cancels nothing.
+    for answer in ("n\n", ""):
+        refused = ledgerq("service", "cancel", "svc-ops", doomed, *url, answer=answer)
+        assert refused.returncode == 1
+        assert "Cancel 1 batch(es) of service svc-ops?" in refused.stderr
+        assert "not confirmed: nothing was cancelled" in refused.stderr
+    cancelled = ledgerq("service", "cancel", "svc-ops", doomed, *url, answer="y\n")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "1 batch(es) cancelled by auth.token" in cancelled.stdout
+    status = ledgerq("status", doomed, *url)
+    assert status.returncode == 5  # INVALID to a Sawtooth client
+    assert "Cancelled" in status.stdout and "cancelled by auth.token at" in status.stdout
+    again = ledgerq("service", "cancel", "svc-ops", doomed, "--yes", *url)
+    assert again.returncode == 4
+    assert len(again.stderr.strip().splitlines()) == 1
+    assert "HTTP 409 Refused: batch " in again.stderr and "final" in again.stderr
+
+    assert ledgerq("service", "resume", "svc-ops", *url).returncode == 0
+    assert ledgerq("status", kept, "--wait", *url).returncode == 0
+    not_paused = ledgerq("service", "resume", "svc-ops", *url)
+    assert not_paused.returncode == 4
+    assert "HTTP 409 Refused: service 'svc-ops' is not paused" in not_paused.stderr
+    not_halted = ledgerq("service", "skip", "svc-ops", *url)
+    assert not_halted.returncode == 4
+    assert "service svc-ops is not halted" in not_halted.stderr
+
+    history = _json(ledgerq("service", "history", "svc-ops", "--json", *url))
+    actions = [(a["action"], a["actor"]) for a in history["data"]["history"]]
+    assert actions == [("resume", "auth.token"), ("cancel", "auth.token"), ("pause", "auth.token")]
+    assert history["data"]["history"][1]["batch_ids"] == [doomed]
+    table = ledgerq("service", "history", "svc-ops", "--limit", "2", *url)
+    assert table.returncode == 0, table.stderr
+    assert "service svc-ops: 0 queued of 3; nothing holds it" in table.stdout
+    assert "cancel" in table.stdout and "pause" not in table.stdout
+    assert "more: --before" in table.stdout
+
+
+def test_service_skip_resumes_a_halted_service(gateway: Served, tmp_path: Path) -> None:
+    from ledgerq.codec import Signer
+    from ledgerq.codec.intkey import make_intkey_batch
+
+    url = ("--url", gateway.url)
+    signer = Signer.generate()
+    # An inc of a key never set is INVALID: halt-* services halt there.
+    bad, good = _post(
+        gateway,
+        tmp_path,
+        "halt-cli",
+        [
+            make_intkey_batch(signer, [("inc", "halt-cli-never-set", 1)]),
+            make_intkey_batch(signer, [("set", "halt-cli", 1)]),
+        ],
+    )
+    assert ledgerq("status", bad, "--wait", *url).returncode == 5
+    state = _json(ledgerq("service", "history", "halt-cli", "--json", *url))["data"]
+    assert state["halted"]["batch_id"] == bad
+    assert state["lock_reason"].startswith(f"halted at batch {bad}: ")
+    pending = _json(ledgerq("status", good, *url, "--json"))["data"]
+    assert [e["status"] for e in pending] == ["PENDING"]
+    refused = ledgerq("service", "skip", "halt-cli", *url, answer="n\n")
+    assert refused.returncode == 1
+    assert f"Resume service halt-cli past batch {bad}" in refused.stderr
+    assert "the service stays halted" in refused.stderr
+    skipped = ledgerq("service", "skip", "halt-cli", "--yes", *url)
+    assert skipped.returncode == 0, skipped.stderr
+    assert "resumed past its invalid batch by auth.token" in skipped.stdout
+    assert ledgerq("status", good, "--wait", *url).returncode == 0

@@ -6,20 +6,27 @@ built, and ``--screenshot`` saved as ``test-artifacts/dashboard.png``; under the
 parallel strategy, the services table's in-flight count and what holds each
 service's next batch (which earlier batch, which address); with
 ``serve --workers 2``, the workers table (each worker's index, pid, role).
-Chromium's virtual time budget lets the page's fetches complete before the
-DOM is taken, without the test sleeping. Skipped where chromium is missing
+The service controls are driven over the DevTools protocol (a websocket on
+127.0.0.1): the test clicks the buttons, answers the confirmation dialogs and
+checks what the store then holds. Chromium's virtual time budget lets the
+page's fetches complete before the DOM is taken, without the test sleeping.
+Skipped where chromium is missing
 (``make test`` installs it when it can); under CI a skip fails the run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import json
 import re
 import shutil
 import tempfile
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -27,6 +34,7 @@ import pytest
 from bench._cluster import Process
 from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_address, make_intkey_batch
+from ledgerq.model import BatchWrite, Invalid, InvalidTransaction
 from tests.ledger_fakes import ScriptedLedger
 from tests.operator_fakes import batch_list, running_gateway
 
@@ -221,3 +229,178 @@ async def test_dashboard_shows_the_workers_of_serve_workers_2(tmp_path: Path) ->
         (str(w["index"]), str(w["pid"]), str(w["role"])) for w in expected
     ]
     assert [c[2] for c in cells] == ["gateway", "ingest"]
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol (a websocket on
+    127.0.0.1): what a user's clicks do, with the page's own script."""
+
+    def __init__(self, http: aiohttp.ClientSession, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.http = http
+        self.ws = ws
+        self._id = 0
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls) -> AsyncIterator[Browser]:
+        with tempfile.TemporaryDirectory(prefix="ledgerq-chromium-") as profile:
+            proc = await asyncio.create_subprocess_exec(
+                _need_chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--window-size=1500,1000",
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                "about:blank",
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            try:
+                port_file = Path(profile) / "DevToolsActivePort"
+                for _ in range(600):  # Chromium writes it once it listens
+                    if port_file.is_file() and port_file.read_text().strip():
+                        break
+                    assert proc.returncode is None, "chromium exited"
+                    await asyncio.sleep(0.05)
+                port = int(port_file.read_text().split()[0])
+                async with aiohttp.ClientSession() as http:
+                    async with http.get(f"http://127.0.0.1:{port}/json/list") as r:
+                        pages = [t for t in await r.json() if t["type"] == "page"]
+                    async with http.ws_connect(pages[0]["webSocketDebuggerUrl"]) as ws:
+                        yield cls(http, ws)
+            finally:
+                proc.kill()
+                await proc.wait()
+
+    async def send(self, method: str, **params: Any) -> dict[str, Any]:
+        self._id += 1
+        await self.ws.send_json({"id": self._id, "method": method, "params": params})
+        while True:
+            message = await self.ws.receive_json(timeout=30)
+            if message.get("id") == self._id:
+                assert "error" not in message, message
+                result: dict[str, Any] = message["result"]
+                return result
+
+    async def eval(self, expression: str) -> Any:
+        result = await self.send(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
+        return result["result"].get("value")
+
+    async def until(self, expression: str, what: str) -> Any:
+        """The value of ``expression`` once truthy (the page polls every 2 s)."""
+        for _ in range(400):
+            value = await self.eval(expression)
+            if value:
+                return value
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the page never showed {what}")
+
+
+#: Page helpers: a service's row, a button of it, the confirmation dialog.
+ROW = """
+window.row = (id) => [...document.querySelectorAll("#services tbody tr")]
+  .find((r) => r.cells[0] && r.cells[0].textContent === id);
+window.press = (id, action) => row(id).querySelector(`button[data-action=${action}]`).click();
+window.asked = () => !document.getElementById("action-box").hidden &&
+  document.getElementById("action-question").textContent;
+window.said = () => document.getElementById("action-result").textContent;
+"""
+
+
+async def test_dashboard_pauses_resumes_skips_and_cancels_after_confirmation() -> None:
+    """Each button asks first (Back changes nothing), then acts; the row
+    says what stops the service; a refusal shows the gateway's reason."""
+    _need_chromium()
+    async with running_gateway(pipeline=False) as (url, gw):
+        store = gw.store
+        async with aiohttp.ClientSession() as http:
+            posted: dict[str, list[str]] = {}
+            for service, n in (("ops::a", 3), ("ops::b", 2)):
+                body, posted[service] = batch_list(n, service.replace(":", "-"))
+                async with http.post(
+                    f"{url}/batches", params={"service_id": service}, data=body, headers=OCTET
+                ) as r:
+                    assert r.status == 202
+        # ops::b halted at its first batch, as on_invalid = halt leaves it.
+        bad = posted["ops::b"][0]
+        [batch] = await store.get_batches_by_id([bad])
+        tid = batch.transactions[0].transaction_header
+        invalid = Invalid((InvalidTransaction(tid, "no such key"),))
+        for write in (
+            BatchWrite("ops::b", bad, attempt=True),
+            BatchWrite("ops::b", bad, invalid, halt="no such key"),
+        ):
+            assert await store.apply_writes([write]) == [None]
+
+        async with Browser.open() as page:
+            await page.send("Page.navigate", url=url + "/")
+            await page.until("document.body && document.body.dataset.loaded", "its data")
+            await page.eval(ROW)
+            await page.until('!!row("ops::b")', "the services")
+            halted = await page.eval('row("ops::b").querySelector(".state").textContent')
+            assert halted == "halted"
+            title = await page.eval('row("ops::b").querySelector(".state").title')
+            assert title.startswith(f"halted at batch {bad}: no such key")
+            assert await page.eval('row("ops::a").querySelector(".state").textContent') == "running"
+
+            # Pause: asked first; Back changes nothing.
+            await page.eval('press("ops::a", "pause")')
+            assert (await page.until("asked()", "the question")).startswith("Pause service ops::a?")
+            await page.eval('document.getElementById("action-back").click()')
+            assert not await page.eval("asked()")
+            assert not (await store.service_controls(["ops::a"])).get("ops::a")
+            await page.eval('press("ops::a", "pause")')
+            await page.until("asked()", "the question")
+            await page.eval('document.getElementById("action-confirm").click()')
+            assert "ops::a: paused by anonymous" in await page.until("said()", "the answer")
+            assert (await store.service_controls(["ops::a"]))["ops::a"].paused
+            await page.until(
+                '!!row("ops::a").querySelector("button[data-action=resume]")', "resume"
+            )
+            assert await page.eval('row("ops::a").querySelector(".state").textContent') == "paused"
+
+            # Cancel: the queued batches listed, checked; the last one unchecked.
+            await page.eval('press("ops::a", "cancel")')
+            assert "Cancel the checked batches of service ops::a?" in await page.until(
+                "asked()", "the question"
+            )
+            boxes = '[...document.querySelectorAll("#action-batches input")]'
+            assert await page.eval(f"{boxes}.map((b) => b.value)") == posted["ops::a"]
+            await page.eval(f"{boxes}.at(-1).click()")
+            await page.eval('document.getElementById("action-confirm").click()')
+            await page.until('said().includes("2 batch(es) cancelled")', "the cancel")
+            found = await store.get_batches_by_id(posted["ops::a"])
+            assert [b.tracking_status for b in found] == ["Cancelled", "Cancelled", None]
+
+            # Skip: resumes the halted service past the batch the row names.
+            await page.eval('press("ops::b", "skip")')
+            assert f"past its INVALID batch {bad} (no such key)" in await page.until(
+                "asked()", "the question"
+            )
+            await page.eval('document.getElementById("action-confirm").click()')
+            await page.until('said().includes("resumed past its invalid batch")', "the skip")
+            assert not (await store.service_controls(["ops::b"]))["ops::b"].stopped
+
+            # A resume someone else made first: the gateway's reason is shown.
+            await store.control_service("ops::a", "resume", actor="someone")
+            await page.eval('ask("resume", "ops::a")')
+            await page.until("asked()", "the question")
+            await page.eval('document.getElementById("action-confirm").click()')
+            refused = await page.until('said().includes("refused") && said()', "the refusal")
+            assert refused == "resume ops::a refused: service 'ops::a' is not paused"
+            assert await page.eval('document.getElementById("action-result").className') == "error"
+            await page.until('row("ops::b").querySelector(".state").textContent === "running"', "b")
+            shot = await page.send("Page.captureScreenshot", format="png")
+        history = [(a.action, a.actor) for a in await store.service_actions("ops::a")]
+    assert history == [("resume", "someone"), ("cancel", "anonymous"), ("pause", "anonymous")]
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "dashboard-controls.png").write_bytes(base64.b64decode(shot["data"]))

@@ -462,6 +462,11 @@ async def test_list_services_reports_depth_head_and_in_flight(store: BatchTracki
     assert services["b::2"].in_flight_batch_id is None
     after = await store.list_services(after="a::1")
     assert [s.service_id for s in after] == ["b::2"]
+    # One service by its id (what GET /services/{id} reads).
+    assert await store.list_services(service_id="a::1") == [sa]
+    assert await store.list_services(service_id="b::2", limit=1) == [services["b::2"]]
+    assert await store.list_services(service_id="a::") == []
+    assert await store.list_services(service_id="a::1", after="a::1") == []
 
 
 # -- clean-up -----------------------------------------------------------------

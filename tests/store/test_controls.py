@@ -15,6 +15,7 @@ from ledgerq.errors import (
     StatusTransitionError,
 )
 from ledgerq.model import (
+    DEPENDENCY,
     BatchStatusName,
     BatchWrite,
     Committed,
@@ -22,6 +23,7 @@ from ledgerq.model import (
     Invalid,
     InvalidTransaction,
     Pending,
+    SubmissionError,
     TrackingTransaction,
 )
 from ledgerq.store import BatchTrackingStore
@@ -97,6 +99,50 @@ async def test_an_invalid_status_written_with_halt_halts_its_service(
     await _write(store, BatchWrite(SVC, b.batch_id, attempt=True))
     with pytest.raises(ControlRefusedError, match="not halted"):
         await store.control_service(SVC, "skip", actor="ops", batch_ids=[a.batch_id])
+
+
+async def test_list_services_says_what_stops_a_service(
+    store: BatchTrackingStore, clock: ManualClock
+) -> None:
+    a, b = await store.add_batches([make_batch(SVC), make_batch(SVC)])
+    await store.add_batches([make_batch("other::svc")])
+    for s in await store.list_services():
+        assert (s.paused, s.paused_by, s.paused_at) == (False, None, None)
+        assert (s.halted_batch_id, s.halted_reason, s.halted_at) == (None, None, None)
+        assert s.next_waits_for is None
+    paused_at = clock.value
+    await store.control_service(SVC, "pause", actor="alice")
+    clock.advance(1000)
+    await store.control_service(SVC, "pause", actor="bob")  # already paused: alice's stands
+    [s, other] = await store.list_services()
+    assert (s.paused, s.paused_by, s.paused_at) == (True, "alice", paused_at)
+    assert not other.paused
+    await store.control_service(SVC, "resume", actor="bob")
+    [s] = await store.list_services(service_id=SVC)
+    assert (s.paused, s.paused_by, s.paused_at) == (False, None, None)
+    # Halted at a, which the ledger judged Invalid.
+    await _write(store, BatchWrite(SVC, a.batch_id, attempt=True))
+    tid = a.transactions[0].transaction_header
+    invalid = Invalid((InvalidTransaction(tid, error_message="no such key"),))
+    halted_at = clock.advance(1000)
+    await _write(store, BatchWrite(SVC, a.batch_id, invalid, halt="no such key"))
+    [s] = await store.list_services(service_id=SVC)
+    assert (s.halted_batch_id, s.halted_reason, s.halted_at) == (
+        a.batch_id,
+        "no such key",
+        halted_at,
+    )
+    await store.control_service(SVC, "skip", actor="bob", batch_ids=[a.batch_id])
+    # The next batch waits for a declared dependency: what it waits for, until taken.
+    waits = "waits for transaction " + "ab" * 64 + ", not seen on the ledger"
+    await _write(store, BatchWrite(SVC, b.batch_id, None, (), SubmissionError(DEPENDENCY, waits)))
+    [s, other] = await store.list_services()
+    assert (s.halted_batch_id, s.halted_reason, s.halted_at) == (None, None, None)
+    assert (s.next_batch_id, s.next_waits_for) == (b.batch_id, waits)
+    assert other.next_waits_for is None
+    await _write(store, BatchWrite(SVC, b.batch_id, attempt=True))
+    [s] = await store.list_services(service_id=SVC)
+    assert s.next_waits_for is None
 
 
 async def test_a_halt_is_written_only_with_an_invalid_status(store: BatchTrackingStore) -> None:

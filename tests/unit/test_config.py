@@ -199,6 +199,24 @@ def test_scoped_tokens_from_the_file_and_from_json_in_the_environment(tmp_path: 
         load_settings(environ={"LEDGERQ_AUTH_TOKENS": "acme=x"}, cwd=tmp_path)
 
 
+def test_an_operate_token_operates_and_reads_but_posts_nothing(tmp_path: Path) -> None:
+    ops = [{"name": "ops", "token": "ops-0123456789abcdef", "services": ["acme-*"]}]
+    ops[0]["access"] = "operate"
+    ((_token, scope),) = load_settings({"auth.tokens": ops}, environ={}, cwd=tmp_path).tokens
+    assert (scope.operate, scope.read, scope.write) == (True, True, False)
+    for access, allowed in (("read", (False, True, False)), ("read-write", (False, True, True))):
+        ops[0]["access"] = access
+        ((_token, scope),) = load_settings({"auth.tokens": ops}, environ={}, cwd=tmp_path).tokens
+        assert (scope.operate, scope.read, scope.write) == allowed
+    ((_token, full),) = load_settings(
+        {"auth.token": "full-0123456789abcdef"}, environ={}, cwd=tmp_path
+    ).tokens
+    assert (full.name, full.operate, full.read, full.write) == ("auth.token", True, True, True)
+    ops[0]["access"] = "admin"
+    with pytest.raises(ConfigError, match="access 'admin': use read, write, read-write, operate"):
+        load_settings({"auth.tokens": ops}, environ={}, cwd=tmp_path)
+
+
 def test_contradictory_tokens_are_refused(tmp_path: Path) -> None:
     same = "same-0123456789abcdef"
     with pytest.raises(ConfigError, match=r"same token as auth\.token"):

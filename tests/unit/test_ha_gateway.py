@@ -81,6 +81,13 @@ class Service:
     held_by_batch_id: str | None = None
     held_kind: str | None = None
     held_on: str | None = None
+    paused: bool = False
+    paused_by: str | None = None
+    paused_at: int | None = None
+    halted_batch_id: str | None = None
+    halted_reason: str | None = None
+    halted_at: int | None = None
+    next_waits_for: str | None = None
 
 
 class FakeApiStore:

@@ -5,12 +5,14 @@ import dataclasses
 import pytest
 
 from ledgerq.model import (
+    CANCELLED,
     BatchStatusName,
     Committed,
     Delayed,
     Invalid,
     InvalidTransaction,
     Pending,
+    SubmissionError,
     TrackingBatch,
     Unknown,
     Valid,
@@ -61,3 +63,18 @@ def test_tracking_batch_is_immutable() -> None:
         batch.submitted = True  # type: ignore[misc]
     assert batch.batch_id == batch.batch_header
     assert batch.status_name is None and not batch.is_final
+
+
+def test_the_tracking_status_of_a_cancelled_batch_is_cancelled() -> None:
+    batch = TrackingBatch("s", "b" * 128, None, "k", False, b"")
+    assert batch.tracking_status is None
+    assert dataclasses.replace(batch, batch_status=Pending()).tracking_status == "Pending"
+    invalid = dataclasses.replace(batch, batch_status=Invalid(()))
+    assert invalid.tracking_status == "Invalid" and not invalid.cancelled
+    rejected = dataclasses.replace(invalid, submission_error=SubmissionError("rejected", "no"))
+    assert rejected.tracking_status == "Invalid"
+    cancelled = dataclasses.replace(invalid, submission_error=SubmissionError(CANCELLED, "by x"))
+    assert cancelled.cancelled and cancelled.tracking_status == "Cancelled"
+    # Only a final Invalid is a cancellation.
+    waiting = dataclasses.replace(batch, submission_error=SubmissionError(CANCELLED, "by x"))
+    assert not waiting.cancelled and waiting.tracking_status is None

@@ -10,6 +10,7 @@ exceeds :data:`IDS_PER_REQUEST` ids.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -66,9 +67,10 @@ class GatewayClient:
         *,
         params: dict[str, str] | None = None,
         data: bytes | None = None,
+        content_type: str = "application/octet-stream",
         timeout_s: float | None = None,
     ) -> Any:
-        headers = {"Content-Type": "application/octet-stream"} if data is not None else None
+        headers = {"Content-Type": content_type} if data is not None else None
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s, connect=5)
         try:
             async with self._session.request(
@@ -99,6 +101,11 @@ class GatewayClient:
         params = {"service_id": service_id} if service_id else None
         result: dict[str, Any] = await self._request("POST", "/batches", params=params, data=body)
         return result
+
+    async def post_json(self, path: str, doc: Any = None) -> Any:
+        """POST ``doc`` as JSON (no body when None); the gateway's JSON answer."""
+        data = None if doc is None else json.dumps(doc).encode()
+        return await self._request("POST", path, data=data, content_type="application/json")
 
     async def statuses(
         self, ids: Sequence[str], service_id: str | None, *, wait_s: float = 0

@@ -188,6 +188,7 @@ class Gateway:
             chain=chain_reads(ledger),
             ledger_name=ledger.description,
             default_service=settings["default_service"],
+            on_control=self._controlled,
         )
         #: Asks the ledger about the batches a take-over finds mid-submission.
         self.take_over = TakeOverAsks(
@@ -252,6 +253,14 @@ class Gateway:
                 self.changes.notify(service_id)
             else:
                 self.wake(service_id, relay=False)
+
+    async def _controlled(self, service_id: str) -> None:
+        """An operator acted on the service here: the producer reads its
+        controls now (other instances within a poll interval; the store
+        refuses their takes meanwhile), and its queue and status readers
+        look again (a cancelled batch is final)."""
+        await self.producer.refresh_controls([service_id])
+        self.wake(service_id)
 
     def _pipeline_busy(self) -> bool:
         # Work in flight: submissions, batches followed to their final status

@@ -21,7 +21,8 @@ and with Sawtooth's REST API.
   ledgerq still holds is ``PENDING``, one it never saw ``UNKNOWN``; with
   ``wait`` the answer waits up to N seconds (at most 300) until no batch is
   ``PENDING`` (Sawtooth's rule; :mod:`ledgerq.ingest.longpoll`).
-  ``ledgerq_status`` gives the tracking status itself, ``service_id`` the
+  ``ledgerq_status`` gives the tracking status itself (``Cancelled`` for a
+  batch an operator cancelled, which reads ``INVALID``), ``service_id`` the
   batch's service. ``POST /batch_statuses`` takes the ids as a JSON array.
   Bounded: at most ``max_status_ids`` distinct ids (repeats answered once),
   each a batch id or ``dc:`` id (else 400); final batches answered from a
@@ -40,6 +41,8 @@ and with Sawtooth's REST API.
   batch, lock reason, the ledger's open problem for the service (what it
   last answered instead of a usable answer, since when, how often); under
   high availability also the claimant, claim epoch and expiries.
+* ``GET /services/{id}`` and ``POST /services/{id}/pause|resume|skip|cancel``
+  — one service, and operator control of it: :mod:`ledgerq.ingest.control`.
 * ``GET /instances`` — the gateway instances sharing the database: id,
   start, last renewal, claims held, live or not (empty on a single instance);
   with ``serve --workers N``, also ``workers``: the processes behind this
@@ -73,7 +76,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote_plus, urlencode
 
@@ -112,7 +115,7 @@ from ledgerq.model import (
 )
 from ledgerq.procpool import Priority
 from ledgerq.scopes import FULL, Scope
-from ledgerq.store.base import DATA_CHANGE_PREFIX, BatchAcceptor
+from ledgerq.store.base import DATA_CHANGE_PREFIX, BatchAcceptor, ControlStore
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +171,24 @@ class ServiceInfo(Protocol):
     def held_kind(self) -> str | None: ...
     @property
     def held_on(self) -> str | None: ...
+    @property
+    def paused(self) -> bool: ...
+    @property
+    def paused_by(self) -> str | None: ...
+    @property
+    def paused_at(self) -> int | None: ...
+    @property
+    def halted_batch_id(self) -> str | None: ...
+    @property
+    def halted_reason(self) -> str | None: ...
+    @property
+    def halted_at(self) -> int | None: ...
+    @property
+    def next_waits_for(self) -> str | None: ...
 
 
-class ApiStore(Protocol):
-    """The store roles the API needs (accept and read)."""
+class ApiStore(ControlStore, Protocol):
+    """The store roles the API needs (accept, read, and operator control)."""
 
     async def add_batches(
         self, batches: list[TrackingBatch], *, now: int | None = None
@@ -197,7 +214,7 @@ class ApiStore(Protocol):
     ) -> TrackingBatchList: ...
 
     async def list_services(
-        self, *, limit: int = 1000, after: str | None = None
+        self, *, limit: int = 1000, after: str | None = None, service_id: str | None = None
     ) -> Sequence[ServiceInfo]: ...
 
     async def status_counts(self) -> dict[str, int]: ...
@@ -212,11 +229,19 @@ class ClaimsView(Protocol):
 
 
 def _lock_reason(s: ServiceInfo, strategy: str) -> str | None:
-    """Why the service's next batch is not going to the ledger, if it is not."""
+    """Why the service's next batch is not going to the ledger, if it is not:
+    halted, paused, a batch in flight (serial), a declared dependency it waits
+    for, a conflicting batch (parallel)."""
+    if s.halted_batch_id is not None:
+        return f"halted at batch {s.halted_batch_id}: {s.halted_reason}"
+    if s.paused:
+        return f"paused by {s.paused_by}" if s.paused_by else "paused"
     if strategy != "parallel":
         if s.in_flight_batch_id:
             return f"batch {s.in_flight_batch_id} is with the submitter or the ledger"
-        return None
+        return s.next_waits_for
+    if s.next_waits_for is not None:
+        return s.next_waits_for
     if s.held_by_batch_id is None:
         return None
     what = {
@@ -405,7 +430,7 @@ def status_entry(batch_id: str, batch: TrackingBatch | None) -> dict[str, Any]:
         "id": batch_id,
         "status": sawtooth_status(batch.batch_status),
         "invalid_transactions": invalid,
-        "ledgerq_status": batch.status_name.value if batch.status_name else None,
+        "ledgerq_status": batch.tracking_status,
         "submitted": batch.submitted,
         "service_id": batch.service_id,
     }
@@ -464,7 +489,7 @@ def batch_json(b: TrackingBatch) -> dict[str, Any]:
         "service_id": b.service_id,
         "seq": b.seq,
         "created_at": b.created_at,
-        "status": b.status_name.value if b.status_name else None,
+        "status": b.tracking_status,
         "submitted": b.submitted,
         "attempts": b.attempts,
         "last_attempt_at": b.last_attempt_at,
@@ -499,6 +524,7 @@ class GatewayApi:
         chain: ChainReads | None = None,
         ledger_name: str = "the ledger",
         default_service: str = "",
+        on_control: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         """``acceptor``: what stores accepted batches (default: ``store``);
         ``ledger_problem``: the ledger's open problem for a service, if any;
@@ -512,7 +538,9 @@ class GatewayApi:
         thread beside the loop; ``chain``: the ledger's answers to Sawtooth's
         read routes (:mod:`ledgerq.ingest.chain`; ``None``: a ledger without
         them, ``ledger_name`` in the 501 that says so); ``default_service``:
-        the service of batches posted without one (empty: none)."""
+        the service of batches posted without one (empty: none);
+        ``on_control``: told the service id after each operator action
+        (:mod:`ledgerq.ingest.control`) so it takes effect now."""
         self.max_status_ids = max_status_ids
         #: Posts below the yielding size being taken in now (pipeline work).
         self.posting = 0
@@ -553,6 +581,7 @@ class GatewayApi:
             sees_everything=lambda request: scope_of(request).sees_everything,
             ledger=ledger_name,
         )
+        self.on_control = on_control
 
     def set_tenants(self, tenants: int) -> None:
         """How many tenants (tokens) share the long-poll places and the status
@@ -576,6 +605,10 @@ class GatewayApi:
         app.router.add_get("/tracking/batches/{batch_id}", self.get_batch)
         app.on_cleanup.append(self._stop_decoding)
         app.router.add_get("/services", self.services)
+        # Imported here: the control routes build on this module.
+        from ledgerq.ingest.control import ServiceControls
+
+        ServiceControls(self, self.on_control or _nothing).add_routes(app)
         app.router.add_get("/instances", self.instances)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
@@ -967,6 +1000,16 @@ class GatewayApi:
                 f"after must be the last service id of the previous page; got {after!r}",
             )
         listed, more = await self._services_page(scope_of(request), limit, after)
+        data = await self.service_items(listed)
+        next_link = None
+        if more:
+            params = {k: v for k, v in request.query.items() if k != "after"}
+            params["after"] = listed[-1].service_id
+            next_link = f"{_base(request)}/services?{urlencode(params)}"
+        return web.json_response({"data": data, "paging": {"limit": limit, "next": next_link}})
+
+    async def service_items(self, listed: Sequence[ServiceInfo]) -> list[dict[str, Any]]:
+        """What ``/services`` says of each service (one query for their claims)."""
         claims: dict[str, ClaimInfo] = {}
         if self.claims is not None:
             claims = await self.claims.claims_for([s.service_id for s in listed])
@@ -987,6 +1030,11 @@ class GatewayApi:
                 "next_batch_id": s.next_batch_id,
                 "held_by": held_by,
                 "lock_reason": _lock_reason(s, strategy),
+                "paused": {"by": s.paused_by, "at": s.paused_at} if s.paused else None,
+                "halted": None
+                if s.halted_batch_id is None
+                else {"batch_id": s.halted_batch_id, "reason": s.halted_reason, "at": s.halted_at},
+                "waits_for": s.next_waits_for,
                 "ledger_problem": self.ledger_problem(s.service_id),
             }
             if self.claims is not None:
@@ -998,12 +1046,7 @@ class GatewayApi:
                 if (claim is None or claim.claimant is None) and item["lock_reason"] is None:
                     item["lock_reason"] = "no gateway instance holds a claim on it yet"
             data.append(item)
-        next_link = None
-        if more:
-            params = {k: v for k, v in request.query.items() if k != "after"}
-            params["after"] = listed[-1].service_id
-            next_link = f"{_base(request)}/services?{urlencode(params)}"
-        return web.json_response({"data": data, "paging": {"limit": limit, "next": next_link}})
+        return data
 
     async def _services_page(
         self, scope: Scope, limit: int, after: str | None
@@ -1111,6 +1154,10 @@ async def read_failures(request: web.Request, handler: Handler) -> web.StreamRes
         return await handler(request)
     except StoreError as exc:
         return _read_failed(exc)
+
+
+async def _nothing(_service_id: str) -> None:
+    pass
 
 
 def _workers(workers: Sequence[Any]) -> list[dict[str, Any]]:

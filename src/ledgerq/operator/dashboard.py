@@ -7,7 +7,12 @@ last minutes, the most recently accepted batches with their status and
 error, the ledger's open problems; a token limited to some services sees
 only their recent batches, and no instance-wide counts, throughput or
 ledger problems: all three are ``null``), ``GET /services`` (with each service's
-open ledger problem) and ``GET /instances``. Recent batches and
+open ledger problem and what stops it: paused, halted, waiting for a declared
+dependency) and ``GET /instances``. Each service's row has buttons to pause,
+resume, skip past the batch it halted at and cancel queued batches (listed
+by ``GET /services/{id}``, checked to choose); each asks for confirmation
+first, then posts to ``/services/{id}/...`` (:mod:`ledgerq.ingest.control`)
+with the page's token, and says what the gateway answered. Recent batches and
 throughput are what this gateway accepted and saw reach a final status:
 with ``serve --workers`` the worker that answers adds the other workers'
 (each worker counts its own; behind one port a client's posts are spread

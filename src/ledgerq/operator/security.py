@@ -6,7 +6,8 @@
   and assets (they hold no data; the page asks for the token and sends it
   with its own reads). A missing or wrong token is a 401 JSON error; a token
   used beyond its access (``read``/``write``; ``POST /batch_statuses`` is a
-  read) a 403. The request carries the
+  read; an operator action, ``POST /services/{id}/pause`` and the like, needs
+  ``operate``) a 403. The request carries the
   token's :class:`~ledgerq.scopes.Scope`; the API refuses (403) or hides
   what lies outside its services. Tokens are compared in constant time and
   never logged.
@@ -39,9 +40,10 @@ from aiohttp import web
 
 from ledgerq.ingest.api import BASE_URL, SCOPE
 from ledgerq.ingest.chain import unprefixed_path
+from ledgerq.ingest.control import is_action_path, is_control_path
 from ledgerq.ingest.errors import SECURITY_HEADERS
+from ledgerq.model import NO_SERVICE, service_id_problem
 from ledgerq.model import SERVICE_ID_RE as SERVICE_ID_RE
-from ledgerq.model import service_id_problem
 from ledgerq.node.access import host_name, is_loopback
 from ledgerq.scopes import Scope
 
@@ -103,7 +105,15 @@ def token_middleware(
             )
         # POST /batch_statuses is a read with its ids in the body (as Sawtooth's).
         write = request.method in WRITE_METHODS and unprefixed_path(request) not in READ_POSTS
-        if (write and not scope.write) or (not write and not scope.read):
+        if write and is_action_path(path):
+            if not scope.operate:
+                return _json_error(
+                    403,
+                    "Forbidden",
+                    f"the token {scope.name!r} may not pause, resume, skip or cancel; use a "
+                    "token with access operate (or auth.token)",
+                )
+        elif (write and not scope.write) or (not write and not scope.read):
             return _json_error(
                 403,
                 "Forbidden",
@@ -209,8 +219,13 @@ def cors_middleware(origins: Collection[str]) -> Callable[..., Awaitable[web.Str
 
 @web.middleware
 async def service_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    # In the query (?service_id=) and in the path (/services/{service_id}/...).
-    for service_id in (request.query.get("service_id"), request.match_info.get("service_id")):
+    # In the query (?service_id=) and in the path (/services/{service_id}/...);
+    # an operator reaches the batches posted without a service too (#none,
+    # as /services/%23none/pause).
+    in_path = request.match_info.get("service_id")
+    if in_path == NO_SERVICE and is_control_path(request.path):
+        in_path = None
+    for service_id in (request.query.get("service_id"), in_path):
         if service_id:
             problem = service_id_problem(service_id)
             if problem is not None:

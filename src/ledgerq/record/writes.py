@@ -65,6 +65,7 @@ from ledgerq.ledgers.base import (
     Unreachable,
 )
 from ledgerq.model import (
+    DEPENDENCY,
     BatchStatus,
     BatchStatusName,
     BatchWrite,
@@ -77,10 +78,6 @@ from ledgerq.model import (
     TransactionReceipt,
     Valid,
 )
-
-#: The submission error type (and external error status) of what a declared
-#: dependency causes: a batch waiting for one, or failed because one failed.
-DEPENDENCY = "dependency"
 
 
 def receipts_of(status: BatchStatus) -> tuple[TransactionReceipt, ...]:

@@ -131,6 +131,13 @@ class ServiceSummary:
     (``writes``, ``reads``, ``depends``: see
     :class:`ledgerq.queue.parallel.HoldKind`) and ``held_on`` the entry (or
     transaction id) they conflict on.
+
+    What stops the service, if anything: ``paused`` by an operator
+    (``paused_by`` the actor of the pause that took effect, ``paused_at``
+    its time); halted at ``halted_batch_id`` (``on_invalid = halt``, with
+    ``halted_reason`` and ``halted_at``); ``next_waits_for`` what the next
+    batch waits for before it may go (a declared dependency: its submission
+    error of type ``dependency``).
     """
 
     service_id: str
@@ -143,6 +150,13 @@ class ServiceSummary:
     held_by_batch_id: str | None = None
     held_kind: str | None = None
     held_on: str | None = None
+    paused: bool = False
+    paused_by: str | None = None
+    paused_at: int | None = None
+    halted_batch_id: str | None = None
+    halted_reason: str | None = None
+    halted_at: int | None = None
+    next_waits_for: str | None = None
 
 
 class BatchAcceptor(Protocol):
@@ -214,8 +228,11 @@ class BatchReader(Protocol):
     ) -> TrackingBatchList: ...
 
     async def list_services(
-        self, *, limit: int = 1000, after: str | None = None
-    ) -> list[ServiceSummary]: ...
+        self, *, limit: int = 1000, after: str | None = None, service_id: str | None = None
+    ) -> list[ServiceSummary]:
+        """Services with batches, in id order, ``limit`` after ``after``;
+        with ``service_id``, that one service only (none if it has no batch)."""
+        ...
 
     async def status_counts(self) -> dict[str, int]:
         """Batches per status name; ``"none"`` counts batches without one."""

@@ -21,6 +21,7 @@ from ledgerq.errors import (
     StoreInputError,
 )
 from ledgerq.model import (
+    CANCELLED,
     MAX_FAMILY_NAME_LENGTH,
     MAX_FAMILY_VERSION_LENGTH,
     MAX_SERVICE_ID_LENGTH,
@@ -566,10 +567,6 @@ def dependency_state(row: Sequence[Any]) -> DependencyState:
         bool(submitted),
         cancelled=error_type == CANCELLED,
     )
-
-
-#: The submission error type of a cancelled batch.
-CANCELLED = "cancelled"
 
 
 def no_such_service(service_id: str) -> ServiceNotFoundError:

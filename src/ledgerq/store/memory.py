@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from ledgerq.clock import Clock, now_ms
 from ledgerq.errors import (
@@ -21,6 +21,8 @@ from ledgerq.errors import (
     StoreError,
 )
 from ledgerq.model import (
+    CANCELLED,
+    DEPENDENCY,
     BatchStatus,
     BatchStatusName,
     BatchWrite,
@@ -443,7 +445,7 @@ class MemoryStore(common.SeedWrites):
                     rec.batch.seq or 0,
                     rec.status,
                     rec.submitted,
-                    cancelled=rec.error is not None and rec.error.error_type == common.CANCELLED,
+                    cancelled=rec.error is not None and rec.error.error_type == CANCELLED,
                 )
         return out
 
@@ -619,7 +621,7 @@ class MemoryStore(common.SeedWrites):
         return TrackingBatchList(tuple(out))
 
     async def list_services(
-        self, *, limit: int = 1000, after: str | None = None
+        self, *, limit: int = 1000, after: str | None = None, service_id: str | None = None
     ) -> list[ServiceSummary]:
         common.check_limit(limit)
         by_service: dict[str, list[_Record]] = {}
@@ -627,7 +629,7 @@ class MemoryStore(common.SeedWrites):
             by_service.setdefault(r.batch.service_id, []).append(r)
         out: list[ServiceSummary] = []
         for sid in sorted(by_service):
-            if after is not None and sid <= after:
+            if (after is not None and sid <= after) or service_id not in (None, sid):
                 continue
             recs = by_service[sid]
             open_ = [r for r in recs if not (r.status is not None and r.status.is_final)]
@@ -654,11 +656,38 @@ class MemoryStore(common.SeedWrites):
                     held_by_batch_id=None if hold is None else hold.blocker.batch_header,
                     held_kind=None if hold is None else hold.kind.value,
                     held_on=None if hold is None else hold.what,
+                    **self._stops(sid, open_[waiting[0]] if waiting else None),
                 )
             )
             if len(out) == limit:
                 break
         return out
+
+    def _stops(self, service_id: str, next_: _Record | None) -> dict[str, Any]:
+        """What stops a service, as :class:`ServiceSummary` says it."""
+        control = self._control(service_id)
+        pause = None
+        if control.paused:
+            pause = next(
+                (
+                    a
+                    for a in reversed(self._s.actions)
+                    if a.service_id == service_id and a.action == "pause" and a.detail is None
+                ),
+                None,
+            )
+        error = None if next_ is None else next_.error
+        return {
+            "paused": control.paused,
+            "paused_by": None if pause is None else pause.actor,
+            "paused_at": None if pause is None else pause.at,
+            "halted_batch_id": control.halted_batch_id,
+            "halted_reason": control.halted_reason,
+            "halted_at": control.halted_at,
+            "next_waits_for": error.error_message
+            if error is not None and error.error_type == DEPENDENCY
+            else None,
+        }
 
     async def status_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

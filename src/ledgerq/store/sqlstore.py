@@ -1130,16 +1130,19 @@ class SqlStore(common.SeedWrites):
         return TrackingBatchList(tuple(await self._list(name, params)))
 
     async def list_services(
-        self, *, limit: int = 1000, after: str | None = None
+        self, *, limit: int = 1000, after: str | None = None, service_id: str | None = None
     ) -> list[ServiceSummary]:
         common.check_limit(limit)
+        params = {"after": after, "limit": limit, "service_id": service_id}
 
         async def body(session: Session) -> list[ServiceSummary]:
-            rows = await session.fetchall("list_services", {"after": after, "limit": limit})
+            rows = await session.fetchall("list_services", params)
             held = {r[6]: r[8] for r in rows if r[8] is not None}  # next seq -> blocker seq
             holds = await self._holds(session, held) if held else {}
             out = []
-            for sid, depth, head, flight, total, count, next_seq, next_id, _, held_id in rows:
+            for row in rows:
+                sid, depth, head, flight, total, count, next_seq, next_id, _, held_id = row[:10]
+                paused, paused_by, paused_at, halted_id, halted_reason, halted_at, waits = row[10:]
                 kind, on = holds.get(next_seq, (None, None))
                 out.append(
                     ServiceSummary(
@@ -1153,6 +1156,13 @@ class SqlStore(common.SeedWrites):
                         held_by_batch_id=held_id,
                         held_kind=kind,
                         held_on=on,
+                        paused=bool(paused),
+                        paused_by=paused_by,
+                        paused_at=None if paused_at is None else int(paused_at),
+                        halted_batch_id=halted_id,
+                        halted_reason=halted_reason,
+                        halted_at=None if halted_at is None else int(halted_at),
+                        next_waits_for=waits,
                     )
                 )
             return out

@@ -91,7 +91,11 @@ function renderChart(tp) {
     " final/s · last minute: " + last(tp.final, 60).toFixed(1) + " final/s · peak " + max + "/s";
 }
 
+// The services last shown, by id: what the control buttons act on.
+let shownServices = {};
+
 function renderServices(services) {
+  shownServices = Object.fromEntries(services.map((s) => [s.service_id, s]));
   const sorted = [...services].sort((a, b) => b.queue_depth - a.queue_depth || a.service_id.localeCompare(b.service_id));
   const shown = sorted.slice(0, 25);
   document.getElementById("services-note").textContent =
@@ -104,7 +108,132 @@ function renderServices(services) {
     el("td", { class: "id", title: s.held_by ? s.held_by.kind + " " + s.held_by.on : "" },
       s.held_by ? short(s.held_by.batch_id) + " (" + s.held_by.kind + " " + short(s.held_by.on) + ")" : "–"),
     el("td", { class: "id" }, s.claimant || "–"),
-    el("td", { class: s.ledger_problem ? "error" : "" }, serviceState(s)))), "no services yet — submit a batch", 7);
+    el("td", { class: s.ledger_problem ? "error" : "" }, serviceState(s)),
+    stateCell(s),
+    controlCell(s))), "no services yet — submit a batch", 9);
+}
+
+// What stops the service, if anything: halted, paused, waiting for a declared dependency.
+function stateCell(s) {
+  let state = "running";
+  let why = "";
+  if (s.halted) {
+    state = "halted";
+    why = "halted at batch " + s.halted.batch_id + ": " + (s.halted.reason || "") + " (" + ago(s.halted.at) + ")";
+  } else if (s.paused) {
+    state = "paused";
+    why = "paused by " + (s.paused.by || "?") + " (" + ago(s.paused.at) + ")";
+  } else if (s.waits_for) {
+    state = "waiting";
+    why = s.waits_for;
+  }
+  return el("td", {}, el("span", { class: "state " + state, title: why }, state));
+}
+
+function controlCell(s) {
+  const buttons = [];
+  const add = (action, label, title) => buttons.push(el("button",
+    { type: "button", class: "act", "data-action": action, "data-service": s.service_id, title }, label));
+  if (s.paused) add("resume", "resume", "submit this service's batches again");
+  else add("pause", "pause", "submit nothing new of this service");
+  if (s.halted) add("skip", "skip", "resume past its INVALID batch " + s.halted.batch_id);
+  if (s.queue_depth > 0) add("cancel", "cancel…", "choose queued batches to cancel");
+  return el("td", { class: "controls" }, ...buttons);
+}
+
+function servicePath(serviceId, action) {
+  return "/services/" + encodeURIComponent(serviceId) + (action ? "/" + action : "");
+}
+
+async function postJson(path, body) {
+  const init = { method: "POST", headers: headers(), cache: "no-store" };
+  if (body !== null) {
+    init.headers = { ...init.headers, "Content-Type": "application/json" };
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  const doc = await response.json().catch(() => null);
+  if (!response.ok) throw new Error(doc && doc.error ? doc.error.message : path + ": HTTP " + response.status);
+  return doc;
+}
+
+// The action waiting for its confirmation: {action, serviceId, body}.
+let pending = null;
+
+function say(text, failed) {
+  const line = document.getElementById("action-result");
+  line.textContent = text;
+  line.className = failed ? "error" : "muted";
+}
+
+async function ask(action, serviceId) {
+  const s = shownServices[serviceId] || { service_id: serviceId };
+  const question = document.getElementById("action-question");
+  const list = document.getElementById("action-batches");
+  const confirm = document.getElementById("action-confirm");
+  list.replaceChildren();
+  confirm.disabled = false;
+  let body = null;
+  if (action === "pause") {
+    question.textContent = "Pause service " + serviceId + "? Nothing new of it is submitted; what is in flight is followed to its end.";
+  } else if (action === "resume") {
+    question.textContent = "Resume service " + serviceId + "? Its queued batches are submitted again, in order.";
+  } else if (action === "skip") {
+    const halted = s.halted || {};
+    body = { batch_id: halted.batch_id };
+    question.textContent = "Resume service " + serviceId + " past its INVALID batch " + halted.batch_id +
+      " (" + (halted.reason || "no reason recorded") + ")? Its next batches are submitted.";
+  } else if (action === "cancel") {
+    let queued = [];
+    try {
+      queued = (await getJson(servicePath(serviceId) + "?limit=1")).data.queued;
+    } catch (err) {
+      say("cannot list the queued batches of " + serviceId + ": " + err.message, true);
+      return;
+    }
+    for (const id of queued) {
+      list.append(el("li", {}, el("label", {},
+        el("input", { type: "checkbox", value: id, checked: "" }), " " + id)));
+    }
+    question.textContent = queued.length
+      ? "Cancel the checked batches of service " + serviceId + "? They become final (INVALID) and are never submitted." +
+        (s.paused ? "" : " Pause the service first, so that none is taken meanwhile.")
+      : "Service " + serviceId + " has no batch that can be cancelled now (all are with the submitter or the ledger).";
+    confirm.disabled = !queued.length;
+  }
+  pending = { action, serviceId, body };
+  document.getElementById("action-box").hidden = false;
+  confirm.focus();
+}
+
+function dismiss() {
+  pending = null;
+  document.getElementById("action-box").hidden = true;
+}
+
+async function confirmPending() {
+  if (pending === null) return;
+  const { action, serviceId } = pending;
+  let body = pending.body;
+  if (action === "cancel") {
+    const ids = [...document.querySelectorAll("#action-batches input:checked")].map((i) => i.value);
+    if (!ids.length) {
+      say("check at least one batch to cancel", true);
+      return;
+    }
+    body = { batch_ids: ids };
+  }
+  dismiss();
+  try {
+    const record = (await postJson(servicePath(serviceId, action), body)).data;
+    const what = { pause: "paused", resume: "resumed", skip: "resumed past its invalid batch",
+      cancel: record.batch_ids.length + " batch(es) cancelled" }[action];
+    say("service " + serviceId + ": " + what + " by " + record.actor +
+      (record.detail === "already paused" ? " (already paused)" : ""), false);
+  } catch (err) {
+    say(action + " " + serviceId + " refused: " + err.message, true);
+  }
+  refresh();
 }
 
 function serviceState(s) {
@@ -185,6 +314,16 @@ async function refresh() {
     conn.className = "pill bad";
   }
 }
+
+document.querySelector("#services tbody").addEventListener("click", (e) => {
+  const button = e.target.closest("button[data-action]");
+  if (button) ask(button.dataset.action, button.dataset.service);
+});
+document.getElementById("action-back").addEventListener("click", dismiss);
+document.getElementById("action-confirm").addEventListener("click", confirmPending);
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape" && pending !== null) dismiss();
+});
 
 document.getElementById("token-form").addEventListener("submit", (e) => {
   e.preventDefault();

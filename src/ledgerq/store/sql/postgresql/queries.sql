@@ -441,7 +441,10 @@ WHERE s.service_id = b.service_id AND s.batch_id = b.batch_id
 WITH page AS (
     SELECT service_id, count(*) AS total
     FROM batches
-    WHERE %(after)s::text IS NULL OR service_id > %(after)s::text
+    -- The lower bound lets the index range start at the page (or the one service).
+    WHERE service_id >= coalesce(%(service_id)s::text, %(after)s::text, '')
+      AND (%(after)s::text IS NULL OR service_id > %(after)s::text)
+      AND (%(service_id)s::text IS NULL OR service_id = %(service_id)s::text)
     GROUP BY service_id
     ORDER BY service_id
     LIMIT %(limit)s::int
@@ -460,7 +463,14 @@ SELECT p.service_id,
         WHERE f.service_id = p.service_id AND NOT f.final AND (f.submitted OR f.status IS NOT NULL)
           AND (f.submitted OR f.status = 'Pending')) AS in_flight,
        nx.seq, nx.batch_id, nx.blocked_by,
-       (SELECT h.batch_id FROM batches h WHERE h.seq = nx.blocked_by) AS held_by_batch_id
+       (SELECT h.batch_id FROM batches h WHERE h.seq = nx.blocked_by) AS held_by_batch_id,
+       c.paused, pa.actor AS paused_by, pa.at AS paused_at,
+       c.halted_batch_id, c.halted_reason, c.halted_at,
+       -- What the next batch waits for: its submission error of type
+       -- 'dependency' (ledgerq.model.DEPENDENCY), while it is not taken.
+       (SELECT s.error_message FROM submissions s
+        WHERE s.service_id = p.service_id AND s.batch_id = nx.batch_id
+          AND s.error_type = 'dependency') AS next_waits_for
 FROM page p
 LEFT JOIN LATERAL (
     SELECT n.seq, n.batch_id, n.blocked_by FROM batches n
@@ -469,6 +479,12 @@ LEFT JOIN LATERAL (
     ORDER BY n.seq
     LIMIT 1
 ) nx ON true
+LEFT JOIN service_controls c ON c.service_id = p.service_id
+-- Who paused a paused service: the latest pause that took effect (a pause of
+-- a paused service is recorded with its detail).
+LEFT JOIN service_actions pa ON c.paused AND pa.id = (
+    SELECT max(a.id) FROM service_actions a
+    WHERE a.service_id = p.service_id AND a.action = 'pause' AND a.detail IS NULL)
 ORDER BY p.service_id;
 
 -- The lock entries of some open batches (what holds the next batch of a service).

@@ -344,7 +344,10 @@ WHERE final
 WITH page AS (
     SELECT service_id, count(*) AS total
     FROM batches
-    WHERE :after IS NULL OR service_id > :after
+    -- The lower bound lets the index range start at the page (or the one service).
+    WHERE service_id >= coalesce(:service_id, :after, '')
+      AND (:after IS NULL OR service_id > :after)
+      AND (:service_id IS NULL OR service_id = :service_id)
     GROUP BY service_id
     ORDER BY service_id
     LIMIT :limit
@@ -371,9 +374,22 @@ SELECT p.service_id,
         WHERE f.service_id = p.service_id AND NOT f.final AND (f.submitted OR f.status IS NOT NULL)
           AND (f.submitted OR f.status = 'Pending')) AS in_flight,
        n.seq, n.batch_id, n.blocked_by,
-       (SELECT h.batch_id FROM batches h WHERE h.seq = n.blocked_by) AS held_by_batch_id
+       (SELECT h.batch_id FROM batches h WHERE h.seq = n.blocked_by) AS held_by_batch_id,
+       c.paused, pa.actor AS paused_by, pa.at AS paused_at,
+       c.halted_batch_id, c.halted_reason, c.halted_at,
+       -- What the next batch waits for: its submission error of type
+       -- 'dependency' (ledgerq.model.DEPENDENCY), while it is not taken.
+       (SELECT s.error_message FROM submissions s
+        WHERE s.service_id = n.service_id AND s.batch_id = n.batch_id
+          AND s.error_type = 'dependency') AS next_waits_for
 FROM nexts p
 LEFT JOIN batches n ON n.seq = p.next_seq
+LEFT JOIN service_controls c ON c.service_id = p.service_id
+-- Who paused a paused service: the latest pause that took effect (a pause of
+-- a paused service is recorded with its detail).
+LEFT JOIN service_actions pa ON c.paused AND pa.id = (
+    SELECT max(a.id) FROM service_actions a
+    WHERE a.service_id = p.service_id AND a.action = 'pause' AND a.detail IS NULL)
 ORDER BY p.service_id;
 
 -- The lock entries of some open batches (what holds the next batch of a service).
