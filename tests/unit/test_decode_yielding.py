@@ -255,13 +255,13 @@ async def test_the_large_posts_share_is_split_among_those_verified_at_once() -> 
 
 def test_yield_settings(tmp_path: Path) -> None:
     settings = load_settings(environ={}, cwd=tmp_path)
-    assert settings["decode_yield_bytes"] == 1024 * 1024
-    assert settings["decode_yield_share"] == 0.1
-    assert settings["decode_yield_max_wait_s"] == 30.0
+    assert settings.decode_yield_bytes == 1024 * 1024
+    assert settings.decode_yield_share == 0.1
+    assert settings.decode_yield_max_wait_s == 30.0
     env = {"LEDGERQ_DECODE_YIELD_SHARE": "0", "LEDGERQ_DECODE_YIELD_MAX_WAIT_S": "5"}
     settings = load_settings(environ=env, cwd=tmp_path)
-    assert settings["decode_yield_share"] == 0.0
-    assert settings["decode_yield_max_wait_s"] == 5.0
+    assert settings.decode_yield_share == 0.0
+    assert settings.decode_yield_max_wait_s == 5.0
     with pytest.raises(ConfigError, match="decode_yield_share"):
         load_settings(environ={"LEDGERQ_DECODE_YIELD_SHARE": "1.5"}, cwd=tmp_path)
 

@@ -114,7 +114,7 @@ async def test_the_depth_bounds_what_is_in_flight() -> None:
     rig = Rig(ledger=ledger, strategies=PIPELINED)
     rig.producer.settings = type(rig.producer.settings)(
         submitter=rig.producer.settings.submitter,
-        monitor=rig.producer.settings.monitor,
+        follower=rig.producer.settings.follower,
         delay_window_ms=rig.producer.settings.delay_window_ms,
         pipeline_depth=2,
     )

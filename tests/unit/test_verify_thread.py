@@ -180,8 +180,8 @@ def test_auto_puts_a_thread_beside_a_gateway_of_one_process_only(
 
 
 def test_the_setting_takes_auto_on_or_off_only() -> None:
-    assert load_settings(environ={})["decode_verify_thread"] == "auto"
+    assert load_settings(environ={}).decode_verify_thread == "auto"
     on = load_settings(environ={"LEDGERQ_DECODE_VERIFY_THREAD": "ON"})
-    assert on["decode_verify_thread"] == "on"
+    assert on.decode_verify_thread == "on"
     with pytest.raises(ConfigError, match="decode_verify_thread must be auto, on or off"):
         load_settings(environ={"LEDGERQ_DECODE_VERIFY_THREAD": "sometimes"})

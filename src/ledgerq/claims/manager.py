@@ -517,7 +517,7 @@ class ClaimManager:
         take-over (``bench failover``: 0.15-0.25 s after the expiry). A full
         cycle due within its own last duration before such an expiry
         therefore starts at the expiry (at most a quarter of a renewal
-        interval later: the lease has ``claim_ttl_ms`` to spare).
+        interval later: the lease has ``ttl_ms`` to spare).
 
         The same holds for the take-overs that follow one another while more
         expired claims wait (the idle services of a dead instance, moved 500
@@ -978,7 +978,7 @@ class ClaimManager:
         return _Held.of({r["service_id"]: r["epoch"] for r in rows}, lease)
 
     def _ttls(self) -> dict[str, int]:
-        return {"ttl_ms": self.settings.claim_ttl_ms, "slow_ttl_ms": self.settings.slow_ttl_ms}
+        return {"ttl_ms": self.settings.ttl_ms, "slow_ttl_ms": self.settings.slow_ttl_ms}
 
     def _set_held(self, held: _Held) -> None:
         """Replace what this instance holds, then tell the change listeners."""

@@ -62,7 +62,7 @@ async def open_high_availability(
     if not db.startswith(("postgresql://", "postgres://")):
         return None
     if address is None:
-        address = advertised_address(*settings.bind)
+        address = advertised_address(*settings.bind_address)
     claims = ClaimManager(db, settings.claims, address=address)
     stack.push_async_callback(claims.close)
     try:

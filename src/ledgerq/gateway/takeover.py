@@ -110,11 +110,11 @@ def ledger_reader(settings: Settings) -> Callable[[], LedgerClient] | None:
 
     def make() -> LedgerClient:
         timeouts = HttpTimeouts(
-            connect=settings["ledger_timeout.connect_s"],
-            submit=settings["ledger_timeout.submit_s"],
-            lean=settings["ledger_client"] == "lean",
+            connect=settings.ledger_timeout.connect_s,
+            submit=settings.ledger_timeout.submit_s,
+            lean=settings.ledger_client == "lean",
         )
-        return http_ledger_client(settings.ledger, timeouts, token=settings["ledger_token"])
+        return http_ledger_client(settings.ledger, timeouts, token=settings.ledger_token)
 
     return make
 
@@ -133,7 +133,7 @@ def store_opener(settings: Settings) -> StoreOpener | None:
             # The answers' write and the next batches' read of one take-over.
             pg_pool_max_size=2,
             # As the gateway's own sessions: a frozen process's locks go.
-            pg_idle_in_transaction_ms=settings.claims.claim_ttl_ms,
+            pg_idle_in_transaction_ms=settings.claims.ttl_ms,
             # The database as the gateway's own store left it: asking here
             # would turn the parallel queuer's lock entries on for good, for
             # every batch of a gateway whose services are all serial.

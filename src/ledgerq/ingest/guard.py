@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class HttpLimits:
     """What one connection may hold (module notes); configured as ``http.*``."""
 

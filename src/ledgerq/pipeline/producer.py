@@ -167,7 +167,7 @@ class TakeObserver(Protocol):
 @dataclass(frozen=True, slots=True)
 class PipelineSettings:
     submitter: SubmitterSettings = field(default_factory=SubmitterSettings)
-    monitor: FollowSettings = field(default_factory=FollowSettings)
+    follower: FollowSettings = field(default_factory=FollowSettings)
     #: How long a Delayed batch's service rests (ms).
     delay_window_ms: int = 15_000
     #: How long a batch handed out by the queue stays held at most (ms): a
@@ -270,7 +270,7 @@ class Producer:
             StoreMonitorSource(store, services=services),
             ledger,
             self,
-            s.monitor,
+            s.follower,
             posting=self._posting,
             health=health,
             jitter=jitter,
