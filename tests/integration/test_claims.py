@@ -522,7 +522,7 @@ async def test_a_dropped_connection_is_replaced(db: str) -> None:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         clock.advance(1_000)
         report = await a.cycle()
-        assert report.held == 1
+        assert report.claim_count == 1
         assert (await a._connection()).info.backend_pid != pid
 
 
@@ -934,7 +934,7 @@ class _Heard:
     def won(self, fences: Mapping[str, Fence]) -> None:
         self.heard.append(("won", dict(fences), claimants(self.db)))
 
-    async def holding(self, services: frozenset[str]) -> frozenset[str]:
+    async def hand_to_pipeline(self, services: frozenset[str]) -> frozenset[str]:
         return frozenset()
 
     def started(self) -> None:
@@ -991,14 +991,14 @@ async def test_a_cycle_due_just_before_a_foreign_expiry_starts_at_it(db: str) ->
         b._full_cycle_ms = 150  # as measured on a loaded machine
         # A cycle due 200 ms before the expiry ends before it: it runs now.
         clock.advance(a.settings.ttl_ms - 250)
-        assert b.hold_ms() == 0
+        assert b.cycle_delay_ms() == 0
         # One due 100 ms before it would still run at the expiry: it waits for it.
         clock.advance(150)
-        assert b.hold_ms() == 101
+        assert b.cycle_delay_ms() == 101
         # Never longer than a quarter of a renewal interval.
         b._full_cycle_ms = 10_000
         clock.advance(-300)
-        assert b.hold_ms() == 0
+        assert b.cycle_delay_ms() == 0
 
 
 async def test_at_the_second_expiry_a_take_over_moves_the_services_with_work_alone(
@@ -1038,12 +1038,12 @@ async def test_take_overs_in_a_row_wait_for_a_second_expiry_just_ahead(db: str) 
         b._more = True  # more expired claims wait: take-overs one after another
         b._take_ms = 150  # the last one's duration, as measured under load
         # The next would still run at the expiry: it starts at it.
-        assert b.hold_ms() == 101
+        assert b.cycle_delay_ms() == 101
         b._take_ms = 40
-        assert b.hold_ms() == 0
+        assert b.cycle_delay_ms() == 0
 
 
-class _Holding(_Heard):
+class _HandsToPipeline(_Heard):
     """Sees to some of the services taken with work (hands their next batches
     to the pipeline); notes what it was given and who held the claims then."""
 
@@ -1053,7 +1053,7 @@ class _Holding(_Heard):
         self.changes = changes
         self.given: list[tuple[frozenset[str], dict[str, str | None], int]] = []
 
-    async def holding(self, services: frozenset[str]) -> frozenset[str]:
+    async def hand_to_pipeline(self, services: frozenset[str]) -> frozenset[str]:
         self.given.append((services, claimants(self.db), len(self.changes)))
         return services & self.sees_to
 
@@ -1073,16 +1073,16 @@ async def test_the_services_taken_with_work_are_handed_over_before_the_change(db
         put_batch(db, "w2", "b2")
         put_batch(db, "mid", "m1", submitted=True)
         changes: list[ClaimChange] = []
-        listener = _Holding(db, {"w1"}, changes)
+        listener = _HandsToPipeline(db, {"w1"}, changes)
         b.add_take_over_listener(listener)
         b.add_change_listener(changes.append)
         clock.advance(a.settings.ttl_ms)
         while b.pause_ms() == 0 or not changes:
             await b.cycle()
             clock.advance(100)
-        (services, held_by, heard_before), *rest = listener.given
+        (services, claimant_of, heard_before), *rest = listener.given
         assert services == {"w1", "w2"} and rest == []
-        assert held_by["w1"] == held_by["w2"] == "b" and heard_before == 0
+        assert claimant_of["w1"] == claimant_of["w2"] == "b" and heard_before == 0
         assert changes[0].gained >= {"w1", "w2"} and changes[0].ready == {"w1"}
         # At the second expiry the service left mid-submission is asked
         # about, not handed over.
@@ -1097,7 +1097,7 @@ async def test_a_failing_hand_over_leaves_the_services_to_the_change(db: str) ->
     a, b = manager(db, "a", clock), manager(db, "b", clock)
 
     class Failing(_Heard):
-        async def holding(self, services: frozenset[str]) -> frozenset[str]:
+        async def hand_to_pipeline(self, services: frozenset[str]) -> frozenset[str]:
             raise StoreError("no store")
 
     async with a, b:

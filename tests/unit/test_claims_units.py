@@ -77,8 +77,8 @@ def test_every_claim_step_has_its_query() -> None:
         "hand_over_need",
         "hand_over_candidates",
         "hand_over",
-        "held_digest",
-        "held",
+        "claimed_digest",
+        "claimed",
         "idle_candidates",
         "forget_idle",
         "lock_all",
@@ -114,10 +114,10 @@ def test_a_second_process_on_the_same_sqlite_file_is_refused(tmp_path: Path) -> 
             holder.kill()  # the lock dies with its process, even on SIGKILL
             holder.wait(timeout=10)
     with SingleInstanceLock(db) as lock:
-        assert lock.held
+        assert lock.locked
         with pytest.raises(InstanceLockedError):
             SingleInstanceLock(db).acquire()  # a second lock in one process is refused too
-    assert not lock.held
+    assert not lock.locked
     again = SingleInstanceLock(db)
     again.acquire()
     again.release()

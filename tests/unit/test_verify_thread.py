@@ -20,7 +20,7 @@ from protowire import batch_header, batch_list, hand_batch, hand_tx, private_key
 
 from ledgerq.codec import Signer, decode_batch_list, encode_batch_list, parse_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
-from ledgerq.codec.signing import SignatureCheck, signatures_hold
+from ledgerq.codec.signing import SignatureCheck, signatures_valid
 from ledgerq.config import load_settings
 from ledgerq.errors import ConfigError, InvalidBatchError
 from ledgerq.ingest import decoding
@@ -85,13 +85,13 @@ def test_collected_signatures_are_those_a_decode_checks() -> None:
         for b in unverified
         for sig in (b.header_signature, *(t.header_signature for t in b.transactions))
     ]
-    assert signatures_hold(checks)
+    assert signatures_valid(checks)
 
 
 def test_a_forged_signature_is_collected_and_fails_the_check() -> None:
     checks: list[SignatureCheck] = []
     decode_batch_list(batch_list([_forged_tx_batch()]), verify=checks)
-    assert not signatures_hold(checks)
+    assert not signatures_valid(checks)
 
 
 async def test_a_valid_list_is_verified_on_the_thread_with_the_same_batches(
@@ -103,9 +103,9 @@ async def test_a_valid_list_is_verified_on_the_thread_with_the_same_batches(
 
     def spy(checks: list[SignatureCheck]) -> bool:
         seen.append(threading.current_thread().name)
-        return signatures_hold(checks)
+        return signatures_valid(checks)
 
-    monkeypatch.setattr(decoding, "signatures_hold", spy)
+    monkeypatch.setattr(decoding, "signatures_valid", spy)
     got, want, threaded = await _both(body)
     assert got == want
     assert threaded.thread_verified == 1

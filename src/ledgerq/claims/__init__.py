@@ -11,10 +11,10 @@ May import: the foundation only; the claims speak SQL to PostgreSQL themselves.
 from ledgerq.claims.lock import SingleInstanceLock
 from ledgerq.claims.manager import (
     ClaimChange,
+    ClaimedService,
     ClaimInfo,
     ClaimManager,
     CycleReport,
-    HeldClaim,
     InstanceInfo,
     TakeOverListener,
 )
@@ -25,8 +25,8 @@ __all__ = [
     "ClaimInfo",
     "ClaimManager",
     "ClaimSettings",
+    "ClaimedService",
     "CycleReport",
-    "HeldClaim",
     "InstanceInfo",
     "SingleInstanceLock",
     "TakeOverListener",

@@ -109,7 +109,7 @@ def verify_signature(public_key_hex: str, message: bytes, signature_hex: str) ->
 SignatureCheck = tuple[coincurve.PublicKey, bytes, str]
 
 
-def signatures_hold(checks: Sequence[SignatureCheck]) -> bool:
+def signatures_valid(checks: Sequence[SignatureCheck]) -> bool:
     """Whether every one of ``checks`` verifies (:func:`verify_checked`), in
     order, stopping at the first that does not. libsecp256k1 runs without
     the GIL: a thread calling this leaves the event loop free."""

@@ -71,7 +71,7 @@ def _parse_bind(value: str) -> tuple[str, int]:
     type=click.IntRange(0),
     default=0,
     show_default=True,
-    help="Hold each executed batch PENDING this long before committing it.",
+    help="Keep each executed batch PENDING this long before committing it.",
 )
 @click.option(
     "--snapshot-every",

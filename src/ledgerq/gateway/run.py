@@ -159,7 +159,10 @@ async def run_gateway(
             # SQLite: refuse a second gateway on the file (unless this worker's
             # supervisor holds the lock for it); PostgreSQL: take claims.
             claims = await open_high_availability(
-                settings, stack, sqlite_lock_held=worker is not None and worker.sqlite_lock_held
+                settings,
+                stack,
+                sqlite_locked_by_supervisor=worker is not None
+                and worker.sqlite_locked_by_supervisor,
             )
             ledger = await open_ledger(settings, stack)
         splinter = settings.ledger.startswith("splinter+")

@@ -57,8 +57,8 @@ from ledgerq.store.group import GroupInserter
 
 log = logging.getLogger(__name__)
 
-#: The shortest time a batch handed out by the queue stays held (ms).
-HOLD_BACKSTOP_MS = 60_000
+#: The shortest time a batch stays handed out by the queue (ms).
+HANDOUT_BACKSTOP_MS = 60_000
 
 
 class GatewayStore(
@@ -136,10 +136,10 @@ class Gateway:
                 submitter=settings.submitter,
                 follower=settings.follower,
                 delay_window_ms=settings.delay_window_ms,
-                # The producer ends each hold (taken or released); the time
+                # The producer ends each hand-out (taken or released); the time
                 # limit is a backstop, long enough for a slow store to record
                 # a hand-out.
-                hold_ms=max(settings.delay_window_ms, HOLD_BACKSTOP_MS),
+                handout_ms=max(settings.delay_window_ms, HANDOUT_BACKSTOP_MS),
                 pipeline_depth=settings.queuer.pipeline_depth,
             ),
             strategies=strategies,

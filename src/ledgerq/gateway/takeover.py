@@ -15,7 +15,7 @@ claim manager's take-over listener (:class:`~ledgerq.claims.TakeOverListener`):
   own (the gateway's loop is busy with the services just taken over: the
   reads took 0.3-0.75 s there in ``bench failover``);
 * ``taken`` (the claims moved, on the gateway's loop): the batches of the
-  services now held are followed by the
+  services now claimed are followed by the
   :class:`~ledgerq.follow.follower.Follower` (so its own scan does not ask
   again);
 * ``won`` (the claims moved, where the cycle runs): with an ``opener`` (a
@@ -176,7 +176,7 @@ class TakeOverAsks:
         the gateway's loop with a service whose batch those answers made
         final or ``Unknown`` (as the producer wakes what its writes free).
         ``offer``: hands the next batches of the services a take-over moved
-        with work to the pipeline (:meth:`holding`; ``delay_window_ms`` and
+        with work to the pipeline (:meth:`hand_to_pipeline`; ``delay_window_ms`` and
         ``clock`` as the queue's)."""
         self._ledger = ledger
         self._offer = offer
@@ -211,7 +211,7 @@ class TakeOverAsks:
         #: Batches asked about, and answers applied, so far.
         self.asked = 0
         self.applied = 0
-        #: Batches handed to the pipeline by :meth:`holding` so far.
+        #: Batches handed to the pipeline by :meth:`hand_to_pipeline` so far.
         self.handed = 0
 
     def asking(self, batches: Mapping[str, tuple[str, ...]]) -> None:
@@ -282,9 +282,9 @@ class TakeOverAsks:
         times = (self._apart_began, time.monotonic())
         self._keep_apart(asyncio.ensure_future(self._record_apart(pairs, reads, times)))
 
-    async def holding(self, services: frozenset[str]) -> frozenset[str]:
+    async def hand_to_pipeline(self, services: frozenset[str]) -> frozenset[str]:
         """Where the cycle runs, once a take-over committed: the next batches
-        of ``services`` (taken with work, held now) read with the claim
+        of ``services`` (taken with work, claimed now) read with the claim
         thread's own store and handed to the pipeline on the gateway's loop,
         before the change that names them gets there. A listed round of a
         take-over's services on the gateway's loop, busy with what it took

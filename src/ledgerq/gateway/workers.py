@@ -174,7 +174,7 @@ class WorkerSpec:
     lifeline_fd: int
     supervisor_pid: int
     #: The supervisor holds the SQLite single-instance lock for its workers.
-    sqlite_lock_held: bool = False
+    sqlite_locked_by_supervisor: bool = False
     #: Where the workers serve their own metrics to one another.
     sockets_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -316,7 +316,7 @@ class Supervisor:
             outbox_fds=[p[1].fileno() for i, p in enumerate(self._pairs) if i != slot.index],
             lifeline_fd=self._lifeline_r,
             supervisor_pid=os.getpid(),
-            sqlite_lock_held=self._sqlite,
+            sqlite_locked_by_supervisor=self._sqlite,
             sockets_dir=self._sockets_dir,
         )
 

@@ -45,7 +45,7 @@ Opening refuses, with a :class:`~ledgerq.errors.NodeDataError`, a ``data.mdb``
 shorter than its pages (a read through the map past the end of the file is a
 ``SIGBUS``) and pages LMDB finds corrupt while opening.
 
-:class:`MemoryStore` is the same store in dictionaries, for a node without a
+:class:`DictStore` is the same store in dictionaries, for a node without a
 data directory.
 """
 
@@ -141,7 +141,7 @@ class MappedPages:
         self._base = 0  # resident shared pages right after the last release
         self._statm: int | None = None
         self._touched = 0
-        self._held = False
+        self._pinned = False
         self.released = 0  # calls that succeeded
         if not sys.platform.startswith("linux"):
             return
@@ -170,13 +170,13 @@ class MappedPages:
             return None
 
     @property
-    def held(self) -> bool:
-        return self._held
+    def pinned(self) -> bool:
+        return self._pinned
 
-    @held.setter
-    def held(self, held: bool) -> None:
-        was, self._held = self._held, held
-        if was and not held:
+    @pinned.setter
+    def pinned(self, pinned: bool) -> None:
+        was, self._pinned = self._pinned, pinned
+        if was and not pinned:
             self.release()
 
     def touch(self, operations: int = 1) -> None:
@@ -186,16 +186,16 @@ class MappedPages:
         if self._touched < self.every:
             return
         self._touched = 0
-        if self._range is None or self._held:
+        if self._range is None or self._pinned:
             return
         shared = self._shared()
         if shared is None or (shared - self._base) * self._page > self.limit:
             self.release()
 
     def release(self) -> None:
-        """Unmap every page of the store mapped in, unless held."""
+        """Unmap every page of the store mapped in, unless pinned."""
         self._touched = 0
-        if self._range is None or self._madvise is None or self._held:
+        if self._range is None or self._madvise is None or self._pinned:
             return
         start, end = self._range
         if self._madvise(start, end - start, _MADV_DONTNEED) == 0:
@@ -318,7 +318,7 @@ class Store(Protocol):
         nodes: Mapping[bytes, bytes] = ...,
     ) -> None: ...
     def after_write(self) -> None: ...
-    def hold_unmapping(self, held: bool) -> None: ...
+    def pin_pages(self, pinned: bool) -> None: ...
     def blocks_from(self, num: int, *, reverse: bool = False) -> Iterator[CommitRecord]: ...
     def close(self) -> None: ...
 
@@ -768,9 +768,9 @@ class LmdbStore:
         """On the event loop, once :meth:`write` returned: let reads see it."""
         self._refresh()
 
-    def hold_unmapping(self, held: bool) -> None:
-        """Keep the store's mapped pages (``held``) or release them again as it is used."""
-        self._pages.held = held
+    def pin_pages(self, pinned: bool) -> None:
+        """Keep the store's mapped pages (``pinned``) or release them again as it is used."""
+        self._pages.pinned = pinned
 
     def import_legacy(
         self,
@@ -848,7 +848,7 @@ def _version_at(cursor: Any, address: bytes, block: int) -> KVSDatum | None:
     return bytes(cursor.value())
 
 
-class MemoryStore:
+class DictStore:
     """The same store in dictionaries: a node without a data directory."""
 
     def __init__(self) -> None:
@@ -970,7 +970,7 @@ class MemoryStore:
     def after_write(self) -> None:
         return None
 
-    def hold_unmapping(self, held: bool) -> None:
+    def pin_pages(self, pinned: bool) -> None:
         return None
 
     def close(self) -> None:

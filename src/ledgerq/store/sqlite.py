@@ -478,7 +478,7 @@ class SqliteBackend:
 
     def _gated(self, write: bool) -> contextlib.AbstractAsyncContextManager[None]:
         if write and self._gate is not None:
-            return self._gate.held()
+            return self._gate.locked()
         return contextlib.nullcontext()
 
     async def run(

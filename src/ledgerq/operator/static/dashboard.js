@@ -101,8 +101,8 @@ function renderServices(services) {
     el("td", {}, s.strategy || "serial"),
     el("td", { class: "num" }, String(s.queue_depth)),
     el("td", { class: "num", title: s.in_flight_batch_id || "" }, String(s.in_flight ?? (s.in_flight_batch_id ? 1 : 0))),
-    el("td", { class: "id", title: s.held_by ? s.held_by.kind + " " + s.held_by.on : "" },
-      s.held_by ? short(s.held_by.batch_id) + " (" + s.held_by.kind + " " + short(s.held_by.on) + ")" : "–"),
+    el("td", { class: "id", title: s.blocked_by ? s.blocked_by.kind + " " + s.blocked_by.on : "" },
+      s.blocked_by ? short(s.blocked_by.batch_id) + " (" + s.blocked_by.kind + " " + short(s.blocked_by.on) + ")" : "–"),
     el("td", { class: "id" }, s.claimant || "–"),
     el("td", { class: s.ledger_problem ? "error" : "" }, serviceState(s)))), "no services yet — submit a batch", 7);
 }

@@ -247,7 +247,7 @@ WITH live AS (
            count(*) FILTER (WHERE claimant = %(me)s) AS m,
            count(*) / greatest((SELECT count(*) FROM live), 1) AS q
     FROM service_id_claims
-), held_by AS (
+), claims_of AS (
     SELECT claimant, count(*) AS n
     FROM service_id_claims
     WHERE claimant IS NOT NULL
@@ -257,7 +257,7 @@ WITH live AS (
            AS n
     FROM live
     CROSS JOIN counts
-    LEFT JOIN held_by AS h ON h.claimant = live.instance_id
+    LEFT JOIN claims_of AS h ON h.claimant = live.instance_id
     WHERE live.instance_id <> %(me)s
     GROUP BY counts.q, counts.free
 )
@@ -266,14 +266,14 @@ FROM counts;
 
 -- name: hand_over_candidates
 -- Claims to give up, locked: only services with nothing in flight (no
--- submitted, non-final batch), held for at least %(min_hold_ms)s (so a
+-- submitted, non-final batch), held for at least %(min_claimed_ms)s (so a
 -- service taken past its grace period is not handed straight back), idle
 -- services (no open batch) first.
 SELECT c.service_id
 FROM service_id_claims AS c
 LEFT JOIN queue_heads AS h ON h.service_id = c.service_id
 WHERE c.claimant = %(me)s
-  AND c.claimed_at <= %(now)s - %(min_hold_ms)s
+  AND c.claimed_at <= %(now)s - %(min_claimed_ms)s
   AND NOT EXISTS (
       SELECT 1 FROM batches AS b
       WHERE b.service_id = c.service_id AND b.submitted AND NOT b.final)
@@ -297,7 +297,7 @@ WHERE c.service_id = ANY(%(service_ids)s::TEXT[])
       WHERE b.service_id = c.service_id AND b.submitted AND NOT b.final)
 RETURNING c.service_id;
 
--- name: held_digest
+-- name: claimed_digest
 -- What this instance holds, summed up: how many claims, the sum of their
 -- epochs (epochs only grow, and only this instance claims for itself, so the
 -- pair changes whenever the set does), and its lease.
@@ -307,7 +307,7 @@ SELECT count(c.service_id) AS n,
 FROM service_id_claims AS c
 WHERE c.claimant = %(me)s;
 
--- name: held
+-- name: claimed
 SELECT service_id, epoch
 FROM service_id_claims
 WHERE claimant = %(me)s
