@@ -155,9 +155,9 @@ CLEANUP_LIMIT = 1_000
 #: with more, the next cycle comes at once.
 TAKE_LIMIT = 500
 #: Cycles started by wake() come at most this often (ms). They only claim
-#: (:meth:`ClaimManager.claim_new`, one transaction); at 100 ms, the ten
-#: lists of a run posted together, inserted in three or four groups, had
-#: their services claimed 100 ms apart (``bench parallel``, PostgreSQL).
+#: (:meth:`ClaimManager.claim_new`, one transaction), so the gap stays well
+#: below the time between the insert groups of lists posted together: a
+#: longer one claims their services one gap apart.
 WAKE_GAP_MS = 25
 #: The gap after a claim a wake-up asked for that took nothing. With several
 #: instances most wake-ups come from batches for services another instance
@@ -377,10 +377,10 @@ class ClaimManager:
 
         The cycles run on a thread of their own, with their own event loop and
         connection: on a gateway whose loop is busy with submissions, every
-        round trip of a cycle waited for the loop (a single-row renewal took
-        up to a second on a loaded 2-core machine, and taking over a dead
-        instance's services came that much later). The state the gateway
-        reads (:meth:`held`, :meth:`fence_for`, …) is replaced whole by the
+        round trip of a cycle would wait for the loop, a renewal could come
+        late enough to lose the claims, and taking over a dead instance's
+        services would come that much later. The state the gateway
+        reads (:meth:`valid_claims`, :meth:`fence_for`, …) is replaced whole by the
         thread; listeners are called on the loop that called ``run``.
         """
         if self._thread is not None:
@@ -494,7 +494,7 @@ class ClaimManager:
         and take none of them, while an instance below its share ran its
         cycle a moment before the void committed (or skipped the rows the
         other had locked). Without the follow-up, those services would wait
-        a renewal interval (1 s, seen in ``bench failover``) for a claimant.
+        a whole renewal interval for a claimant.
         """
         now = self._clock() if now is None else now
         pause = self.settings.renew_interval_ms
@@ -511,10 +511,9 @@ class ClaimManager:
         expiring while it would run is taken at its expiry.
 
         A cycle takes over first, then maintains, renews, claims and hands
-        over: on a loaded machine that is 0.1-0.3 s, and a claim expiring in
-        the meantime (a dead instance's slow-path claims, at its second
-        expiry) waited for the cycle to end, then for the next one's
-        take-over (``bench failover``: 0.15-0.25 s after the expiry). A full
+        over, and a claim expiring in the meantime (a dead instance's
+        slow-path claims, at its second expiry) would wait for the cycle to
+        end, then for the next one's take-over. A full
         cycle due within its own last duration before such an expiry
         therefore starts at the expiry (at most a quarter of a renewal
         interval later: the lease has ``ttl_ms`` to spare).
@@ -665,8 +664,8 @@ class ClaimManager:
         instance holds, in one transaction; the change listeners hear of the
         services gained. What a wake-up (a service seen for the first time)
         asks for, without the take-over, maintenance, renewal and hand-over
-        of a whole :meth:`cycle` (five transactions: 33-58 ms on a loaded
-        2-core machine, against one), which keep their own schedule.
+        of a whole :meth:`cycle` (five transactions against one), which keep
+        their own schedule.
         Returns the services claimed."""
         now = self._clock() if now is None else now
 
@@ -802,10 +801,9 @@ class ClaimManager:
         taken (and :meth:`_took_over` tells them which were). When there are
         such batches, only the services with work are taken in this
         take-over (the idle ones locked with them are left to the next,
-        which comes at once): the answers are recorded once it commits, and
-        at the second expiry a take-over of 500 claims, mostly idle ones
-        still being moved from the first expiry, took 0.17-0.34 s on the
-        loaded machine of ``bench failover``.
+        which comes at once): the answers are recorded once it commits, not
+        after a take-over of hundreds of claims at the second expiry, mostly
+        idle ones still being moved from the first.
         """
         fetch = self._cs.fetch
         # The first statement locks what may be taken over; the second decides
@@ -824,8 +822,8 @@ class ClaimManager:
         # once the take-over commits), and those with work found first after
         # a pause (a dead instance's first expiry). Not in the take-overs
         # that follow at once: new batches for its idle services, posted
-        # meanwhile, made a take-over of a few services each (6, 3, 2, 2, 1
-        # in ``bench failover``) and its idle claims moved 1.5 s later.
+        # meanwhile, would each make a take-over of a few services, and its
+        # idle claims would move only after all of them.
         if any(r["mid"] for r in found) or (not self._more and any(r["work"] for r in found)):
             taking = [r for r in found if r["work"] or r["mid"]]
             more = more or len(taking) < len(found)

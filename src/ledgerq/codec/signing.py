@@ -26,9 +26,9 @@ SIGNATURE_HEX_LENGTH = 128
 #: Hex length of a compressed public key (33 bytes).
 PUBLIC_KEY_HEX_LENGTH = 66
 
-#: ``fullmatch`` of exactly ``length`` lowercase hex characters, by length. A
-#: compiled pattern checks a signature's 128 characters in about a fifth of the
-#: time of ``frozenset.issuperset`` (0.6 against 2.9 µs, measured).
+#: ``fullmatch`` of exactly ``length`` lowercase hex characters, by length: a
+#: compiled pattern checks a signature's characters in C, in one call, where
+#: ``frozenset.issuperset`` walks them one Python character at a time.
 _LOWER_HEX: dict[int, Callable[[str], re.Match[str] | None]] = {}
 
 
@@ -123,7 +123,8 @@ def verify_checked(key: coincurve.PublicKey, message: bytes, signature_hex: str)
 
     The compact signature goes to libsecp256k1's ``secp256k1_ecdsa_verify``
     as parsed: ``PublicKey.verify`` takes DER only, and encoding the signature
-    to DER to have it parsed back cost about 3.5 µs of a 45 µs verification.
+    to DER only to have it parsed back is work on every verification that
+    buys nothing.
     """
     try:
         signature = deserialize_compact(bytes.fromhex(signature_hex))

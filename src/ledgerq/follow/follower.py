@@ -110,9 +110,8 @@ class FollowSettings:
     max_ids: int = 100
     #: Grouped asks in flight at once. An instance taking over a dead one's
     #: services asks about every batch that one left mid-submission (up to
-    #: its submission slots, 256 by default), one ask per service: at 8 at
-    #: once, 84 such services took 2.6 s on a loaded machine
-    #: (``bench failover``), past the failover target.
+    #: its submission slots), one ask per service, all within the failover
+    #: target: a few asks at once would queue them one behind another.
     connections: int = 64
     #: Batches read from the store per scan.
     batch_limit: int = 10_000

@@ -12,8 +12,8 @@ claim manager's take-over listener (:class:`~ledgerq.claims.TakeOverListener`):
   the ledger's status route does not depend on the service: Sawtooth's
   REST API, the in-process node), the reads in parallel with the claim. On
   an HTTP ledger they run on the claim thread's loop with a client of their
-  own (the gateway's loop is busy with the services just taken over: the
-  reads took 0.3-0.75 s there in ``bench failover``);
+  own (the gateway's loop is busy with the services just taken over, and a
+  read waiting there for its turn delays the whole failover);
 * ``taken`` (the claims moved, on the gateway's loop): the batches of the
   services now claimed are followed by the
   :class:`~ledgerq.follow.follower.Follower` (so its own scan does not ask
@@ -23,9 +23,9 @@ claim manager's take-over listener (:class:`~ledgerq.claims.TakeOverListener`):
   recorded right there, one store transaction under the new claims'
   fences, and the gateway's loop then only hears what was recorded (the
   follower parks a read for a pending batch; a final or ``Unknown`` one
-  wakes its service). Through the gateway's loop, busy with the thousand
-  services taken over on the fast path half a second before, that write
-  took 0.16-0.27 s after the answers were in (``bench failover``). Without
+  wakes its service). Through the gateway's loop, busy then with the many
+  services taken over on the fast path just before, that write would wait
+  its turn behind them after the answers are in. Without
   an opener (or with the cycle on the gateway's loop) the answers are
   applied there together: one group commit, flushed at once beside the
   groups under way (:func:`ledgerq.store.group.urgent`).
@@ -288,10 +288,10 @@ class TakeOverAsks:
         thread's own store and handed to the pipeline on the gateway's loop,
         before the change that names them gets there. A listed round of a
         take-over's services on the gateway's loop, busy with what it took
-        over, took 0.1-1 s in ``bench failover`` (a statement of a few
-        milliseconds: the loop's round trips); here it is one read on a
-        quiet loop. Only apart from the gateway's loop, with a store of its
-        own; else the services are left to the change (their wake-ups)."""
+        over, would wait for the loop at every round trip of a short
+        statement; here it is one read on a quiet loop. Only apart from the
+        gateway's loop, with a store of its own; else the services are left
+        to the change (their wake-ups)."""
         home = self._home
         if self._offer is None or self._opener is None or home is None:
             return frozenset()
@@ -320,7 +320,8 @@ class TakeOverAsks:
     def started(self) -> None:
         """Where the claim cycle runs (the claim thread): its ledger client and
         store are made now, not while a take-over waits for them (a client
-        made per take-over took 0.14-0.16 s to answer under load)."""
+        made per take-over would add its connection set-up to every
+        failover)."""
         if self._reader is not None and self._client is None:
             self._client = self._reader()
         own = self._own

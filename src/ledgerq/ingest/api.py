@@ -283,8 +283,8 @@ _HEX_DIGITS = b"0123456789abcdef"
 def _all_batch_ids(ids: Sequence[str]) -> bool:
     """Whether every id is a batch id (128 lowercase hex): the usual case,
     checked on the joined ids at once — what is left of them once every
-    lowercase hex digit is deleted must be nothing (a quarter of the time a
-    regular expression over them takes: 25 against 95 µs for 100 ids)."""
+    lowercase hex digit is deleted must be nothing (``bytes.translate`` in C,
+    cheaper than a regular expression over them)."""
     if not all(len(i) == 128 for i in ids):
         return False
     joined = "".join(ids)
@@ -1130,7 +1130,7 @@ def _status_link(
     request: web.Request, batches: Sequence[TrackingBatch], service_id: str | None
 ) -> web.Response:
     # What urlencode({"id": ",".join(ids)}) gives, without quoting a list of
-    # hex ids character by character (a long list cost 4 ms): each id is
+    # hex ids character by character (slow for a long list): each id is
     # quoted alone (at once when it needs nothing), the commas as %2C.
     query = "id=" + "%2C".join(quote_plus(b.batch_id, safe="") for b in batches)
     prefix = service_prefix(request)

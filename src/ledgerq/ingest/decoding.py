@@ -18,13 +18,13 @@ again if it still means to).
 Refusals are the codec's :class:`~ledgerq.errors.InvalidBatchError` either
 way, raised in the caller.
 
-Measured (docs/BENCHMARKS.md, "Hostile clients"): one 10 MiB list decoded
-inline blocked the loop for its whole decode; on a thread the loop's worst
-stall was tens of milliseconds, on a process less.
+A list decoded inline blocks the loop for its whole decode, one on a
+thread stalls it less, one in a process least (figures in
+docs/BENCHMARKS.md, "Hostile clients").
 
 **Large posts yield to the pipeline** (:class:`Yielding`). ``SCHED_IDLE``
-alone did not keep a 10 MiB post's verification (about 1.2 s of CPU) from
-taking the pipeline's time on a small shared machine: the pipeline is a
+alone does not keep a large post's verification (a second or more of CPU)
+from taking the pipeline's time on a small shared machine: the pipeline is a
 chain of short wake-ups (event loops, PostgreSQL backends, the ledger) and
 each finds a core busy. So a body of at least ``Yielding.bytes`` is verified
 in chunks of :data:`CHUNK` batches, and between chunks its worker looks at
@@ -65,8 +65,8 @@ from ledgerq.turns import OnePerPass
 POOL_BYTES = 64 * 1024
 #: The workers' default scheduling priority (``decode_priority``).
 DEFAULT_PRIORITY = Priority.parse("idle")
-#: Batches verified between two looks at the pipeline's state (about 2 ms of
-#: CPU for single-transaction batches).
+#: Batches verified between two looks at the pipeline's state: few enough
+#: that a pause comes within a few milliseconds of CPU.
 CHUNK = 16
 #: How often the gateway samples the pipeline's state while a large post is
 #: verified (s).
@@ -156,10 +156,9 @@ class BatchListDecoder:
         #: Bodies waiting for their turn now.
         self.waiting = 0
         # Small bodies are decoded on the event loop one per pass, in order
-        # of arrival: posts arriving together were all decoded in one pass
-        # (about 10 ms each for 40 batches), and the answers that came
-        # meanwhile waited for all of them; on PostgreSQL the first post of
-        # ten took 100 ms to insert instead of 30.
+        # of arrival: decoded all in one pass, posts arriving together would
+        # keep the answers that came meanwhile waiting for all of them, and
+        # the first post's insert waiting for the last one's decoding.
         self._inline = OnePerPass()
         self._verifier = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledgerq-verify")

@@ -29,9 +29,9 @@ the chunks that changed since, with the block number they cover
 store loads the checkpoint and adds the keys of the blocks after it (read in
 order from ``blocks``), so the filter covers every stored key after any
 crash. A store written before the filter existed gets one, built from its
-keys, the first time it is opened. (Putting the changed filter blocks in
-every write, as first done, rewrote most of the filter's pages at each
-write: about 10 MiB per store transaction.)
+keys, the first time it is opened. (The changed filter blocks are not put
+in every write: that would rewrite most of the filter's pages in every
+store transaction.)
 
 :meth:`LmdbStore.write` applies one group of commits, and moves ``applied``,
 in **one** LMDB transaction: a commit and its state changes reach the store
@@ -109,19 +109,19 @@ class MappedPages:
     already in the page cache too (the kernel's fault-around, 64 KiB), and a
     page written with ``pwrite`` may sit in a large folio (up to 2 MiB on
     ext4), which a fault maps whole; ``MADV_RANDOM`` (LMDB's ``NORDAHEAD``)
-    stops neither. A random key's lookup in a store of a million batches
-    maps 64 KiB–2 MiB, so a time-based release bounds nothing: the node
-    mapped the whole store (900 MiB) within a second, and a count of
-    operations bounds it only as well as the folios' sizes allow (25–105 MiB
-    at 256 operations, growing with the store). So the kernel's own count
-    decides: :meth:`touch` after every read and every commit written, and
-    every ``every`` operations a look at the process's resident shared
-    pages (``/proc/self/statm``, a read of about 10 µs, which counts the
-    file pages mapped in); once they exceed what they were right after the
-    last release by ``limit`` bytes, a release (tens of microseconds; the
-    refaults of the B-trees' upper pages then cost a few microseconds per
-    operation). Where ``statm`` cannot be read, every look releases.
-    Nothing is released while :attr:`held` (a restart's replay: each
+    stops neither. A random key's lookup in a large store maps anything
+    from the fault-around to a whole folio, so a time-based release bounds
+    nothing (a busy node maps the whole store within a second), and a count
+    of operations bounds it only as well as the folios' sizes allow, which
+    grow with the store. So the kernel's own count decides: :meth:`touch`
+    after every read and every commit written, and every ``every``
+    operations a look at the process's resident shared pages
+    (``/proc/self/statm``, one cheap read, which counts the file pages
+    mapped in); once they exceed what they were right after the last
+    release by ``limit`` bytes, a release (cheap as well; the refaults of
+    the B-trees' upper pages then cost little per operation). Where
+    ``statm`` cannot be read, every look releases.
+    Nothing is released while :attr:`pinned` (a restart's replay: each
     replayed record reads tens of KiB of store pages that the next records
     read again); letting go releases at once.
     """

@@ -38,8 +38,8 @@
   only for services ``services`` also names.
 * **Offered picks.** :meth:`QueueSource.offer` appends picks read
   elsewhere (a take-over's, on the claim thread: the services a dead
-  instance left with work, whose round on the gateway's busy loop took
-  0.1-1 s) to the end of the round as a round of woken services would,
+  instance left with work, whose round on the gateway's busy loop would
+  wait for the loop) to the end of the round as a round of woken services would,
   without asking the store. A service this source handed a batch of (or
   heard ``taken_elsewhere`` of) less than ``handout_ms`` before gets no
   offered pick but is woken instead: the pick may have been read before
@@ -260,9 +260,9 @@ class QueueSource:
         previous holder stopped (a claim's TTL at least), while the round
         holds what this instance's own services were given since; each
         service still gets one batch per round, and the round's others wait
-        for these picks only. Behind a survivor's own round of a few hundred
-        batches, the last of them had waited 0.9-1.3 s for a submission slot
-        (``bench failover`` at 10,000 services).
+        for these picks only. Behind a survivor's own round of hundreds of
+        batches they would wait for a submission slot past the failover
+        target.
 
         A service handed out (or taken elsewhere) within ``handout_ms``, one
         not claimed, and a parallel one are woken instead (the pick may predate

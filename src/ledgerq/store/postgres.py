@@ -84,18 +84,18 @@ def _translate(exc: psycopg.Error, url: str) -> StoreError:
 #: Statements whose best plan depends on the length of an array parameter (a
 #: list of service ids). Never prepared, so every execution is planned for its
 #: own list: once psycopg prepares a statement (its fifth execution), PostgreSQL
-#: may switch to a generic plan chosen without the list, which took 609 ms where
-#: the planned one took 32 ms for 5,000 services (docs/BENCHMARKS.md, anomaly 3).
+#: may switch to a generic plan chosen without the list, many times slower than
+#: the plan for the list at hand on thousands of services (docs/BENCHMARKS.md).
 PLANNED_EACH_TIME = frozenset({"queue_round_services", "parallel_round_services"})
 
 #: The statements a gateway's ingest and pipeline send on almost every
 #: connection: an insert, a take, a status, a take of the batches a final
 #: status frees. :meth:`PostgresBackend.warm` prepares them on a few pooled
 #: connections as the gateway starts. Otherwise each is prepared in the first
-#: message that needs it on each connection, and the server spends up to
-#: 9 ms parsing and analysing one of these set-based statements inside the
-#: first requests' transactions: 52 such PREPAREs on 4 connections in the
-#: first 0.65 s of a parallel run (docs/store.md, "Warm connections").
+#: message that needs it on each connection, and the server parses and
+#: analyses these set-based statements, each a noticeable time, inside the
+#: first requests' transactions, once per connection (docs/store.md, "Warm
+#: connections").
 WARM_STATEMENTS = (
     # add_batches
     "lock_services",
@@ -141,10 +141,9 @@ def _positional(query: str) -> tuple[str, tuple[str, ...]]:
 
 #: Lists up to this many batches, and this many bytes of serialized batches,
 #: are inserted by statements bound on the client and sent with the COMMIT;
-#: larger ones are COPYed in binary (insert_batches). Measured (single-
-#: transaction intkey batches, the blockers set-based either way): at 10 a
-#: list the literals cost a quarter less client CPU and the same time; at
-#: 100 the two were even; at 1,000 and 2,000 the COPY took 15-35 % less time.
+#: larger ones are COPYed in binary (insert_batches): literals cost less client
+#: CPU for small lists, COPY less time for large ones; the bound lies between
+#: (figures in docs/store.md).
 LITERAL_MAX_BATCHES = 200
 LITERAL_MAX_BYTES = 512 * 1024
 
@@ -180,8 +179,8 @@ def _bytea_array(values: Sequence[bytes]) -> str:
 def _column_literal(values: Sequence[Any]) -> Any:
     """The array literal of one column of a set-based write (``<name>_set``)
     when its values are all of one simple type or ``None``; else the list
-    (psycopg's list dumper). The dumper costs about 5 us of Python per
-    element: 170 us to bind a 10-row ``write_status_set``, 10 us as literals."""
+    (psycopg's list dumper). The dumper runs Python code for every element;
+    a literal is one join, on the hot path of every set-based write."""
     kinds = {type(v) for v in values if v is not None}
     if not kinds:
         return "{" + ",".join(["NULL"] * len(values)) + "}"
@@ -805,14 +804,13 @@ class PostgresBackend:
 
     def seqs_param(self, seqs: Sequence[int]) -> str:
         # An array literal, cast by the query (``::bigint[]``): psycopg's
-        # list dumper costs about 5 us of Python per element.
+        # list dumper runs Python code for every element.
         return "{" + ",".join(map(str, map(int, seqs))) + "}"
 
     def texts_param(self, values: Sequence[str]) -> str | list[str]:
         """An array literal when no value needs quoting (batch ids, the usual
-        service ids): about 4 times cheaper than psycopg's list dumper, which
-        checks every element for quoting (0.6 ms for 100 batch ids); else the
-        list itself."""
+        service ids): one check of the joined text, where psycopg's list
+        dumper checks every element for quoting; else the list itself."""
         joined = ",".join(values)
         if (
             _PLAIN_TEXTS.fullmatch(joined)

@@ -978,8 +978,8 @@ class SqlStore(common.SeedWrites):
             params["services"] = self._backend.texts_param(wanted)
             name = "parallel_round_services"
         if per_service == 1:
-            # Without ranking the candidates: over 10,000 services the ranked
-            # statement took about twice the time (docs/queuer.md).
+            # Without ranking the candidates, which costs a sort of every
+            # candidate over many services (figures in docs/queuer.md).
             name += "_first"
         short = services is not None and len(params["services"]) <= SHORT_ROUND_SERVICES
         if not narrow:

@@ -19,10 +19,9 @@
 -- through the index on status: with `status IS NULL OR status IN (...)` the
 -- planner (statistics stale, as in a database filling up) intersected each
 -- service's open batches with every batch of status NULL -- every batch
--- not yet submitted, thousands in a failover -- once per candidate:
--- 0.8-0.9 s for 500 candidates against 24-39 ms on a failover's database,
--- 1.2-7.2 s per take-over under its load, the claim rows locked and the
--- renewal waiting meanwhile (docs/BENCHMARKS.md, docs/ha.md).
+-- not yet submitted, thousands in a failover -- once per candidate, many
+-- times slower, the claim rows locked and the renewal waiting meanwhile
+-- (figures in docs/BENCHMARKS.md, docs/ha.md).
 
 -- name: take_candidates
 -- Take-over, first statement: lock the claims of other instances whose
@@ -336,8 +335,9 @@ FOR UPDATE;
 -- give everything back, marked as past the grace period so that any
 -- instance takes it at once. One UPDATE without a join: joined on the
 -- locking CTE, the planner took a nested loop whenever the table's
--- statistics still said this instance held almost nothing (every claim taken
--- since the last ANALYZE), 10 s for 5,000 claims, past db_timeout_ms.
+-- statistics still said this instance had almost nothing (every claim taken
+-- since the last ANALYZE), which over thousands of claims runs past
+-- db_timeout_ms.
 UPDATE service_id_claims
 SET claimant = NULL,
     expiry_1 = NULL,

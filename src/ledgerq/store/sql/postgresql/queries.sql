@@ -98,9 +98,8 @@ SELECT * FROM unnest(%(seqs)s::bigint[], %(service_ids)s::text[], %(modes)s::tex
 
 -- The blockers of new batches whose lock entries are written, in one
 -- statement: ledgerq_blocker's rule (schema.sql) for every batch of %(seqs)s,
--- set-based. Calling the function once per batch cost 0.2-0.4 ms a batch
--- (PL/pgSQL, five subqueries per call) where its index probes take a few
--- microseconds. The two must say the same.
+-- set-based: the function called once per batch (PL/pgSQL, five subqueries
+-- per call) costs far more than its index probes. The two must say the same.
 -- name: blockers_of
 SELECT c.seq, max(c.hit)
 FROM (
