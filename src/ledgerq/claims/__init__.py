@@ -11,7 +11,6 @@ May import: the foundation only; the claims speak SQL to PostgreSQL themselves.
 from ledgerq.claims.lock import SingleInstanceLock
 from ledgerq.claims.manager import (
     ClaimChange,
-    ClaimedService,
     ClaimInfo,
     ClaimManager,
     CycleReport,
@@ -25,7 +24,6 @@ __all__ = [
     "ClaimInfo",
     "ClaimManager",
     "ClaimSettings",
-    "ClaimedService",
     "CycleReport",
     "InstanceInfo",
     "SingleInstanceLock",

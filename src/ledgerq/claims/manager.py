@@ -168,14 +168,6 @@ WAKE_IDLE_GAP_MS = 100
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimedService:
-    service_id: str
-    epoch: int
-    #: First expiry as last renewed (the lease); past it, not to be acted on.
-    expiry_1: int
-
-
-@dataclass(frozen=True, slots=True)
 class InstanceInfo:
     instance_id: str
     started_at: int
@@ -380,7 +372,7 @@ class ClaimManager:
         round trip of a cycle would wait for the loop, a renewal could come
         late enough to lose the claims, and taking over a dead instance's
         services would come that much later. The state the gateway
-        reads (:meth:`valid_claims`, :meth:`fence_for`, …) is replaced whole by the
+        reads (:meth:`claimed_services`, :meth:`fence_for`, …) is replaced whole by the
         thread; listeners are called on the loop that called ``run``.
         """
         if self._thread is not None:
@@ -538,14 +530,6 @@ class ClaimManager:
     def _valid(self, now: int | None) -> bool:
         now = self._clock() if now is None else now
         return self._claimed.lease is not None and now < self._claimed.lease
-
-    def valid_claims(self, now: int | None = None) -> Mapping[str, ClaimedService]:
-        """Claims believed valid at ``now``: claimed at the last cycle, lease not yet past."""
-        if not self._valid(now):
-            return {}
-        lease = self._claimed.lease
-        assert lease is not None
-        return {s: ClaimedService(s, e, lease) for s, e in self._claimed.epochs.items()}
 
     def claimed_services(self, now: int | None = None) -> frozenset[str]:
         return self._claimed.services if self._valid(now) else frozenset()
