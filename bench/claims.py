@@ -87,7 +87,7 @@ def _manager(url: str, name: str, clock: ManualClock) -> ClaimManager:
 async def _timed(manager: ClaimManager) -> tuple[float, int]:
     started = time.perf_counter()
     report_ = await manager.cycle()
-    return (time.perf_counter() - started) * 1000, report_.held
+    return (time.perf_counter() - started) * 1000, report_.claim_count
 
 
 def _explain_wal(url: str, sql: str, params: dict[str, object]) -> tuple[float, int]:

@@ -554,7 +554,7 @@ def failover_markdown(
     settings: ClaimSettings,
     cut: bool,
 ) -> list[str]:
-    target = (settings.claim_ttl_ms + 1_000) / 1000
+    target = (settings.ttl_ms + 1_000) / 1000
     fast = sorted(
         x.resumed_s for x in run.samples if not x.mid_submission and x.resumed_s is not None
     )
@@ -714,7 +714,7 @@ def command(
 
     lines = [
         f"Claim timings: renew {settings.renew_interval_ms} ms, TTL (first expiry) "
-        f"{settings.claim_ttl_ms} ms, second expiry {settings.slow_ttl_ms} ms, grace "
+        f"{settings.ttl_ms} ms, second expiry {settings.slow_ttl_ms} ms, grace "
         f"{settings.grace_ms} ms (the defaults). Machine load average (1, 5, 15 min) before: "
         f"{', '.join(f'{x:.1f}' for x in load_before)}; after the failover run: "
         f"{', '.join(f'{x:.1f}' for x in load_mid)} (its own gateways, PostgreSQL and node on "

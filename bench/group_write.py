@@ -6,7 +6,7 @@ transactions declare no inputs or outputs, so each batch holds the next one
 of its service, as the plain benchmarks' batches do; ``--access keyed``: each
 declares one of 8 addresses of its service). Then every service, all at once,
 walks its batches in order as the gateway does with each: the woken round
-(``queue_round`` for the service, lean), *taken*
+(``queue_round`` for the service, narrow), *taken*
 (``change_batch_to_submitted``), *accepted* (``Pending``) and *final*
 (``Committed`` with a receipt), the three writes through one
 :class:`~ledgerq.record.completer.Completer` with ``--flushers``, as the
@@ -115,7 +115,7 @@ async def _cycle(
         async def walk(sid: str, batches: list[TrackingBatch]) -> None:
             for b in batches:
                 now = int(time.time() * 1000)
-                await store.queue_round(now=now, delay_window_ms=300, services=[sid], lean=True)
+                await store.queue_round(now=now, delay_window_ms=300, services=[sid], narrow=True)
                 tid = b.transactions[0].transaction_header
                 await writer.apply(BatchWrite(sid, b.batch_header, attempt=True))
                 await writer.apply(BatchWrite(sid, b.batch_header, Pending()))

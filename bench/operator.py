@@ -128,7 +128,7 @@ async def _run(services: int, per_service: int, requests: int) -> str:
         "over loopback.\n\n"
         + report.table(["endpoint", "p50 ms", "p99 ms", "answer KiB"], rows)
         + f"\n\n`/metrics` exposes {series} samples for {services:,} services (per-service "
-        f"depth bounded to the top {settings['metrics.top_services']} plus `other`). "
+        f"depth bounded to the top {settings.metrics.top_services} plus `other`). "
         f"Metrics proxy around the ledger client: {raw_us:.2f} µs per `submit` unwrapped, "
         f"{wrapped_us:.2f} µs wrapped (a counter, a histogram, a timestamp). "
         f"Load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after: "

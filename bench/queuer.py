@@ -18,7 +18,7 @@ Timed: ``store.queue_round(now=..., delay_window_ms=15000)`` (the serial
 strategy) and ``store.parallel_round(...)`` (the parallel one), interleaved,
 end to end (SQL, transaction hydration, Python objects), for every service
 and for half of them (``services=``, what an HA instance passes), full and
-``lean`` (what the gateway's queue source asks for: no blobs, no hydration),
+``narrow`` (what the gateway's queue source asks for: no blobs, no hydration),
 each ``--rounds`` times; the figures are medians and 90th percentiles. With
 ``--alternatives``, the two designs the parallel round was measured against
 (``bench/_parallel_alternatives.py``) are timed on the same population. On
@@ -362,21 +362,21 @@ async def measure(url: str, rounds: int, services: int) -> list[Timing]:
     async with await open_store(url) as store:
         cases: dict[str, RoundCall] = {}
         for who, listed in (("every service", None), (f"{len(half):,} listed services", half)):
-            for lean in (False, True):
-                how = f"{who}{', lean' if lean else ''}"
+            for narrow in (False, True):
+                how = f"{who}{', narrow' if narrow else ''}"
                 cases[f"serial, {how}"] = functools.partial(
                     store.queue_round,
                     now=NOW,
                     delay_window_ms=WINDOW,
                     services=listed,
-                    lean=lean,
+                    narrow=narrow,
                 )
                 cases[f"parallel, {how}"] = functools.partial(
                     store.parallel_round,
                     now=NOW,
                     delay_window_ms=WINDOW,
                     services=listed,
-                    lean=lean,
+                    narrow=narrow,
                 )
         return await _interleaved(cases, rounds)
 
@@ -396,10 +396,10 @@ def statement_pg(url: str, rounds: int) -> list[Timing]:
     queries = load_queries("postgresql")
     sql, par = queries["queue_round"], queries["parallel_round_first"]
     cases = {
-        "serial, every service, statement only": (sql, {**_PARAMS, "lean": False}),
-        "parallel, every service, statement only": (par, {**_PAR_PARAMS, "lean": False}),
-        "serial, every service, lean, statement only": (sql, {**_PARAMS, "lean": True}),
-        "parallel, every service, lean, statement only": (par, {**_PAR_PARAMS, "lean": True}),
+        "serial, every service, statement only": (sql, {**_PARAMS, "narrow": False}),
+        "parallel, every service, statement only": (par, {**_PAR_PARAMS, "narrow": False}),
+        "serial, every service, narrow, statement only": (sql, {**_PARAMS, "narrow": True}),
+        "parallel, every service, narrow, statement only": (par, {**_PAR_PARAMS, "narrow": True}),
         "serial, every service, skip-scan statement (before `queue_heads`)": (
             _SKIP_SCAN,
             _PARAMS,
@@ -467,11 +467,11 @@ def statement_sqlite(path: str, rounds: int) -> list[Timing]:
     cases = {
         "serial, every service, statement only": (
             queries["queue_round"],
-            {**_PARAMS, "lean": False},
+            {**_PARAMS, "narrow": False},
         ),
         "parallel, every service, statement only": (
             queries["parallel_round_first"],
-            {**_PARAMS, "lean": False, "exclude": "[]", "per_service": 1},
+            {**_PARAMS, "narrow": False, "exclude": "[]", "per_service": 1},
         ),
     }
     times: dict[str, list[float]] = {label: [] for label in cases}
@@ -489,9 +489,9 @@ def statement_sqlite(path: str, rounds: int) -> list[Timing]:
 
 
 def pg_plan(url: str, name: str = "queue_round") -> str:
-    """The plan of a lean round, the one the queue source asks for."""
+    """The plan of a narrow round, the one the queue source asks for."""
     sql = load_queries("postgresql")[name]
-    params = {**_PAR_PARAMS, "lean": True}
+    params = {**_PAR_PARAMS, "narrow": True}
     with psycopg.connect(url) as conn, psycopg.ClientCursor(conn) as cur:
         cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
         return "\n".join(r[0] for r in cur.fetchall())
@@ -499,7 +499,7 @@ def pg_plan(url: str, name: str = "queue_round") -> str:
 
 def sqlite_plan(path: str, name: str = "queue_round") -> str:
     sql = load_queries("sqlite")[name]
-    params = {**_PARAMS, "lean": True, "exclude": "[]", "per_service": 1}
+    params = {**_PARAMS, "narrow": True, "exclude": "[]", "per_service": 1}
     conn = sqlite3.connect(path)
     try:
         rows = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
@@ -612,9 +612,9 @@ def command(
             f"Loaded in {loaded:.0f} s. Load average after measuring (1, 5, 15 min): "
             f"{load} — the machine is shared, figures on an idle one are lower.\n\n"
             f"{_table(timings)}\n\n{others}"
-            f"Plan of the serial round's statement (lean, as the queue source asks):\n\n"
+            f"Plan of the serial round's statement (narrow, as the queue source asks):\n\n"
             f"```\n{plan}\n```\n\n"
-            f"Plan of the parallel round's statement (lean):\n\n```\n{parallel_plan}\n```\n"
+            f"Plan of the parallel round's statement (narrow):\n\n```\n{parallel_plan}\n```\n"
         )
     if write:
         report.write_section("queuer", f"## Queuer round\n\n{summary}\n\n" + "\n".join(sections))

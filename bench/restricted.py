@@ -13,7 +13,7 @@ holds. On the population of ``ledgerq bench queuer`` (1,000,000 batches in
 * the list form **before** this change (``IN (SELECT DISTINCT ...)``), kept
   here for comparison.
 
-Each is timed as the queue source runs it (lean: no blobs), statement and
+Each is timed as the queue source runs it (narrow: no blobs), statement and
 fetch, ``--rounds`` times; the ratio to the whole round is of medians in the
 same run. The ``EXPLAIN (ANALYZE, BUFFERS)`` plans of the restricted forms
 are printed and written beside the figures.
@@ -57,12 +57,12 @@ picks AS (
       AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted,
+       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted,
        b.created_at, b.last_attempt_at, b.attempts, b.status, s.error_type, s.error_message
 FROM (SELECT seq FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
@@ -85,7 +85,7 @@ def _hold_half(url: str, services: int) -> list[str]:
 
 def cases(half: list[str]) -> dict[str, tuple[str, dict[str, object]]]:
     q = load_queries("postgresql")
-    base = {"now": NOW, "delay_window_ms": WINDOW, "limit": None, "lean": True}
+    base = {"now": NOW, "delay_window_ms": WINDOW, "limit": None, "narrow": True}
     return {
         "every service": (q["queue_round"], base),
         f"{len(half):,} held services, listed": (
@@ -172,7 +172,7 @@ def command(
     text = "\n".join(
         [
             f"{batches:,} batches in {services:,} services (the `bench queuer` population), "
-            f"{len(half):,} of them held by one instance in `service_id_claims`; lean rounds "
+            f"{len(half):,} of them held by one instance in `service_id_claims`; narrow rounds "
             f"(statement and fetch), {rounds} rounds, the cases interleaved. Load average "
             f"(1, 5, 15 min) before: {', '.join(f'{x:.1f}' for x in load_before)}; after: "
             f"{', '.join(f'{x:.1f}' for x in load_after)}.",

@@ -8,6 +8,10 @@ environment ``LEDGERQ_`` + the key upper-cased with dots as underscores
 them. The file is ``--config PATH``, else ``$LEDGERQ_CONFIG``, else
 ``ledgerq.toml`` in the working directory if present.
 
+:data:`KEYS` is the one table of keys: name, check, default, help. Code
+reads the typed :class:`Settings` built from it (``settings.submitter.slots``),
+never a key by its name.
+
 An invalid value is refused with :class:`~ledgerq.errors.ConfigError` naming
 the key and where the value came from. :attr:`Settings.sources` records, for
 every key, which layer its value came from (``default``, ``file``, ``env``,
@@ -23,14 +27,15 @@ import os
 import stat
 import tomllib
 import urllib.parse
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
-from ledgerq.claims.settings import ClaimSettings
+from ledgerq.claims.settings import MAX_INSTANCE_ID_LENGTH, ClaimSettings
 from ledgerq.errors import ConfigError
 from ledgerq.follow.follower import FollowSettings
+from ledgerq.ingest.guard import HttpLimits
 from ledgerq.ledgers import LEDGER_CREDENTIALS_TWICE
 from ledgerq.ledgers.http import url_credentials
 from ledgerq.model import service_id_problem
@@ -155,6 +160,13 @@ def _int(value: Any) -> int:
 
 def _float(value: Any) -> float:
     return float(_numeric(value, "a number"))
+
+
+def _instance_id(value: Any) -> str:
+    text = _text(value)
+    if len(text) > MAX_INSTANCE_ID_LENGTH:
+        raise ValueError(f"{text!r} is longer than {MAX_INSTANCE_ID_LENGTH} characters")
+    return text
 
 
 def _event_loop(value: str) -> str:
@@ -436,38 +448,58 @@ KEYS: tuple[Key, ...] = (
     Key(
         "http.keepalive_s",
         _positive(_float),
-        15.0,
+        HttpLimits.keepalive_s,
         "gateway and node: close a connection idle this long (s)",
     ),
     Key(
         "http.header_timeout_s",
         _positive(_float),
-        10.0,
+        HttpLimits.header_timeout_s,
         "gateway and node: a request's headers must arrive in (s)",
     ),
     Key(
         "http.body_timeout_s",
         _positive(_float),
-        60.0,
+        HttpLimits.body_timeout_s,
         "gateway and node: a request's body must arrive in (s)",
     ),
     Key(
         "http.max_connections",
         _positive(_int),
-        2_048,
+        HttpLimits.max_connections,
         "gateway: open connections (then an idle one is closed, else 503)",
     ),
     Key(
         "http.max_connections_per_address",
         _non_negative(_int),
-        512,
+        HttpLimits.max_connections_per_address,
         "gateway: open connections from one client address (0: no such cap)",
     ),
-    Key("submitter.slots", _positive(_int), 256, "concurrent submissions"),
-    Key("submitter.max_retries", _non_negative(_int), 5, "busy retries before Delayed"),
-    Key("submitter.backoff_initial_ms", _non_negative(_int), 20, "first retry backoff (ms)"),
-    Key("submitter.backoff_max_ms", _non_negative(_int), 2_000, "longest retry backoff (ms)"),
-    Key("submitter.poll_timeout_s", _positive(_float), 1.0, "queue poll fallback (s)"),
+    Key("submitter.slots", _positive(_int), SubmitterSettings.slots, "concurrent submissions"),
+    Key(
+        "submitter.max_retries",
+        _non_negative(_int),
+        SubmitterSettings.max_retries,
+        "busy retries before Delayed",
+    ),
+    Key(
+        "submitter.backoff_initial_ms",
+        _non_negative(_int),
+        SubmitterSettings.backoff_initial_ms,
+        "first retry backoff (ms)",
+    ),
+    Key(
+        "submitter.backoff_max_ms",
+        _non_negative(_int),
+        SubmitterSettings.backoff_max_ms,
+        "longest retry backoff (ms)",
+    ),
+    Key(
+        "submitter.poll_timeout_s",
+        _positive(_float),
+        SubmitterSettings.poll_timeout_s,
+        "queue poll fallback (s)",
+    ),
     Key(
         "ledger_token",
         _text,
@@ -485,37 +517,73 @@ KEYS: tuple[Key, ...] = (
     Key(
         "monitor.poll_interval_s",
         _positive(_float),
-        1.0,
+        FollowSettings.poll_interval_s,
         "safety-net scan of in-flight batches (s)",
     ),
-    Key("monitor.wait_s", _positive(_float), 5.0, "wait of a parked status read (s)"),
-    Key("monitor.max_parked", _positive(_int), 1024, "status reads parked at once"),
+    Key(
+        "monitor.wait_s",
+        _positive(_float),
+        FollowSettings.wait_s,
+        "wait of a parked status read (s)",
+    ),
+    Key(
+        "monitor.max_parked",
+        _positive(_int),
+        FollowSettings.max_parked,
+        "status reads parked at once",
+    ),
     Key(
         "monitor.backoff_initial_ms",
         _positive(_int),
-        50,
+        FollowSettings.backoff_initial_ms,
         "first retry of a failed status read (ms)",
     ),
     Key(
         "monitor.backoff_max_ms",
         _positive(_int),
-        5_000,
+        FollowSettings.backoff_max_ms,
         "longest retry of a failed status read (ms)",
     ),
-    Key("claims.instance_id", _text, "", "HA instance id (default: host-pid-random)"),
-    Key("claims.renew_interval_ms", _positive(_int), 1_000, "claim cycle period (ms)"),
-    Key("claims.ttl_ms", _positive(_int), 5_000, "first claim expiry: idle failover (ms)"),
     Key(
-        "claims.slow_ttl_ms", _non_negative(_int), 0, "2nd expiry, mid-submission (ms; 0: TTL+10%)"
+        "claims.instance_id",
+        _instance_id,
+        ClaimSettings.instance_id,
+        "HA instance id (default: host-pid-random)",
     ),
     Key(
-        "claims.post_margin_ms", _non_negative(_int), 0, "claim left to start a POST (ms; 0: TTL/5)"
+        "claims.renew_interval_ms",
+        _positive(_int),
+        ClaimSettings.renew_interval_ms,
+        "claim cycle period (ms)",
     ),
-    Key("claims.grace_ms", _non_negative(_int), 2_000, "unclaimed wait before any takes it (ms)"),
+    Key(
+        "claims.ttl_ms",
+        _positive(_int),
+        ClaimSettings.ttl_ms,
+        "first claim expiry: idle failover (ms)",
+    ),
+    Key(
+        "claims.slow_ttl_ms",
+        _non_negative(_int),
+        ClaimSettings.slow_ttl_ms,
+        "2nd expiry, mid-submission (ms; 0: TTL+10%)",
+    ),
+    Key(
+        "claims.post_margin_ms",
+        _non_negative(_int),
+        ClaimSettings.post_margin_ms,
+        "claim left to start a POST (ms; 0: TTL/5)",
+    ),
+    Key(
+        "claims.grace_ms",
+        _non_negative(_int),
+        ClaimSettings.grace_ms,
+        "unclaimed wait before any takes it (ms)",
+    ),
     Key(
         "claims.forget_service_ms",
         _positive(_int),
-        600_000,
+        ClaimSettings.forget_service_ms,
         "claim row of a service idle this long is deleted (ms)",
     ),
     Key("log.level", _log_level, "INFO", "debug, info, warning or error"),
@@ -614,104 +682,229 @@ def check_environment(env: Mapping[str, str]) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
+class NodeSettings:
+    """``node.*``: the in-process node, and ``ledgerq node``'s own limits."""
+
+    data_dir: str
+    shards: int
+    ephemeral: bool
+    token: str
+    allowed_hosts: str
+    allowed_origins: str
+    insecure_allow_remote: bool
+    max_held: int
+    held_expiry_s: float
+    max_status_ids: int
+    max_waiters: int
+    max_connections: int
+    max_connections_per_address: int
+    max_event_streams: int
+    max_scabbard_services: int
+    scabbard_idle_s: float
+
+
+@dataclass(frozen=True)
+class QueuerSettings:
+    """``queuer.*``: which strategy serves which service, and what an
+    INVALID batch does to it."""
+
+    strategy: str
+    strategy_by_service: str
+    pipeline_depth: int
+    on_invalid: str
+    on_invalid_by_service: str
+
+    @property
+    def strategies(self) -> StrategyMap:
+        return StrategyMap.parse(self.strategy, self.strategy_by_service)
+
+    @property
+    def on_invalid_map(self) -> OnInvalidMap:
+        return OnInvalidMap.parse(self.on_invalid, self.on_invalid_by_service)
+
+
+@dataclass(frozen=True)
+class LedgerTimeoutSettings:
+    """``ledger_timeout.*``: requests to an HTTP ledger."""
+
+    connect_s: float
+    submit_s: float
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """``log.*``."""
+
+    level: str
+    json: bool
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    """``auth.*``: the tokens clients present."""
+
+    token: str
+    #: Entries ``{"name", "token", "services", "access"}`` (plain data: the
+    #: value crosses to ``--workers`` processes as JSON).
+    tokens: Sequence[Mapping[str, Any]]
+
+    def __post_init__(self) -> None:
+        seen = {self.token: "auth.token"} if self.token else {}
+        for entry in self.tokens:
+            if entry["token"] in seen:
+                raise ConfigError(
+                    f"auth.tokens: {entry['name']} has the same token as {seen[entry['token']]}; "
+                    "give every token its own value"
+                )
+            seen[entry["token"]] = entry["name"]
+        names = [e["name"] for e in self.tokens]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(
+                f"auth.tokens: the name {twice[0]!r} is used twice; names must differ"
+            )
+
+    @property
+    def has_token(self) -> bool:
+        """Whether any token (``auth.token`` or ``auth.tokens``) is configured."""
+        return bool(self.token or self.tokens)
+
+    @property
+    def scoped_tokens(self) -> list[tuple[str, Scope]]:
+        """Every configured token with the scope it gives (``auth.token``: all)."""
+        out = [(self.token, Scope("auth.token"))] if self.token else []
+        for e in self.tokens:
+            out.append((e["token"], Scope.of(e["name"], tuple(e["services"]), e["access"])))
+        return out
+
+
+@dataclass(frozen=True)
+class CorsSettings:
+    """``cors.*``."""
+
+    origins: str
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """``metrics.*``."""
+
+    top_services: int
+
+
+#: The attribute of :class:`Settings` the keys ``PREFIX.*`` fill, where it
+#: is not named as the prefix: the ``monitor.*`` keys set the follower's.
+_SECTION_ATTRIBUTES = {"monitor": "follower"}
+
+
+@dataclass(frozen=True)
 class Settings:
+    """The validated settings, typed: one attribute per top-level key and
+    one section object per key prefix (``settings.submitter.slots`` is the
+    key ``submitter.slots``; the ``monitor.*`` keys are
+    ``settings.follower``).
+
+    Built by :meth:`build` from the values :func:`load_settings` checked
+    one by one with :data:`KEYS`; a section's class checks how its values
+    fit together. :data:`KEYS` holds every default, but that a component's
+    own settings class (:class:`SubmitterSettings`, :class:`FollowSettings`,
+    :class:`ClaimSettings`, :class:`HttpLimits`) holds its keys' defaults,
+    which :data:`KEYS` reads from it. A key added to :data:`KEYS` needs its
+    attribute here (or in its section's class): :meth:`build` fails on a
+    key without one, and on an attribute without its key.
+    """
+
+    db: str
+    ledger: str
+    #: ``HOST:PORT``; :attr:`bind_address` splits it.
+    bind: str
+    workers: int
+    event_loop: str
+    delay_window_ms: int
+    max_body_bytes: int
+    max_status_ids: int
+    max_waiters: int
+    decode_slots: int
+    decode_priority: str
+    decode_verify_thread: str
+    decode_yield_bytes: int
+    decode_yield_share: float
+    decode_yield_max_wait_s: float
+    ledger_token: str
+    ledger_client: str
+    insecure_allow_remote: bool
+    allowed_hosts: str
+    public_url: str
+    trust_forwarded: bool
+    default_service: str
+    node: NodeSettings
+    queuer: QueuerSettings
+    http: HttpLimits
+    submitter: SubmitterSettings
+    ledger_timeout: LedgerTimeoutSettings
+    follower: FollowSettings
+    claims: ClaimSettings
+    log: LogSettings
+    auth: AuthSettings
+    cors: CorsSettings
+    metrics: MetricsSettings
+    #: Every key's validated value, by key name (``config show``, and what a
+    #: ``--workers`` process is handed).
     values: Mapping[str, Any]
-    sources: Mapping[str, str] = field(default_factory=dict)
-    config_file: str | None = None
+    #: Every key's layer: ``default``, ``file``, ``env`` or ``flag``.
+    sources: Mapping[str, str]
+    config_file: str | None
     #: What the commands print before they start (:func:`file_warnings`).
     warnings: tuple[str, ...] = ()
 
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
+    def __post_init__(self) -> None:
+        if self.public_url and self.trust_forwarded:
+            raise ConfigError(
+                "public_url and trust_forwarded are both set: links are built from one of them; "
+                "keep public_url (a fixed address) or trust_forwarded (the proxy's headers)"
+            )
+
+    @classmethod
+    def build(
+        cls,
+        values: Mapping[str, Any],
+        sources: Mapping[str, str] | None = None,
+        config_file: str | None = None,
+        warnings: tuple[str, ...] = (),
+    ) -> Settings:
+        """The typed settings of ``values`` (each key's validated value)."""
+        top: dict[str, Any] = {}
+        sections: dict[str, dict[str, Any]] = {}
+        for key in KEYS:
+            section, _, name = key.name.rpartition(".")
+            (sections.setdefault(section, {}) if section else top)[name] = values[key.name]
+        for section, fields in sections.items():
+            attribute = _SECTION_ATTRIBUTES.get(section, section)
+            top[attribute] = _SETTINGS_TYPES[attribute](**fields)
+        return cls(
+            **top,
+            values=dict(values),
+            sources=dict(sources or {}),
+            config_file=config_file,
+            warnings=warnings,
+        )
 
     @property
-    def db(self) -> str:
-        return str(self.values["db"])
-
-    @property
-    def ledger(self) -> str:
-        return str(self.values["ledger"])
-
-    @property
-    def bind(self) -> tuple[str, int]:
-        return parse_bind(self.values["bind"])
+    def bind_address(self) -> tuple[str, int]:
+        return parse_bind(self.bind)
 
     @property
     def node_data_dir(self) -> Path:
-        configured = self.values["node.data_dir"]
-        if configured:
-            return Path(configured)
+        if self.node.data_dir:
+            return Path(self.node.data_dir)
         if self.db.startswith("sqlite:///"):
             db_path = Path(self.db.removeprefix("sqlite:///"))
             return db_path.with_name(db_path.stem + "-node")
         return Path("ledgerq-data") / "node"
 
-    @property
-    def has_token(self) -> bool:
-        """Whether any token (``auth.token`` or ``auth.tokens``) is configured."""
-        return bool(self.values["auth.token"] or self.values["auth.tokens"])
 
-    @property
-    def tokens(self) -> list[tuple[str, Scope]]:
-        """Every configured token with the scope it gives (``auth.token``: all)."""
-        full = self.values["auth.token"]
-        out = [(full, Scope("auth.token"))] if full else []
-        for e in self.values["auth.tokens"]:
-            scope = Scope.of(e["name"], tuple(e["services"]), e["access"])
-            out.append((e["token"], scope))
-        return out
-
-    @property
-    def submitter(self) -> SubmitterSettings:
-        v = self.values
-        return SubmitterSettings(
-            slots=v["submitter.slots"],
-            max_retries=v["submitter.max_retries"],
-            backoff_initial_ms=v["submitter.backoff_initial_ms"],
-            backoff_max_ms=v["submitter.backoff_max_ms"],
-            poll_timeout_s=v["submitter.poll_timeout_s"],
-        )
-
-    @property
-    def strategies(self) -> StrategyMap:
-        """Which queuer strategy serves which service (``queuer.*``)."""
-        return StrategyMap.parse(
-            self.values["queuer.strategy"], self.values["queuer.strategy_by_service"]
-        )
-
-    @property
-    def on_invalid(self) -> OnInvalidMap:
-        """What an INVALID batch does to each service (``queuer.on_invalid*``)."""
-        return OnInvalidMap.parse(
-            self.values["queuer.on_invalid"], self.values["queuer.on_invalid_by_service"]
-        )
-
-    @property
-    def claims(self) -> ClaimSettings:
-        v = self.values
-        identity = {"instance_id": v["claims.instance_id"]} if v["claims.instance_id"] else {}
-        return ClaimSettings(
-            renew_interval_ms=v["claims.renew_interval_ms"],
-            claim_ttl_ms=v["claims.ttl_ms"],
-            slow_ttl_ms=v["claims.slow_ttl_ms"],
-            post_margin_ms=v["claims.post_margin_ms"],
-            grace_ms=v["claims.grace_ms"],
-            forget_service_ms=v["claims.forget_service_ms"],
-            **identity,
-        )
-
-    @property
-    def monitor(self) -> FollowSettings:
-        """The follower's settings (keys ``monitor.*``)."""
-        v = self.values
-        return FollowSettings(
-            poll_interval_s=v["monitor.poll_interval_s"],
-            wait_s=v["monitor.wait_s"],
-            max_parked=v["monitor.max_parked"],
-            backoff_initial_ms=v["monitor.backoff_initial_ms"],
-            backoff_max_ms=v["monitor.backoff_max_ms"],
-        )
+_SETTINGS_TYPES: dict[str, Any] = get_type_hints(Settings)
 
 
 def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -785,12 +978,7 @@ def load_settings(
             raise ConfigError(f"invalid {key.name} (from {where}): {exc}") from exc
         sources[key.name] = source
     warnings = file_warnings(path, sources, values) if path is not None else ()
-    settings = Settings(values, sources, str(path) if path else None, warnings)
-    # Cross-key checks live in the component settings; surface them now.
-    settings.submitter  # noqa: B018
-    settings.monitor  # noqa: B018
-    settings.claims  # noqa: B018
-    _check_tokens(settings)
+    settings = Settings.build(values, sources, str(path) if path else None, warnings)
     _check_ledger(settings)
     _check_strategies(settings)
     return settings
@@ -842,14 +1030,14 @@ def masked_url(url: str) -> str:
 def _check_ledger(settings: Settings) -> None:
     """Refuse the two forms of ledger credentials together: one Authorization per request."""
     _, sep, url = settings.ledger.partition("+")
-    if sep and url_credentials(url)[1] is not None and settings["ledger_token"]:
+    if sep and url_credentials(url)[1] is not None and settings.ledger_token:
         raise ConfigError(f"ledger and ledger_token: {LEDGER_CREDENTIALS_TWICE}")
 
 
 def _check_strategies(settings: Settings) -> None:
     """The pipelined strategy needs a ledger that enforces declared
     dependencies: the node or a Sawtooth REST API, not a scabbard service."""
-    if Strategy.PIPELINED in settings.strategies.kinds() and settings.ledger.startswith(
+    if Strategy.PIPELINED in settings.queuer.strategies.kinds() and settings.ledger.startswith(
         "splinter+"
     ):
         raise ConfigError(
@@ -857,24 +1045,3 @@ def _check_strategies(settings: Settings) -> None:
             "transactions it depends on are committed (the node, or sawtooth+http://...); "
             f"{settings.ledger.split('://')[0]} does not: use serial or parallel for it"
         )
-
-
-def _check_tokens(settings: Settings) -> None:
-    """Refuse token and link settings that contradict one another."""
-    if settings["public_url"] and settings["trust_forwarded"]:
-        raise ConfigError(
-            "public_url and trust_forwarded are both set: links are built from one of them; "
-            "keep public_url (a fixed address) or trust_forwarded (the proxy's headers)"
-        )
-    seen = {settings["auth.token"]: "auth.token"} if settings["auth.token"] else {}
-    for entry in settings["auth.tokens"]:
-        if entry["token"] in seen:
-            raise ConfigError(
-                f"auth.tokens: {entry['name']} has the same token as {seen[entry['token']]}; "
-                "give every token its own value"
-            )
-        seen[entry["token"]] = entry["name"]
-    names = [e["name"] for e in settings["auth.tokens"]]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ConfigError(f"auth.tokens: the name {twice[0]!r} is used twice; names must differ")

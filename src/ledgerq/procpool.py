@@ -197,8 +197,8 @@ def main_left_alone() -> Iterator[None]:
 
     ``spawn`` imports the parent's ``__main__`` in every worker before its
     initializer runs, unless it is a package's ``__main__``; for the
-    ``ledgerq`` command line script that is the whole tool (about 0.8 s of
-    CPU, against 0.15 s for what a decoding worker needs). The functions a
+    ``ledgerq`` command line script that is the whole tool, several times
+    what a decoding worker needs. The functions a
     pool runs are found by their module's name, never in ``__main__``, so
     while a submission starts workers the main module is marked as one
     ``spawn`` leaves alone. (A worker is started synchronously by the

@@ -180,19 +180,23 @@ async def test_dashboard_shows_what_is_in_flight_and_what_holds_the_next_batch()
                 async with http.get(f"{url}/services") as r:
                     listed = {s["service_id"]: s for s in (await r.json())["data"]}
                 par, ser = listed.get("par::1", {}), listed.get("ser::1", {})
-                if par.get("in_flight") == 3 and par.get("held_by") and ser.get("in_flight") == 1:
+                if (
+                    par.get("in_flight") == 3
+                    and par.get("blocked_by")
+                    and ser.get("in_flight") == 1
+                ):
                     break
                 assert loop.time() < deadline, (par, ser)
                 await asyncio.sleep(0.05)
         dom = await _chromium("--dump-dom", url + "/")
     assert 'data-loaded="true"' in dom
     address = make_address("a")
-    service, strategy, _depth, in_flight, held_by, *_ = _service_row(dom, "par::1")
+    service, strategy, _depth, in_flight, blocked_by, *_ = _service_row(dom, "par::1")
     assert (service, strategy, in_flight) == ("par::1", "parallel", "3")
-    assert held_by == f"{first[0].header_signature[:16]}… (writes {address[:16]}…)"
+    assert blocked_by == f"{first[0].header_signature[:16]}… (writes {address[:16]}…)"
     assert f'title="writes {address}"' in dom
-    _s, strategy, _depth, in_flight, held_by, *_ = _service_row(dom, "ser::1")
-    assert (strategy, in_flight, held_by) == ("serial", "1", "–")
+    _s, strategy, _depth, in_flight, blocked_by, *_ = _service_row(dom, "ser::1")
+    assert (strategy, in_flight, blocked_by) == ("serial", "1", "–")
 
 
 async def test_dashboard_shows_the_workers_of_serve_workers_2(tmp_path: Path) -> None:

@@ -166,7 +166,7 @@ def _wait_for(predicate: object, timeout_s: float, what: str, gw: Process) -> No
     raise AssertionError(f"timed out waiting for {what}\n{gw.tail(40)}")
 
 
-def _held_by(pg_url: str, instance: str) -> int:
+def _claims_of(pg_url: str, instance: str) -> int:
     with psycopg.connect(pg_url) as conn:
         row = conn.execute(
             "SELECT count(*) FROM service_id_claims WHERE claimant = %s", (instance,)
@@ -272,7 +272,7 @@ def _fault_at_step(cluster: Cluster, step: str, action: str, workload: Workload)
         _wait_for(lambda: a.stopped_itself, 30, "a to stop itself", a)
         a.stopped = True
         # DELAY: a wakes only once every claim it had was taken by another.
-        _wait_for(lambda: _held_by(cluster.pg_url, a.name) == 0, 60, "a's claims to move", a)
+        _wait_for(lambda: _claims_of(cluster.pg_url, a.name) == 0, 60, "a's claims to move", a)
         a.cont()
     _finish(cluster, workload)
     if action != "kill":
@@ -342,7 +342,7 @@ def test_a_halt_holds_across_a_take_over_until_an_operator_resumes_the_service(
         _wait_for(lambda: _status(pg_url, bad) == "Invalid", 60, "the invalid batch", a)
         a.kill()
         b = cluster.start_gateway("b")
-        _wait_for(lambda: _held_by(pg_url, b.name) >= 1, 60, "b to take the service", b)
+        _wait_for(lambda: _claims_of(pg_url, b.name) >= 1, 60, "b to take the service", b)
         time.sleep(1.5)  # b's queue, claims and controls have all had their turn
         last = made[3].header_signature
         assert _status(pg_url, last) is None

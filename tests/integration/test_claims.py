@@ -123,12 +123,12 @@ async def test_a_mid_submission_service_is_taken_over_within_ttl_plus_one_second
     # died between marking a batch submitted and the ledger's answer.
     clock = ManualClock(T0)
     a, b = manager(db, "a", clock), manager(db, "b", clock)
-    target = a.settings.claim_ttl_ms + 1_000
+    target = a.settings.ttl_ms + 1_000
     async with a, b:
         await a.register_services(["busy"])
         await a.cycle()  # a's last renewal: it dies mid-POST right after
         put_batch(db, "busy", "b1", submitted=True)
-        clock.advance(a.settings.claim_ttl_ms)
+        clock.advance(a.settings.ttl_ms)
         assert (await b.cycle()).voided == ()  # first expiry: still mid-submission
         # b's next cycle is scheduled for the second expiry, inside the target.
         assert b.next_expiry is not None and b.next_expiry - T0 < target
@@ -146,7 +146,7 @@ async def test_the_holder_stops_posting_before_anyone_may_take_its_service(db: s
         await a.cycle()
         fence = a.fence_for("s")
         assert fence is not None
-        margin, ttl = a.settings.post_margin_ms, a.settings.claim_ttl_ms
+        margin, ttl = a.settings.post_margin_ms, a.settings.ttl_ms
         assert a.may_post("s", fence, now=T0 + ttl - margin - 1)
         assert not a.may_post("s", fence, now=T0 + ttl - margin)
         assert not a.may_post("s", Fence("a", fence.epoch + 1), now=T0)
@@ -522,7 +522,7 @@ async def test_a_dropped_connection_is_replaced(db: str) -> None:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         clock.advance(1_000)
         report = await a.cycle()
-        assert report.held == 1
+        assert report.claim_count == 1
         assert (await a._connection()).info.backend_pid != pid
 
 
@@ -566,9 +566,7 @@ async def test_instances_and_claims_are_visible(db: str) -> None:
 async def test_run_cycles_until_stopped_and_wake_runs_a_cycle_early(db: str) -> None:
     clock = ManualClock(T0)
     # A renewal period far longer than the test: only wake() can start cycle two.
-    a = manager(
-        db, "a", clock, renew_interval_ms=600_000, claim_ttl_ms=1_200_000, slow_ttl_ms=1_200_000
-    )
+    a = manager(db, "a", clock, renew_interval_ms=600_000, ttl_ms=1_200_000, slow_ttl_ms=1_200_000)
     changes: asyncio.Queue[frozenset[str]] = asyncio.Queue()
     heard_on: list[tuple[threading.Thread, asyncio.AbstractEventLoop]] = []
 
@@ -616,9 +614,7 @@ async def test_a_wake_up_only_claims_and_at_once_after_an_idle_cycle(
     cycles ten minutes apart, only a claim at once answers within the wait."""
     monkeypatch.setattr(claims_manager, "WAKE_IDLE_GAP_MS", 3_600_000)
     clock = ManualClock(T0)
-    a = manager(
-        db, "a", clock, renew_interval_ms=600_000, claim_ttl_ms=3_600_000, slow_ttl_ms=3_600_001
-    )
+    a = manager(db, "a", clock, renew_interval_ms=600_000, ttl_ms=3_600_000, slow_ttl_ms=3_600_001)
     changes: asyncio.Queue[frozenset[str]] = asyncio.Queue()
     a.add_listener(lambda gained, _lost: changes.put_nowait(gained))
     full = _count_full_cycles(a)
@@ -641,7 +637,7 @@ async def test_wake_ups_in_a_row_keep_the_full_cycles_on_schedule(db: str) -> No
     hand-over) off for ever: full cycles keep coming, claims alone answer
     the wake-ups between them. Judged by what happens, not by how fast."""
     clock = ManualClock(T0)
-    a = manager(db, "a", clock, renew_interval_ms=1_000, claim_ttl_ms=60_000, slow_ttl_ms=61_000)
+    a = manager(db, "a", clock, renew_interval_ms=1_000, ttl_ms=60_000, slow_ttl_ms=61_000)
     full = _count_full_cycles(a)
     async with a:
         task = asyncio.create_task(a.run())
@@ -663,7 +659,7 @@ async def test_wake_ups_that_find_nothing_to_claim_come_at_the_idle_gap(db: str)
     WAKE_IDLE_GAP_MS apart, not WAKE_GAP_MS (an upper bound on their count:
     a slow machine only makes fewer)."""
     clock = ManualClock(T0)
-    a = manager(db, "a", clock, renew_interval_ms=5_000, claim_ttl_ms=60_000, slow_ttl_ms=61_000)
+    a = manager(db, "a", clock, renew_interval_ms=5_000, ttl_ms=60_000, slow_ttl_ms=61_000)
     async with a:
         task = asyncio.create_task(a.run())
         await asyncio.sleep(0.05)
@@ -890,7 +886,7 @@ async def test_services_with_work_are_taken_over_alone_first_and_the_idle_rest_a
         put_batch(db, "s5", "m5", submitted=True)  # mid-submission
         changes: list[ClaimChange] = []
         b.add_change_listener(changes.append)
-        clock.advance(a.settings.claim_ttl_ms)
+        clock.advance(a.settings.ttl_ms)
         full_at = clock()
         # The services with work alone first (a small take-over), though
         # idle ones were found with them.
@@ -917,7 +913,7 @@ async def test_services_with_work_are_taken_over_alone_first_and_the_idle_rest_a
         # Those cycles, within half a period of the full one, only took over.
         assert heartbeats(db)["b"] == full_at
         assert set().union(*taken) == set(services) - {"s5"}
-        clock.advance(a.settings.slow_ttl_ms - a.settings.claim_ttl_ms)
+        clock.advance(a.settings.slow_ttl_ms - a.settings.ttl_ms)
         assert (await b.cycle()).voided == ("s5",)
         assert set(claimants(db).values()) == {"b"}
 
@@ -938,7 +934,7 @@ class _Heard:
     def won(self, fences: Mapping[str, Fence]) -> None:
         self.heard.append(("won", dict(fences), claimants(self.db)))
 
-    async def holding(self, services: frozenset[str]) -> frozenset[str]:
+    async def hand_to_pipeline(self, services: frozenset[str]) -> frozenset[str]:
         return frozenset()
 
     def started(self) -> None:
@@ -969,7 +965,7 @@ async def test_a_take_over_names_the_batches_left_mid_submission_before_it_moves
         # First expiry: the fast path moves, nothing mid-submission is named.
         assert set(claimants(db).values()) == {"b", "a"}
         assert heard.heard == []
-        clock.advance(a.settings.slow_ttl_ms - a.settings.claim_ttl_ms)
+        clock.advance(a.settings.slow_ttl_ms - a.settings.ttl_ms)
         assert (await b.cycle()).voided == ("again", "busy")
         # Named while a still held them (the ledger is asked in parallel with
         # the claim), then taken, and held by b before anyone hears of it.
@@ -991,18 +987,18 @@ async def test_a_cycle_due_just_before_a_foreign_expiry_starts_at_it(db: str) ->
         await a.register_services(["s"])
         await a.cycle()
         await b.cycle()
-        assert b.next_expiry == T0 + a.settings.claim_ttl_ms
+        assert b.next_expiry == T0 + a.settings.ttl_ms
         b._full_cycle_ms = 150  # as measured on a loaded machine
         # A cycle due 200 ms before the expiry ends before it: it runs now.
-        clock.advance(a.settings.claim_ttl_ms - 250)
-        assert b.hold_ms() == 0
+        clock.advance(a.settings.ttl_ms - 250)
+        assert b.cycle_delay_ms() == 0
         # One due 100 ms before it would still run at the expiry: it waits for it.
         clock.advance(150)
-        assert b.hold_ms() == 101
+        assert b.cycle_delay_ms() == 101
         # Never longer than a quarter of a renewal interval.
         b._full_cycle_ms = 10_000
         clock.advance(-300)
-        assert b.hold_ms() == 0
+        assert b.cycle_delay_ms() == 0
 
 
 async def test_at_the_second_expiry_a_take_over_moves_the_services_with_work_alone(
@@ -1042,12 +1038,12 @@ async def test_take_overs_in_a_row_wait_for_a_second_expiry_just_ahead(db: str) 
         b._more = True  # more expired claims wait: take-overs one after another
         b._take_ms = 150  # the last one's duration, as measured under load
         # The next would still run at the expiry: it starts at it.
-        assert b.hold_ms() == 101
+        assert b.cycle_delay_ms() == 101
         b._take_ms = 40
-        assert b.hold_ms() == 0
+        assert b.cycle_delay_ms() == 0
 
 
-class _Holding(_Heard):
+class _HandsToPipeline(_Heard):
     """Sees to some of the services taken with work (hands their next batches
     to the pipeline); notes what it was given and who held the claims then."""
 
@@ -1057,7 +1053,7 @@ class _Holding(_Heard):
         self.changes = changes
         self.given: list[tuple[frozenset[str], dict[str, str | None], int]] = []
 
-    async def holding(self, services: frozenset[str]) -> frozenset[str]:
+    async def hand_to_pipeline(self, services: frozenset[str]) -> frozenset[str]:
         self.given.append((services, claimants(self.db), len(self.changes)))
         return services & self.sees_to
 
@@ -1077,20 +1073,20 @@ async def test_the_services_taken_with_work_are_handed_over_before_the_change(db
         put_batch(db, "w2", "b2")
         put_batch(db, "mid", "m1", submitted=True)
         changes: list[ClaimChange] = []
-        listener = _Holding(db, {"w1"}, changes)
+        listener = _HandsToPipeline(db, {"w1"}, changes)
         b.add_take_over_listener(listener)
         b.add_change_listener(changes.append)
-        clock.advance(a.settings.claim_ttl_ms)
+        clock.advance(a.settings.ttl_ms)
         while b.pause_ms() == 0 or not changes:
             await b.cycle()
             clock.advance(100)
-        (services, held_by, heard_before), *rest = listener.given
+        (services, claimant_of, heard_before), *rest = listener.given
         assert services == {"w1", "w2"} and rest == []
-        assert held_by["w1"] == held_by["w2"] == "b" and heard_before == 0
+        assert claimant_of["w1"] == claimant_of["w2"] == "b" and heard_before == 0
         assert changes[0].gained >= {"w1", "w2"} and changes[0].ready == {"w1"}
         # At the second expiry the service left mid-submission is asked
         # about, not handed over.
-        clock.advance(a.settings.slow_ttl_ms - a.settings.claim_ttl_ms)
+        clock.advance(a.settings.slow_ttl_ms - a.settings.ttl_ms)
         await b.cycle()
         assert claimants(db)["mid"] == "b"
         assert all("mid" not in given for given, _, _ in listener.given)
@@ -1101,7 +1097,7 @@ async def test_a_failing_hand_over_leaves_the_services_to_the_change(db: str) ->
     a, b = manager(db, "a", clock), manager(db, "b", clock)
 
     class Failing(_Heard):
-        async def holding(self, services: frozenset[str]) -> frozenset[str]:
+        async def hand_to_pipeline(self, services: frozenset[str]) -> frozenset[str]:
             raise StoreError("no store")
 
     async with a, b:
@@ -1112,6 +1108,6 @@ async def test_a_failing_hand_over_leaves_the_services_to_the_change(db: str) ->
         changes: list[ClaimChange] = []
         b.add_take_over_listener(Failing(db))
         b.add_change_listener(changes.append)
-        clock.advance(a.settings.claim_ttl_ms)
+        clock.advance(a.settings.ttl_ms)
         assert "w1" in (await b.cycle()).voided
         assert changes[0].gained >= {"w1"} and changes[0].ready == frozenset()

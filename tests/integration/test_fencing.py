@@ -143,7 +143,7 @@ async def test_a_fenced_write_keeps_the_claim_from_moving_until_it_commits(pg_ur
         async with await psycopg.AsyncConnection.connect(pg_url) as writer:
             async with writer.transaction():
                 cur = await writer.execute(
-                    load_queries("postgresql")["hold_claim"].encode(),
+                    load_queries("postgresql")["lock_claim"].encode(),
                     {"service_id": "s", "instance_id": "a", "epoch": fence.epoch},
                 )
                 assert await cur.fetchone() == (fence.epoch,)

@@ -85,10 +85,10 @@ async def test_a_fenced_group_write_is_two_messages(pg_url: str, sent: Sent) -> 
                 assert executed == [
                     "EXECUTE lq_lock_finishing_heads",
                     "EXECUTE lq_lock_group_rows",
-                    "EXECUTE lq_hold_claims",
+                    "EXECUTE lq_lock_claims",
                 ], locks
             else:
-                assert executed == ["EXECUTE lq_batch_states", "EXECUTE lq_hold_claims"], locks
+                assert executed == ["EXECUTE lq_batch_states", "EXECUTE lq_lock_claims"], locks
             writes = _statements(second)
             assert writes[-1] == "COMMIT", writes
             assert all(s.startswith(("EXECUTE", "PREPARE")) for s in writes[:-1]), writes
@@ -132,7 +132,7 @@ async def test_a_final_status_with_the_next_batch_taken_is_still_two_messages(
         assert executed == [
             "EXECUTE lq_lock_finishing_heads",
             "EXECUTE lq_lock_group_rows",
-            "EXECUTE lq_hold_claims",
+            "EXECUTE lq_lock_claims",
             "EXECUTE lq_next_open_checks",
         ], executed
         assert _statements(second_message)[-1] == "COMMIT"

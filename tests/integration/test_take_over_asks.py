@@ -90,7 +90,7 @@ async def test_batches_left_mid_submission_are_asked_about_together_as_the_claim
             try:
                 # b renews every second; a's services move at a's first expiry
                 # (idle, fast path) and second expiry (the slow path).
-                for step in (1_000,) * 5 + (a.settings.slow_ttl_ms - a.settings.claim_ttl_ms,):
+                for step in (1_000,) * 5 + (a.settings.slow_ttl_ms - a.settings.ttl_ms,):
                     clock.advance(step)
                     await b.cycle()
                 assert claimants(pg_url) == {"held": "b", "lost": "b", "idle": "b"}
@@ -145,7 +145,7 @@ async def test_with_the_claim_cycles_on_their_thread_the_answers_are_recorded_th
     # the ledger's answers and records them with a store of its own under
     # the new claims' fences; the gateway's writer only resends what the
     # ledger lost. Real time, short claim timings.
-    timings = {"renew_interval_ms": 200, "claim_ttl_ms": 1_000, "slow_ttl_ms": 1_200}
+    timings = {"renew_interval_ms": 200, "ttl_ms": 1_000, "slow_ttl_ms": 1_200}
     batches = {
         (service, n): to_tracking_batch(
             make_intkey_batch(SIGNER, [("set" if n == 1 else "inc", f"{service}-t", 1)]),
@@ -227,7 +227,7 @@ async def test_the_next_batches_of_services_taken_over_with_work_come_from_the_c
     # with work over at the first expiry, reads their next batches with its
     # own store and hands them to the queue; every batch is committed once,
     # in order (an intkey inc before its set is invalid).
-    timings = {"renew_interval_ms": 200, "claim_ttl_ms": 1_000, "slow_ttl_ms": 1_200}
+    timings = {"renew_interval_ms": 200, "ttl_ms": 1_000, "slow_ttl_ms": 1_200}
     batches = [
         to_tracking_batch(
             make_intkey_batch(SIGNER, [("set" if n == 1 else "inc", f"{service}-t", 1)]),

@@ -526,14 +526,14 @@ async def test_status_reads_are_the_batches_without_their_transactions(
     await store.update_batch_status(invalid.batch_header, SVC, Invalid((bad,)))
     ids = [pending.batch_header, invalid.batch_header, "f" * 128]
     full = {b.batch_header: b for b in await store.get_batches_by_id(ids)}
-    lean = {b.batch_header: b for b in await store.get_batch_statuses_by_id(ids)}
-    assert lean.keys() == full.keys() == {pending.batch_header, invalid.batch_header}
-    for batch_id, batch in lean.items():
+    narrow = {b.batch_header: b for b in await store.get_batch_statuses_by_id(ids)}
+    assert narrow.keys() == full.keys() == {pending.batch_header, invalid.batch_header}
+    for batch_id, batch in narrow.items():
         assert batch.batch_status == full[batch_id].batch_status
         assert (batch.service_id, batch.submitted) == (SVC, False)
         # The body may be left out (the SQL stores do), never altered.
         assert batch.serialized_batch in (b"", full[batch_id].serialized_batch)
-    assert lean[invalid.batch_header].batch_status == Invalid((bad,))
+    assert narrow[invalid.batch_header].batch_status == Invalid((bad,))
     assert await store.get_batch_statuses_by_id([]) == []
 
 

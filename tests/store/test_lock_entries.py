@@ -112,16 +112,16 @@ def _by_position(
 async def test_a_serial_store_keeps_no_entries_until_one_asks(
     make_pg_database: Callable[[], str], clock: ManualClock
 ) -> None:
-    lean_url, full_url = make_pg_database(), make_pg_database()
-    async with await open_store(lean_url, clock=clock, lock_entries=False) as lean:
-        lean_added = await _drive(lean, clock)
-        assert not await _kept(lean_url)
-        entries, held = await _lock_state(lean_url)
+    plain_url, full_url = make_pg_database(), make_pg_database()
+    async with await open_store(plain_url, clock=clock, lock_entries=False) as plain:
+        plain_added = await _drive(plain, clock)
+        assert not await _kept(plain_url)
+        entries, held = await _lock_state(plain_url)
         assert entries == set()
         assert set(held.values()) == {None}
         # The serial round does not read them: the head of every service
         # without a batch in flight ("a" has one Pending), as ever.
-        heads = await lean.queue_round(now=clock(), delay_window_ms=WINDOW)
+        heads = await plain.queue_round(now=clock(), delay_window_ms=WINDOW)
         assert {b.service_id for b in heads} == {"b", "c", "d"}
     async with await open_store(full_url, clock=clock, lock_entries=True) as full:
         assert await _kept(full_url)
@@ -129,10 +129,10 @@ async def test_a_serial_store_keeps_no_entries_until_one_asks(
         full_state = _by_position(full_added, await _lock_state(full_url))
         full_rounds = await _rounds(full, clock)
     # Another store asking for them computes them for every open batch.
-    async with await open_store(lean_url, clock=clock, lock_entries=True) as asked:
-        assert await _kept(lean_url)
-        assert _by_position(lean_added, await _lock_state(lean_url)) == full_state
-        pos = {b.batch_header: i for i, b in enumerate(lean_added)}
+    async with await open_store(plain_url, clock=clock, lock_entries=True) as asked:
+        assert await _kept(plain_url)
+        assert _by_position(plain_added, await _lock_state(plain_url)) == full_state
+        pos = {b.batch_header: i for i, b in enumerate(plain_added)}
         full_pos = {b.batch_header: i for i, b in enumerate(full_added)}
         rounds = [[pos[b] for b in r] for r in await _rounds(asked, clock)]
         assert rounds == [[full_pos[b] for b in r] for r in full_rounds]

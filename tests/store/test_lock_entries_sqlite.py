@@ -50,17 +50,17 @@ def _kept(path: Path) -> bool:
 async def test_a_serial_store_keeps_no_entries_until_one_asks(
     tmp_path: Path, clock: ManualClock
 ) -> None:
-    lean_path, full_path = tmp_path / "lean.sqlite3", tmp_path / "full.sqlite3"
-    lean_url, full_url = f"sqlite:///{lean_path}", f"sqlite:///{full_path}"
-    async with await open_store(lean_url, clock=clock, lock_entries=False) as lean:
-        lean_added = await _drive(lean, clock)
-        assert not _kept(lean_path)
-        entries, held = _lock_state(lean_path)
+    plain_path, full_path = tmp_path / "plain.sqlite3", tmp_path / "full.sqlite3"
+    plain_url, full_url = f"sqlite:///{plain_path}", f"sqlite:///{full_path}"
+    async with await open_store(plain_url, clock=clock, lock_entries=False) as plain:
+        plain_added = await _drive(plain, clock)
+        assert not _kept(plain_path)
+        entries, held = _lock_state(plain_path)
         assert entries == set()
         assert set(held.values()) == {None}
         # The serial round does not read them: the head of every service
         # without a batch in flight ("a" has one Pending), as ever.
-        heads = await lean.queue_round(now=clock(), delay_window_ms=15_000)
+        heads = await plain.queue_round(now=clock(), delay_window_ms=15_000)
         assert {b.service_id for b in heads} == {"b", "c", "d"}
     async with await open_store(full_url, clock=clock, lock_entries=True) as full:
         assert _kept(full_path)
@@ -68,10 +68,10 @@ async def test_a_serial_store_keeps_no_entries_until_one_asks(
         full_state = _by_position(full_added, _lock_state(full_path))
         full_rounds = await _rounds(full, clock)
     # Another store asking for them computes them for every open batch.
-    async with await open_store(lean_url, clock=clock, lock_entries=True) as asked:
-        assert _kept(lean_path)
-        assert _by_position(lean_added, _lock_state(lean_path)) == full_state
-        pos = {b.batch_header: i for i, b in enumerate(lean_added)}
+    async with await open_store(plain_url, clock=clock, lock_entries=True) as asked:
+        assert _kept(plain_path)
+        assert _by_position(plain_added, _lock_state(plain_path)) == full_state
+        pos = {b.batch_header: i for i, b in enumerate(plain_added)}
         full_pos = {b.batch_header: i for i, b in enumerate(full_added)}
         rounds = [[pos[b] for b in r] for r in await _rounds(asked, clock)]
         assert rounds == [[full_pos[b] for b in r] for r in full_rounds]

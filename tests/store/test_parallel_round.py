@@ -104,7 +104,7 @@ async def test_independent_batches_are_all_ready_one_per_round(
     assert await ready(store, clock, "s") == [b.batch_header for b in added]
 
 
-async def test_a_dependency_inside_one_call_holds_the_later_batch(
+async def test_a_dependency_inside_one_call_blocks_the_later_batch(
     store: BatchTrackingStore, clock: ManualClock
 ) -> None:
     first = batch("s", [A], [A])
@@ -116,7 +116,7 @@ async def test_a_dependency_inside_one_call_holds_the_later_batch(
     assert await ready(store, clock, "s") == [added[1].batch_header, added[2].batch_header]
 
 
-async def test_a_dependency_across_calls_holds_until_the_batch_is_final(
+async def test_a_dependency_across_calls_blocks_until_the_batch_is_final(
     store: BatchTrackingStore, clock: ManualClock
 ) -> None:
     [first] = await store.add_batches([batch("s", [A], [A])])
@@ -150,7 +150,7 @@ async def test_a_batch_stays_held_while_any_earlier_conflicting_batch_is_open(
 async def test_blockers_made_final_in_one_group_release_together(
     store: BatchTrackingStore, clock: ManualClock
 ) -> None:
-    # Every batch writes A: each holds the next. One group write (one
+    # Every batch writes A: each blocks the next. One group write (one
     # statement on PostgreSQL) makes b1, b2 and b3 final while b0 is open:
     # b4 is then held by b0 alone, and free once b0 is final. In another
     # service, the head and the two after it become final together: the
@@ -175,7 +175,7 @@ async def test_blockers_made_final_in_one_group_release_together(
     assert await ready(store, clock, "s") == [last.batch_header]
 
 
-async def test_prefixes_and_unknown_access_hold_what_they_cover(
+async def test_prefixes_and_unknown_access_block_what_they_cover(
     store: BatchTrackingStore, clock: ManualClock
 ) -> None:
     ns, leaf, legacy, after = await store.add_batches(
@@ -273,12 +273,12 @@ async def test_services_show_what_is_in_flight_and_what_holds_the_next_batch(
     by_id = {s.service_id: s for s in await store.list_services()}
     a, b = by_id["a"], by_id["b"]
     assert (a.in_flight, a.next_batch_id) == (2, r.batch_header)
-    assert (a.held_by_batch_id, a.held_kind, a.held_on) == (w.batch_header, "writes", A)
-    assert (b.in_flight, b.next_batch_id, b.held_by_batch_id) == (0, first.batch_header, None)
+    assert (a.blocker_batch_id, a.blocker_kind, a.blocker_on) == (w.batch_header, "writes", A)
+    assert (b.in_flight, b.next_batch_id, b.blocker_batch_id) == (0, first.batch_header, None)
     await store.change_batch_to_submitted(first.batch_header, "b", now=clock())
     b = {s.service_id: s for s in await store.list_services()}["b"]
     assert (b.in_flight, b.next_batch_id) == (1, second.batch_header)
-    assert (b.held_by_batch_id, b.held_kind, b.held_on) == (
+    assert (b.blocker_batch_id, b.blocker_kind, b.blocker_on) == (
         first.batch_header,
         "depends",
         tid(first),

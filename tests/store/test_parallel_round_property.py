@@ -180,16 +180,16 @@ async def check(
         )
         assert [(b.service_id, b.seq) for b in got] == [(b.service_id, b.seq) for b in expected]
         assert got == expected  # every field, transactions and their access sets included
-        lean = await store.parallel_round(
+        narrow = await store.parallel_round(
             now=now,
             delay_window_ms=WINDOW,
             services=services,
             limit=limit,
-            lean=True,
+            narrow=True,
             exclude=skip,
             per_service=per_service,
         )
-        assert [b.seq for b in lean] == [b.seq for b in expected]
+        assert [b.seq for b in narrow] == [b.seq for b in expected]
 
 
 async def grow(

@@ -42,19 +42,19 @@ async def test_oldest_batch_of_each_service_fully_loaded(
     assert got[0].seq == a[0].seq
 
 
-async def test_a_lean_round_leaves_the_blobs_to_get_batches_by_seq(
+async def test_a_narrow_round_leaves_the_blobs_to_get_batches_by_seq(
     store: BatchTrackingStore, clock: ManualClock
 ) -> None:
     a = await add(store, "svc-a", 2)
     b = await add(store, "svc-b")
     full = await store.queue_round(now=clock(), delay_window_ms=WINDOW)
-    lean = await store.queue_round(now=clock(), delay_window_ms=WINDOW, lean=True)
-    assert ids(lean) == ids(full) == [a[0].batch_header, b[0].batch_header]
-    assert [x.seq for x in lean] == [x.seq for x in full]
-    for got in lean:
+    narrow = await store.queue_round(now=clock(), delay_window_ms=WINDOW, narrow=True)
+    assert ids(narrow) == ids(full) == [a[0].batch_header, b[0].batch_header]
+    assert [x.seq for x in narrow] == [x.seq for x in full]
+    for got in narrow:
         # Memory stores hold loaded batches; SQL ones leave the blobs out.
         assert got.serialized_batch in (b"", a[0].serialized_batch, b[0].serialized_batch)
-    seqs = [x.seq for x in lean if x.seq is not None]
+    seqs = [x.seq for x in narrow if x.seq is not None]
     assert await store.get_batches_by_seq([*reversed(seqs), 10**9]) == full
     assert await store.get_batches_by_seq([]) == []
 
@@ -165,12 +165,12 @@ async def test_a_claimant_restricts_the_round_to_its_claims(
             " ELSE 'gw-1' END, epoch = 1, expiry_1 = 1, expiry_2 = 1, claimed_at = 1,"
             " unclaimed_since = NULL"
         )
-    for lean in (False, True):
+    for narrow in (False, True):
         got = await store.queue_round(
-            now=clock(), delay_window_ms=WINDOW, claimant="gw-1", lean=lean
+            now=clock(), delay_window_ms=WINDOW, claimant="gw-1", narrow=narrow
         )
         listed = await store.queue_round(
-            now=clock(), delay_window_ms=WINDOW, services=["svc-a", "svc-c", "svc-d"], lean=lean
+            now=clock(), delay_window_ms=WINDOW, services=["svc-a", "svc-c", "svc-d"], narrow=narrow
         )
         assert ids(got) == ids(listed) == [d.batch_header, a.batch_header, c.batch_header]
         assert got == listed

@@ -160,13 +160,13 @@ async def check(
         (b.service_id, b.batch_header) for b in expected
     ]
     assert got == expected  # every field, transactions included
-    # A lean round picks the same batches in the same state; loading them by
+    # A narrow round picks the same batches in the same state; loading them by
     # seq gives back every field.
-    lean = await store.queue_round(
-        now=now, delay_window_ms=WINDOW, services=services, limit=limit, lean=True
+    narrow = await store.queue_round(
+        now=now, delay_window_ms=WINDOW, services=services, limit=limit, narrow=True
     )
-    assert [_state(b) for b in lean] == [_state(b) for b in expected]
-    loaded = await store.get_batches_by_seq([b.seq for b in lean if b.seq is not None])
+    assert [_state(b) for b in narrow] == [_state(b) for b in expected]
+    loaded = await store.get_batches_by_seq([b.seq for b in narrow if b.seq is not None])
     assert loaded == sorted(expected, key=lambda b: b.seq or 0)
 
 

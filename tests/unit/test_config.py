@@ -14,7 +14,7 @@ def test_defaults(tmp_path: Path) -> None:
     s = load_settings(environ={}, cwd=tmp_path)
     assert s.db == "sqlite:///ledgerq.sqlite3"
     assert s.ledger == "node"
-    assert s.bind == ("127.0.0.1", 8080)
+    assert s.bind_address == ("127.0.0.1", 8080)
     assert s.node_data_dir == Path("ledgerq-node")
     assert set(s.sources.values()) == {"default"}
     assert s.config_file is None
@@ -26,7 +26,7 @@ def test_layers_override_in_order(tmp_path: Path) -> None:
     env = {"LEDGERQ_BIND": "127.0.0.1:2", "LEDGERQ_SUBMITTER_MAX_RETRIES": "9"}
     s = load_settings({"bind": "127.0.0.1:3", "ledger": None}, environ=env, cwd=tmp_path)
     assert s.db == "sqlite:///x.db" and s.sources["db"] == "file"
-    assert s.bind == ("127.0.0.1", 3) and s.sources["bind"] == "flag"
+    assert s.bind_address == ("127.0.0.1", 3) and s.sources["bind"] == "flag"
     assert s.submitter.slots == 7 and s.sources["submitter.slots"] == "file"
     assert s.submitter.max_retries == 9 and s.sources["submitter.max_retries"] == "env"
     assert s.ledger == "node" and s.sources["ledger"] == "default"
@@ -101,14 +101,14 @@ def test_a_list_key_takes_a_toml_array_or_comma_separated_text(tmp_path: Path) -
         'allowed_hosts = ["A.example", " b.example "]\n[cors]\norigins = "https://x.example"\n'
     )
     s = load_settings(environ={}, cwd=tmp_path)
-    assert s["allowed_hosts"] == "a.example,b.example"
-    assert s["cors.origins"] == "https://x.example"
+    assert s.allowed_hosts == "a.example,b.example"
+    assert s.cors.origins == "https://x.example"
 
 
 def test_whole_numbers_may_be_written_as_floats_or_strings(tmp_path: Path) -> None:
     (tmp_path / "ledgerq.toml").write_text('workers = "2"\n[submitter]\nslots = 2.0\n')
     s = load_settings(environ={}, cwd=tmp_path)
-    assert s["workers"] == 2 and s.submitter.slots == 2
+    assert s.workers == 2 and s.submitter.slots == 2
 
 
 def test_parse_bind() -> None:
@@ -177,7 +177,7 @@ def test_scoped_tokens_from_the_file_and_from_json_in_the_environment(tmp_path: 
         'services = ["acme-*"]\naccess = "read"\n'
     )
     s = load_settings(environ={}, config_file=cfg)
-    ((token, scope),) = s.tokens
+    ((token, scope),) = s.auth.scoped_tokens
     assert token == "acme-0123456789abcdef"
     assert (scope.name, scope.services, scope.read, scope.write) == (
         "acme",
@@ -191,7 +191,7 @@ def test_scoped_tokens_from_the_file_and_from_json_in_the_environment(tmp_path: 
         ' "services": ["globex::*"], "access": "write"}]'
     }
     s = load_settings(environ=env, cwd=tmp_path)
-    ((_token, scope),) = s.tokens
+    ((_token, scope),) = s.auth.scoped_tokens
     assert scope.write and not scope.read and scope.covers("globex::x")
     with pytest.raises(
         ConfigError, match=r"invalid auth\.tokens \(from LEDGERQ_AUTH_TOKENS\).*JSON"
@@ -202,15 +202,19 @@ def test_scoped_tokens_from_the_file_and_from_json_in_the_environment(tmp_path: 
 def test_an_operate_token_operates_and_reads_but_posts_nothing(tmp_path: Path) -> None:
     ops = [{"name": "ops", "token": "ops-0123456789abcdef", "services": ["acme-*"]}]
     ops[0]["access"] = "operate"
-    ((_token, scope),) = load_settings({"auth.tokens": ops}, environ={}, cwd=tmp_path).tokens
+    ((_token, scope),) = load_settings(
+        {"auth.tokens": ops}, environ={}, cwd=tmp_path
+    ).auth.scoped_tokens
     assert (scope.operate, scope.read, scope.write) == (True, True, False)
     for access, allowed in (("read", (False, True, False)), ("read-write", (False, True, True))):
         ops[0]["access"] = access
-        ((_token, scope),) = load_settings({"auth.tokens": ops}, environ={}, cwd=tmp_path).tokens
+        ((_token, scope),) = load_settings(
+            {"auth.tokens": ops}, environ={}, cwd=tmp_path
+        ).auth.scoped_tokens
         assert (scope.operate, scope.read, scope.write) == allowed
     ((_token, full),) = load_settings(
         {"auth.token": "full-0123456789abcdef"}, environ={}, cwd=tmp_path
-    ).tokens
+    ).auth.scoped_tokens
     assert (full.name, full.operate, full.read, full.write) == ("auth.token", True, True, True)
     ops[0]["access"] = "admin"
     with pytest.raises(ConfigError, match="access 'admin': use read, write, read-write, operate"):
@@ -231,3 +235,69 @@ def test_contradictory_tokens_are_refused(tmp_path: Path) -> None:
     ]
     with pytest.raises(ConfigError, match="name 'a' is used twice"):
         load_settings({"auth.tokens": twice}, environ={}, cwd=tmp_path)
+
+
+#: Keys whose empty or 0 value stands for one derived from other settings.
+DERIVED_WHEN_EMPTY = {"claims.instance_id", "claims.slow_ttl_ms", "claims.post_margin_ms"}
+
+
+def test_every_key_is_one_typed_attribute(tmp_path: Path) -> None:
+    """KEYS and Settings agree: each key is read as ``settings.<section>.<name>``
+    (the ``monitor.*`` keys as ``settings.follower``), with the key's value, and
+    every attribute of Settings is a key or a section of keys."""
+    from dataclasses import fields
+
+    from ledgerq.config import KEYS, Settings
+
+    s = load_settings(environ={}, cwd=tmp_path)
+    sections: set[str] = set()
+    for key in KEYS:
+        section, _, name = key.name.rpartition(".")
+        holder: object = s
+        if section:
+            attribute = "follower" if section == "monitor" else section
+            sections.add(attribute)
+            holder = getattr(s, attribute)
+        value = getattr(holder, name)
+        if key.name not in DERIVED_WHEN_EMPTY:
+            assert value == s.values[key.name], key.name
+    top = {k.name for k in KEYS if "." not in k.name}
+    provenance = {"values", "sources", "config_file", "warnings"}
+    assert {f.name for f in fields(Settings)} == top | sections | provenance
+    assert not hasattr(s, "__getitem__")  # read by attribute, never by key name
+
+
+def test_component_defaults_are_the_keys_defaults(tmp_path: Path) -> None:
+    from ledgerq.claims import ClaimSettings
+    from ledgerq.follow.follower import FollowSettings
+    from ledgerq.submit.submitter import SubmitterSettings
+
+    s = load_settings(environ={}, cwd=tmp_path)
+    assert s.submitter == SubmitterSettings()
+    assert s.follower == FollowSettings()
+    assert s.claims == ClaimSettings(instance_id=s.claims.instance_id)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"claims.renew_interval_ms": 0}, r"invalid claims\.renew_interval_ms \(from command"),
+        ({"claims.grace_ms": -1}, r"invalid claims\.grace_ms .*must not be negative"),
+        ({"claims.instance_id": "x" * 129}, r"invalid claims\.instance_id .*longer than 128"),
+        ({"claims.ttl_ms": 1_000}, r"claims\.ttl_ms \(1000\) must exceed claims\.renew_interval"),
+        ({"monitor.max_parked": 0}, r"invalid monitor\.max_parked"),
+        ({"monitor.backoff_max_ms": 1}, r"monitor\.backoff_max_ms \(1\) must not be below"),
+        ({"submitter.max_retries": -1}, r"invalid submitter\.max_retries"),
+    ],
+)
+def test_section_values_are_checked_once_and_named_by_key(
+    tmp_path: Path, flags: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(flags, environ={}, cwd=tmp_path)
+
+
+def test_the_instance_id_is_fixed_once_per_settings(tmp_path: Path) -> None:
+    s = load_settings(environ={}, cwd=tmp_path)
+    assert s.claims.instance_id and s.claims.instance_id == s.claims.instance_id
+    assert load_settings({"claims.instance_id": "gw-a"}, environ={}).claims.instance_id == "gw-a"

@@ -1,5 +1,5 @@
 """Large posts yield to the pipeline (``ledgerq.ingest.decoding``): verified
-in chunks that hold back while the pipeline is busy, never past a bound,
+in chunks that pause while the pipeline is busy, never past a bound,
 stored in full once verified."""
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ def _verify_chunk(pacer: Pacer, t: FakeTime, cpu_s: float) -> None:
         t.cpu_s += cpu_s / CHUNK
 
 
-def test_a_free_pipeline_never_holds_a_post_back() -> None:
+def test_a_free_pipeline_never_pauses_a_post() -> None:
     t = FakeTime()
     pacer = _pacer(t, lambda: 1.0)
     for _ in range(10):
         _verify_chunk(pacer, t, 0.002)
     assert t.sleeps == []
-    assert pacer.held_s == 0 and not pacer.overdue
+    assert pacer.paused_s == 0 and not pacer.overdue
 
 
 def test_a_busy_pipeline_caps_the_post_at_its_share_of_a_core() -> None:
@@ -70,7 +70,7 @@ def test_a_busy_pipeline_caps_the_post_at_its_share_of_a_core() -> None:
         _verify_chunk(pacer, t, 0.002)
     # Before the first chunk nothing was used; after each, three times its CPU.
     assert t.sleeps == pytest.approx([0.0, 0.006, 0.006, 0.006])
-    assert pacer.held_s == pytest.approx(0.018)
+    assert pacer.paused_s == pytest.approx(0.018)
     assert not pacer.overdue
 
 
@@ -79,16 +79,16 @@ def test_at_share_zero_the_post_waits_until_the_pipeline_is_idle() -> None:
     shares = iter([0.0, 0.0, 0.0, 1.0])  # busy three looks, then idle
     events: list[str] = []
     pacer = _pacer(t, lambda: next(shares))
-    pacer.on_hold = lambda: _recording(events)
+    pacer.on_pause = lambda: _recording(events)
     pacer()  # before the first batch
-    assert events == ["held", "released"]
+    assert events == ["paused", "released"]
     assert len(t.sleeps) == 3  # looked again until the share rose
     for _ in range(CHUNK - 1):
         pacer()  # the rest of the chunk: no look
     assert len(t.sleeps) == 3 and not pacer.overdue
 
 
-def test_a_post_held_back_to_the_bound_runs_unthrottled() -> None:
+def test_a_post_paused_to_the_bound_runs_unthrottled() -> None:
     t = FakeTime()
     looks = 0
 
@@ -100,7 +100,7 @@ def test_a_post_held_back_to_the_bound_runs_unthrottled() -> None:
     pacer = _pacer(t, busy, max_wait_s=0.1)
     pacer()
     assert pacer.overdue
-    assert pacer.held_s == pytest.approx(0.1)
+    assert pacer.paused_s == pytest.approx(0.1)
     seen = looks
     for _ in range(5):
         _verify_chunk(pacer, t, 0.002)
@@ -113,7 +113,7 @@ class _recording:
         self.events = events
 
     def __enter__(self) -> None:
-        self.events.append("held")
+        self.events.append("paused")
 
     def __exit__(self, *_exc: object) -> None:
         self.events.append("released")
@@ -166,18 +166,18 @@ async def test_a_large_post_waits_while_the_pipeline_is_busy_then_is_stored(
                 return r.status
 
         answer = asyncio.create_task(post())
-        await until(lambda: api.decoder.holding == 1)  # its worker holds it back
-        events.append("held")
+        await until(lambda: api.decoder.pausing == 1)  # its worker pauses it
+        events.append("paused")
         # A smaller post is pipeline work: taken in at once meanwhile.
         async with http.post(f"{url}/batches?service_id=t", data=_good_list(3), headers=OCTET) as r:
             assert r.status == 202
-        assert not answer.done() and api.decoder.holding == 1
+        assert not answer.done() and api.decoder.pausing == 1
         assert not (await store.list_batches(service_id="s", limit=1000)).batches
         events.append("pipeline idle")
         busy = False
         assert await answer == 202
-        assert events == ["held", "pipeline idle", "answered"]
-        assert api.decoder.held_posts == 1 and api.decoder.overdue_posts == 0
+        assert events == ["paused", "pipeline idle", "answered"]
+        assert api.decoder.paused_posts == 1 and api.decoder.overdue_posts == 0
         stored = (await store.list_batches(service_id="s", limit=1000)).batches
         assert len(stored) == 400  # all of it, verified
     finally:
@@ -185,7 +185,7 @@ async def test_a_large_post_waits_while_the_pipeline_is_busy_then_is_stored(
         await store.close()
 
 
-async def test_a_large_post_held_back_past_the_bound_gets_its_precise_answer() -> None:
+async def test_a_large_post_paused_past_the_bound_gets_its_precise_answer() -> None:
     decoder = BatchListDecoder(
         max_bytes=10 * 2**20,
         slots=1,
@@ -197,16 +197,16 @@ async def test_a_large_post_held_back_past_the_bound_gets_its_precise_answer() -
         with pytest.raises(InvalidBatchError) as refused:
             await decoder.decode(broken_list(100_000), "s")
         assert refused.value.rule == "bad_batch_signature"
-        assert decoder.held_posts == 1 and decoder.overdue_posts == 1
-        # Below the yielding size: never held back, busy or not.
+        assert decoder.paused_posts == 1 and decoder.overdue_posts == 1
+        # Below the yielding size: never paused, busy or not.
         decoder.yielding = Yielding(bytes=10**9, share=0.0, max_wait_s=600)
         assert len(await decoder.decode(_good_list(50), "s")) == 50
-        assert decoder.held_posts == 1
+        assert decoder.paused_posts == 1
     finally:
         decoder.close()
 
 
-async def test_a_held_large_post_never_keeps_a_smaller_pooled_post_waiting() -> None:
+async def test_a_paused_large_post_never_keeps_a_smaller_pooled_post_waiting() -> None:
     busy = True
     large = _good_list(300)
     decoder = BatchListDecoder(
@@ -218,14 +218,14 @@ async def test_a_held_large_post_never_keeps_a_smaller_pooled_post_waiting() -> 
     )
     try:
         first = asyncio.create_task(decoder.decode(large, "s"))
-        await until(lambda: decoder.holding == 1)
+        await until(lambda: decoder.pausing == 1)
         # A second large post waits for the large posts' one slot ...
         second = asyncio.create_task(decoder.decode(large, "t"))
         await until(lambda: decoder.waiting == 1)
         # ... while a smaller one takes the other slot at once, busy or not.
         assert len(await decoder.decode(_good_list(20), "u")) == 20
         assert not first.done() and not second.done()
-        assert decoder.holding == 1 and decoder.waiting == 1
+        assert decoder.pausing == 1 and decoder.waiting == 1
         busy = False
         assert len(await first) == 300 and len(await second) == 300
         assert decoder.waiting == 0
@@ -255,13 +255,13 @@ async def test_the_large_posts_share_is_split_among_those_verified_at_once() -> 
 
 def test_yield_settings(tmp_path: Path) -> None:
     settings = load_settings(environ={}, cwd=tmp_path)
-    assert settings["decode_yield_bytes"] == 1024 * 1024
-    assert settings["decode_yield_share"] == 0.1
-    assert settings["decode_yield_max_wait_s"] == 30.0
+    assert settings.decode_yield_bytes == 1024 * 1024
+    assert settings.decode_yield_share == 0.1
+    assert settings.decode_yield_max_wait_s == 30.0
     env = {"LEDGERQ_DECODE_YIELD_SHARE": "0", "LEDGERQ_DECODE_YIELD_MAX_WAIT_S": "5"}
     settings = load_settings(environ=env, cwd=tmp_path)
-    assert settings["decode_yield_share"] == 0.0
-    assert settings["decode_yield_max_wait_s"] == 5.0
+    assert settings.decode_yield_share == 0.0
+    assert settings.decode_yield_max_wait_s == 5.0
     with pytest.raises(ConfigError, match="decode_yield_share"):
         load_settings(environ={"LEDGERQ_DECODE_YIELD_SHARE": "1.5"}, cwd=tmp_path)
 
@@ -289,13 +289,13 @@ async def test_in_a_gateway_a_large_post_waits_for_the_submission_in_flight(
                 return r.status
 
         answer = asyncio.create_task(post())
-        await until(lambda: gateway.api.decoder.holding == 1)
-        events.append("held")
+        await until(lambda: gateway.api.decoder.pausing == 1)
+        events.append("paused")
         assert not answer.done()
         events.append("ledger answers")
         ledger.gate.set()
         assert await answer == 202
-        assert events == ["held", "ledger answers", "answered"]
+        assert events == ["paused", "ledger answers", "answered"]
         listed = await gateway.store.list_batches(service_id="b", limit=1000)
         assert len(listed.batches) == 600
 

@@ -19,7 +19,7 @@ async def _loop_type() -> type:
 
 
 def test_uvloop_by_default_and_asyncio_on_request() -> None:
-    assert load_settings({})["event_loop"] == "uvloop"
+    assert load_settings({}).event_loop == "uvloop"
     assert issubclass(run(_loop_type(), "uvloop"), uvloop.Loop)
     assert not issubclass(run(_loop_type(), "asyncio"), uvloop.Loop)
     with pytest.raises(ConfigError, match="event_loop"):
@@ -27,8 +27,8 @@ def test_uvloop_by_default_and_asyncio_on_request() -> None:
 
 
 def test_ledger_client_setting() -> None:
-    assert load_settings({})["ledger_client"] == "lean"
-    assert load_settings({"ledger_client": "AIOHTTP"})["ledger_client"] == "aiohttp"
+    assert load_settings({}).ledger_client == "lean"
+    assert load_settings({"ledger_client": "AIOHTTP"}).ledger_client == "aiohttp"
     with pytest.raises(ConfigError, match="ledger_client"):
         load_settings({"ledger_client": "httpx"})
 

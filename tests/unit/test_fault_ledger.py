@@ -65,7 +65,7 @@ async def test_a_post_of_a_held_batch_is_a_violation_but_not_after_a_forget(
     async with FaultLedger(FaultPlan(commit_delay_ms=60_000)) as ledger:
         await _post(http, ledger.url, a)
         assert await _post(http, ledger.url, a) == 202  # a validator tolerates it...
-        assert [(v.batch_id, v.held_as) for v in ledger.violations] == [
+        assert [(v.batch_id, v.known_as) for v in ledger.violations] == [
             (a.header_signature, "PENDING")
         ]  # ...ledgerq's rule does not
         assert ledger.forget_pending() == 1
@@ -77,7 +77,7 @@ async def test_a_post_of_a_held_batch_is_a_violation_but_not_after_a_forget(
         assert await _status(http, ledger.url, b.header_signature, "5") == "COMMITTED"
         assert ledger.status_of(a.header_signature) == "PENDING"  # still due in a minute
         await _post(http, ledger.url, b)
-        assert ledger.violations[-1].held_as == "COMMITTED"
+        assert ledger.violations[-1].known_as == "COMMITTED"
         assert ledger.report()["batches"][a.header_signature]["posts"] == 3
 
 

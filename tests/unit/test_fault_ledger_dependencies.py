@@ -159,7 +159,7 @@ async def test_a_post_of_a_held_batch_is_a_violation_unless_the_ledger_said_unkn
     async with FaultLedger(FaultPlan(commit_delay_ms=0)) as ledger:
         await post(http, ledger.url, second)
         await post(http, ledger.url, second)  # resent without asking
-        assert [(v.batch_id, v.held_as) for v in ledger.violations] == [
+        assert [(v.batch_id, v.known_as) for v in ledger.violations] == [
             (second.header_signature, "HELD")
         ]
         assert await status(http, ledger.url, second) == "UNKNOWN"
@@ -171,7 +171,7 @@ async def test_a_post_of_a_held_batch_is_a_violation_unless_the_ledger_said_unkn
         await post(http, ledger.url, second)
         assert await status(http, ledger.url, second) == "PENDING"
         await post(http, ledger.url, second)
-        assert [v.held_as for v in ledger.violations] == ["HELD"]
+        assert [v.known_as for v in ledger.violations] == ["HELD"]
         # A restart forgets held batches too.
         assert ledger.forget_pending() == 1
         assert await status(http, ledger.url, second) == "UNKNOWN"
@@ -200,7 +200,7 @@ async def test_a_dependency_judged_invalid_leaves_its_dependent_pending_for_ever
         assert ledger.progress()["stuck"] == 2 and ledger.progress()["pending"] == 0
         assert ledger.batches[after.header_signature].stuck_on == bad.transaction_ids[0]
         await post(http, ledger.url, after)  # read PENDING: a resend is a violation
-        assert [v.held_as for v in ledger.violations] == ["STUCK"]
+        assert [v.known_as for v in ledger.violations] == ["STUCK"]
         assert ledger.forget_pending() == 2  # a restart forgets them
         assert await status(http, ledger.url, after) == "UNKNOWN"
 

@@ -386,9 +386,9 @@ async def test_an_ask_answered_valid_is_recorded_pending_and_followed() -> None:
 
 
 def test_settings_are_validated() -> None:
-    with pytest.raises(ConfigError, match="max_parked"):
-        FollowSettings(max_parked=0)
-    with pytest.raises(ConfigError, match="backoff"):
+    with pytest.raises(ConfigError, match="max_ids"):
+        FollowSettings(max_ids=0)
+    with pytest.raises(ConfigError, match=r"monitor\.backoff_max_ms \(5\)"):
         FollowSettings(backoff_initial_ms=10, backoff_max_ms=5)
 
 

@@ -67,7 +67,7 @@ async def test_independent_batches_go_together_and_conflicting_ones_wait() -> No
         par, ser = listed["par::1"], listed["ser::1"]
         assert (par["strategy"], par["in_flight"]) == ("parallel", 3)
         assert par["next_batch_id"] == second.header_signature
-        assert par["held_by"] == {"batch_id": ids[0], "kind": "writes", "on": make_address("a")}
+        assert par["blocked_by"] == {"batch_id": ids[0], "kind": "writes", "on": make_address("a")}
         assert f"waits for batch {ids[0]}" in str(par["lock_reason"])
         assert (ser["strategy"], ser["in_flight"]) == ("serial", 1)
         assert "with the submitter or the ledger" in str(ser["lock_reason"])

@@ -78,9 +78,9 @@ class Service:
     total: int = 1
     in_flight: int = 0
     next_batch_id: str | None = None
-    held_by_batch_id: str | None = None
-    held_kind: str | None = None
-    held_on: str | None = None
+    blocker_batch_id: str | None = None
+    blocker_kind: str | None = None
+    blocker_on: str | None = None
     paused: bool = False
     paused_by: str | None = None
     paused_at: int | None = None

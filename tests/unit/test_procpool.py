@@ -149,9 +149,9 @@ def test_priority_parsing() -> None:
 
 
 def test_decode_priority_setting(tmp_path: Path) -> None:
-    assert load_settings(environ={}, cwd=tmp_path)["decode_priority"] == "idle"
+    assert load_settings(environ={}, cwd=tmp_path).decode_priority == "idle"
     env = {"LEDGERQ_DECODE_PRIORITY": "10"}
-    assert load_settings(environ=env, cwd=tmp_path)["decode_priority"] == "10"
+    assert load_settings(environ=env, cwd=tmp_path).decode_priority == "10"
     where = r"invalid decode_priority \(from LEDGERQ_DECODE_PRIORITY\)"
     with pytest.raises(ConfigError, match=where):
         load_settings(environ={"LEDGERQ_DECODE_PRIORITY": "fast"}, cwd=tmp_path)

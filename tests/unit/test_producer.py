@@ -116,7 +116,7 @@ class Rig:
                     backoff_initial_ms=10,
                     poll_timeout_s=poll_s,
                 ),
-                monitor=FollowSettings(
+                follower=FollowSettings(
                     poll_interval_s=HOUR, wait_s=HOUR, min_poll_interval_s=0, backoff_initial_ms=1
                 ),
                 delay_window_ms=15_000,

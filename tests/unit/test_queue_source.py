@@ -89,12 +89,12 @@ async def test_serves_one_round_then_asks_for_the_next(
     src = source(store, clock)
     assert await ids(src, 2) == [a[0], b[0]]
     assert src.rounds == 1
-    assert await src.next() is None  # both services are now held
+    assert await src.next() is None  # both services have a batch handed out
     store.update(a[0], submitted=True, batch_status=Committed())
     store.update(b[0], submitted=True, batch_status=Committed())
     src.wake()
     assert await ids(src, 3) == [a[1], b[1], None]
-    assert src.held == 2
+    assert src.handed_out == 2
     assert src.rounds == 2
 
 
@@ -128,7 +128,7 @@ async def test_never_hands_out_a_batch_twice_before_the_store_records_it(
     store.update(first, submitted=True)
     src.wake("a")
     assert await src.next() is None
-    assert src.held == 0  # the store caught up, the hold is gone
+    assert src.handed_out == 0  # the store caught up, the hand-out is gone
 
 
 async def test_a_pick_of_a_service_whose_next_batch_was_taken_elsewhere_is_dropped(
@@ -163,11 +163,11 @@ async def test_hands_out_again_once_the_store_records_a_new_attempt(
     assert await ids(src, 1) == [first]
 
 
-async def test_a_hold_expires_when_the_store_never_records_the_hand_out(
+async def test_a_hand_out_expires_when_the_store_never_records_the_hand_out(
     store: MemoryRounds, clock: ManualClock
 ) -> None:
     (first,) = store.add("a")
-    src = source(store, clock, hold_ms=5_000)
+    src = source(store, clock, handout_ms=5_000)
     assert await ids(src, 1) == [first]
     clock.advance(4_999)
     assert await src.next() is None
@@ -175,28 +175,30 @@ async def test_a_hold_expires_when_the_store_never_records_the_hand_out(
     assert await ids(src, 1) == [first]
 
 
-async def test_holds_made_at_different_times_each_expire_after_hold_ms(
+async def test_hand_outs_made_at_different_times_each_expire_after_handout_ms(
     store: MemoryRounds, clock: ManualClock
 ) -> None:
     """Holds are looked through only once the oldest may have expired; a
     later one still expires on time after an earlier one did."""
     (first,) = store.add("a")
-    src = source(store, clock, hold_ms=5_000)
+    src = source(store, clock, handout_ms=5_000)
     assert await ids(src, 1) == [first]
     clock.advance(2_000)
     (second,) = store.add("b")
     src.wake("b")
     assert await ids(src, 1) == [second]
-    clock.advance(3_000)  # the first hold is 5 s old, the second 3 s
+    clock.advance(3_000)  # the first hand-out is 5 s old, the second 3 s
     assert await ids(src, 1) == [first]
     assert await src.next() is None
     clock.advance(1_999)
     assert await src.next() is None
-    clock.advance(1)  # the second hold is 5 s old now
+    clock.advance(1)  # the second hand-out is 5 s old now
     assert await ids(src, 1) == [second]
 
 
-async def test_hold_defaults_to_the_delay_window(store: MemoryRounds, clock: ManualClock) -> None:
+async def test_handout_ms_defaults_to_the_delay_window(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
     (first,) = store.add("a")
     src = source(store, clock, delay_window_ms=2_000)
     assert await ids(src, 1) == [first]
@@ -333,8 +335,8 @@ async def test_full_rounds_of_a_claimant_come_from_the_store_s_claims(
     store.add("b")
     store.add("c")
     store.add("d")
-    held = {"a", "d"}
-    src = QueueSource(store, clock=clock, services=lambda: held, claimant="gw-1")  # type: ignore[arg-type]
+    claimed = {"a", "d"}
+    src = QueueSource(store, clock=clock, services=lambda: claimed, claimant="gw-1")  # type: ignore[arg-type]
     # Only what both say this instance holds is handed out.
     assert await ids(src, 2) == [a, None]
     assert store.claimants[0] == "gw-1"
@@ -347,7 +349,7 @@ async def test_full_rounds_of_a_claimant_come_from_the_store_s_claims(
     assert store.claimants[-1] is None and store.queries[-1][0] == frozenset({"a"})
 
 
-async def test_round_limit_keeps_the_first_picks_and_the_holds(
+async def test_round_limit_keeps_the_first_picks_and_the_hand_outs(
     store: MemoryRounds, clock: ManualClock
 ) -> None:
     a, b, c = (store.add(s)[0] for s in "abc")
@@ -355,9 +357,9 @@ async def test_round_limit_keeps_the_first_picks_and_the_holds(
     assert await ids(src, 2) == [a, b]
     assert store.queries[-1] == (None, 2)
     # The next round is cut short at two picks (a and b, still unrecorded),
-    # so it proves nothing about them: they stay held.
+    # so it proves nothing about them: they stay handed out.
     assert await src.next() is None
-    assert src.held == 2
+    assert src.handed_out == 2
     store.update(a, submitted=True)
     store.update(b, submitted=True)
     src.wake()
@@ -496,9 +498,9 @@ async def test_an_offered_pick_of_a_service_handed_out_lately_is_a_wake_up(
     store: MemoryRounds, clock: ManualClock
 ) -> None:
     # The pick may have been read before that hand-out was recorded: a round
-    # decides instead, once the hold is gone.
+    # decides instead, once the hand-out is gone.
     t = store.add("t", 2)
-    src = source(store, clock, hold_ms=1_000)
+    src = source(store, clock, handout_ms=1_000)
     stale = select_round(store.batches.values(), now=clock(), delay_window_ms=0, services={"t"})
     assert await ids(src, 1) == [t[0]]
     store.update(t[0], submitted=True)
@@ -516,16 +518,16 @@ async def test_an_offered_pick_of_a_service_handed_out_lately_is_a_wake_up(
     assert await ids(src, 1) == [t[1]]
 
 
-async def test_offered_picks_of_services_not_held_are_wake_ups(
+async def test_offered_picks_of_services_not_claimed_are_wake_ups(
     store: MemoryRounds, clock: ManualClock
 ) -> None:
-    held = {"t"}
+    claimed = {"t"}
     t = store.add("t", 1)
     u = store.add("u", 1)
-    src = source(store, clock, services=lambda: held)
+    src = source(store, clock, services=lambda: claimed)
     picks = select_round(store.batches.values(), now=clock(), delay_window_ms=0)
     src.offer(picks, frozenset({"t", "u"}))
     assert src.queued == 1
-    held.add("u")
-    # u was woken, not queued: a round over it (now held) gives its pick.
+    claimed.add("u")
+    # u was woken, not queued: a round over it (now claimed) gives its pick.
     assert await ids(src, 3) == [t[0], u[0], None]

@@ -65,9 +65,9 @@ async def test_independent_batches_of_a_service_are_handed_out_together(
     added = await store.add_batches([batch("s", 1, A), batch("s", 2, B), batch("s", 3, C)])
     src = QueueSource(store, clock=clock, strategies=PARALLEL)
     assert await pull_all(src) == names(added)
-    # Nothing was recorded as taken: each is held, none handed out twice.
+    # Nothing was recorded as taken: each stays handed out, none handed out twice.
     assert await pull_all(src) == []
-    assert src.held == 3
+    assert src.handed_out == 3
 
 
 async def test_a_conflicting_batch_waits_for_the_earlier_one_to_be_final(
@@ -86,7 +86,7 @@ async def test_a_conflicting_batch_waits_for_the_earlier_one_to_be_final(
     assert await pull_all(src) == names([second])
 
 
-async def test_taken_ends_the_hold_and_the_store_keeps_the_batch_from_the_rounds(
+async def test_taken_ends_the_hand_out_and_the_store_keeps_the_batch_from_the_rounds(
     store: MemoryStore, clock: ManualClock
 ) -> None:
     [first, second] = await store.add_batches([batch("s", 1, A), batch("s", 2, B)])
@@ -95,20 +95,20 @@ async def test_taken_ends_the_hold_and_the_store_keeps_the_batch_from_the_rounds
     for b in (first, second):
         await store.change_batch_to_submitted(b.batch_id, "s", now=clock())
         src.taken(b)
-    assert src.held == 0
+    assert src.handed_out == 0
     src.wake(None)
     assert await pull_all(src) == []
 
 
-async def test_a_hold_excludes_its_batch_until_hold_ms_passes(
+async def test_a_hand_out_excludes_its_batch_until_handout_ms_passes(
     store: MemoryStore, clock: ManualClock
 ) -> None:
     [only] = await store.add_batches([batch("s", 1, A)])
-    src = QueueSource(store, clock=clock, strategies=PARALLEL, hold_ms=1_000)
+    src = QueueSource(store, clock=clock, strategies=PARALLEL, handout_ms=1_000)
     assert await pull_all(src) == names([only])
     src.wake(None)  # a full round: the batch is excluded, so its silence means nothing
     assert await pull_all(src) == []
-    assert src.held == 1
+    assert src.handed_out == 1
     clock.advance(1_000)  # the submitter died before recording it: handed out again
     assert await pull_all(src) == names([only])
 
@@ -131,9 +131,9 @@ async def test_a_pick_of_a_batch_the_caller_still_works_on_is_dropped_not_kept(
     store: MemoryStore, clock: ManualClock
 ) -> None:
     [only] = await store.add_batches([batch("s", 1, A)])
-    src = QueueSource(store, clock=clock, strategies=PARALLEL, hold_ms=1_000)
+    src = QueueSource(store, clock=clock, strategies=PARALLEL, handout_ms=1_000)
     assert await pull_all(src) == names([only])
-    # The store is slow to record the hand-out: the hold runs out and the
+    # The store is slow to record the hand-out: the hand-out runs out and the
     # store offers the batch again while the submitter still works on it.
     clock.advance(1_000)
     working = frozenset({only.batch_id})
@@ -160,7 +160,7 @@ async def test_mixed_strategies_share_one_full_round_in_round_order(
         [batch("ser", 1, A), batch("par", 1, A), batch("ser", 2, B), batch("par", 2, B)]
     )
     src = QueueSource(
-        store, clock=clock, strategies=StrategyMap.parse("parallel", "ser=serial"), lean=True
+        store, clock=clock, strategies=StrategyMap.parse("parallel", "ser=serial"), narrow=True
     )
     first = await src.next_batches(10, exclude=frozenset(), timeout_s=0)
     assert names(first) == names([added[0], added[1]])

@@ -21,7 +21,7 @@ from ledgerq.queue.parallel import (
     EVERYTHING,
     MAX_LOCK_LENGTH,
     BatchAccess,
-    HoldKind,
+    ConflictKind,
     ParallelDecision,
     Wait,
     decide_service_parallel,
@@ -161,23 +161,23 @@ def test_two_writes_of_one_address_are_ordered() -> None:
     population = [batch("b1", 1, writes=[A]), batch("b2", 2, writes=[A])]
     assert eligible(population) == ["b1"]
     waiting = decide(population).waiting
-    assert waiting is not None and waiting.why is Wait.HELD and waiting.hold is not None
-    assert (waiting.batch.batch_header, waiting.hold.blocker.batch_header) == ("b2", "b1")
-    assert (waiting.hold.kind, waiting.hold.what) == (HoldKind.WRITES, A)
+    assert waiting is not None and waiting.why is Wait.BLOCKED and waiting.conflict is not None
+    assert (waiting.batch.batch_header, waiting.conflict.blocker.batch_header) == ("b2", "b1")
+    assert (waiting.conflict.kind, waiting.conflict.what) == (ConflictKind.WRITES, A)
 
 
 def test_a_read_after_a_write_is_ordered() -> None:
     population = [batch("w", 1, writes=[A]), batch("r", 2, reads=[A])]
     assert eligible(population) == ["w"]
-    hold = decide(population).waiting.hold
-    assert hold is not None and hold.kind is HoldKind.WRITES
+    found = decide(population).waiting.conflict
+    assert found is not None and found.kind is ConflictKind.WRITES
 
 
 def test_a_write_after_a_read_is_ordered() -> None:
     population = [batch("r", 1, reads=[A]), batch("w", 2, writes=[A])]
     assert eligible(population) == ["r"]
-    hold = decide(population).waiting.hold
-    assert hold is not None and (hold.kind, hold.what) == (HoldKind.READS, A)
+    found = decide(population).waiting.conflict
+    assert found is not None and (found.kind, found.what) == (ConflictKind.READS, A)
 
 
 def test_reads_never_conflict() -> None:
@@ -228,8 +228,8 @@ def test_a_dependency_on_an_earlier_batch_orders_it() -> None:
     first = rw("b1", 1, A)
     later = batch("b2", 2, reads=[B], writes=[B], deps=["t-b1"])
     assert eligible([first, later]) == ["b1"]
-    hold = decide([first, later]).waiting.hold
-    assert hold is not None and (hold.kind, hold.what) == (HoldKind.DEPENDS, "t-b1")
+    found = decide([first, later]).waiting.conflict
+    assert found is not None and (found.kind, found.what) == (ConflictKind.DEPENDS, "t-b1")
     # Once the earlier batch is final the dependency holds nothing.
     done = rw("b1", 1, A, status=Committed())
     assert eligible([done, later]) == ["b2"]

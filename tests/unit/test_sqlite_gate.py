@@ -22,13 +22,13 @@ async def test_a_second_writer_waits_without_blocking_the_loop_and_goes_on_relea
         order: list[str] = []
 
         async def hold() -> None:
-            async with first.held():
+            async with first.locked():
                 order.append("first in")
                 await release.wait()
                 order.append("first out")
 
         async def wait_turn() -> None:
-            async with second.held():
+            async with second.locked():
                 order.append("second in")
 
         holder = asyncio.create_task(hold())
@@ -54,11 +54,11 @@ async def test_a_cancelled_wait_gives_the_gate_back(tmp_path: Path) -> None:
         release = asyncio.Event()
 
         async def hold() -> None:
-            async with first.held():
+            async with first.locked():
                 await release.wait()
 
         async def wait_turn() -> None:
-            async with second.held():
+            async with second.locked():
                 raise AssertionError("cancelled: never enters")
 
         holder = asyncio.create_task(hold())
@@ -70,7 +70,7 @@ async def test_a_cancelled_wait_gives_the_gate_back(tmp_path: Path) -> None:
         await asyncio.wait_for(holder, 30)
         await asyncio.gather(waiter, return_exceptions=True)
         # The cancelled waiter's thread got the gate, then gave it back.
-        async with asyncio.timeout(30), first.held():
+        async with asyncio.timeout(30), first.locked():
             pass
     finally:
         first.close()

@@ -186,9 +186,5 @@ async def test_an_ambiguous_answer_is_a_ledger_problem() -> None:
 
 
 def test_settings_are_validated() -> None:
-    with pytest.raises(ConfigError, match="slots"):
-        SubmitterSettings(slots=0)
-    with pytest.raises(ConfigError, match="backoff"):
+    with pytest.raises(ConfigError, match=r"submitter\.backoff_max_ms \(5\)"):
         SubmitterSettings(backoff_initial_ms=10, backoff_max_ms=5)
-    with pytest.raises(ConfigError, match="max_retries"):
-        SubmitterSettings(max_retries=-1)

@@ -20,7 +20,7 @@ from protowire import batch_header, batch_list, hand_batch, hand_tx, private_key
 
 from ledgerq.codec import Signer, decode_batch_list, encode_batch_list, parse_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
-from ledgerq.codec.signing import SignatureCheck, signatures_hold
+from ledgerq.codec.signing import SignatureCheck, signatures_valid
 from ledgerq.config import load_settings
 from ledgerq.errors import ConfigError, InvalidBatchError
 from ledgerq.ingest import decoding
@@ -85,13 +85,13 @@ def test_collected_signatures_are_those_a_decode_checks() -> None:
         for b in unverified
         for sig in (b.header_signature, *(t.header_signature for t in b.transactions))
     ]
-    assert signatures_hold(checks)
+    assert signatures_valid(checks)
 
 
 def test_a_forged_signature_is_collected_and_fails_the_check() -> None:
     checks: list[SignatureCheck] = []
     decode_batch_list(batch_list([_forged_tx_batch()]), verify=checks)
-    assert not signatures_hold(checks)
+    assert not signatures_valid(checks)
 
 
 async def test_a_valid_list_is_verified_on_the_thread_with_the_same_batches(
@@ -103,9 +103,9 @@ async def test_a_valid_list_is_verified_on_the_thread_with_the_same_batches(
 
     def spy(checks: list[SignatureCheck]) -> bool:
         seen.append(threading.current_thread().name)
-        return signatures_hold(checks)
+        return signatures_valid(checks)
 
-    monkeypatch.setattr(decoding, "signatures_hold", spy)
+    monkeypatch.setattr(decoding, "signatures_valid", spy)
     got, want, threaded = await _both(body)
     assert got == want
     assert threaded.thread_verified == 1
@@ -180,8 +180,8 @@ def test_auto_puts_a_thread_beside_a_gateway_of_one_process_only(
 
 
 def test_the_setting_takes_auto_on_or_off_only() -> None:
-    assert load_settings(environ={})["decode_verify_thread"] == "auto"
+    assert load_settings(environ={}).decode_verify_thread == "auto"
     on = load_settings(environ={"LEDGERQ_DECODE_VERIFY_THREAD": "ON"})
-    assert on["decode_verify_thread"] == "on"
+    assert on.decode_verify_thread == "on"
     with pytest.raises(ConfigError, match="decode_verify_thread must be auto, on or off"):
         load_settings(environ={"LEDGERQ_DECODE_VERIFY_THREAD": "sometimes"})

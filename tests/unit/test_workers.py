@@ -234,10 +234,10 @@ def test_claims_held_add_up_as_every_worker_holds_them_now() -> None:
             return self.services
 
     own, peer = GatewayMetrics(), GatewayMetrics()
-    assert "ledgerq_claims_held 0.0" in own.exposition().decode().splitlines()
+    assert "ledgerq_services_claimed 0.0" in own.exposition().decode().splitlines()
     own.claims, peer.claims = Claims("a"), Claims("b", "c")
     merged = merge_expositions(own.exposition(), [peer.exposition()]).decode()
-    assert "ledgerq_claims_held 3.0" in merged.splitlines()
+    assert "ledgerq_services_claimed 3.0" in merged.splitlines()
     peer.claims = Claims("b", "c", "d", "e")  # a rebalance since
     merged = merge_expositions(own.exposition(), [peer.exposition()]).decode()
-    assert "ledgerq_claims_held 5.0" in merged.splitlines()
+    assert "ledgerq_services_claimed 5.0" in merged.splitlines()

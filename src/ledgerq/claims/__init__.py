@@ -14,7 +14,6 @@ from ledgerq.claims.manager import (
     ClaimInfo,
     ClaimManager,
     CycleReport,
-    HeldClaim,
     InstanceInfo,
     TakeOverListener,
 )
@@ -26,7 +25,6 @@ __all__ = [
     "ClaimManager",
     "ClaimSettings",
     "CycleReport",
-    "HeldClaim",
     "InstanceInfo",
     "SingleInstanceLock",
     "TakeOverListener",

@@ -65,7 +65,7 @@ class SingleInstanceLock:
             os.close(fd)
 
     @property
-    def held(self) -> bool:
+    def locked(self) -> bool:
         return self._fd is not None
 
     def __enter__(self) -> SingleInstanceLock:

@@ -74,18 +74,18 @@ ChangeListener = Callable[[frozenset[str], frozenset[str]], None]
 
 @dataclass(frozen=True, slots=True)
 class ClaimChange:
-    """What one change of the held set brought (see :meth:`ClaimManager.add_change_listener`)."""
+    """What one change of the claimed set brought (see :meth:`ClaimManager.add_change_listener`)."""
 
     gained: frozenset[str]
     lost: frozenset[str]
     #: Of ``gained``, the services a take-over moved with nothing to do: no
     #: batch not final when taken, and none since (checked once this
-    #: instance held them, so a batch accepted meanwhile wakes its service
+    #: instance claimed them, so a batch accepted meanwhile wakes its service
     #: through the pipeline). Nothing to queue or follow for them.
     idle: frozenset[str] = frozenset()
     #: Of ``gained``, the services taken over with work whose next batches a
     #: take-over listener handed to the pipeline itself
-    #: (:meth:`TakeOverListener.holding`): nobody needs to look them up.
+    #: (:meth:`TakeOverListener.hand_to_pipeline`): nobody needs to look them up.
     ready: frozenset[str] = frozenset()
 
 
@@ -112,24 +112,24 @@ class TakeOverListener(Protocol):
 
     def taken(self, services: frozenset[str]) -> None:
         """The take-over ended: of the services ``asking`` named, these are
-        now held (the rest, none when it failed, are not)."""
+        now claimed (the rest, none when it failed, are not)."""
         ...
 
     def won(self, fences: Mapping[str, Fence]) -> None:
         """Called where the cycle runs, right after :meth:`taken` was sent
-        on its way: the same services, with the fence each is now held
+        on its way: the same services, with the fence each is now claimed
         under (the take-over committed). Writes made under these fences
         land only while this instance still holds the claims at them."""
         ...
 
-    async def holding(self, services: frozenset[str]) -> frozenset[str]:
+    async def hand_to_pipeline(self, services: frozenset[str]) -> frozenset[str]:
         """Called where the cycle runs once a take-over committed, with the
-        services it moved that have work (none left mid-submission), held
+        services it moved that have work (none left mid-submission), claimed
         already, before the change listeners hear of them: what the
         listener sends the pipeline now arrives before the change does.
         Returns the services it saw to (their next batches handed to the
         pipeline), named ``ready`` in the change. Awaited at most
-        :data:`HOLDING_WAIT_S`; a failure or a timeout leaves them all to the
+        :data:`HAND_TO_PIPELINE_WAIT_S`; a failure or a timeout leaves them all to the
         change listeners."""
         ...
 
@@ -145,9 +145,9 @@ class TakeOverListener(Protocol):
 
 
 #: How long a take-over waits for a listener handing the services it took
-#: with work to the pipeline (:meth:`TakeOverListener.holding`, a read of
+#: with work to the pipeline (:meth:`TakeOverListener.hand_to_pipeline`, a read of
 #: their next batches) before telling the change listeners anyway.
-HOLDING_WAIT_S = 0.3
+HAND_TO_PIPELINE_WAIT_S = 0.3
 
 #: Claim rows of idle services deleted per clean-up, at most.
 CLEANUP_LIMIT = 1_000
@@ -155,9 +155,9 @@ CLEANUP_LIMIT = 1_000
 #: with more, the next cycle comes at once.
 TAKE_LIMIT = 500
 #: Cycles started by wake() come at most this often (ms). They only claim
-#: (:meth:`ClaimManager.claim_new`, one transaction); at 100 ms, the ten
-#: lists of a run posted together, inserted in three or four groups, had
-#: their services claimed 100 ms apart (``bench parallel``, PostgreSQL).
+#: (:meth:`ClaimManager.claim_new`, one transaction), so the gap stays well
+#: below the time between the insert groups of lists posted together: a
+#: longer one claims their services one gap apart.
 WAKE_GAP_MS = 25
 #: The gap after a claim a wake-up asked for that took nothing. With several
 #: instances most wake-ups come from batches for services another instance
@@ -165,14 +165,6 @@ WAKE_GAP_MS = 25
 #: more often than the whole cycles did before (after a full cycle, one
 #: more: the first wake-up after it is answered at once).
 WAKE_IDLE_GAP_MS = 100
-
-
-@dataclass(frozen=True, slots=True)
-class HeldClaim:
-    service_id: str
-    epoch: int
-    #: First expiry as last renewed (the lease); past it, not to be acted on.
-    expiry_1: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,14 +195,14 @@ class CycleReport:
     voided: tuple[str, ...]
     claimed: tuple[str, ...]
     released: tuple[str, ...]
-    held: int
+    claim_count: int
     #: Claim rows of idle services deleted (clean-up runs now and then).
     forgotten: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
-class _Held:
-    """What this instance holds as of its last read: epochs and lease."""
+class _Claimed:
+    """What this instance has claimed as of its last read: epochs and lease."""
 
     epochs: Mapping[str, int]
     lease: int | None
@@ -218,11 +210,11 @@ class _Held:
     epoch_sum: int
 
     @classmethod
-    def of(cls, epochs: Mapping[str, int], lease: int | None) -> _Held:
+    def of(cls, epochs: Mapping[str, int], lease: int | None) -> _Claimed:
         return cls(epochs, lease, frozenset(epochs), sum(epochs.values()))
 
 
-_NOTHING = _Held.of({}, None)
+_NOTHING = _Claimed.of({}, None)
 
 
 class ClaimManager:
@@ -256,7 +248,7 @@ class ClaimManager:
             self.add_listener(on_change)
         self._take_over_listeners: list[TakeOverListener] = []
         self._session = ClaimSession(url, self.settings)
-        self._held = _NOTHING
+        self._claimed = _NOTHING
         self._wake = asyncio.Event()
         #: The loop :meth:`run` was called on (listeners are called there),
         #: and the claim thread's loop, session and thread while it runs.
@@ -377,10 +369,10 @@ class ClaimManager:
 
         The cycles run on a thread of their own, with their own event loop and
         connection: on a gateway whose loop is busy with submissions, every
-        round trip of a cycle waited for the loop (a single-row renewal took
-        up to a second on a loaded 2-core machine, and taking over a dead
-        instance's services came that much later). The state the gateway
-        reads (:meth:`held`, :meth:`fence_for`, …) is replaced whole by the
+        round trip of a cycle would wait for the loop, a renewal could come
+        late enough to lose the claims, and taking over a dead instance's
+        services would come that much later. The state the gateway
+        reads (:meth:`claimed_services`, :meth:`fence_for`, …) is replaced whole by the
         thread; listeners are called on the loop that called ``run``.
         """
         if self._thread is not None:
@@ -431,9 +423,9 @@ class ClaimManager:
         try:
             while not self._stopping:
                 if not quick:
-                    hold = self.hold_ms()
-                    if hold > 0:
-                        await asyncio.sleep(hold / 1000)
+                    delay = self.cycle_delay_ms()
+                    if delay > 0:
+                        await asyncio.sleep(delay / 1000)
                 cycle_began = time.monotonic()
                 # Whatever woke the loop up to now, this cycle answers.
                 self._wake.clear()
@@ -494,7 +486,7 @@ class ClaimManager:
         and take none of them, while an instance below its share ran its
         cycle a moment before the void committed (or skipped the rows the
         other had locked). Without the follow-up, those services would wait
-        a renewal interval (1 s, seen in ``bench failover``) for a claimant.
+        a whole renewal interval for a claimant.
         """
         now = self._clock() if now is None else now
         pause = self.settings.renew_interval_ms
@@ -506,18 +498,17 @@ class ClaimManager:
             pause = 0
         return pause
 
-    def hold_ms(self, now: int | None = None) -> int:
+    def cycle_delay_ms(self, now: int | None = None) -> int:
         """How long to wait before a cycle due now, so that a foreign claim
         expiring while it would run is taken at its expiry.
 
         A cycle takes over first, then maintains, renews, claims and hands
-        over: on a loaded machine that is 0.1-0.3 s, and a claim expiring in
-        the meantime (a dead instance's slow-path claims, at its second
-        expiry) waited for the cycle to end, then for the next one's
-        take-over (``bench failover``: 0.15-0.25 s after the expiry). A full
+        over, and a claim expiring in the meantime (a dead instance's
+        slow-path claims, at its second expiry) would wait for the cycle to
+        end, then for the next one's take-over. A full
         cycle due within its own last duration before such an expiry
         therefore starts at the expiry (at most a quarter of a renewal
-        interval later: the lease has ``claim_ttl_ms`` to spare).
+        interval later: the lease has ``ttl_ms`` to spare).
 
         The same holds for the take-overs that follow one another while more
         expired claims wait (the idle services of a dead instance, moved 500
@@ -538,22 +529,14 @@ class ClaimManager:
 
     def _valid(self, now: int | None) -> bool:
         now = self._clock() if now is None else now
-        return self._held.lease is not None and now < self._held.lease
-
-    def held(self, now: int | None = None) -> Mapping[str, HeldClaim]:
-        """Claims believed valid at ``now``: held at the last cycle, lease not yet past."""
-        if not self._valid(now):
-            return {}
-        lease = self._held.lease
-        assert lease is not None
-        return {s: HeldClaim(s, e, lease) for s, e in self._held.epochs.items()}
+        return self._claimed.lease is not None and now < self._claimed.lease
 
     def claimed_services(self, now: int | None = None) -> frozenset[str]:
-        return self._held.services if self._valid(now) else frozenset()
+        return self._claimed.services if self._valid(now) else frozenset()
 
     def fence_for(self, service_id: str, now: int | None = None) -> Fence | None:
-        """The fence to write under for ``service_id``, or None when not (validly) held."""
-        epoch = self._held.epochs.get(service_id)
+        """The fence to write under for ``service_id``, or None when not (validly) claimed."""
+        epoch = self._claimed.epochs.get(service_id)
         if epoch is None or not self._valid(now):
             return None
         return Fence(self.instance_id, epoch)
@@ -565,15 +548,17 @@ class ClaimManager:
         that epoch.
         """
         now = self._clock() if now is None else now
-        held = self._held
-        if held.lease is None or fence != Fence(self.instance_id, held.epochs.get(service_id, -1)):
+        current = self._claimed
+        if current.lease is None or fence != Fence(
+            self.instance_id, current.epochs.get(service_id, -1)
+        ):
             return 0
-        return max(held.lease - now, 0)
+        return max(current.lease - now, 0)
 
     def may_post(self, service_id: str, fence: Fence, now: int | None = None) -> bool:
         """Whether a submission taken under ``fence`` may start another POST attempt.
 
-        Only while the claim is still held at that epoch and, as last renewed,
+        Only while the claim is still claimed at that epoch and, as last renewed,
         valid for more than ``post_margin_ms``: no attempt starts after
         ``expiry_1 - post_margin_ms``, so none starts once another instance
         may take the service (``docs/ha.md``, "Safety").
@@ -637,7 +622,7 @@ class ClaimManager:
         if only_take:
             if errors:
                 raise errors[0]
-            return CycleReport(now, voided, (), (), len(self._held.epochs))
+            return CycleReport(now, voided, (), (), len(self._claimed.epochs))
         self._last_full = now
         await step("maintenance", lambda c: self._maintain(c, now), None)
         forgotten = none
@@ -649,43 +634,43 @@ class ClaimManager:
         handed = await step("hand over", lambda c: self._hand_over(c, now), None)
         released: tuple[str, ...] = ()
         if handed is not None:
-            released, held = handed
-            self._log_lost(held, (*released, *forgotten), now)
-            self._set_held(held)
+            released, current = handed
+            self._log_lost(current, (*released, *forgotten), now)
+            self._set_claimed(current)
         self._full_cycle_ms = (time.monotonic() - started) * 1000
         self._log_slow_cycle(time.monotonic() - started, took, len(voided))
         if errors:
             raise errors[0]
-        return CycleReport(now, voided, claimed, released, len(self._held.epochs), forgotten)
+        return CycleReport(now, voided, claimed, released, len(self._claimed.epochs), forgotten)
 
     async def claim_new(self, now: int | None = None) -> tuple[str, ...]:
         """Claim unclaimed services up to the fair share and read what this
         instance holds, in one transaction; the change listeners hear of the
         services gained. What a wake-up (a service seen for the first time)
         asks for, without the take-over, maintenance, renewal and hand-over
-        of a whole :meth:`cycle` (five transactions: 33-58 ms on a loaded
-        2-core machine, against one), which keep their own schedule.
+        of a whole :meth:`cycle` (five transactions against one), which keep
+        their own schedule.
         Returns the services claimed."""
         now = self._clock() if now is None else now
 
-        async def go(conn: Conn) -> tuple[tuple[str, ...], _Held]:
-            return await self._claim(conn, now), await self._read_held(conn)
+        async def go(conn: Conn) -> tuple[tuple[str, ...], _Claimed]:
+            return await self._claim(conn, now), await self._read_claimed(conn)
 
-        claimed, held = await self._cs.transact("claim new", go)
+        claimed, current = await self._cs.transact("claim new", go)
         self.claim_only_cycles += 1
-        self._log_lost(held, (), now)
-        self._set_held(held)
+        self._log_lost(current, (), now)
+        self._set_claimed(current)
         return claimed
 
-    def _log_lost(self, held: _Held, released: Collection[str], now: int) -> None:
+    def _log_lost(self, current: _Claimed, released: Collection[str], now: int) -> None:
         """Claims gone from what the database says this instance holds, which
         it did not hand over, were taken over by others: its lease ran out (a
         paused process, renewals that could not reach the database). Worth a
         warning: the operator otherwise sees only its fenced writes refused."""
-        lost = self._held.services - held.services - frozenset(released)
+        lost = self._claimed.services - current.services - frozenset(released)
         if not lost:
             return
-        lease = self._held.lease
+        lease = self._claimed.lease
         shown = ", ".join(sorted(lost)[:5]) + (", …" if len(lost) > 5 else "")
         log.warning(
             "instance %s lost its claims on %d services (%s) to other instances%s; "
@@ -729,7 +714,7 @@ class ClaimManager:
             return tuple(sorted(r["service_id"] for r in rows))
 
         released = await self._session.transact("release", go)
-        self._set_held(_NOTHING)
+        self._set_claimed(_NOTHING)
         return released
 
     async def register_services(self, service_ids: Iterable[str], now: int | None = None) -> None:
@@ -800,10 +785,9 @@ class ClaimManager:
         taken (and :meth:`_took_over` tells them which were). When there are
         such batches, only the services with work are taken in this
         take-over (the idle ones locked with them are left to the next,
-        which comes at once): the answers are recorded once it commits, and
-        at the second expiry a take-over of 500 claims, mostly idle ones
-        still being moved from the first expiry, took 0.17-0.34 s on the
-        loaded machine of ``bench failover``.
+        which comes at once): the answers are recorded once it commits, not
+        after a take-over of hundreds of claims at the second expiry, mostly
+        idle ones still being moved from the first.
         """
         fetch = self._cs.fetch
         # The first statement locks what may be taken over; the second decides
@@ -822,8 +806,8 @@ class ClaimManager:
         # once the take-over commits), and those with work found first after
         # a pause (a dead instance's first expiry). Not in the take-overs
         # that follow at once: new batches for its idle services, posted
-        # meanwhile, made a take-over of a few services each (6, 3, 2, 2, 1
-        # in ``bench failover``) and its idle claims moved 1.5 s later.
+        # meanwhile, would each make a take-over of a few services, and its
+        # idle claims would move only after all of them.
         if any(r["mid"] for r in found) or (not self._more and any(r["work"] for r in found)):
             taking = [r for r in found if r["work"] or r["mid"]]
             more = more or len(taking) < len(found)
@@ -831,9 +815,9 @@ class ClaimManager:
         idle.clear()  # a retried transaction finds them again
         idle.update(r["service_id"] for r in found if not (r["work"] or r["mid"]))
         candidates = [r["service_id"] for r in found]
-        if self._take_over_listeners and self._held.lease is not None:
+        if self._take_over_listeners and self._claimed.lease is not None:
             # Without a lease (this instance's first cycle) nothing taken is
-            # held before the cycle ends: the follower's scan asks then.
+            # claimed before the cycle ends: the follower's scan asks then.
             mid = {
                 r["service_id"]: tuple(r["mid"])
                 for r in found
@@ -860,11 +844,11 @@ class ClaimManager:
 
         The pipeline hears of them now, not after the rest of the cycle
         (renewal, claiming, hand-over): a dead instance's services resume
-        sooner. They are held under the lease as last read, which the new
+        sooner. They are claimed under the lease as last read, which the new
         claims outlast (their own expiry was set just now). The take-over
-        listeners hear which of the services they were asked about are held
+        listeners hear which of the services they were asked about are claimed
         before the change listeners hear of them. The services taken idle
-        are looked at again once held (:meth:`_still_idle`): the change
+        are looked at again once claimed (:meth:`_still_idle`): the change
         listeners hear which are idle, and wake none of those.
         """
         if not rows:
@@ -881,7 +865,7 @@ class ClaimManager:
             # One line per holder and path, not per service (thousands at
             # once when an instance dies); "voided claim" is what tools grep.
             log.info(
-                "voided claim(s) on %d services held by %s (%s path), taken over%s",
+                "voided claim(s) on %d services claimed by %s (%s path), taken over%s",
                 n,
                 holder,
                 "slow" if slow else "fast",
@@ -890,21 +874,21 @@ class ClaimManager:
         if log.isEnabledFor(logging.DEBUG):
             for r in rows:
                 log.debug("took over %s from %s", r["service_id"], r["previous_claimant"])
-        held = self._held
+        current = self._claimed
         won: frozenset[str] = frozenset()
-        if held.lease is not None:
-            epochs = dict(held.epochs)
+        if current.lease is not None:
+            epochs = dict(current.epochs)
             epochs.update({r["service_id"]: r["epoch"] for r in rows})
             taken = frozenset(r["service_id"] for r in rows)
             won = frozenset(asked) & taken
             # Held (their fences readable) before any listener hears of them.
-            before = held.services
-            self._held = _Held.of(epochs, held.lease)
+            before = current.services
+            self._claimed = _Claimed.of(epochs, current.lease)
             quiet = await self._still_idle(taken & frozenset(idle))
             if asked:
                 self._tell(lambda listener: listener.taken(won))
-            ready = await self._holding(taken - quiet - won)
-            self._announce(before, self._held.services, quiet, ready)
+            ready = await self._hand_to_pipeline(taken - quiet - won)
+            self._announce(before, self._claimed.services, quiet, ready)
             if asked:
                 fences = {s: Fence(self.instance_id, epochs[s]) for s in sorted(won)}
                 for listener in self._take_over_listeners:
@@ -943,7 +927,7 @@ class ClaimManager:
         )
         return tuple(sorted(r["service_id"] for r in rows))
 
-    async def _hand_over(self, conn: Conn, now: int) -> tuple[tuple[str, ...], _Held]:
+    async def _hand_over(self, conn: Conn, now: int) -> tuple[tuple[str, ...], _Claimed]:
         fetch = self._cs.fetch
         liveness = self.settings.effective_liveness_ms
         (need,) = await fetch(conn, "hand_over_need", now=now, liveness_ms=liveness)
@@ -956,7 +940,7 @@ class ClaimManager:
                 limit=need["n"],
                 # Keep what was just taken at least as long as a dead instance
                 # still counts as live, or it would be handed back and forth.
-                min_hold_ms=liveness,
+                min_claimed_ms=liveness,
             )
             if candidates:
                 released = await fetch(
@@ -965,32 +949,32 @@ class ClaimManager:
                     now=now,
                     service_ids=[r["service_id"] for r in candidates],
                 )
-        return tuple(sorted(r["service_id"] for r in released)), await self._read_held(conn)
+        return tuple(sorted(r["service_id"] for r in released)), await self._read_claimed(conn)
 
-    async def _read_held(self, conn: Conn) -> _Held:
+    async def _read_claimed(self, conn: Conn) -> _Claimed:
         """What the database says this instance holds; read in full only when it changed."""
-        (digest,) = await self._cs.fetch(conn, "held_digest")
+        (digest,) = await self._cs.fetch(conn, "claimed_digest")
         lease = digest["lease"]
-        known = self._held
+        known = self._claimed
         if digest["n"] == len(known.epochs) and digest["epochs"] == known.epoch_sum:
-            return _Held(known.epochs, lease, known.services, known.epoch_sum)
-        rows = await self._cs.fetch(conn, "held")
-        return _Held.of({r["service_id"]: r["epoch"] for r in rows}, lease)
+            return _Claimed(known.epochs, lease, known.services, known.epoch_sum)
+        rows = await self._cs.fetch(conn, "claimed")
+        return _Claimed.of({r["service_id"]: r["epoch"] for r in rows}, lease)
 
     def _ttls(self) -> dict[str, int]:
-        return {"ttl_ms": self.settings.claim_ttl_ms, "slow_ttl_ms": self.settings.slow_ttl_ms}
+        return {"ttl_ms": self.settings.ttl_ms, "slow_ttl_ms": self.settings.slow_ttl_ms}
 
-    def _set_held(self, held: _Held) -> None:
+    def _set_claimed(self, current: _Claimed) -> None:
         """Replace what this instance holds, then tell the change listeners."""
-        before = self._held.services
-        self._held = held
-        self._announce(before, held.services)
+        before = self._claimed.services
+        self._claimed = current
+        self._announce(before, current.services)
 
     async def _still_idle(self, services: frozenset[str]) -> frozenset[str]:
-        """Of ``services`` (taken over idle, now held), those still without a
-        batch not final. Asked after they are held: a batch accepted before
+        """Of ``services`` (taken over idle, now claimed), those still without a
+        batch not final. Asked after they are claimed: a batch accepted before
         this read is seen here, one accepted after wakes its service itself
-        (the pipeline queues only what is held). If the read fails, none."""
+        (the pipeline queues only what is claimed). If the read fails, none."""
         if not services:
             return services
 
@@ -1004,16 +988,16 @@ class ClaimManager:
             return frozenset()
         return services - {r["service_id"] for r in rows}
 
-    async def _holding(self, services: frozenset[str]) -> frozenset[str]:
+    async def _hand_to_pipeline(self, services: frozenset[str]) -> frozenset[str]:
         """The services taken with work that the take-over listeners saw to
-        (:meth:`TakeOverListener.holding`); none if one fails or is late."""
+        (:meth:`TakeOverListener.hand_to_pipeline`); none if one fails or is late."""
         if not services:
             return services
         ready: frozenset[str] = frozenset()
         for listener in self._take_over_listeners:
             try:
-                async with asyncio.timeout(HOLDING_WAIT_S):
-                    ready |= await listener.holding(services)
+                async with asyncio.timeout(HAND_TO_PIPELINE_WAIT_S):
+                    ready |= await listener.hand_to_pipeline(services)
             except Exception as exc:  # the change listeners look them up instead
                 log.info(
                     "handing %d services taken over to the pipeline failed: %r; they are "

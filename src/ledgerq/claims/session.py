@@ -115,7 +115,7 @@ class ClaimSession:
             ) from exc
         # A paused instance must not keep locks on claim rows past its TTL.
         await conn.execute(
-            f"SET idle_in_transaction_session_timeout = {int(self.settings.claim_ttl_ms)}".encode()
+            f"SET idle_in_transaction_session_timeout = {int(self.settings.ttl_ms)}".encode()
         )
         await conn.execute(f"SET statement_timeout = {int(self.settings.db_timeout_ms)}".encode())
         # Index probes priced as in memory, as the store's sessions

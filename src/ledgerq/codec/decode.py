@@ -36,7 +36,7 @@ With ``verify=False`` only the signature checks (``bad_*_signature``) are
 skipped, for bytes that were verified before (e.g. read back from the store).
 With ``verify=checks`` (a list) they are collected into it instead, each a
 :data:`~ledgerq.codec.signing.SignatureCheck`, for the caller to verify
-elsewhere (:func:`~ledgerq.codec.signing.signatures_hold`: libsecp256k1 runs
+elsewhere (:func:`~ledgerq.codec.signing.signatures_valid`: libsecp256k1 runs
 without the GIL, so a thread can) and, should one fail, decode again with
 ``verify=True`` for the error this module would have raised.
 

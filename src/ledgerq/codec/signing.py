@@ -26,9 +26,9 @@ SIGNATURE_HEX_LENGTH = 128
 #: Hex length of a compressed public key (33 bytes).
 PUBLIC_KEY_HEX_LENGTH = 66
 
-#: ``fullmatch`` of exactly ``length`` lowercase hex characters, by length. A
-#: compiled pattern checks a signature's 128 characters in about a fifth of the
-#: time of ``frozenset.issuperset`` (0.6 against 2.9 µs, measured).
+#: ``fullmatch`` of exactly ``length`` lowercase hex characters, by length: a
+#: compiled pattern checks a signature's characters in C, in one call, where
+#: ``frozenset.issuperset`` walks them one Python character at a time.
 _LOWER_HEX: dict[int, Callable[[str], re.Match[str] | None]] = {}
 
 
@@ -109,7 +109,7 @@ def verify_signature(public_key_hex: str, message: bytes, signature_hex: str) ->
 SignatureCheck = tuple[coincurve.PublicKey, bytes, str]
 
 
-def signatures_hold(checks: Sequence[SignatureCheck]) -> bool:
+def signatures_valid(checks: Sequence[SignatureCheck]) -> bool:
     """Whether every one of ``checks`` verifies (:func:`verify_checked`), in
     order, stopping at the first that does not. libsecp256k1 runs without
     the GIL: a thread calling this leaves the event loop free."""
@@ -123,7 +123,8 @@ def verify_checked(key: coincurve.PublicKey, message: bytes, signature_hex: str)
 
     The compact signature goes to libsecp256k1's ``secp256k1_ecdsa_verify``
     as parsed: ``PublicKey.verify`` takes DER only, and encoding the signature
-    to DER to have it parsed back cost about 3.5 µs of a 45 µs verification.
+    to DER only to have it parsed back is work on every verification that
+    buys nothing.
     """
     try:
         signature = deserialize_compact(bytes.fromhex(signature_hex))

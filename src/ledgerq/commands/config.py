@@ -59,7 +59,7 @@ def show(config_file: str | None, as_json: bool) -> None:
     rows = [
         {
             "key": k.name,
-            "value": shown(k.name, settings[k.name]),
+            "value": shown(k.name, settings.values[k.name]),
             "source": settings.sources[k.name],
             "env": env_name(k.name),
             "help": k.help,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import signal
 from pathlib import Path
@@ -21,7 +22,7 @@ from aiohttp import web
 from ledgerq.config import Settings, load_settings, parse_bind
 from ledgerq.errors import ConfigError, LedgerqError
 from ledgerq.gateway.workers import bind_failure
-from ledgerq.ingest.guard import GuardedSite, HttpLimits, guard_middleware
+from ledgerq.ingest.guard import GuardedSite, guard_middleware
 from ledgerq.logs import add_secret, configure_logging
 from ledgerq.node import Node, memdebug
 from ledgerq.node.access import AccessPolicy, is_loopback
@@ -70,7 +71,7 @@ def _parse_bind(value: str) -> tuple[str, int]:
     type=click.IntRange(0),
     default=0,
     show_default=True,
-    help="Hold each executed batch PENDING this long before committing it.",
+    help="Keep each executed batch PENDING this long before committing it.",
 )
 @click.option(
     "--snapshot-every",
@@ -174,15 +175,15 @@ def node(
     for warning in settings.warnings:
         click.echo(f"WARNING: {warning}", err=True)
     check_bind(host, settings)
-    if settings["node.token"]:
-        add_secret(settings["node.token"])
+    if settings.node.token:
+        add_secret(settings.node.token)
     try:
         failpoints.configure()  # fault tests only; nothing armed when unset
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     tune_gc()
     # The redacting handler, as the gateway's: the node's token never reaches its log.
-    configure_logging(settings["log.level"], json_lines=settings["log.json"])
+    configure_logging(settings.log.level, json_lines=settings.log.json)
     options: dict[str, Any] = {
         "shards": shards,
         "ephemeral": ephemeral,
@@ -191,9 +192,9 @@ def node(
         "snapshot_every": snapshot_every,
         "dedupe_window": dedupe_window,
         "keep_logs": keep_logs,
-        "max_held": settings["node.max_held"],
-        "held_expiry_s": settings["node.held_expiry_s"],
-        "max_waiters": settings["node.max_waiters"],
+        "max_held": settings.node.max_held,
+        "held_expiry_s": settings.node.held_expiry_s,
+        "max_waiters": settings.node.max_waiters,
     }
     try:
         asyncio.run(_serve(host, port, data_dir, options, settings))
@@ -203,9 +204,9 @@ def node(
 
 def check_bind(host: str, settings: Settings) -> None:
     """Refuse, loudly, to listen beyond loopback without a token (unless told to)."""
-    if is_loopback(host) or settings["node.token"]:
+    if is_loopback(host) or settings.node.token:
         return
-    if not settings["node.insecure_allow_remote"]:
+    if not settings.node.insecure_allow_remote:
         raise click.ClickException(
             f"refusing to listen on {host} without a token: anyone who reaches that address "
             "could submit batches and read the ledger. Set a token (--token or "
@@ -235,18 +236,18 @@ async def _serve(
     node = await Node.open(data_dir, **options)
     scabbard = ScabbardServices(
         data_dir,
-        max_services=settings["node.max_scabbard_services"],
-        idle_s=settings["node.scabbard_idle_s"],
+        max_services=settings.node.max_scabbard_services,
+        idle_s=settings.node.scabbard_idle_s,
         **options,
     )
     access = AccessPolicy(
-        token=settings["node.token"],
-        allowed_hosts=_split(settings["node.allowed_hosts"]),
-        allowed_origins=_split(settings["node.allowed_origins"]),
+        token=settings.node.token,
+        allowed_hosts=_split(settings.node.allowed_hosts),
+        allowed_origins=_split(settings.node.allowed_origins),
     )
     limits = RestLimits(
-        max_status_ids=settings["node.max_status_ids"],
-        max_event_streams=settings["node.max_event_streams"],
+        max_status_ids=settings.node.max_status_ids,
+        max_event_streams=settings.node.max_event_streams,
     )
     app = extend_node_app(
         make_app(node, scabbard=scabbard, access=access, bound_host=host, limits=limits), node
@@ -281,12 +282,10 @@ async def start_listening(
     body is inflated only by a handler that reads it, bounded and off the
     event loop (:mod:`ledgerq.httpbody`): never by aiohttp.
     """
-    limits = HttpLimits(
-        keepalive_s=settings["http.keepalive_s"],
-        header_timeout_s=settings["http.header_timeout_s"],
-        body_timeout_s=settings["http.body_timeout_s"],
-        max_connections=settings["node.max_connections"],
-        max_connections_per_address=settings["node.max_connections_per_address"],
+    limits = dataclasses.replace(
+        settings.http,
+        max_connections=settings.node.max_connections,
+        max_connections_per_address=settings.node.max_connections_per_address,
     )
     app.middlewares.insert(0, guard_middleware)  # the guard learns where each request stands
     # No per-request access log: a busy gateway posts thousands of batches a second.

@@ -30,10 +30,10 @@ def check_bind(settings: Settings) -> None:
     """Refuse to listen beyond loopback without a token (unless told to, loudly)."""
     from ledgerq.node.access import is_loopback
 
-    host, _ = settings.bind
-    if is_loopback(host) or settings.has_token:
+    host, _ = settings.bind_address
+    if is_loopback(host) or settings.auth.has_token:
         return
-    if not settings["insecure_allow_remote"]:
+    if not settings.insecure_allow_remote:
         raise click.ClickException(
             f"refusing to listen on {host} without a token: anyone who reaches that address "
             "could post batches into any service and read them all. Set auth.token "
@@ -48,7 +48,7 @@ def check_bind(settings: Settings) -> None:
 
 
 def _announce(gateway: Gateway) -> None:
-    host, _ = gateway.settings.bind
+    host, _ = gateway.settings.bind_address
     # Tests read this line to learn the port when binding port 0.
     click.echo(f"ledgerq gateway listening on http://{host}:{gateway.port}", err=True)
 
@@ -174,7 +174,7 @@ def serve(
     for warning in settings.warnings:
         click.echo(f"WARNING: {warning}", err=True)
     check_bind(settings)
-    configure_logging(settings["log.level"], json_lines=settings["log.json"])
+    configure_logging(settings.log.level, json_lines=settings.log.json)
     from ledgerq import failpoints
 
     try:
@@ -193,11 +193,11 @@ def serve(
             return
         # First the port: a start refused there leaves no database file,
         # lock file or node data behind.
-        check_port_free(*settings.bind)
+        check_port_free(*settings.bind_address)
         tune_gc()
         run(
             run_gateway(settings, install_signals=True, on_started=_announce),
-            settings["event_loop"],
+            settings.event_loop,
         )
     except LedgerqError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -20,7 +20,6 @@ from ledgerq.procpool import die_with
 
 def main() -> None:
     from ledgerq import failpoints
-    from ledgerq.claims import generate_instance_id
     from ledgerq.commands.node import tune_gc
     from ledgerq.gateway.loop import run as run_on_loop
     from ledgerq.gateway.run import run_gateway
@@ -30,14 +29,12 @@ def main() -> None:
 
     spec = WorkerSpec.from_json(sys.stdin.read())
     die_with(spec.supervisor_pid)
-    if spec.values["db"].startswith(("postgresql://", "postgres://")):
-        # Each worker is an instance: fix its id now, and name its PostgreSQL
-        # sessions after it (pg_stat_activity then shows which worker is which).
-        instance_id = spec.values["claims.instance_id"] or generate_instance_id()
-        spec.values["claims.instance_id"] = instance_id
-        os.environ["PGAPPNAME"] = instance_id
     settings = spec.settings()
-    configure_logging(settings["log.level"], json_lines=settings["log.json"])
+    if settings.db.startswith(("postgresql://", "postgres://")):
+        # Each worker is an instance: name its PostgreSQL sessions after it
+        # (pg_stat_activity then shows which worker is which).
+        os.environ["PGAPPNAME"] = settings.claims.instance_id
+    configure_logging(settings.log.level, json_lines=settings.log.json)
     ready_fd = int(spec.extra["ready_fd"])
     started = False
 
@@ -57,7 +54,7 @@ def main() -> None:
     try:
         failpoints.configure()
         tune_gc()
-        run_on_loop(run(), settings["event_loop"])
+        run_on_loop(run(), settings.event_loop)
     except LedgerqError as exc:
         print(f"Error: worker {spec.index}: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_START_FAILED if not started else 1)

@@ -93,8 +93,11 @@ class InFlightSource(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class FollowSettings:
+    """The follower's settings: the ``monitor.*`` keys, with their defaults
+    (:mod:`ledgerq.config` checks each value), and tuning that is no key."""
+
     #: Safety-net scan of the store's in-flight batches (s).
     poll_interval_s: float = 1.0
     #: Fewest seconds between two trigger-driven asks.
@@ -107,9 +110,8 @@ class FollowSettings:
     max_ids: int = 100
     #: Grouped asks in flight at once. An instance taking over a dead one's
     #: services asks about every batch that one left mid-submission (up to
-    #: its submission slots, 256 by default), one ask per service: at 8 at
-    #: once, 84 such services took 2.6 s on a loaded machine
-    #: (``bench failover``), past the failover target.
+    #: its submission slots), one ask per service, all within the failover
+    #: target: a few asks at once would queue them one behind another.
     connections: int = 64
     #: Batches read from the store per scan.
     batch_limit: int = 10_000
@@ -121,14 +123,18 @@ class FollowSettings:
     early_grace_s: float = 2.0
 
     def __post_init__(self) -> None:
-        for key in ("poll_interval_s", "min_poll_interval_s", "wait_s", "early_grace_s"):
+        # The fields that are keys are checked one by one where keys are read.
+        for key in ("min_poll_interval_s", "early_grace_s"):
             if getattr(self, key) < 0:
-                raise ConfigError(f"monitor.{key} must not be negative")
-        for key in ("max_parked", "max_ids", "connections", "batch_limit", "early_events"):
+                raise ConfigError(f"{key} must not be negative")
+        for key in ("max_ids", "connections", "batch_limit", "early_events"):
             if getattr(self, key) < 1:
-                raise ConfigError(f"monitor.{key} must be at least 1")
-        if self.backoff_initial_ms < 1 or self.backoff_max_ms < self.backoff_initial_ms:
-            raise ConfigError("monitor.backoff_* must satisfy 1 <= initial <= max")
+                raise ConfigError(f"{key} must be at least 1")
+        if self.backoff_max_ms < self.backoff_initial_ms:
+            raise ConfigError(
+                f"monitor.backoff_max_ms ({self.backoff_max_ms}) must not be below "
+                f"monitor.backoff_initial_ms ({self.backoff_initial_ms})"
+            )
 
 
 #: Answers that keep a batch followed: Splinter's Valid is not final either.

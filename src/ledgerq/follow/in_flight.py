@@ -39,7 +39,7 @@ class StoreMonitorSource:
         held = None if self._services is None else self._services()
         mine = None if held is None else frozenset(held)
         # One indexed read of the busy batches only (few: at most one in
-        # flight per service), lean.
+        # flight per service), narrow.
         return [
             b
             for b in await self.store.list_in_flight(limit=limit)

@@ -44,15 +44,15 @@ async def open_high_availability(
     stack: AsyncExitStack,
     *,
     address: str | None = None,
-    sqlite_lock_held: bool = False,
+    sqlite_locked_by_supervisor: bool = False,
 ) -> ClaimManager | None:
     """Take the SQLite lock or start claiming on PostgreSQL; None without claims.
 
-    ``sqlite_lock_held``: the supervisor of ``serve --workers`` holds the
+    ``sqlite_locked_by_supervisor``: the supervisor of ``serve --workers`` holds the
     SQLite lock for this worker.
     """
     db = settings.db
-    if db.startswith("sqlite:///") and sqlite_lock_held:
+    if db.startswith("sqlite:///") and sqlite_locked_by_supervisor:
         return None
     if db.startswith("sqlite:///"):
         lock = SingleInstanceLock(path_from_url(db))
@@ -62,7 +62,7 @@ async def open_high_availability(
     if not db.startswith(("postgresql://", "postgres://")):
         return None
     if address is None:
-        address = advertised_address(*settings.bind)
+        address = advertised_address(*settings.bind_address)
     claims = ClaimManager(db, settings.claims, address=address)
     stack.push_async_callback(claims.close)
     try:
@@ -77,6 +77,6 @@ async def open_high_availability(
     log.info(
         "instance %s holds %d services after its first claim cycle",
         claims.instance_id,
-        report.held,
+        report.claim_count,
     )
     return claims

@@ -19,9 +19,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: The loops ``event_loop`` may name.
-EVENT_LOOPS = ("uvloop", "asyncio")
-
 
 def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """What makes the loop ``kind`` names (None: asyncio's default)."""

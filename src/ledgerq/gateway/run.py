@@ -80,9 +80,9 @@ def _any_service_id(service_id: str) -> None:
 
 
 async def open_ledger(settings: Settings, stack: AsyncExitStack) -> LedgerClient:
-    if settings.ledger.startswith("splinter+") and settings["default_service"]:
+    if settings.ledger.startswith("splinter+") and settings.default_service:
         try:
-            scabbard_path(settings["default_service"])
+            scabbard_path(settings.default_service)
         except LedgerError as exc:
             raise ConfigError(f"default_service: {exc}") from exc
     if settings.ledger == "node":
@@ -92,8 +92,8 @@ async def open_ledger(settings: Settings, stack: AsyncExitStack) -> LedgerClient
 
         node = await Node.open(
             settings.node_data_dir,
-            shards=settings["node.shards"],
-            ephemeral=bool(settings["node.ephemeral"]),
+            shards=settings.node.shards,
+            ephemeral=settings.node.ephemeral,
         )
         stack.push_async_callback(node.close)
         return NodeClient(node)
@@ -106,11 +106,11 @@ def _http_client(settings: Settings) -> LedgerClient:
     return http_ledger_client(
         settings.ledger,
         HttpTimeouts(
-            connect=settings["ledger_timeout.connect_s"],
-            submit=settings["ledger_timeout.submit_s"],
-            lean=settings["ledger_client"] == "lean",
+            connect=settings.ledger_timeout.connect_s,
+            submit=settings.ledger_timeout.submit_s,
+            lean=settings.ledger_client == "lean",
         ),
-        token=settings["ledger_token"],
+        token=settings.ledger_token,
     )
 
 
@@ -143,9 +143,9 @@ async def run_gateway(
         store = await open_store(
             settings.db,
             migrate=True,
-            pg_idle_in_transaction_ms=settings.claims.claim_ttl_ms,
+            pg_idle_in_transaction_ms=settings.claims.ttl_ms,
             # Lock entries only if some service may be parallel (docs/store.md).
-            lock_entries=Strategy.PARALLEL in settings.strategies.kinds(),
+            lock_entries=Strategy.PARALLEL in settings.queuer.strategies.kinds(),
             # PostgreSQL: the hot statements prepared before the first request.
             warm=True,
         )
@@ -159,7 +159,10 @@ async def run_gateway(
             # SQLite: refuse a second gateway on the file (unless this worker's
             # supervisor holds the lock for it); PostgreSQL: take claims.
             claims = await open_high_availability(
-                settings, stack, sqlite_lock_held=worker is not None and worker.sqlite_lock_held
+                settings,
+                stack,
+                sqlite_locked_by_supervisor=worker is not None
+                and worker.sqlite_locked_by_supervisor,
             )
             ledger = await open_ledger(settings, stack)
         splinter = settings.ledger.startswith("splinter+")
@@ -173,7 +176,7 @@ async def run_gateway(
         extra = []
         sock = None
         if worker is not None:
-            host, _ = settings.bind
+            host, _ = settings.bind_address
             sock = listening_socket(host, worker.port, listen=True)
             bus = WorkerBus.from_fds(
                 WorkerInfo(
@@ -213,7 +216,7 @@ async def run_gateway(
 
             async def advertise() -> None:
                 await gateway.started.wait()
-                host, port = settings.bind
+                host, port = settings.bind_address
                 claims.set_address(advertised_address(host, gateway.port or port))
 
             extra.append(advertise())

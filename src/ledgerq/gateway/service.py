@@ -40,7 +40,7 @@ from ledgerq.gateway.takeover import TakeOverAsks, ledger_reader, store_opener
 from ledgerq.gateway.workers import bind_failure, resolve_workers
 from ledgerq.ingest.api import ApiStore, Changes, ClaimsView, GatewayApi
 from ledgerq.ingest.decoding import Yielding, verify_thread_wanted
-from ledgerq.ingest.guard import GuardedSite, HttpLimits, request_line_limit
+from ledgerq.ingest.guard import GuardedSite, request_line_limit
 from ledgerq.ledgers.base import LedgerClient
 from ledgerq.ledgers.chain import chain_reads
 from ledgerq.ledgers.health import LedgerHealth
@@ -57,8 +57,8 @@ from ledgerq.store.group import GroupInserter
 
 log = logging.getLogger(__name__)
 
-#: The shortest time a batch handed out by the queue stays held (ms).
-HOLD_BACKSTOP_MS = 60_000
+#: The shortest time a batch stays handed out by the queue (ms).
+HANDOUT_BACKSTOP_MS = 60_000
 
 
 class GatewayStore(
@@ -114,12 +114,12 @@ class Gateway:
         self.settings = settings
         self.store = store
         # Counted and timed for /metrics; the pipeline sees the same client.
-        self.metrics = GatewayMetrics(top_services=settings["metrics.top_services"], clock=clock)
+        self.metrics = GatewayMetrics(top_services=settings.metrics.top_services, clock=clock)
         ledger = self.ledger = self.metrics.instrument(ledger)
         #: What the ledger has been answering, per service (logged once per burst).
         self.health = LedgerHealth(ledger.description, clock=clock)
         self.claims = claims
-        self.changes = Changes(max_waiters=settings["max_waiters"])
+        self.changes = Changes(max_waiters=settings.max_waiters)
         # The pipeline's writes are group-committed: one transaction for all
         # the outcomes that arrive while the previous one commits. PostgreSQL:
         # two groups at once (a group is two round trips there; more made
@@ -127,23 +127,23 @@ class Gateway:
         self.completer = Completer(store, flushers=1 if store.dialect == "sqlite" else 2)
         #: The API's inserts, in order per service: the read-ahead's guesses.
         successors = Successors()
-        strategies = settings.strategies
+        strategies = settings.queuer.strategies
         self.producer = Producer(
             store,
             self.completer,
             ledger,
             PipelineSettings(
                 submitter=settings.submitter,
-                monitor=settings.monitor,
-                delay_window_ms=settings["delay_window_ms"],
-                # The producer ends each hold (taken or released); the time
+                follower=settings.follower,
+                delay_window_ms=settings.delay_window_ms,
+                # The producer ends each hand-out (taken or released); the time
                 # limit is a backstop, long enough for a slow store to record
                 # a hand-out.
-                hold_ms=max(settings["delay_window_ms"], HOLD_BACKSTOP_MS),
-                pipeline_depth=settings["queuer.pipeline_depth"],
+                handout_ms=max(settings.delay_window_ms, HANDOUT_BACKSTOP_MS),
+                pipeline_depth=settings.queuer.pipeline_depth,
             ),
             strategies=strategies,
-            on_invalid=settings.on_invalid,
+            on_invalid=settings.queuer.on_invalid_map,
             claims=claims,
             # Under HA only claimed services are queued and followed; full
             # rounds join the claims table rather than list thousands of ids.
@@ -164,18 +164,18 @@ class Gateway:
             check_service_id=check_service_id,
             is_ready=lambda: self._running,
             is_stopping=lambda: self._stop.is_set(),
-            max_body_bytes=settings["max_body_bytes"],
-            max_status_ids=settings["max_status_ids"],
-            decode_slots=settings["decode_slots"],
-            decode_priority=Priority.parse(settings["decode_priority"]),
+            max_body_bytes=settings.max_body_bytes,
+            max_status_ids=settings.max_status_ids,
+            decode_slots=settings.decode_slots,
+            decode_priority=Priority.parse(settings.decode_priority),
             decode_yielding=Yielding(
-                bytes=settings["decode_yield_bytes"],
-                share=settings["decode_yield_share"],
-                max_wait_s=settings["decode_yield_max_wait_s"],
+                bytes=settings.decode_yield_bytes,
+                share=settings.decode_yield_share,
+                max_wait_s=settings.decode_yield_max_wait_s,
             ),
             pipeline_busy=self._pipeline_busy,
             verify_thread=verify_thread_wanted(
-                settings["decode_verify_thread"], resolve_workers(settings)
+                settings.decode_verify_thread, resolve_workers(settings)
             ),
             changes=self.changes,
             clock=clock,
@@ -187,14 +187,14 @@ class Gateway:
             ledger_problem=self._ledger_problem,
             chain=chain_reads(ledger),
             ledger_name=ledger.description,
-            default_service=settings["default_service"],
+            default_service=settings.default_service,
             on_control=self._controlled,
         )
         #: Asks the ledger about the batches a take-over finds mid-submission.
         self.take_over = TakeOverAsks(
             ledger,
             self.producer.follower,
-            max_ids=settings.monitor.max_ids,
+            max_ids=settings.follower.max_ids,
             reader=ledger_reader(settings),
             # Under HA the claim thread records the answers with a store of its own.
             opener=None if claims is None else store_opener(settings),
@@ -202,7 +202,7 @@ class Gateway:
             # ... and hands the next batches of the services it took with
             # work to the queue itself (no round on this loop for them).
             offer=self.producer.source.offer,
-            delay_window_ms=settings["delay_window_ms"],
+            delay_window_ms=settings.delay_window_ms,
             clock=clock,
         )
         if claims is not None:
@@ -293,23 +293,18 @@ class Gateway:
         """Serve until :meth:`stop`; ``extra``: more coroutines to run alongside.
 
         ``sock``: a listening socket to serve on instead of binding
-        ``settings.bind`` (a worker of ``serve --workers``); ``pipeline=False``:
+        ``settings.bind_address`` (a worker of ``serve --workers``); ``pipeline=False``:
         the API only, no submitter nor monitor (an ingest worker on SQLite).
         """
-        host, port = self.settings.bind
-        limits = HttpLimits(
-            keepalive_s=self.settings["http.keepalive_s"],
-            header_timeout_s=self.settings["http.header_timeout_s"],
-            body_timeout_s=self.settings["http.body_timeout_s"],
-            max_connections=self.settings["http.max_connections"],
-        )
+        host, port = self.settings.bind_address
+        limits = self.settings.http
         runner = web.AppRunner(
             gateway_app(self),
             access_log=None,
             keepalive_timeout=limits.keepalive_s,
             # The status link of a posted list, and a GET of max_status_ids
             # ids, fit in a request line (aiohttp's default is 8 KiB: 63 ids).
-            max_line_size=request_line_limit(self.settings["max_status_ids"]),
+            max_line_size=request_line_limit(self.settings.max_status_ids),
         )
         await runner.setup()
         try:

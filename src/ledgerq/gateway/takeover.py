@@ -12,10 +12,10 @@ claim manager's take-over listener (:class:`~ledgerq.claims.TakeOverListener`):
   the ledger's status route does not depend on the service: Sawtooth's
   REST API, the in-process node), the reads in parallel with the claim. On
   an HTTP ledger they run on the claim thread's loop with a client of their
-  own (the gateway's loop is busy with the services just taken over: the
-  reads took 0.3-0.75 s there in ``bench failover``);
+  own (the gateway's loop is busy with the services just taken over, and a
+  read waiting there for its turn delays the whole failover);
 * ``taken`` (the claims moved, on the gateway's loop): the batches of the
-  services now held are followed by the
+  services now claimed are followed by the
   :class:`~ledgerq.follow.follower.Follower` (so its own scan does not ask
   again);
 * ``won`` (the claims moved, where the cycle runs): with an ``opener`` (a
@@ -23,9 +23,9 @@ claim manager's take-over listener (:class:`~ledgerq.claims.TakeOverListener`):
   recorded right there, one store transaction under the new claims'
   fences, and the gateway's loop then only hears what was recorded (the
   follower parks a read for a pending batch; a final or ``Unknown`` one
-  wakes its service). Through the gateway's loop, busy with the thousand
-  services taken over on the fast path half a second before, that write
-  took 0.16-0.27 s after the answers were in (``bench failover``). Without
+  wakes its service). Through the gateway's loop, busy then with the many
+  services taken over on the fast path just before, that write would wait
+  its turn behind them after the answers are in. Without
   an opener (or with the cycle on the gateway's loop) the answers are
   applied there together: one group commit, flushed at once beside the
   groups under way (:func:`ledgerq.store.group.urgent`).
@@ -110,11 +110,11 @@ def ledger_reader(settings: Settings) -> Callable[[], LedgerClient] | None:
 
     def make() -> LedgerClient:
         timeouts = HttpTimeouts(
-            connect=settings["ledger_timeout.connect_s"],
-            submit=settings["ledger_timeout.submit_s"],
-            lean=settings["ledger_client"] == "lean",
+            connect=settings.ledger_timeout.connect_s,
+            submit=settings.ledger_timeout.submit_s,
+            lean=settings.ledger_client == "lean",
         )
-        return http_ledger_client(settings.ledger, timeouts, token=settings["ledger_token"])
+        return http_ledger_client(settings.ledger, timeouts, token=settings.ledger_token)
 
     return make
 
@@ -133,7 +133,7 @@ def store_opener(settings: Settings) -> StoreOpener | None:
             # The answers' write and the next batches' read of one take-over.
             pg_pool_max_size=2,
             # As the gateway's own sessions: a frozen process's locks go.
-            pg_idle_in_transaction_ms=settings.claims.claim_ttl_ms,
+            pg_idle_in_transaction_ms=settings.claims.ttl_ms,
             # The database as the gateway's own store left it: asking here
             # would turn the parallel queuer's lock entries on for good, for
             # every batch of a gateway whose services are all serial.
@@ -176,7 +176,7 @@ class TakeOverAsks:
         the gateway's loop with a service whose batch those answers made
         final or ``Unknown`` (as the producer wakes what its writes free).
         ``offer``: hands the next batches of the services a take-over moved
-        with work to the pipeline (:meth:`holding`; ``delay_window_ms`` and
+        with work to the pipeline (:meth:`hand_to_pipeline`; ``delay_window_ms`` and
         ``clock`` as the queue's)."""
         self._ledger = ledger
         self._offer = offer
@@ -211,7 +211,7 @@ class TakeOverAsks:
         #: Batches asked about, and answers applied, so far.
         self.asked = 0
         self.applied = 0
-        #: Batches handed to the pipeline by :meth:`holding` so far.
+        #: Batches handed to the pipeline by :meth:`hand_to_pipeline` so far.
         self.handed = 0
 
     def asking(self, batches: Mapping[str, tuple[str, ...]]) -> None:
@@ -282,16 +282,16 @@ class TakeOverAsks:
         times = (self._apart_began, time.monotonic())
         self._keep_apart(asyncio.ensure_future(self._record_apart(pairs, reads, times)))
 
-    async def holding(self, services: frozenset[str]) -> frozenset[str]:
+    async def hand_to_pipeline(self, services: frozenset[str]) -> frozenset[str]:
         """Where the cycle runs, once a take-over committed: the next batches
-        of ``services`` (taken with work, held now) read with the claim
+        of ``services`` (taken with work, claimed now) read with the claim
         thread's own store and handed to the pipeline on the gateway's loop,
         before the change that names them gets there. A listed round of a
         take-over's services on the gateway's loop, busy with what it took
-        over, took 0.1-1 s in ``bench failover`` (a statement of a few
-        milliseconds: the loop's round trips); here it is one read on a
-        quiet loop. Only apart from the gateway's loop, with a store of its
-        own; else the services are left to the change (their wake-ups)."""
+        over, would wait for the loop at every round trip of a short
+        statement; here it is one read on a quiet loop. Only apart from the
+        gateway's loop, with a store of its own; else the services are left
+        to the change (their wake-ups)."""
         home = self._home
         if self._offer is None or self._opener is None or home is None:
             return frozenset()
@@ -320,7 +320,8 @@ class TakeOverAsks:
     def started(self) -> None:
         """Where the claim cycle runs (the claim thread): its ledger client and
         store are made now, not while a take-over waits for them (a client
-        made per take-over took 0.14-0.16 s to answer under load)."""
+        made per take-over would add its connection set-up to every
+        failover)."""
         if self._reader is not None and self._client is None:
             self._client = self._reader()
         own = self._own

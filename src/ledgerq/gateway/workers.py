@@ -51,6 +51,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ledgerq.claims.settings import MAX_INSTANCE_ID_LENGTH
 from ledgerq.config import Settings
 from ledgerq.errors import ConfigError, LedgerqError
 from ledgerq.gateway.bus import socket_pairs
@@ -73,7 +74,7 @@ def resolve_workers(settings: Settings) -> int:
     in-process node on PostgreSQL (each worker would be its own ledger).
     Asking for more than one there explicitly is refused.
     """
-    asked = int(settings["workers"])
+    asked = settings.workers
     single = None
     if settings.db.startswith("memory://"):
         single = "a memory:// store lives in one process"
@@ -173,7 +174,7 @@ class WorkerSpec:
     lifeline_fd: int
     supervisor_pid: int
     #: The supervisor holds the SQLite single-instance lock for its workers.
-    sqlite_lock_held: bool = False
+    sqlite_locked_by_supervisor: bool = False
     #: Where the workers serve their own metrics to one another.
     sockets_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -186,7 +187,7 @@ class WorkerSpec:
         return cls(**json.loads(text))
 
     def settings(self) -> Settings:
-        return Settings(self.values, self.sources, self.config_file)
+        return Settings.build(self.values, self.sources, self.config_file)
 
 
 def worker_instance_id(configured: str, index: int, restarts: int) -> str:
@@ -194,7 +195,7 @@ def worker_instance_id(configured: str, index: int, restarts: int) -> str:
     if not configured:
         return ""
     suffix = f"-{index}" if restarts == 0 else f"-{index}.{restarts}"
-    return configured[: 128 - len(suffix)] + suffix
+    return configured[: MAX_INSTANCE_ID_LENGTH - len(suffix)] + suffix
 
 
 @dataclass
@@ -212,7 +213,7 @@ class Supervisor:
     """Runs and supervises the workers of one ``ledgerq serve``."""
 
     def __init__(self, settings: Settings, count: int, *, worker_module: str) -> None:
-        host, port = settings.bind
+        host, port = settings.bind_address
         # First: nothing below is left behind when the port is taken.
         self._placeholder = reserve_port(host, port)
         self.host = host
@@ -315,7 +316,7 @@ class Supervisor:
             outbox_fds=[p[1].fileno() for i, p in enumerate(self._pairs) if i != slot.index],
             lifeline_fd=self._lifeline_r,
             supervisor_pid=os.getpid(),
-            sqlite_lock_held=self._sqlite,
+            sqlite_locked_by_supervisor=self._sqlite,
             sockets_dir=self._sockets_dir,
         )
 

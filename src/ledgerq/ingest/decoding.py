@@ -18,13 +18,13 @@ again if it still means to).
 Refusals are the codec's :class:`~ledgerq.errors.InvalidBatchError` either
 way, raised in the caller.
 
-Measured (docs/BENCHMARKS.md, "Hostile clients"): one 10 MiB list decoded
-inline blocked the loop for its whole decode; on a thread the loop's worst
-stall was tens of milliseconds, on a process less.
+A list decoded inline blocks the loop for its whole decode, one on a
+thread stalls it less, one in a process least (figures in
+docs/BENCHMARKS.md, "Hostile clients").
 
 **Large posts yield to the pipeline** (:class:`Yielding`). ``SCHED_IDLE``
-alone did not keep a 10 MiB post's verification (about 1.2 s of CPU) from
-taking the pipeline's time on a small shared machine: the pipeline is a
+alone does not keep a large post's verification (a second or more of CPU)
+from taking the pipeline's time on a small shared machine: the pipeline is a
 chain of short wake-ups (event loops, PostgreSQL backends, the ledger) and
 each finds a core busy. So a body of at least ``Yielding.bytes`` is verified
 in chunks of :data:`CHUNK` batches, and between chunks its worker looks at
@@ -34,7 +34,7 @@ submissions, batches followed, posts being taken in — and for
 :data:`LINGER_S` after), the large posts together take at most
 ``Yielding.share`` of one core (the worker sleeps after each chunk for as
 long as the chunk took, scaled by the share); with a share of 0 they pause
-until the pipeline is idle. Never starved: a post held back for
+until the pipeline is idle. Never starved: a post paused for
 ``Yielding.max_wait_s`` in all runs unthrottled to its end. Its client gets
 the same answer either way (``202`` or the codec's precise ``400``): nothing
 is stored before every signature is verified, nothing is dropped.
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledgerq.codec import parse_batch_list
-from ledgerq.codec.signing import SignatureCheck, signatures_hold
+from ledgerq.codec.signing import SignatureCheck, signatures_valid
 from ledgerq.errors import InvalidBatchError
 from ledgerq.ingest.fairness import FairTurns
 from ledgerq.model import TrackingBatch
@@ -65,8 +65,8 @@ from ledgerq.turns import OnePerPass
 POOL_BYTES = 64 * 1024
 #: The workers' default scheduling priority (``decode_priority``).
 DEFAULT_PRIORITY = Priority.parse("idle")
-#: Batches verified between two looks at the pipeline's state (about 2 ms of
-#: CPU for single-transaction batches).
+#: Batches verified between two looks at the pipeline's state: few enough
+#: that a pause comes within a few milliseconds of CPU.
 CHUNK = 16
 #: How often the gateway samples the pipeline's state while a large post is
 #: verified (s).
@@ -87,7 +87,7 @@ class Yielding:
     #: Share of one core the large posts' verification takes in all while
     #: the pipeline is busy; 0 pauses it (``decode_yield_share``).
     share: float = 0.1
-    #: The longest a post is held back in all, then it runs unthrottled (s)
+    #: The longest a post is paused in all, then it runs unthrottled (s)
     #: (``decode_yield_max_wait_s``).
     max_wait_s: float = 30.0
 
@@ -127,25 +127,25 @@ class BatchListDecoder:
         # Handed fairly among tenants (ledgerq.ingest.fairness).
         self._turns = FairTurns(slots)
         # Large posts take at most slots - 1 of the slots at once (one if there
-        # is one): one held back never keeps a smaller pooled post waiting.
+        # is one): one paused never keeps a smaller pooled post waiting.
         self._large_turns = FairTurns(max(1, slots - 1))
         context = multiprocessing.get_context("spawn")
         # Read by the workers between chunks: the share of a core each may
         # take now (1: no limit); written here only.
         self._share: Any = context.RawValue("d", 1.0)
-        # Workers holding back right now, and holds so far (for tests and metrics).
-        self._holding: Any = context.Value("i", 0)
-        self._holds: Any = context.Value("i", 0)
+        # Workers paused right now, and pauses so far (for tests and metrics).
+        self._pausing: Any = context.Value("i", 0)
+        self._pauses: Any = context.Value("i", 0)
         self.pool = WorkerPool(
             slots,
             priority=priority,
             setup=_setup_worker,
-            setup_args=(self._share, self._holding, self._holds),
+            setup_args=(self._share, self._pausing, self._pauses),
         )
         #: Large posts under verification now.
         self.large = 0
-        #: Large posts held back at least once, and those that ran past ``max_wait_s``.
-        self.held_posts = 0
+        #: Large posts paused at least once, and those that ran past ``max_wait_s``.
+        self.paused_posts = 0
         self.overdue_posts = 0
         self._busy_at = -LINGER_S
         self._sampler: asyncio.Task[None] | None = None
@@ -156,10 +156,9 @@ class BatchListDecoder:
         #: Bodies waiting for their turn now.
         self.waiting = 0
         # Small bodies are decoded on the event loop one per pass, in order
-        # of arrival: posts arriving together were all decoded in one pass
-        # (about 10 ms each for 40 batches), and the answers that came
-        # meanwhile waited for all of them; on PostgreSQL the first post of
-        # ten took 100 ms to insert instead of 30.
+        # of arrival: decoded all in one pass, posts arriving together would
+        # keep the answers that came meanwhile waiting for all of them, and
+        # the first post's insert waiting for the last one's decoding.
         self._inline = OnePerPass()
         self._verifier = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledgerq-verify")
@@ -226,12 +225,12 @@ class BatchListDecoder:
         if self._sampler is None or self._sampler.done():
             self._sampler = asyncio.create_task(self._sample_while_large())
         try:
-            outcome, held_s, overdue = await self.pool.run(
+            outcome, paused_s, overdue = await self.pool.run(
                 parse_yielding_in_worker, body, service_id, self.max_bytes, self.yielding.max_wait_s
             )
         finally:
             self.large -= 1
-        self.held_posts += held_s > 0
+        self.paused_posts += paused_s > 0
         self.overdue_posts += overdue
         if isinstance(outcome, InvalidBatchError):
             raise outcome
@@ -255,14 +254,14 @@ class BatchListDecoder:
         self._share.value = 1.0
 
     @property
-    def holding(self) -> int:
-        """Workers holding a large post back right now."""
-        return int(self._holding.value)
+    def pausing(self) -> int:
+        """Workers pausing a large post right now."""
+        return int(self._pausing.value)
 
     @property
-    def holds(self) -> int:
+    def pauses(self) -> int:
         """Pauses the workers took so far."""
-        return int(self._holds.value)
+        return int(self._pauses.value)
 
     async def _decode_small(self, body: bytes, service_id: str | None) -> Sequence[TrackingBatch]:
         """A small body on the event loop, in its turn; with the verifying
@@ -285,19 +284,19 @@ class BatchListDecoder:
                 batches = await self._inline.run(
                     parse_batch_list, body, service_id, max_bytes=self.max_bytes, verify=checks
                 )
-                if await self._signatures_hold(self._verifier, checks):
+                if await self._signatures_valid(self._verifier, checks):
                     self.thread_verified += 1
                     return batches
         return await self._inline.run(parse_batch_list, body, service_id, max_bytes=self.max_bytes)
 
     @staticmethod
-    async def _signatures_hold(verifier: ThreadPoolExecutor, checks: list[SignatureCheck]) -> bool:
+    async def _signatures_valid(verifier: ThreadPoolExecutor, checks: list[SignatureCheck]) -> bool:
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                verifier, signatures_hold, checks
+                verifier, signatures_valid, checks
             )
         except RuntimeError:  # the decoder closed (the gateway stopping): on the loop
-            return signatures_hold(checks)
+            return signatures_valid(checks)
 
     def close(self) -> None:
         if self._sampler is not None:
@@ -332,50 +331,50 @@ def parse_batch_list_in_worker(
 _shared: tuple[Any, Any, Any] | None = None
 
 
-def _setup_worker(share: Any, holding: Any, holds: Any) -> None:
+def _setup_worker(share: Any, pausing: Any, pauses: Any) -> None:
     global _shared
-    _shared = (share, holding, holds)
+    _shared = (share, pausing, pauses)
 
 
 def parse_yielding_in_worker(
     body: bytes, service_id: str | None, max_bytes: int, max_wait_s: float
 ) -> tuple[Sequence[TrackingBatch] | InvalidBatchError, float, bool]:
     """The list's batches (or the codec's refusal), verified in chunks that
-    yield (:class:`Pacer`); with the time held back (s) and whether it ran
+    yield (:class:`Pacer`); with the time paused (s) and whether it ran
     past ``max_wait_s``."""
     assert _shared is not None, "a worker of BatchListDecoder's pool"
-    share, holding, holds = _shared
-    pacer = Pacer(lambda: float(share.value), max_wait_s, on_hold=_counter(holding, holds))
+    share, pausing, pauses = _shared
+    pacer = Pacer(lambda: float(share.value), max_wait_s, on_pause=_counter(pausing, pauses))
     outcome: Sequence[TrackingBatch] | InvalidBatchError
     try:
         outcome = parse_batch_list(body, service_id, max_bytes=max_bytes, pace=pacer)
     except InvalidBatchError as exc:
         outcome = exc
-    return outcome, pacer.held_s, pacer.overdue
+    return outcome, pacer.paused_s, pacer.overdue
 
 
 @contextlib.contextmanager
-def _held(holding: Any, holds: Any) -> Any:
-    with holding.get_lock():
-        holding.value += 1
-    with holds.get_lock():
-        holds.value += 1
+def _paused(pausing: Any, pauses: Any) -> Any:
+    with pausing.get_lock():
+        pausing.value += 1
+    with pauses.get_lock():
+        pauses.value += 1
     try:
         yield
     finally:
-        with holding.get_lock():
-            holding.value -= 1
+        with pausing.get_lock():
+            pausing.value -= 1
 
 
-def _counter(holding: Any, holds: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
-    return lambda: _held(holding, holds)
+def _counter(pausing: Any, pauses: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    return lambda: _paused(pausing, pauses)
 
 
 class Pacer:
     """Called before each batch is verified; every :data:`CHUNK` batches it
-    holds back as ``share()`` asks: at a share ``s`` below 1, it sleeps
+    pauses as ``share()`` asks: at a share ``s`` below 1, it sleeps
     ``(1 - s) / s`` times the CPU the chunk took; at 0 it waits until the
-    share rises. Once held back ``max_wait_s`` in all it holds back no more
+    share rises. Once paused ``max_wait_s`` in all it pauses no more
     (``overdue``)."""
 
     def __init__(
@@ -383,18 +382,18 @@ class Pacer:
         share: Callable[[], float],
         max_wait_s: float,
         *,
-        on_hold: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        on_pause: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         sleep: Callable[[float], None] = time.sleep,
         cpu: Callable[[], float] = time.thread_time,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.share = share
         self.max_wait_s = max_wait_s
-        self.on_hold = on_hold
+        self.on_pause = on_pause
         self.sleep = sleep
         self.cpu = cpu
         self.clock = clock
-        self.held_s = 0.0
+        self.paused_s = 0.0
         self.overdue = False
         self._count = 0
         self._mark = cpu()
@@ -407,20 +406,20 @@ class Pacer:
         share = self.share()
         if share < 1:
             used = self.cpu() - self._mark
-            with self.on_hold():
-                self._hold(share, used)
+            with self.on_pause():
+                self._pause(share, used)
         self._mark = self.cpu()
 
-    def _hold(self, share: float, used: float) -> None:
+    def _pause(self, share: float, used: float) -> None:
         began = self.clock()
         try:
             if share > 0:
-                self.sleep(min(used * (1 - share) / share, self.max_wait_s - self.held_s))
+                self.sleep(min(used * (1 - share) / share, self.max_wait_s - self.paused_s))
                 return
-            while share <= 0 and self.held_s + self.clock() - began < self.max_wait_s:
-                self.sleep(min(POLL_S, self.max_wait_s - self.held_s - (self.clock() - began)))
+            while share <= 0 and self.paused_s + self.clock() - began < self.max_wait_s:
+                self.sleep(min(POLL_S, self.max_wait_s - self.paused_s - (self.clock() - began)))
                 share = self.share()
         finally:
-            self.held_s += self.clock() - began
-            if self.held_s >= self.max_wait_s:
+            self.paused_s += self.clock() - began
+            if self.paused_s >= self.max_wait_s:
                 self.overdue = True

@@ -8,12 +8,12 @@ one tenant). Two kinds of resource are bounded:
   status requests queued for a store read. With ``tenants`` tenants
   configured, each is guaranteed ``capacity // tenants`` places; beyond its
   guarantee a tenant borrows free places only while as many stay free as
-  the other tenants' unused guarantees. Invariant: the places held, each
+  the other tenants' unused guarantees. Invariant: the places taken, each
   tenant counted at least at its guarantee, never exceed ``capacity``; so
   a tenant below its guarantee always finds a free place, whatever another
-  holds. With one tenant the whole capacity is its own, as without shares.
+  has taken. With one tenant the whole capacity is its own, as without shares.
 * **Turns** (:class:`FairTurns`): the slots that decode large BatchLists,
-  a few at a time. A freed turn goes to the waiting tenant holding the
+  a few at a time. A freed turn goes to the waiting tenant granted the
   fewest turns, among those the one served least recently (a tenant never
   served first), its oldest request first. A tenant posting many lists
   waits for its own; another tenant's list waits at most for the turns
@@ -33,7 +33,7 @@ class Shares:
     def __init__(self, capacity: int, tenants: int = 1) -> None:
         self.capacity = capacity
         self.tenants = max(1, tenants)
-        self._held: dict[str, int] = {}
+        self._taken: dict[str, int] = {}
         self.total = 0
 
     @property
@@ -41,17 +41,17 @@ class Shares:
         """Places each tenant is sure to find."""
         return self.capacity // self.tenants
 
-    def held(self, tenant: str) -> int:
-        return self._held.get(tenant, 0)
+    def taken(self, tenant: str) -> int:
+        return self._taken.get(tenant, 0)
 
     def has_room(self, tenant: str) -> bool:
         """Whether :meth:`take` would give ``tenant`` a place now."""
         if self.total >= self.capacity:
             return False
         g = self.guarantee
-        if self.held(tenant) < g:
+        if self.taken(tenant) < g:
             return True
-        others = sum(min(h, g) for t, h in self._held.items() if t != tenant)
+        others = sum(min(h, g) for t, h in self._taken.items() if t != tenant)
         # At most tenants - 1 others (more would be tenants not configured).
         unused = max(0, (self.tenants - 1) * g - others)
         return self.total + unused < self.capacity
@@ -60,16 +60,16 @@ class Shares:
         """A place for ``tenant`` (True), or none (False, nothing taken)."""
         if not self.has_room(tenant):
             return False
-        self._held[tenant] = self.held(tenant) + 1
+        self._taken[tenant] = self.taken(tenant) + 1
         self.total += 1
         return True
 
     def give_back(self, tenant: str) -> None:
-        left = self.held(tenant) - 1
+        left = self.taken(tenant) - 1
         if left > 0:
-            self._held[tenant] = left
+            self._taken[tenant] = left
         else:
-            self._held.pop(tenant, None)
+            self._taken.pop(tenant, None)
         self.total -= 1
 
 
@@ -81,7 +81,7 @@ class FairTurns:
         self.free = slots
         #: Tenant → its requests waiting, oldest first (tenants in order of arrival).
         self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
-        self._holding: dict[str, int] = {}
+        self._granted: dict[str, int] = {}
         self._served: dict[str, int] = {}
         self._stamp = itertools.count()
 
@@ -89,8 +89,8 @@ class FairTurns:
     def waiting(self) -> int:
         return sum(len(q) for q in self._waiting.values())
 
-    def holding(self, tenant: str) -> int:
-        return self._holding.get(tenant, 0)
+    def granted(self, tenant: str) -> int:
+        return self._granted.get(tenant, 0)
 
     async def acquire(self, tenant: str = "") -> None:
         if self.free > 0 and not self._waiting:
@@ -112,14 +112,14 @@ class FairTurns:
             raise
 
     def release(self, tenant: str = "") -> None:
-        left = self.holding(tenant) - 1
+        left = self.granted(tenant) - 1
         if left > 0:
-            self._holding[tenant] = left
+            self._granted[tenant] = left
         else:
-            self._holding.pop(tenant, None)
+            self._granted.pop(tenant, None)
         while self._waiting:
-            # The fewest turns held, then the least recently served (never: first).
-            nxt = min(self._waiting, key=lambda t: (self.holding(t), self._served.get(t, -1)))
+            # The fewest turns granted, then the least recently served (never: first).
+            nxt = min(self._waiting, key=lambda t: (self.granted(t), self._served.get(t, -1)))
             queue = self._waiting[nxt]
             future = queue.popleft()
             if not queue:
@@ -131,5 +131,5 @@ class FairTurns:
         self.free += 1
 
     def _grant(self, tenant: str) -> None:
-        self._holding[tenant] = self.holding(tenant) + 1
+        self._granted[tenant] = self.granted(tenant) + 1
         self._served[tenant] = next(self._stamp)

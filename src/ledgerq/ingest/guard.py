@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class HttpLimits:
     """What one connection may hold (module notes); configured as ``http.*``."""
 
@@ -140,7 +140,6 @@ class _Counter:
         self.limits = limits
         self.open = 0
         self.refused = 0
-        self.timed_out = 0
         #: Idle connections closed to make room for new ones.
         self.evicted = 0
         #: Address → its open connections (an ordered set).
@@ -301,7 +300,6 @@ class _Guard(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        self.counter.timed_out += 1
         log.info("closing a connection whose request %s took over %g s", what, delay_s)
         transport.write(
             _raw_error(

@@ -1,11 +1,11 @@
 """A lean HTTP/1.1 client for the two requests made per batch: ``POST /batches``
 and the status read.
 
-aiohttp's client spends about 0.2 ms of CPU on each request (URL handling,
-header multidicts, cookies, tracing hooks, its response machinery); a
-submission and its status read are two requests per batch, the largest share
-of the gateway's CPU per committed batch (``docs/gateway.md``, "CPU per
-batch"). This client does only what those requests need, on keep-alive
+aiohttp's client does work on each request that these two never need (URL
+handling, header multidicts, cookies, tracing hooks, its response
+machinery); a submission and its status read are two requests per batch, the
+largest share of the gateway's CPU per committed batch (figures in
+``docs/gateway.md``, "CPU per batch"). This client does only what those requests need, on keep-alive
 connections: it writes one request, has httptools (llhttp, the HTTP parser of
 Node.js and uvicorn) parse the answer — status line, headers, a body framed by
 ``Content-Length`` or ``Transfer-Encoding: chunked``, or one that ends with

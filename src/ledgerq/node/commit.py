@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +124,6 @@ class Ledger:
         self._slots: deque[_Slot] = deque()
         self._by_fp: dict[TxFingerprint, _Slot] = {}
         self._log_requests: dict[TxFingerprint, list[asyncio.Future[SendLog]]] = {}
-        self.on_ack: Callable[[TransactionAck], None] | None = None
 
     def handle(self, msg: Any) -> None:
         kind = type(msg)

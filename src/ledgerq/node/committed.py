@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import ctypes
 import logging
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -144,7 +143,6 @@ class CommittedView:
         # executor's threads ran each write (each thread its own arena).
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="node-store-writer")
         self._trim = _malloc_trim()
-        self.trim_s = 0.0  # time spent in malloc_trim (see _write_chunks)
 
     # --- adding (the commit stage) ----------------------------------------------
 
@@ -368,9 +366,7 @@ class CommittedView:
         # filter's checkpoint) leaves free pages inside malloc's arenas, which glibc
         # keeps resident; give them back after each write.
         if self._trim is not None:
-            began = time.perf_counter()
             self._trim()
-            self.trim_s += time.perf_counter() - began
 
     async def drain(self) -> None:
         """Write everything committed so far, and wait for it."""

@@ -23,11 +23,11 @@ them, each transaction's ``prepared``: what its family's ``prepare`` (the
 node's registry's :meth:`~ledgerq.node.families.FamilyRegistry.preparers`)
 computed from its payload in the worker — for intkey the CBOR decoding and
 checks, the SHA-512 address and the value a ``set`` stores — so the event
-loop does only the part that needs state. Pickled
-as the dataclasses themselves (through reducers passing their constructors'
-arguments) they cost the worker 9.6 µs per transaction to pickle; as tuples,
-4.3 µs plus 1–2 µs to flatten, and the node's process the same as before
-to unpickle and build (about 5 µs; measured on 200 batches of ten).
+loop does only the part that needs state. Tuples, not
+the dataclasses themselves (through reducers passing their constructors'
+arguments): the worker pickles tuples in about half the time, flattening
+included, and the node's process unpickles and builds either at the same
+cost.
 """
 
 from __future__ import annotations
@@ -64,12 +64,11 @@ class BatchDecoder:
         self.pool_bytes = pool_bytes
         self.workers = default_workers() if workers is None else workers
         self.pool = WorkerPool(self.workers) if self.workers > 0 else None
-        # Bodies decoded on the event loop take turns, one per pass: posts of
-        # one batch each, arriving together, were all decoded in one pass, and
-        # every request that came meanwhile waited for all of them. In ``bench
-        # failover`` at 10,000 services a pass held 31 such decodes for 125 ms
-        # of a 237 ms pass, and a survivor's read of the statuses of the
-        # batches it took over waited for the pass (a status read takes no turn).
+        # Bodies decoded on the event loop take turns, one per pass: decoded
+        # all in one pass, posts of one batch each arriving together would keep
+        # every request that came meanwhile waiting for all of them — a
+        # survivor's read of the statuses of the batches it took over among
+        # them (a status read takes no turn).
         self._inline = OnePerPass()
 
     @property
@@ -118,10 +117,10 @@ def _flatten(
     (:func:`~ledgerq.codec.wire.repeated_field_spans`); given, a batch's
     ``serialized`` crosses as its ``(start, end)`` there, and
     :func:`_rebuild` slices it from its own copy of the body. That is a third
-    of a result's bytes: a POST of 500 transactions answers about 0.75 MB
-    instead of 1.14 MB, less than the pool's pipe holds (1 MiB), so the
-    worker writes it at once instead of waiting for the node's process to
-    read it a piece at a time (:func:`ledgerq.procpool.widen_pipes`)."""
+    of a result's bytes, which keeps the result of a large POST within what
+    the pool's pipe holds, so the worker writes it at once instead of
+    waiting for the node's process to read it a piece at a time
+    (:func:`ledgerq.procpool.widen_pipes`)."""
     preparers = preparers or {}
     if spans is not None and len(spans) != len(batches):
         raise ValueError(f"{len(spans)} spans for {len(batches)} batches")

@@ -29,9 +29,9 @@ the chunks that changed since, with the block number they cover
 store loads the checkpoint and adds the keys of the blocks after it (read in
 order from ``blocks``), so the filter covers every stored key after any
 crash. A store written before the filter existed gets one, built from its
-keys, the first time it is opened. (Putting the changed filter blocks in
-every write, as first done, rewrote most of the filter's pages at each
-write: about 10 MiB per store transaction.)
+keys, the first time it is opened. (The changed filter blocks are not put
+in every write: that would rewrite most of the filter's pages in every
+store transaction.)
 
 :meth:`LmdbStore.write` applies one group of commits, and moves ``applied``,
 in **one** LMDB transaction: a commit and its state changes reach the store
@@ -45,7 +45,7 @@ Opening refuses, with a :class:`~ledgerq.errors.NodeDataError`, a ``data.mdb``
 shorter than its pages (a read through the map past the end of the file is a
 ``SIGBUS``) and pages LMDB finds corrupt while opening.
 
-:class:`MemoryStore` is the same store in dictionaries, for a node without a
+:class:`DictStore` is the same store in dictionaries, for a node without a
 data directory.
 """
 
@@ -109,19 +109,19 @@ class MappedPages:
     already in the page cache too (the kernel's fault-around, 64 KiB), and a
     page written with ``pwrite`` may sit in a large folio (up to 2 MiB on
     ext4), which a fault maps whole; ``MADV_RANDOM`` (LMDB's ``NORDAHEAD``)
-    stops neither. A random key's lookup in a store of a million batches
-    maps 64 KiB–2 MiB, so a time-based release bounds nothing: the node
-    mapped the whole store (900 MiB) within a second, and a count of
-    operations bounds it only as well as the folios' sizes allow (25–105 MiB
-    at 256 operations, growing with the store). So the kernel's own count
-    decides: :meth:`touch` after every read and every commit written, and
-    every ``every`` operations a look at the process's resident shared
-    pages (``/proc/self/statm``, a read of about 10 µs, which counts the
-    file pages mapped in); once they exceed what they were right after the
-    last release by ``limit`` bytes, a release (tens of microseconds; the
-    refaults of the B-trees' upper pages then cost a few microseconds per
-    operation). Where ``statm`` cannot be read, every look releases.
-    Nothing is released while :attr:`held` (a restart's replay: each
+    stops neither. A random key's lookup in a large store maps anything
+    from the fault-around to a whole folio, so a time-based release bounds
+    nothing (a busy node maps the whole store within a second), and a count
+    of operations bounds it only as well as the folios' sizes allow, which
+    grow with the store. So the kernel's own count decides: :meth:`touch`
+    after every read and every commit written, and every ``every``
+    operations a look at the process's resident shared pages
+    (``/proc/self/statm``, one cheap read, which counts the file pages
+    mapped in); once they exceed what they were right after the last
+    release by ``limit`` bytes, a release (cheap as well; the refaults of
+    the B-trees' upper pages then cost little per operation). Where
+    ``statm`` cannot be read, every look releases.
+    Nothing is released while :attr:`pinned` (a restart's replay: each
     replayed record reads tens of KiB of store pages that the next records
     read again); letting go releases at once.
     """
@@ -141,7 +141,7 @@ class MappedPages:
         self._base = 0  # resident shared pages right after the last release
         self._statm: int | None = None
         self._touched = 0
-        self._held = False
+        self._pinned = False
         self.released = 0  # calls that succeeded
         if not sys.platform.startswith("linux"):
             return
@@ -170,13 +170,13 @@ class MappedPages:
             return None
 
     @property
-    def held(self) -> bool:
-        return self._held
+    def pinned(self) -> bool:
+        return self._pinned
 
-    @held.setter
-    def held(self, held: bool) -> None:
-        was, self._held = self._held, held
-        if was and not held:
+    @pinned.setter
+    def pinned(self, pinned: bool) -> None:
+        was, self._pinned = self._pinned, pinned
+        if was and not pinned:
             self.release()
 
     def touch(self, operations: int = 1) -> None:
@@ -186,16 +186,16 @@ class MappedPages:
         if self._touched < self.every:
             return
         self._touched = 0
-        if self._range is None or self._held:
+        if self._range is None or self._pinned:
             return
         shared = self._shared()
         if shared is None or (shared - self._base) * self._page > self.limit:
             self.release()
 
     def release(self) -> None:
-        """Unmap every page of the store mapped in, unless held."""
+        """Unmap every page of the store mapped in, unless pinned."""
         self._touched = 0
-        if self._range is None or self._madvise is None or self._held:
+        if self._range is None or self._madvise is None or self._pinned:
             return
         start, end = self._range
         if self._madvise(start, end - start, _MADV_DONTNEED) == 0:
@@ -318,7 +318,7 @@ class Store(Protocol):
         nodes: Mapping[bytes, bytes] = ...,
     ) -> None: ...
     def after_write(self) -> None: ...
-    def hold_unmapping(self, held: bool) -> None: ...
+    def pin_pages(self, pinned: bool) -> None: ...
     def blocks_from(self, num: int, *, reverse: bool = False) -> Iterator[CommitRecord]: ...
     def close(self) -> None: ...
 
@@ -768,9 +768,9 @@ class LmdbStore:
         """On the event loop, once :meth:`write` returned: let reads see it."""
         self._refresh()
 
-    def hold_unmapping(self, held: bool) -> None:
-        """Keep the store's mapped pages (``held``) or release them again as it is used."""
-        self._pages.held = held
+    def pin_pages(self, pinned: bool) -> None:
+        """Keep the store's mapped pages (``pinned``) or release them again as it is used."""
+        self._pages.pinned = pinned
 
     def import_legacy(
         self,
@@ -848,7 +848,7 @@ def _version_at(cursor: Any, address: bytes, block: int) -> KVSDatum | None:
     return bytes(cursor.value())
 
 
-class MemoryStore:
+class DictStore:
     """The same store in dictionaries: a node without a data directory."""
 
     def __init__(self) -> None:
@@ -970,7 +970,7 @@ class MemoryStore:
     def after_write(self) -> None:
         return None
 
-    def hold_unmapping(self, held: bool) -> None:
+    def pin_pages(self, pinned: bool) -> None:
         return None
 
     def close(self) -> None:

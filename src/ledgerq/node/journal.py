@@ -356,10 +356,6 @@ class Journal:
             if next_first - 1 <= records:
                 path.unlink()
 
-    @property
-    def flushing(self) -> bool:
-        return self._flushing
-
     def close(self) -> None:
         if self._file is not None:
             self._file.close()

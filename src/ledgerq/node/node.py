@@ -41,7 +41,7 @@ from ledgerq.node.committed import (
     CommittedView,
 )
 from ledgerq.node.datadir import DataDirLock, lock_data_dir
-from ledgerq.node.disk import CommitRecord, LmdbStore, MemoryStore, Store
+from ledgerq.node.disk import CommitRecord, DictStore, LmdbStore, Store
 from ledgerq.node.families import FamilyRegistry, default_registry
 from ledgerq.node.idfilter import DEFAULT_BLOCKS
 from ledgerq.node.journal import Journal, Record
@@ -104,7 +104,7 @@ class Node:
             store = LmdbStore(data_dir / "store", filter_blocks=filter_blocks)
             import_snapshot(data_dir, store)
         else:
-            store = MemoryStore()
+            store = DictStore()
         self.store = store
         self.committed = CommittedView(
             store, write_interval_s=store_interval_s, on_written=self._on_written
@@ -255,7 +255,7 @@ class Node:
         replayed = 0
         handling = 0.0  # seconds spent on the records, not in reading the journal
         # Replayed records read the same store pages again and again: keep them mapped.
-        self.store.hold_unmapping(True)
+        self.store.pin_pages(True)
         try:
             for record in journal.replay(self.store.meta().applied):
                 began = time.perf_counter()
@@ -272,7 +272,7 @@ class Node:
             await self._commit_ready()
             handling += time.perf_counter() - began
         finally:
-            self.store.hold_unmapping(False)
+            self.store.pin_pages(False)
         self.ledger.commit_delay_ms = delay
         journal.open_segment()
         self._segment_first = journal.last_seq + 1

@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from ledgerq.config import Settings, ledger_password
-from ledgerq.ingest.guard import LIMITS, HttpLimits
+from ledgerq.ingest.guard import LIMITS
 from ledgerq.logs import add_secret
 from ledgerq.node import Node
 from ledgerq.operator import dashboard, openapi
@@ -55,10 +55,10 @@ class OperatedGateway(Protocol):
 def register_secrets(settings: Settings) -> None:
     """Keep the tokens (the clients' and the one sent to the ledger) and the
     database's and the ledger's passwords out of every log line."""
-    for token, _scope in settings.tokens:
+    for token, _scope in settings.auth.scoped_tokens:
         add_secret(token)
-    if settings["ledger_token"]:
-        add_secret(settings["ledger_token"])
+    if settings.ledger_token:
+        add_secret(settings.ledger_token)
     for password in (urlsplit(settings.db).password, ledger_password(settings.ledger)):
         if password:
             add_secret(password)
@@ -69,27 +69,21 @@ def secure(app: web.Application, settings: Settings) -> None:
     that serves the app), the security headers and the middlewares
     (outermost first: Host check, CORS, tokens, service id)."""
     register_secrets(settings)
-    app[LIMITS] = HttpLimits(
-        keepalive_s=settings["http.keepalive_s"],
-        header_timeout_s=settings["http.header_timeout_s"],
-        body_timeout_s=settings["http.body_timeout_s"],
-        max_connections=settings["http.max_connections"],
-        max_connections_per_address=settings["http.max_connections_per_address"],
-    )
+    app[LIMITS] = settings.http
     app.on_response_prepare.append(add_security_headers)
     app.middlewares.append(
         host_middleware(
-            [h for h in settings["allowed_hosts"].split(",") if h],
-            bound_host=settings.bind[0],
-            public_url=settings["public_url"],
-            trust_forwarded=settings["trust_forwarded"],
+            [h for h in settings.allowed_hosts.split(",") if h],
+            bound_host=settings.bind_address[0],
+            public_url=settings.public_url,
+            trust_forwarded=settings.trust_forwarded,
         )
     )
-    origins = parse_origins(settings["cors.origins"])
+    origins = parse_origins(settings.cors.origins)
     if origins:
         app.middlewares.append(cors_middleware(origins))
-    if settings.has_token:
-        app.middlewares.append(token_middleware(settings.tokens))
+    if settings.auth.has_token:
+        app.middlewares.append(token_middleware(settings.auth.scoped_tokens))
     app.middlewares.append(service_id_middleware)
 
 
@@ -97,7 +91,7 @@ def gateway_app(gateway: OperatedGateway) -> web.Application:
     app: web.Application = gateway.api.app()
     secure(app, gateway.settings)
     # Each token is a tenant with its fair share (ledgerq.ingest.fairness).
-    gateway.api.set_tenants(len(gateway.settings.tokens))
+    gateway.api.set_tenants(len(gateway.settings.auth.scoped_tokens))
     app[METRICS_KEY] = gateway.metrics
 
     async def metrics(request: web.Request) -> web.Response:

@@ -31,7 +31,7 @@ gateways in one process (tests) never share a series. What is measured:
   deepest services plus one ``service_id="other"`` series summing the rest,
   so label cardinality stays at most ``top_services + 1`` however many
   services exist; ``ledgerq_services``, ``ledgerq_services_in_flight``.
-* Read from the claim manager at every exposition: ``ledgerq_claims_held``
+* Read from the claim manager at every exposition: ``ledgerq_services_claimed``
   (high availability; 0 otherwise).
 
 With ``serve --workers N`` every worker counts its own events; the worker
@@ -125,7 +125,7 @@ class FollowerStats(Protocol):
     def settings(self) -> Any: ...
 
 
-class HeldClaims(Protocol):
+class ClaimedServices(Protocol):
     """What the metrics read of the claim manager (``ledgerq.claims.ClaimManager``)."""
 
     def claimed_services(self, now: int | None = None) -> frozenset[str]: ...
@@ -223,7 +223,7 @@ class GatewayMetrics:
         #: The claim manager (high availability), read at each exposition:
         #: a worker's own exposition, added up by another worker's /metrics
         #: (``serve --workers``), is made without a refresh of its own.
-        self.claims: HeldClaims | None = None
+        self.claims: ClaimedServices | None = None
         r.register(_ClaimsCollector(self))
         self._created: dict[str, int] = {}
         self._posted: dict[str, int] = {}
@@ -360,7 +360,7 @@ class GatewayMetrics:
         self.service_in_flight.labels("other").set(sum(flying[s] for _, s in rest))
 
     def watch_pipeline(
-        self, pipeline: PipelineStats, follower: FollowerStats, claims: HeldClaims | None
+        self, pipeline: PipelineStats, follower: FollowerStats, claims: ClaimedServices | None
     ) -> None:
         """Expose the producer's takes, the follower's parked reads and
         followed batches, and the claims held, at every scrape."""
@@ -669,8 +669,8 @@ class _ClaimsCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         claims = self.metrics.claims
         yield GaugeMetricFamily(
-            "ledgerq_claims_held",
-            "Service claims this instance holds.",
+            "ledgerq_services_claimed",
+            "Services this instance has claimed.",
             value=0 if claims is None else len(claims.claimed_services()),
         )
 

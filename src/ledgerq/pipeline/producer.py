@@ -134,12 +134,12 @@ class TakeObserver(Protocol):
 @dataclass(frozen=True, slots=True)
 class PipelineSettings:
     submitter: SubmitterSettings = field(default_factory=SubmitterSettings)
-    monitor: FollowSettings = field(default_factory=FollowSettings)
+    follower: FollowSettings = field(default_factory=FollowSettings)
     #: How long a Delayed batch's service rests (ms).
     delay_window_ms: int = 15_000
-    #: How long a batch handed out by the queue stays held at most (ms): a
+    #: How long a batch stays handed out by the queue at most (ms): a
     #: backstop, long enough for a slow store to record a take.
-    hold_ms: int = 60_000
+    handout_ms: int = 60_000
     #: Batches of a pipelined service in flight at once, at most.
     pipeline_depth: int = 64
 
@@ -181,7 +181,7 @@ class Producer:
         clock: Clock = now_ms,
         sleep: Sleep = asyncio.sleep,
         jitter: Jitter = equal_jitter,
-        lean: bool = True,
+        narrow: bool = True,
     ) -> None:
         """``services``: the services this instance holds (HA; None: all);
         ``claimant``: its instance id, for rounds that join the claims in
@@ -209,9 +209,9 @@ class Producer:
             poll_interval=s.submitter.poll_timeout_s,
             services=services,
             claimant=claimant,
-            lean=lean,
+            narrow=narrow,
             strategies=strategies,
-            hold_ms=s.hold_ms,
+            handout_ms=s.handout_ms,
             resting=self._rests.services,
         )
         self.submitter = Submitter(ledger, s.submitter, sleep=sleep, health=health, jitter=jitter)
@@ -221,7 +221,7 @@ class Producer:
             StoreMonitorSource(store, services=services),
             ledger,
             self,
-            s.monitor,
+            s.follower,
             posting=self._posting,
             health=health,
             jitter=jitter,

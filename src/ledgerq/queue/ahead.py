@@ -114,8 +114,6 @@ class NextReader:
         self._max_group = max_group
         self._reads: list[tuple[str, str, asyncio.Future[TrackingBatch | None]]] = []
         self._reading = False
-        #: Next batches found among the successors, without a read.
-        self.guessed = 0
 
     async def next_open_batch(self, service_id: str, after: str) -> TrackingBatch | None:
         """The batch of ``service_id`` the serial queuer would pick once
@@ -123,7 +121,6 @@ class NextReader:
         guess = self.successors.pop(after)
         if guess is not None and guess.service_id == service_id:
             # Checked by the conditional take itself (Successors): no read.
-            self.guessed += 1
             return guess
         future: asyncio.Future[TrackingBatch | None] = asyncio.get_running_loop().create_future()
         future.add_done_callback(lambda f: f.cancelled() or f.exception())

@@ -24,14 +24,14 @@ What a caller relies on:
   writes, or ``a`` reads an entry that overlaps one ``b`` writes, or a
   transaction of ``b`` lists a transaction of ``a`` in its ``dependencies``.
   Two reads never conflict. Services never conflict with each other.
-* **Held.** A non-final batch is *held* while an earlier non-final batch of
+* **Blocked.** A non-final batch is *blocked* while an earlier non-final batch of
   its service conflicts with it — whatever that batch's state: new, in
   flight, ``Unknown``, ``Delayed`` (in its window or not). Every non-final
   batch holds its locks; a final one (``Committed``, ``Valid``, ``Invalid``)
   holds nothing. ``Invalid`` releases its locks like ``Committed``: later
   batches that read what it would have written are submitted anyway, as the
   serial queuer submits the next batch after an ``Invalid`` one.
-* **Eligible.** A non-final batch is eligible when it is not held, not in
+* **Eligible.** A non-final batch is eligible when it is not blocked, not in
   flight (``submitted``, or ``Pending``), not ``Delayed`` inside its delay
   window, and not in ``exclude`` (batches the caller has handed out and the
   store may not show as taken yet).
@@ -88,14 +88,14 @@ class ParallelRoundStore(Protocol):
         delay_window_ms: int,
         services: Collection[str] | None = None,
         limit: int | None = None,
-        lean: bool = False,
+        narrow: bool = False,
         exclude: Collection[int] = (),
         per_service: int = 1,
     ) -> list[TrackingBatch]:
         """The round :func:`select_parallel_round` would return over every
         tracked batch, ``exclude`` being ``seq``s, with at most
         ``per_service`` picks per service. ``services``, ``limit`` and
-        ``lean`` as in :meth:`ledgerq.queue.serial.RoundStore.queue_round`."""
+        ``narrow`` as in :meth:`ledgerq.queue.serial.RoundStore.queue_round`."""
         ...
 
 
@@ -166,8 +166,8 @@ class BatchAccess:
         )
 
 
-class HoldKind(enum.StrEnum):
-    """How an earlier batch holds a later one."""
+class ConflictKind(enum.StrEnum):
+    """How an earlier batch blocks a later one."""
 
     #: The earlier batch writes an entry the later one reads or writes.
     WRITES = "writes"
@@ -178,11 +178,11 @@ class HoldKind(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Hold:
+class Conflict:
     """Why a batch waits: ``blocker``, an earlier non-final batch of its service."""
 
     blocker: TrackingBatch
-    kind: HoldKind
+    kind: ConflictKind
     #: The earlier batch's entry (``WRITES``/``READS``) or the transaction id
     #: depended on (``DEPENDS``).
     what: str
@@ -190,35 +190,35 @@ class Hold:
 
 def conflict(
     earlier: TrackingBatch, earlier_access: BatchAccess, later_access: BatchAccess
-) -> Hold | None:
-    """How ``earlier`` holds a later batch of its service, or ``None``.
+) -> Conflict | None:
+    """How ``earlier`` blocks a later batch of its service, or ``None``.
 
     ``earlier`` needs its transactions for ``DEPENDS``.
     """
-    found = hold_between(
+    found = conflict_between(
         earlier_access, (t.transaction_header for t in earlier.transactions), later_access
     )
-    return None if found is None else Hold(earlier, *found)
+    return None if found is None else Conflict(earlier, *found)
 
 
-def hold_between(
+def conflict_between(
     earlier: BatchAccess, earlier_transactions: Iterable[str], later: BatchAccess
-) -> tuple[HoldKind, str] | None:
-    """How a batch with access ``earlier`` (and these transaction ids) holds a
+) -> tuple[ConflictKind, str] | None:
+    """How a batch with access ``earlier`` (and these transaction ids) blocks a
     later one with access ``later``: the kind and the entry (or the
     transaction id depended on); ``None`` if they do not conflict."""
     later_all = later.writes + later.reads
     for entry in earlier.writes:
         if any(overlap(entry, x) for x in later_all):
-            return HoldKind.WRITES, entry
+            return ConflictKind.WRITES, entry
     for entry in earlier.reads:
         if any(overlap(entry, x) for x in later.writes):
-            return HoldKind.READS, entry
+            return ConflictKind.READS, entry
     if later.after:
         wanted = set(later.after)
         for tid in earlier_transactions:
             if tid in wanted:
-                return HoldKind.DEPENDS, tid
+                return ConflictKind.DEPENDS, tid
     return None
 
 
@@ -226,7 +226,7 @@ class Wait(enum.Enum):
     """Why a non-final batch that is not in flight is not eligible."""
 
     #: An earlier non-final batch of the service conflicts with it.
-    HELD = "held"
+    BLOCKED = "blocked"
     #: ``Delayed``, inside its delay window.
     DELAY_WINDOW = "delay window"
     #: In the caller's ``exclude``.
@@ -239,7 +239,7 @@ class Waiting:
 
     batch: TrackingBatch
     why: Wait
-    hold: Hold | None = None
+    conflict: Conflict | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +248,7 @@ class ParallelDecision:
 
     #: The batch to queue, if any.
     pick: TrackingBatch | None
-    #: Its non-final batches held by the submitter or the ledger.
+    #: Its non-final batches with the submitter or the ledger.
     in_flight: tuple[TrackingBatch, ...] = ()
     #: The first batch in acceptance order that is neither in flight nor
     #: eligible, and why.
@@ -294,10 +294,10 @@ def decide_service_parallel(
         if _in_flight(batch):
             in_flight.append(batch)
             continue
-        hold = _latest_hold(live, access, i)
+        blocker = _latest_conflict(live, access, i)
         why: Wait | None = None
-        if hold is not None:
-            why = Wait.HELD
+        if blocker is not None:
+            why = Wait.BLOCKED
         elif batch.status_name is BatchStatusName.DELAYED and not delay_window_over(
             batch, now=now, delay_window_ms=delay_window_ms
         ):
@@ -307,19 +307,19 @@ def decide_service_parallel(
         if why is None:
             eligible.append(batch)
         elif waiting is None:
-            waiting = Waiting(batch, why, hold)
+            waiting = Waiting(batch, why, blocker)
     pick = min(eligible, key=lambda b: (_class(b), key(b))) if eligible else None
     return ParallelDecision(pick, tuple(in_flight), waiting, tuple(eligible))
 
 
-def _latest_hold(
+def _latest_conflict(
     live: Sequence[TrackingBatch], access: Sequence[BatchAccess], i: int
-) -> Hold | None:
+) -> Conflict | None:
     """The conflict with the latest earlier batch that conflicts with ``live[i]``."""
     for j in range(i - 1, -1, -1):
-        hold = conflict(live[j], access[j], access[i])
-        if hold is not None:
-            return hold
+        found = conflict(live[j], access[j], access[i])
+        if found is not None:
+            return found
     return None
 
 

@@ -59,7 +59,7 @@ class RoundStore(Protocol):
         delay_window_ms: int,
         services: Collection[str] | None = None,
         limit: int | None = None,
-        lean: bool = False,
+        narrow: bool = False,
         claimant: str | None = None,
     ) -> list[TrackingBatch]:
         """The round :func:`select_round` would return over every tracked batch.
@@ -68,7 +68,7 @@ class RoundStore(Protocol):
         ``claimant`` instead to the services the claims table gives that
         gateway instance (PostgreSQL only: high availability);
         ``limit`` keeps only the first ``limit`` picks in round order. A
-        ``lean`` round may leave out each pick's ``serialized_batch`` (empty),
+        ``narrow`` round may leave out each pick's ``serialized_batch`` (empty),
         ``transactions`` (empty) and submission error (``None``); everything
         the rules read (ids, ``seq``, ``submitted``, status, attempts, times)
         is there. Load the full batches with :meth:`get_batches_by_seq`.

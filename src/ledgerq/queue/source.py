@@ -17,14 +17,14 @@
   position and nobody is overtaken. Waiters in :meth:`QueueSource.get` return
   at once; without a wake-up they look again every ``poll_interval`` (for
   ``Delayed`` batches whose window passes, which no event announces).
-* **Never twice.** A batch handed out is *held* until the producer says the
+* **Never twice.** A batch stays *handed out* until the producer says the
   store shows it taken (:meth:`QueueSource.taken`) or that it will not take
   it (:meth:`QueueSource.released`), the store shows it changed (a new
   status, attempt count or attempt time), a round that covers its service no
-  longer contains it, or ``hold_ms`` passes (its submission died before
+  longer contains it, or ``handout_ms`` passes (its submission died before
   recording anything). Until then it is not handed out again, even if the
   store — not yet told ``submitted = true`` — still queues it.
-* **Lean rounds** (``lean=True``): rounds come without the picks' blobs
+* **Narrow rounds** (``narrow=True``): rounds come without the picks' blobs
   (``serialized_batch``, transactions), so a round over many services ships
   a few narrow columns per pick; the batches handed out are then loaded in
   full with one set-based read per pull (at most ``limit`` of them). A pick
@@ -38,10 +38,10 @@
   only for services ``services`` also names.
 * **Offered picks.** :meth:`QueueSource.offer` appends picks read
   elsewhere (a take-over's, on the claim thread: the services a dead
-  instance left with work, whose round on the gateway's busy loop took
-  0.1-1 s) to the end of the round as a round of woken services would,
+  instance left with work, whose round on the gateway's busy loop would
+  wait for the loop) to the end of the round as a round of woken services would,
   without asking the store. A service this source handed a batch of (or
-  heard ``taken_elsewhere`` of) less than ``hold_ms`` before gets no
+  heard ``taken_elsewhere`` of) less than ``handout_ms`` before gets no
   offered pick but is woken instead: the pick may have been read before
   that hand-out was recorded.
 * A round is a snapshot: the producer records ``submitted = true`` (fenced,
@@ -54,12 +54,12 @@
   ``parallel`` from ``parallel_round``. A woken parallel service gets up to
   ``parallel_picks`` picks in one query (its eligible batches, which never
   conflict with each other), queued one after the other at the end of the
-  round; once the last is handed out it is woken again, and its batches held
-  out (handed out, not yet shown as taken) are passed as ``exclude``: the
+  round; once the last is handed out it is woken again, and its batches
+  handed out (not yet shown as taken) are passed as ``exclude``: the
   next pull appends its next eligible batches, so several of its batches are
   in flight together.
   :meth:`QueueSource.taken` says the store now shows a batch as taken, which
-  ends its hold; :meth:`QueueSource.released`, that a batch handed out will
+  ends its hand-out; :meth:`QueueSource.released`, that a batch handed out will
   not be taken. ``exclude`` services in :meth:`QueueSource.next_batches`
   apply to serial services only; ``exclude_batches`` to every service, and a
   pick in it is dropped, never handed out later: the caller is still working
@@ -103,7 +103,7 @@ _Version = tuple[BatchStatusName | None, int, int | None]
 
 
 @dataclass(frozen=True, slots=True)
-class _Hold:
+class _HandOut:
     version: _Version
     taken_at: int
     seq: int | None
@@ -136,10 +136,10 @@ class QueueSource:
         delay_window_ms: int = DEFAULT_DELAY_WINDOW_MS,
         services: ServiceFilter | None = None,
         round_limit: int | None = None,
-        hold_ms: int | None = None,
+        handout_ms: int | None = None,
         poll_interval: float = 1.0,
         query_timeout: float = 30.0,
-        lean: bool = False,
+        narrow: bool = False,
         strategies: StrategyMap = SERIAL_ONLY,
         claimant: str | None = None,
         parallel_picks: int = DEFAULT_PARALLEL_PICKS,
@@ -164,10 +164,10 @@ class QueueSource:
         self._delay_window_ms = delay_window_ms
         self._services = services
         self._round_limit = round_limit
-        self._hold_ms = delay_window_ms if hold_ms is None else hold_ms
+        self._handout_ms = delay_window_ms if handout_ms is None else handout_ms
         self._poll_interval = poll_interval
         self._query_timeout = query_timeout
-        self._lean = lean
+        self._narrow = narrow
         self._claimant = claimant
         self._parallel_picks = parallel_picks
         self._resting = resting
@@ -175,13 +175,13 @@ class QueueSource:
         # Per service, how many of its picks wait in the round (one at most
         # for a serial service; up to parallel_picks for a parallel one).
         self._in_round: dict[str, int] = {}
-        self._held: dict[_Key, _Hold] = {}
-        # No hold is older than this (None: no holds): the holds are looked
+        self._handed_out: dict[_Key, _HandOut] = {}
+        # No hand-out is older than this (None: none): the hand-outs are looked
         # through for expired ones only once one may have expired.
-        self._oldest_hold: int | None = None
+        self._oldest_handout: int | None = None
         self._woken: set[str] = set()
         # Seqs of round picks that came without their blobs.
-        self._lean_picks: set[int] = set()
+        self._narrow_picks: set[int] = set()
         # A full round is asked for only when one is due: at start, after
         # wake(None), and every poll interval (Delayed batches whose window
         # passed, wake-ups missed); otherwise woken services are enough.
@@ -204,16 +204,16 @@ class QueueSource:
         return len(self._round)
 
     @property
-    def held(self) -> int:
+    def handed_out(self) -> int:
         """Batches handed out that the store has not yet shown as taken."""
-        return len(self._held)
+        return len(self._handed_out)
 
     def taken(self, batch: TrackingBatch) -> None:
-        """The store now shows ``batch`` as taken (``submitted``): its hold ends."""
-        self._held.pop(_key(batch), None)
+        """The store now shows ``batch`` as taken (``submitted``): its hand-out ends."""
+        self._handed_out.pop(_key(batch), None)
 
     def idle(self, service_id: str) -> bool:
-        """Whether nothing of ``service_id`` is handed out (held) or queued in
+        """Whether nothing of ``service_id`` is handed out or queued in
         the current round, and the service is serial: its next batch may then
         be taken outside the source (the commit → next POST merge), which
         skips nothing the source would have done first."""
@@ -221,7 +221,7 @@ class QueueSource:
             return False
         if not self._all_serial and self._parallel(service_id):
             return False
-        return not any(key[0] == service_id for key in self._held)
+        return not any(key[0] == service_id for key in self._handed_out)
 
     def taken_elsewhere(self, batch: TrackingBatch) -> None:
         """``batch`` was recorded taken outside the source (with its
@@ -237,9 +237,9 @@ class QueueSource:
 
     def released(self, batch: TrackingBatch) -> None:
         """``batch`` was handed out but will not be taken (the caller dropped
-        it, or could not record it): its hold ends and its service is looked
+        it, or could not record it): its hand-out ends and its service is looked
         at again."""
-        self._held.pop(_key(batch), None)
+        self._handed_out.pop(_key(batch), None)
         self.wake(batch.service_id)
 
     def wake(self, service_id: str | None = None) -> None:
@@ -254,18 +254,18 @@ class QueueSource:
 
     def offer(self, picks: Collection[TrackingBatch], services: Collection[str]) -> None:
         """The picks of ``services`` (at most one per service, whole, as a
-        round of those services returns them, read once they were held): a
+        round of those services returns them, read once they were claimed): a
         take-over's. Queued at the *front* of the current round, in the
         order they are given: their services' work has waited since the
         previous holder stopped (a claim's TTL at least), while the round
         holds what this instance's own services were given since; each
         service still gets one batch per round, and the round's others wait
-        for these picks only. Behind a survivor's own round of a few hundred
-        batches, the last of them had waited 0.9-1.3 s for a submission slot
-        (``bench failover`` at 10,000 services).
+        for these picks only. Behind a survivor's own round of hundreds of
+        batches they would wait for a submission slot past the failover
+        target.
 
-        A service handed out (or taken elsewhere) within ``hold_ms``, one
-        not held, and a parallel one are woken instead (the pick may predate
+        A service handed out (or taken elsewhere) within ``handout_ms``, one
+        not claimed, and a parallel one are woken instead (the pick may predate
         that hand-out, or come from the other strategy's round); one
         already in the round keeps its place there."""
         self._forget_touches(self._clock())
@@ -283,7 +283,7 @@ class QueueSource:
             batch = by_service.get(service_id)
             if batch is None or service_id in self._in_round:
                 continue  # nothing queueable when read (in flight), or queued already
-            if _key(batch) in self._held:
+            if _key(batch) in self._handed_out:
                 self.wake(service_id)  # handed out long ago: let a round decide
                 continue
             queued.add(service_id)
@@ -377,7 +377,7 @@ class QueueSource:
         """
         async with self._lock:
             now = self._clock()
-            self._expire_holds(now)
+            self._expire_handouts(now)
             # Only a serial service waits for its previous batch's task to end.
             blocked = (
                 exclude
@@ -412,14 +412,14 @@ class QueueSource:
                 self._left_round(batch.service_id)
                 taken.append(batch)
             self._round.extendleft(reversed(skipped))
-            if any(b.seq in self._lean_picks for b in taken):
+            if any(b.seq in self._narrow_picks for b in taken):
                 taken = await self._load(taken)
-            if taken and (self._oldest_hold is None or now < self._oldest_hold):
-                self._oldest_hold = now
+            if taken and (self._oldest_handout is None or now < self._oldest_handout):
+                self._oldest_handout = now
             for batch in taken:
                 self._touched[batch.service_id] = now
                 parallel = not self._all_serial and self._parallel(batch.service_id)
-                self._held[_key(batch)] = _Hold(_version(batch), now, batch.seq, parallel)
+                self._handed_out[_key(batch)] = _HandOut(_version(batch), now, batch.seq, parallel)
                 if parallel and batch.service_id not in self._in_round:
                     # Its next eligible batches, those handed out excluded.
                     self._woken.add(batch.service_id)
@@ -428,8 +428,8 @@ class QueueSource:
             return taken, bool(skipped or self._woken)
 
     def _forget_touches(self, now: int) -> None:
-        """Hand-outs older than any hold are forgotten."""
-        self._touched = {s: t for s, t in self._touched.items() if now - t < self._hold_ms}
+        """Hand-outs older than ``handout_ms`` are forgotten."""
+        self._touched = {s: t for s, t in self._touched.items() if now - t < self._handout_ms}
         self._touch_limit = max(_MAX_TOUCHED, 2 * len(self._touched))
 
     def _left_round(self, service_id: str) -> None:
@@ -488,7 +488,9 @@ class QueueSource:
                 delay_window_ms=self._delay_window_ms,
                 services=services,
                 limit=limit,
-                exclude=[h.seq for h in self._held.values() if h.excluded and h.seq is not None],
+                exclude=[
+                    h.seq for h in self._handed_out.values() if h.excluded and h.seq is not None
+                ],
                 per_service=per_service,
                 **extra,
             ),
@@ -496,16 +498,16 @@ class QueueSource:
         )
 
     async def _load(self, picks: list[TrackingBatch]) -> list[TrackingBatch]:
-        """The full batches of lean picks, minus those the store changed since."""
-        seqs = [b.seq for b in picks if b.seq is not None and b.seq in self._lean_picks]
+        """The full batches of narrow picks, minus those the store changed since."""
+        seqs = [b.seq for b in picks if b.seq is not None and b.seq in self._narrow_picks]
         loaded = await self._ask(self._store.get_batches_by_seq(seqs), "the batches to submit")
         by_seq = {b.seq: b for b in loaded}
         full: list[TrackingBatch] = []
         for pick in picks:
-            if pick.seq is None or pick.seq not in self._lean_picks:
+            if pick.seq is None or pick.seq not in self._narrow_picks:
                 full.append(pick)  # from a round of woken services: loaded already
                 continue
-            self._lean_picks.discard(pick.seq)
+            self._narrow_picks.discard(pick.seq)
             batch = by_seq.get(pick.seq)
             if (
                 batch is None
@@ -535,17 +537,17 @@ class QueueSource:
         allowed = self._services()
         return services if allowed is None else services & set(allowed)
 
-    def _expire_holds(self, now: int) -> None:
-        # Run on every pull: with hundreds of batches held, a look through
+    def _expire_handouts(self, now: int) -> None:
+        # Run on every pull: with hundreds of batches handed out, a look through
         # them all each time cost more than the rest of the pull.
-        oldest = self._oldest_hold
-        if oldest is None or now - oldest < self._hold_ms:
+        oldest = self._oldest_handout
+        if oldest is None or now - oldest < self._handout_ms:
             return
-        expired = [k for k, h in self._held.items() if now - h.taken_at >= self._hold_ms]
+        expired = [k for k, h in self._handed_out.items() if now - h.taken_at >= self._handout_ms]
         for key in expired:
-            del self._held[key]
+            del self._handed_out[key]
             self._woken.add(key[0])  # look at its service again
-        self._oldest_hold = min((h.taken_at for h in self._held.values()), default=None)
+        self._oldest_handout = min((h.taken_at for h in self._handed_out.values()), default=None)
 
     def _full_round_due(self, now: int) -> bool:
         return (
@@ -560,9 +562,9 @@ class QueueSource:
         if services is None and self._services is not None:
             allowed = self._services()
             services = None if allowed is None else set(allowed)
-        # Stores without lean rounds (test doubles) never see the argument.
+        # Stores without narrow rounds (test doubles) never see the argument.
         # Rounds of a few woken services come whole: one query, no reload.
-        extra: dict[str, Any] = {"lean": targets is None} if self._lean else {}
+        extra: dict[str, Any] = {"narrow": targets is None} if self._narrow else {}
         uniform = self._uniform_rounds
         groups: list[tuple[Strategy, set[str] | None]]
         if uniform is not None:
@@ -593,23 +595,23 @@ class QueueSource:
         returned = {_key(b) for b in picks}
         # Services with picks in the round already get none from this one.
         present = set(self._in_round)
-        # A held batch missing from a round that covers its service is no
-        # longer queueable in the store: the store has caught up. (Not a
-        # parallel service's: its rounds exclude what it holds.)
+        # A batch handed out but missing from a round that covers its service
+        # is no longer queueable in the store: the store has caught up. (Not a
+        # parallel service's: its rounds exclude what it has handed out.)
         if complete:
-            for key, held in list(self._held.items()):
+            for key, given in list(self._handed_out.items()):
                 covered = services is None or key[0] in services
-                if covered and not held.excluded and key not in returned:
-                    del self._held[key]
+                if covered and not given.excluded and key not in returned:
+                    del self._handed_out[key]
         for batch in picks:
-            hold = self._held.get(_key(batch))
-            if hold is not None:
-                if hold.version == _version(batch):
+            out = self._handed_out.get(_key(batch))
+            if out is not None:
+                if out.version == _version(batch):
                     continue  # the store has not recorded the hand-out yet
-                del self._held[_key(batch)]
+                del self._handed_out[_key(batch)]
             if batch.service_id in present or batch.service_id in self._resting:
                 continue
-            if extra.get("lean") and batch.seq is not None:
-                self._lean_picks.add(batch.seq)
+            if extra.get("narrow") and batch.seq is not None:
+                self._narrow_picks.add(batch.seq)
             self._round.append(batch)
             self._in_round[batch.service_id] = self._in_round.get(batch.service_id, 0) + 1

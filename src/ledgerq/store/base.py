@@ -127,9 +127,9 @@ class ServiceSummary:
     ledger (``submitted`` or ``Pending``). ``next_batch_id`` is the first
     non-final batch that is not: the one to submit next. If an earlier
     non-final batch of the service conflicts with it (the parallel queuer's
-    rule), ``held_by_batch_id`` is the latest such batch, ``held_kind`` how
+    rule), ``blocker_batch_id`` is the latest such batch, ``blocker_kind`` how
     (``writes``, ``reads``, ``depends``: see
-    :class:`ledgerq.queue.parallel.HoldKind`) and ``held_on`` the entry (or
+    :class:`ledgerq.queue.parallel.ConflictKind`) and ``blocker_on`` the entry (or
     transaction id) they conflict on.
 
     What stops the service, if anything: ``paused`` by an operator
@@ -147,9 +147,9 @@ class ServiceSummary:
     total: int
     in_flight: int = 0
     next_batch_id: str | None = None
-    held_by_batch_id: str | None = None
-    held_kind: str | None = None
-    held_on: str | None = None
+    blocker_batch_id: str | None = None
+    blocker_kind: str | None = None
+    blocker_on: str | None = None
     paused: bool = False
     paused_by: str | None = None
     paused_at: int | None = None
@@ -214,7 +214,7 @@ class BatchReader(Protocol):
     async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
         """Non-final batches the ledger has or may have (``Pending``, or
         ``submitted``: taken for a first attempt, or for a resubmission after
-        ``Unknown`` or ``Delayed``), in ``seq`` order, lean: without blobs,
+        ``Unknown`` or ``Delayed``), in ``seq`` order, narrow: without blobs,
         transactions or submission errors. What the monitor follows."""
         ...
 

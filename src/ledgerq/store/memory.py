@@ -491,10 +491,10 @@ class MemoryStore(common.SeedWrites):
         delay_window_ms: int,
         services: Collection[str] | None = None,
         limit: int | None = None,
-        lean: bool = False,
+        narrow: bool = False,
         claimant: str | None = None,
     ) -> list[TrackingBatch]:
-        # Lean or not, the memory store's batches are loaded already.
+        # Narrow or not, the memory store's batches are loaded already.
         common.check_round(delay_window_ms, limit, services=services, claimant=claimant)
         wanted = None if services is None else frozenset(services)
         open_ = [
@@ -513,7 +513,7 @@ class MemoryStore(common.SeedWrites):
         delay_window_ms: int,
         services: Collection[str] | None = None,
         limit: int | None = None,
-        lean: bool = False,
+        narrow: bool = False,
         exclude: Collection[int] = (),
         per_service: int = 1,
     ) -> list[TrackingBatch]:
@@ -636,13 +636,13 @@ class MemoryStore(common.SeedWrites):
             flight = [r for r in open_ if r.submitted]
             moving = [r for r in open_ if r.submitted or r.status is BatchStatusName.PENDING]
             waiting = [i for i, r in enumerate(open_) if r not in moving]
-            hold = None
+            found = None
             if waiting:
                 views = [self._view(r) for r in open_[: waiting[0] + 1]]
                 later = BatchAccess.of(views[-1])
                 for earlier in reversed(views[:-1]):
-                    hold = conflict(earlier, BatchAccess.of(earlier), later)
-                    if hold is not None:
+                    found = conflict(earlier, BatchAccess.of(earlier), later)
+                    if found is not None:
                         break
             out.append(
                 ServiceSummary(
@@ -653,9 +653,9 @@ class MemoryStore(common.SeedWrites):
                     total=len(recs),
                     in_flight=len(moving),
                     next_batch_id=open_[waiting[0]].batch.batch_header if waiting else None,
-                    held_by_batch_id=None if hold is None else hold.blocker.batch_header,
-                    held_kind=None if hold is None else hold.kind.value,
-                    held_on=None if hold is None else hold.what,
+                    blocker_batch_id=None if found is None else found.blocker.batch_header,
+                    blocker_kind=None if found is None else found.kind.value,
+                    blocker_on=None if found is None else found.what,
                     **self._stops(sid, open_[waiting[0]] if waiting else None),
                 )
             )

@@ -84,18 +84,18 @@ def _translate(exc: psycopg.Error, url: str) -> StoreError:
 #: Statements whose best plan depends on the length of an array parameter (a
 #: list of service ids). Never prepared, so every execution is planned for its
 #: own list: once psycopg prepares a statement (its fifth execution), PostgreSQL
-#: may switch to a generic plan chosen without the list, which took 609 ms where
-#: the planned one took 32 ms for 5,000 services (docs/BENCHMARKS.md, anomaly 3).
+#: may switch to a generic plan chosen without the list, many times slower than
+#: the plan for the list at hand on thousands of services (docs/BENCHMARKS.md).
 PLANNED_EACH_TIME = frozenset({"queue_round_services", "parallel_round_services"})
 
 #: The statements a gateway's ingest and pipeline send on almost every
 #: connection: an insert, a take, a status, a take of the batches a final
 #: status frees. :meth:`PostgresBackend.warm` prepares them on a few pooled
 #: connections as the gateway starts. Otherwise each is prepared in the first
-#: message that needs it on each connection, and the server spends up to
-#: 9 ms parsing and analysing one of these set-based statements inside the
-#: first requests' transactions: 52 such PREPAREs on 4 connections in the
-#: first 0.65 s of a parallel run (docs/store.md, "Warm connections").
+#: message that needs it on each connection, and the server parses and
+#: analyses these set-based statements, each a noticeable time, inside the
+#: first requests' transactions, once per connection (docs/store.md, "Warm
+#: connections").
 WARM_STATEMENTS = (
     # add_batches
     "lock_services",
@@ -112,7 +112,7 @@ WARM_STATEMENTS = (
     "lock_finishing_heads",
     "lock_group_rows",
     "batch_states",
-    "hold_claims",
+    "lock_claims",
     "next_open_checks",
     "record_attempt_set",
     "write_status_checked_set",
@@ -141,10 +141,9 @@ def _positional(query: str) -> tuple[str, tuple[str, ...]]:
 
 #: Lists up to this many batches, and this many bytes of serialized batches,
 #: are inserted by statements bound on the client and sent with the COMMIT;
-#: larger ones are COPYed in binary (insert_batches). Measured (single-
-#: transaction intkey batches, the blockers set-based either way): at 10 a
-#: list the literals cost a quarter less client CPU and the same time; at
-#: 100 the two were even; at 1,000 and 2,000 the COPY took 15-35 % less time.
+#: larger ones are COPYed in binary (insert_batches): literals cost less client
+#: CPU for small lists, COPY less time for large ones; the bound lies between
+#: (figures in docs/store.md).
 LITERAL_MAX_BATCHES = 200
 LITERAL_MAX_BYTES = 512 * 1024
 
@@ -180,8 +179,8 @@ def _bytea_array(values: Sequence[bytes]) -> str:
 def _column_literal(values: Sequence[Any]) -> Any:
     """The array literal of one column of a set-based write (``<name>_set``)
     when its values are all of one simple type or ``None``; else the list
-    (psycopg's list dumper). The dumper costs about 5 us of Python per
-    element: 170 us to bind a 10-row ``write_status_set``, 10 us as literals."""
+    (psycopg's list dumper). The dumper runs Python code for every element;
+    a literal is one join, on the hot path of every set-based write."""
     kinds = {type(v) for v in values if v is not None}
     if not kinds:
         return "{" + ",".join(["NULL"] * len(values)) + "}"
@@ -289,7 +288,7 @@ class _Session:
 
     A write transaction of :meth:`PostgresBackend.run` is *batched*: its
     ``BEGIN`` is not sent on its own but with its first statement, a set-based
-    write (``executemany``), whose result nobody reads, is held back until the
+    write (``executemany``), whose result nobody reads, is deferred until the
     next statement or the ``COMMIT``, and :meth:`fetchall_many` sends several
     statements at once. What is sent together goes as one simple-protocol
     message, its parameters bound on the client: the server runs it only once
@@ -307,8 +306,8 @@ class _Session:
         self.conn = conn
         self._q = backend.queries
         self._batched = batched
-        #: Statements (client-bound) to send before the next one: BEGIN, held writes.
-        self._held: list[str] = ["BEGIN"] if batched else []
+        #: Statements (client-bound) to send before the next one: BEGIN, deferred writes.
+        self._deferred: list[str] = ["BEGIN"] if batched else []
         self._binder: psycopg.AsyncClientCursor[Any] | None = None
         self._backend = backend
         #: Set once fetchall_committing sent the COMMIT.
@@ -332,16 +331,16 @@ class _Session:
         await self.prepare()
         for name in names:
             if name not in PLANNED_EACH_TIME:
-                self._hold_prepare(name)
+                self._defer_prepare(name)
         await self.flush()
 
-    def _hold_prepare(self, name: str) -> str:
+    def _defer_prepare(self, name: str) -> str:
         """The name ``name`` is prepared under on this connection, its
-        ``PREPARE`` held to go first when the connection has not got it yet."""
+        ``PREPARE`` deferred to go first when the connection has not got it yet."""
         statement = f"lq_{name}"
         if statement not in self._prepared.names:
             self._prepared.names.add(statement)
-            self._held.append(f"PREPARE {statement} AS {_positional(self._q[name])[0]}")
+            self._deferred.append(f"PREPARE {statement} AS {_positional(self._q[name])[0]}")
         return statement
 
     def _bind(self, name: str, params: Params) -> str:
@@ -352,7 +351,7 @@ class _Session:
         if name in PLANNED_EACH_TIME:
             return self._binder.mogrify(self._q[name], params)
         names = _positional(self._q[name])[1]
-        statement = self._hold_prepare(name)
+        statement = self._defer_prepare(name)
         return self._binder.mogrify(
             f"EXECUTE {statement}({', '.join(f'%({n})s' for n in names)})"
             if names
@@ -361,11 +360,11 @@ class _Session:
         )
 
     async def _send(self, statements: Sequence[str]) -> list[tuple[list[Row], int]]:
-        """The held statements, then ``statements``, in one message; the rows
+        """The deferred statements, then ``statements``, in one message; the rows
         (empty for a command) and row count of each of ``statements``."""
-        texts = [*self._held, *statements]
-        skip = len(self._held)
-        self._held = []
+        texts = [*self._deferred, *statements]
+        skip = len(self._deferred)
+        self._deferred = []
         cur = psycopg.AsyncClientCursor(self.conn)
         try:
             # A newline before each ';': a statement may end in a line comment.
@@ -390,12 +389,12 @@ class _Session:
         return out[skip:]
 
     async def flush(self) -> None:
-        """Send the held statements now (before using ``conn`` directly)."""
-        if self._held:
+        """Send the deferred statements now (before using ``conn`` directly)."""
+        if self._deferred:
             await self._send([])
 
     async def fetchall_committing(self, name: str, params: Params) -> list[Row]:
-        """``name``'s rows, sent with the held statements and the ``COMMIT``
+        """``name``'s rows, sent with the deferred statements and the ``COMMIT``
         in one message (a batched write transaction's last statement): the
         transaction has ended when this returns, :meth:`commit` does nothing."""
         [(rows, _), _] = await self._send([self._bind(name, params), "COMMIT"])
@@ -405,13 +404,13 @@ class _Session:
     async def commit(self) -> None:
         if self._committed:
             return
-        if self._held == ["BEGIN"]:
-            self._held = []  # nothing ran: no transaction to end
+        if self._deferred == ["BEGIN"]:
+            self._deferred = []  # nothing ran: no transaction to end
             return
         await self._send(["COMMIT"])
 
     async def rollback(self) -> None:
-        self._held = []
+        self._deferred = []
         if self.conn.info.transaction_status in (
             psycopg.pq.TransactionStatus.INTRANS,
             psycopg.pq.TransactionStatus.INERROR,
@@ -419,7 +418,7 @@ class _Session:
             await self.conn.execute(b"ROLLBACK")
 
     async def execute(self, name: str, params: Params) -> int:
-        if self._held:
+        if self._deferred:
             [(_, count)] = await self._send([self._bind(name, params)])
             return count
         cur = await self.conn.execute(self._q[name], params)
@@ -432,14 +431,14 @@ class _Session:
         # idle_in_transaction_session_timeout and keep the other instances
         # from taking its services over. A query with a set-based form
         # (``<name>_set``, arrays of columns) is sent once for all rows;
-        # others one row at a time. In a batched transaction they are held
+        # others one row at a time. In a batched transaction they are deferred
         # back and sent with the next statement or the COMMIT.
         if not rows:
             return
         if f"{name}_set" not in self._q:
             for row in rows:
                 if self._batched:
-                    self._held.append(self._bind(name, row))
+                    self._deferred.append(self._bind(name, row))
                 else:
                     await self.conn.execute(self._q[name], row)
             return
@@ -449,12 +448,12 @@ class _Session:
             rows = list(by_key.values())
         columns = {key: _column_literal([row[key] for row in rows]) for key in rows[0]}
         if self._batched:
-            self._held.append(self._bind(f"{name}_set", columns))
+            self._deferred.append(self._bind(f"{name}_set", columns))
         else:
             await self.conn.execute(self._q[f"{name}_set"], columns)
 
     async def fetchall(self, name: str, params: Params) -> list[Row]:
-        if self._held:
+        if self._deferred:
             [(rows, _)] = await self._send([self._bind(name, params)])
             return rows
         prepare = False if name in PLANNED_EACH_TIME else None
@@ -463,7 +462,7 @@ class _Session:
 
     async def fetchall_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         """Each query's rows, all sent in one message; they run in list order."""
-        if len(calls) == 1 and not self._held:
+        if len(calls) == 1 and not self._deferred:
             return [await self.fetchall(*calls[0])]
         if not calls:
             return []
@@ -471,7 +470,7 @@ class _Session:
         return [rows for rows, _ in results]
 
     async def fetchone(self, name: str, params: Params) -> Row | None:
-        if self._held:
+        if self._deferred:
             [(rows, _)] = await self._send([self._bind(name, params)])
             return rows[0] if rows else None
         cur = await self.conn.execute(self._q[name], params)
@@ -805,14 +804,13 @@ class PostgresBackend:
 
     def seqs_param(self, seqs: Sequence[int]) -> str:
         # An array literal, cast by the query (``::bigint[]``): psycopg's
-        # list dumper costs about 5 us of Python per element.
+        # list dumper runs Python code for every element.
         return "{" + ",".join(map(str, map(int, seqs))) + "}"
 
     def texts_param(self, values: Sequence[str]) -> str | list[str]:
         """An array literal when no value needs quoting (batch ids, the usual
-        service ids): about 4 times cheaper than psycopg's list dumper, which
-        checks every element for quoting (0.6 ms for 100 batch ids); else the
-        list itself."""
+        service ids): one check of the joined text, where psycopg's list
+        dumper checks every element for quoting; else the list itself."""
         joined = ",".join(values)
         if (
             _PLAIN_TEXTS.fullmatch(joined)

@@ -12,7 +12,7 @@ every service, listings) on the connection's thread. Writes are short
 (group-committed pipeline writes, one insert per request), and running them
 on a second thread costs more than it saves: each statement releases the
 GIL and must win it back from a busy event loop, which on a loaded gateway
-stretched a 1 ms transaction to tens of milliseconds. (``inline=False``
+stretches a short transaction many times over. (``inline=False``
 sends everything to the threads.) The price: while another process holds
 the database's write lock (a maintenance command), an inline write waits for
 it, up to ``busy_timeout_ms``, with the event loop. Several stores (processes or connections) on
@@ -478,7 +478,7 @@ class SqliteBackend:
 
     def _gated(self, write: bool) -> contextlib.AbstractAsyncContextManager[None]:
         if write and self._gate is not None:
-            return self._gate.held()
+            return self._gate.locked()
         return contextlib.nullcontext()
 
     async def run(

@@ -41,7 +41,7 @@ class WriteGate:
             os.close(fd)
 
     @contextlib.asynccontextmanager
-    async def held(self) -> AsyncIterator[None]:
+    async def locked(self) -> AsyncIterator[None]:
         fd = self._fd
         if fd is None:
             yield

@@ -35,7 +35,7 @@ from ledgerq.model import (
     TrackingBatchList,
     TransactionReceipt,
 )
-from ledgerq.queue.parallel import BatchAccess, check_per_service, hold_between
+from ledgerq.queue.parallel import BatchAccess, check_per_service, conflict_between
 from ledgerq.store import common
 from ledgerq.store.base import (
     DATA_CHANGE_PREFIX,
@@ -214,7 +214,7 @@ class _DeferredSession:
     async def fetchone(self, name: str, params: Params) -> Row | None:
         if name == "batch_state":
             return self.states.get((params["service_id"], params["batch_id"]))
-        if name == "hold_claim":
+        if name == "lock_claim":
             key = (params["service_id"], params["instance_id"], params["epoch"])
             return (key[2],) if key in self.claims else None
         return await self._session.fetchone(name, params)
@@ -392,7 +392,7 @@ class SqlStore(common.SeedWrites):
             )
         if fence is not None:
             held = await session.fetchone(
-                "hold_claim",
+                "lock_claim",
                 {
                     "service_id": service_id,
                     "instance_id": fence.instance_id,
@@ -846,7 +846,7 @@ class SqlStore(common.SeedWrites):
         if fences and self.dialect == "postgresql":
             calls.append(
                 (
-                    "hold_claims",
+                    "lock_claims",
                     {
                         "service_ids": self._backend.texts_param([f[0] for f in fences]),
                         "instance_ids": self._backend.texts_param([f[1] for f in fences]),
@@ -905,13 +905,13 @@ class SqlStore(common.SeedWrites):
         delay_window_ms: int,
         services: Collection[str] | None = None,
         limit: int | None = None,
-        lean: bool = False,
+        narrow: bool = False,
         claimant: str | None = None,
     ) -> list[TrackingBatch]:
         """The one-round serial queuer's round in one statement (plus hydration).
 
         Equal to :func:`ledgerq.queue.serial.select_round` over every tracked batch;
-        ``lean`` rounds leave the blobs out (see :class:`ledgerq.queue.serial.RoundStore`).
+        ``narrow`` rounds leave the blobs out (see :class:`ledgerq.queue.serial.RoundStore`).
         """
         common.check_round(
             delay_window_ms, limit, services=services, claimant=claimant, dialect=self.dialect
@@ -920,7 +920,7 @@ class SqlStore(common.SeedWrites):
             "now": now,
             "delay_window_ms": delay_window_ms,
             "limit": limit,
-            "lean": lean,
+            "narrow": narrow,
         }
         name = "queue_round"
         if claimant is not None:
@@ -934,7 +934,7 @@ class SqlStore(common.SeedWrites):
             name = "queue_round_services"
         # A round of a few woken services is a short read.
         short = services is not None and len(params["services"]) <= SHORT_ROUND_SERVICES
-        if not lean:
+        if not narrow:
             return await self._list(name, params, short=short)
 
         async def body(session: Session) -> list[TrackingBatch]:
@@ -949,7 +949,7 @@ class SqlStore(common.SeedWrites):
         delay_window_ms: int,
         services: Collection[str] | None = None,
         limit: int | None = None,
-        lean: bool = False,
+        narrow: bool = False,
         exclude: Collection[int] = (),
         per_service: int = 1,
     ) -> list[TrackingBatch]:
@@ -966,7 +966,7 @@ class SqlStore(common.SeedWrites):
             "now": now,
             "delay_window_ms": delay_window_ms,
             "limit": limit,
-            "lean": lean,
+            "narrow": narrow,
             "exclude": self._backend.seqs_param(sorted(set(exclude))),
             "per_service": per_service,
         }
@@ -978,11 +978,11 @@ class SqlStore(common.SeedWrites):
             params["services"] = self._backend.texts_param(wanted)
             name = "parallel_round_services"
         if per_service == 1:
-            # Without ranking the candidates: over 10,000 services the ranked
-            # statement took about twice the time (docs/queuer.md).
+            # Without ranking the candidates, which costs a sort of every
+            # candidate over many services (figures in docs/queuer.md).
             name += "_first"
         short = services is not None and len(params["services"]) <= SHORT_ROUND_SERVICES
-        if not lean:
+        if not narrow:
             return await self._list(name, params, short=short)
 
         async def body(session: Session) -> list[TrackingBatch]:
@@ -1093,7 +1093,7 @@ class SqlStore(common.SeedWrites):
 
     async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
         """Non-final batches that are ``Pending`` or ``submitted``, in ``seq``
-        order, lean (no blobs, no transactions, no errors)."""
+        order, narrow (no blobs, no transactions, no errors)."""
         common.check_limit(limit)
         # Reads the busy index only: short.
         rows = await self._fetchall("list_in_flight", {"limit": limit}, short=True)
@@ -1137,13 +1137,13 @@ class SqlStore(common.SeedWrites):
 
         async def body(session: Session) -> list[ServiceSummary]:
             rows = await session.fetchall("list_services", params)
-            held = {r[6]: r[8] for r in rows if r[8] is not None}  # next seq -> blocker seq
-            holds = await self._holds(session, held) if held else {}
+            blocked = {r[6]: r[8] for r in rows if r[8] is not None}  # next seq -> blocker seq
+            conflicts = await self._conflicts(session, blocked) if blocked else {}
             out = []
             for row in rows:
-                sid, depth, head, flight, total, count, next_seq, next_id, _, held_id = row[:10]
+                sid, depth, head, flight, total, count, next_seq, next_id, _, blocker_id = row[:10]
                 paused, paused_by, paused_at, halted_id, halted_reason, halted_at, waits = row[10:]
-                kind, on = holds.get(next_seq, (None, None))
+                kind, on = conflicts.get(next_seq, (None, None))
                 out.append(
                     ServiceSummary(
                         service_id=sid,
@@ -1153,9 +1153,9 @@ class SqlStore(common.SeedWrites):
                         total=int(total),
                         in_flight=int(count),
                         next_batch_id=next_id,
-                        held_by_batch_id=held_id,
-                        held_kind=kind,
-                        held_on=on,
+                        blocker_batch_id=blocker_id,
+                        blocker_kind=kind,
+                        blocker_on=on,
                         paused=bool(paused),
                         paused_by=paused_by,
                         paused_at=None if paused_at is None else int(paused_at),
@@ -1169,14 +1169,16 @@ class SqlStore(common.SeedWrites):
 
         return await self._backend.run(body, write=False)
 
-    async def _holds(self, session: Session, held: Mapping[int, int]) -> dict[int, tuple[str, str]]:
-        """For next batch seq → blocker seq: how the blocker holds it (kind, entry)."""
-        seqs = sorted({*held, *held.values()})
+    async def _conflicts(
+        self, session: Session, blocked: Mapping[int, int]
+    ) -> dict[int, tuple[str, str]]:
+        """For next batch seq → blocker seq: how the blocker blocks it (kind, entry)."""
+        seqs = sorted({*blocked, *blocked.values()})
         rows = await session.fetchall("locks_of", {"seqs": self._backend.seqs_param(seqs)})
         entries: dict[int, dict[str, list[str]]] = {}
         for seq, mode, entry in rows:
             entries.setdefault(seq, {}).setdefault(mode, []).append(entry)
-        blockers = sorted(set(held.values()))
+        blockers = sorted(set(blocked.values()))
         txns: dict[int, list[str]] = {}
         for seq, tid in await session.fetchall(
             "transaction_ids_of", {"seqs": self._backend.seqs_param(blockers)}
@@ -1188,8 +1190,8 @@ class SqlStore(common.SeedWrites):
             return BatchAccess(tuple(e.get("r", ())), tuple(e.get("w", ())), tuple(e.get("d", ())))
 
         out: dict[int, tuple[str, str]] = {}
-        for later, earlier in held.items():
-            found = hold_between(access(earlier), txns.get(earlier, ()), access(later))
+        for later, earlier in blocked.items():
+            found = conflict_between(access(earlier), txns.get(earlier, ()), access(later))
             if found is not None:
                 out[later] = (found[0].value, found[1])
         return out

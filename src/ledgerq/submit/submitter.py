@@ -70,8 +70,11 @@ class Lease(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SubmitterSettings:
+    """The ``submitter.*`` keys, with their defaults (:mod:`ledgerq.config`
+    checks each value; this class, how they fit together)."""
+
     #: Concurrent submissions (each its own task and HTTP request).
     slots: int = 256
     #: Retries of a Busy/Unreachable/Unjudged answer before recording Delayed.
@@ -83,12 +86,11 @@ class SubmitterSettings:
     poll_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.slots < 1:
-            raise ConfigError(f"submitter.slots must be at least 1, not {self.slots}")
-        if self.max_retries < 0:
-            raise ConfigError(f"submitter.max_retries must be >= 0, not {self.max_retries}")
-        if self.backoff_initial_ms < 0 or self.backoff_max_ms < self.backoff_initial_ms:
-            raise ConfigError("submitter.backoff_* must satisfy 0 <= initial <= max")
+        if self.backoff_max_ms < self.backoff_initial_ms:
+            raise ConfigError(
+                f"submitter.backoff_max_ms ({self.backoff_max_ms}) must not be below "
+                f"submitter.backoff_initial_ms ({self.backoff_initial_ms})"
+            )
 
 
 #: Answers after which nothing was queued at the ledger: sent again after a backoff.

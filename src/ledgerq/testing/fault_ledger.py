@@ -199,7 +199,8 @@ class Violation:
     """A POST of a batch the ledger already had: a resend made without asking."""
 
     batch_id: str
-    held_as: str
+    #: The status the ledger had it in.
+    known_as: str
     at_ms: float
 
 

@@ -17,13 +17,13 @@ TOKEN = "node-token-0123456789abcdef"
 
 def test_the_token_comes_from_the_environment_or_the_settings_file(tmp_path: Path) -> None:
     from_env = load_settings(environ={"LEDGERQ_NODE_TOKEN": TOKEN}, cwd=tmp_path)
-    assert from_env["node.token"] == TOKEN and from_env.sources["node.token"] == "env"
+    assert from_env.node.token == TOKEN and from_env.sources["node.token"] == "env"
     cfg = tmp_path / "ledgerq.toml"
     cfg.write_text(f'[node]\ntoken = "{TOKEN}"\nallowed_hosts = "node.example"\n')
     from_file = load_settings(environ={}, cwd=tmp_path)
-    assert from_file["node.token"] == TOKEN and from_file.sources["node.token"] == "file"
+    assert from_file.node.token == TOKEN and from_file.sources["node.token"] == "file"
     flag = load_settings({"node.token": TOKEN[::-1]}, environ={}, cwd=tmp_path)
-    assert flag["node.token"] == TOKEN[::-1]  # the flag wins over the file
+    assert flag.node.token == TOKEN[::-1]  # the flag wins over the file
     for settings in (from_env, from_file, flag):
         check_bind("0.0.0.0", settings)  # a token: any address
 

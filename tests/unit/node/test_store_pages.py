@@ -118,13 +118,13 @@ def test_held_pages_stay_mapped_until_let_go(tmp_path: Path) -> None:
     try:
         before = _mapped_kib(start)
         store._pages.every = 10
-        store.hold_unmapping(True)
+        store.pin_pages(True)
         store.write(_records(6_001, 10), 6_010, 0)
         for num in range(1, 100):
             store.get_block(num)
         assert store._pages.released == 0
         assert _mapped_kib(start) > before / 2
-        store.hold_unmapping(False)  # let go: released at once
+        store.pin_pages(False)  # let go: released at once
         assert store._pages.released == 1
         assert _mapped_kib(start) < before / 4
     finally:
@@ -178,7 +178,7 @@ async def test_a_restart_keeps_the_pages_mapped_while_it_replays(
         assert len(writes_while_replaying) >= 8  # the store was written during replay
         assert set(released_while_replaying) == {0}  # none of those writes unmapped a page
         assert pages.released >= 1  # letting go once replayed did
-        assert pages.held is False
+        assert pages.pinned is False
         infos = await again.batch_statuses([b.header_signature for b in batches], wait=10)
         assert {i.status for i in infos.values()} == {"COMMITTED"}
     finally:

@@ -19,10 +19,9 @@
 -- through the index on status: with `status IS NULL OR status IN (...)` the
 -- planner (statistics stale, as in a database filling up) intersected each
 -- service's open batches with every batch of status NULL -- every batch
--- not yet submitted, thousands in a failover -- once per candidate:
--- 0.8-0.9 s for 500 candidates against 24-39 ms on a failover's database,
--- 1.2-7.2 s per take-over under its load, the claim rows locked and the
--- renewal waiting meanwhile (docs/BENCHMARKS.md, docs/ha.md).
+-- not yet submitted, thousands in a failover -- once per candidate, many
+-- times slower, the claim rows locked and the renewal waiting meanwhile
+-- (figures in docs/BENCHMARKS.md, docs/ha.md).
 
 -- name: take_candidates
 -- Take-over, first statement: lock the claims of other instances whose
@@ -247,7 +246,7 @@ WITH live AS (
            count(*) FILTER (WHERE claimant = %(me)s) AS m,
            count(*) / greatest((SELECT count(*) FROM live), 1) AS q
     FROM service_id_claims
-), held_by AS (
+), claims_of AS (
     SELECT claimant, count(*) AS n
     FROM service_id_claims
     WHERE claimant IS NOT NULL
@@ -257,7 +256,7 @@ WITH live AS (
            AS n
     FROM live
     CROSS JOIN counts
-    LEFT JOIN held_by AS h ON h.claimant = live.instance_id
+    LEFT JOIN claims_of AS h ON h.claimant = live.instance_id
     WHERE live.instance_id <> %(me)s
     GROUP BY counts.q, counts.free
 )
@@ -266,14 +265,14 @@ FROM counts;
 
 -- name: hand_over_candidates
 -- Claims to give up, locked: only services with nothing in flight (no
--- submitted, non-final batch), held for at least %(min_hold_ms)s (so a
+-- submitted, non-final batch), held for at least %(min_claimed_ms)s (so a
 -- service taken past its grace period is not handed straight back), idle
 -- services (no open batch) first.
 SELECT c.service_id
 FROM service_id_claims AS c
 LEFT JOIN queue_heads AS h ON h.service_id = c.service_id
 WHERE c.claimant = %(me)s
-  AND c.claimed_at <= %(now)s - %(min_hold_ms)s
+  AND c.claimed_at <= %(now)s - %(min_claimed_ms)s
   AND NOT EXISTS (
       SELECT 1 FROM batches AS b
       WHERE b.service_id = c.service_id AND b.submitted AND NOT b.final)
@@ -297,7 +296,7 @@ WHERE c.service_id = ANY(%(service_ids)s::TEXT[])
       WHERE b.service_id = c.service_id AND b.submitted AND NOT b.final)
 RETURNING c.service_id;
 
--- name: held_digest
+-- name: claimed_digest
 -- What this instance holds, summed up: how many claims, the sum of their
 -- epochs (epochs only grow, and only this instance claims for itself, so the
 -- pair changes whenever the set does), and its lease.
@@ -307,7 +306,7 @@ SELECT count(c.service_id) AS n,
 FROM service_id_claims AS c
 WHERE c.claimant = %(me)s;
 
--- name: held
+-- name: claimed
 SELECT service_id, epoch
 FROM service_id_claims
 WHERE claimant = %(me)s
@@ -336,8 +335,9 @@ FOR UPDATE;
 -- give everything back, marked as past the grace period so that any
 -- instance takes it at once. One UPDATE without a join: joined on the
 -- locking CTE, the planner took a nested loop whenever the table's
--- statistics still said this instance held almost nothing (every claim taken
--- since the last ANALYZE), 10 s for 5,000 claims, past db_timeout_ms.
+-- statistics still said this instance had almost nothing (every claim taken
+-- since the last ANALYZE), which over thousands of claims runs past
+-- db_timeout_ms.
 UPDATE service_id_claims
 SET claimant = NULL,
     expiry_1 = NULL,

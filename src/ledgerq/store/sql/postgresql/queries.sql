@@ -98,9 +98,8 @@ SELECT * FROM unnest(%(seqs)s::bigint[], %(service_ids)s::text[], %(modes)s::tex
 
 -- The blockers of new batches whose lock entries are written, in one
 -- statement: ledgerq_blocker's rule (schema.sql) for every batch of %(seqs)s,
--- set-based. Calling the function once per batch cost 0.2-0.4 ms a batch
--- (PL/pgSQL, five subqueries per call) where its index probes take a few
--- microseconds. The two must say the same.
+-- set-based: the function called once per batch (PL/pgSQL, five subqueries
+-- per call) costs far more than its index probes. The two must say the same.
 -- name: blockers_of
 SELECT c.seq, max(c.hit)
 FROM (
@@ -202,7 +201,7 @@ FOR UPDATE;
 
 -- Fencing: the claim row is share-locked until the write commits, so the
 -- claim cannot be voided, handed over or taken while the write is under way.
--- name: hold_claim
+-- name: lock_claim
 SELECT epoch
 FROM service_id_claims
 WHERE service_id = %(service_id)s AND claimant = %(instance_id)s AND epoch = %(epoch)s
@@ -463,7 +462,7 @@ SELECT p.service_id,
         WHERE f.service_id = p.service_id AND NOT f.final AND (f.submitted OR f.status IS NOT NULL)
           AND (f.submitted OR f.status = 'Pending')) AS in_flight,
        nx.seq, nx.batch_id, nx.blocked_by,
-       (SELECT h.batch_id FROM batches h WHERE h.seq = nx.blocked_by) AS held_by_batch_id,
+       (SELECT h.batch_id FROM batches h WHERE h.seq = nx.blocked_by) AS blocker_batch_id,
        c.paused, pa.actor AS paused_by, pa.at AS paused_at,
        c.halted_batch_id, c.halted_reason, c.halted_at,
        -- What the next batch waits for: its submission error of type
@@ -542,7 +541,7 @@ LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_
 WHERE b.seq = ANY(%(seqs)s::bigint[])
 ORDER BY b.seq;
 
--- A lean round (%(lean)s true) leaves out what the queue source loads only
+-- A narrow round (%(narrow)s true) leaves out what the queue source loads only
 -- for the batches it hands out: serialized_batch (empty), the submission error
 -- (no join) and, in the store, the transactions.
 -- name: queue_round
@@ -568,13 +567,13 @@ picks AS (
       AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 -- Picks in seq order: the heap is read in about its physical order.
 FROM (SELECT seq FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
@@ -603,13 +602,13 @@ picks AS (
       AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 -- Picks in seq order: the heap is read in about its physical order.
 FROM (SELECT seq FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
@@ -637,13 +636,13 @@ picks AS (
       AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 -- Picks in seq order: the heap is read in about its physical order.
 FROM (SELECT seq FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
@@ -691,12 +690,12 @@ picks AS (
     WHERE place <= %(per_service)s::bigint
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM (SELECT seq, class, place FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 ORDER BY picks.place, picks.class, b.seq
 LIMIT %(limit)s::bigint;
 
@@ -736,12 +735,12 @@ picks AS (
     WHERE place <= %(per_service)s::bigint
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM (SELECT seq, class, place FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 ORDER BY picks.place, picks.class, b.seq
 LIMIT %(limit)s::bigint;
 
@@ -787,12 +786,12 @@ picks AS (
     SELECT seq FROM fresh
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM (SELECT seq FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT %(limit)s::bigint;
 
@@ -834,18 +833,18 @@ picks AS (
     SELECT seq FROM fresh
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(lean)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM (SELECT seq FROM picks ORDER BY seq) AS picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT %(lean)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT %(limit)s::bigint;
 
 -- What the DLT monitor follows: non-final batches the ledger has (Pending)
 -- or may have (submitted: taken for a first attempt, or for a resubmission
--- after Unknown or Delayed), lean (no blobs, no errors). The predicate
+-- after Unknown or Delayed), narrow (no blobs, no errors). The predicate
 -- repeats batches_busy_idx's, so only busy batches are read.
 -- name: list_in_flight
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
@@ -858,7 +857,7 @@ ORDER BY b.seq
 LIMIT %(limit)s;
 
 -- A group of writes (apply_writes): the rows of its batches, locked in key
--- order, and the claims it writes under, share-locked (see hold_claim).
+-- order, and the claims it writes under, share-locked (see lock_claim).
 -- name: batch_states
 SELECT b.service_id, b.batch_id, b.status, b.submitted
 FROM batches b
@@ -867,7 +866,7 @@ JOIN unnest(%(service_ids)s::text[], %(batch_ids)s::text[]) AS k(service_id, bat
 ORDER BY b.service_id, b.batch_id
 FOR UPDATE OF b;
 
--- name: hold_claims
+-- name: lock_claims
 SELECT c.service_id, c.claimant, c.epoch
 FROM service_id_claims c
 JOIN unnest(%(service_ids)s::text[], %(instance_ids)s::text[], %(epochs)s::bigint[])

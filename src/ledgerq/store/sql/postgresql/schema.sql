@@ -165,8 +165,8 @@ ALTER TABLE transactions ALTER COLUMN payload SET STORAGE EXTERNAL;
 --
 -- PL/pgSQL, with one generic plan kept per session: a LANGUAGE sql function
 -- that cannot be inlined is planned again in every statement that calls it,
--- and the release trigger below calls it for batches it holds (10-20 ms of
--- planning each on the 2-core machine, docs/store.md).
+-- and the release trigger below calls it for the batches it unblocks, each
+-- planning costing more than the call itself (docs/store.md).
 CREATE FUNCTION ledgerq_blocker(p_service VARCHAR, p_seq BIGINT) RETURNS BIGINT
     LANGUAGE plpgsql STABLE
     SET plan_cache_mode = force_generic_plan

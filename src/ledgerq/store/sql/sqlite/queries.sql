@@ -374,7 +374,7 @@ SELECT p.service_id,
         WHERE f.service_id = p.service_id AND NOT f.final AND (f.submitted OR f.status IS NOT NULL)
           AND (f.submitted OR f.status = 'Pending')) AS in_flight,
        n.seq, n.batch_id, n.blocked_by,
-       (SELECT h.batch_id FROM batches h WHERE h.seq = n.blocked_by) AS held_by_batch_id,
+       (SELECT h.batch_id FROM batches h WHERE h.seq = n.blocked_by) AS blocker_batch_id,
        c.paused, pa.actor AS paused_by, pa.at AS paused_at,
        c.halted_batch_id, c.halted_reason, c.halted_at,
        -- What the next batch waits for: its submission error of type
@@ -447,7 +447,7 @@ LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_
 WHERE b.seq IN (SELECT value FROM json_each(:seqs))
 ORDER BY b.seq;
 
--- A lean round (:lean true) leaves out what the queue source loads only
+-- A narrow round (:narrow true) leaves out what the queue source loads only
 -- for the batches it hands out: serialized_batch (empty), the submission error
 -- (no join) and, in the store, the transactions.
 -- name: queue_round
@@ -487,12 +487,12 @@ picks(seq) AS (
       AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = open_services.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= :now - :delay_window_ms
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
@@ -523,12 +523,12 @@ picks(seq) AS (
     WHERE NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = wanted.service_id)
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= :now - :delay_window_ms
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
@@ -601,12 +601,12 @@ picks(seq, class, place) AS (
     WHERE place <= :per_service
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 ORDER BY picks.place, picks.class, b.seq
 LIMIT coalesce(:limit, -1);
 
@@ -659,12 +659,12 @@ picks(seq, class, place) AS (
     WHERE place <= :per_service
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 ORDER BY picks.place, picks.class, b.seq
 LIMIT coalesce(:limit, -1);
 
@@ -728,12 +728,12 @@ picks(seq) AS (
     SELECT seq FROM fresh WHERE seq IS NOT NULL
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT coalesce(:limit, -1);
 
@@ -781,18 +781,18 @@ picks(seq) AS (
     SELECT seq FROM fresh WHERE seq IS NOT NULL
 )
 SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :lean THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
        b.status, s.error_type, s.error_message
 FROM picks
 JOIN batches b ON b.seq = picks.seq
 LEFT JOIN submissions s
-    ON NOT :lean AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT coalesce(:limit, -1);
 
 -- What the DLT monitor follows: non-final batches the ledger has (Pending)
 -- or may have (submitted: taken for a first attempt, or for a resubmission
--- after Unknown or Delayed), lean (no blobs, no errors). The predicate
+-- after Unknown or Delayed), narrow (no blobs, no errors). The predicate
 -- repeats batches_busy_idx's, so only busy batches are read.
 -- name: list_in_flight
 -- INDEXED BY: without it the planner walks the whole table in seq order

@@ -1,8 +1,8 @@
 -- ledgerq_blocker in PL/pgSQL with one generic plan per session (the same
 -- query as before). As a LANGUAGE sql function it was planned again in every
--- statement that called it: 10-20 ms for each batch becoming final (the
--- release trigger's UPDATE runs once per row), which was most of the time of
--- a group commit on PostgreSQL (docs/store.md).
+-- statement that called it, for each batch becoming final (the release
+-- trigger's UPDATE runs once per row), most of the time of a group commit
+-- on PostgreSQL (docs/store.md).
 CREATE OR REPLACE FUNCTION ledgerq_blocker(p_service VARCHAR, p_seq BIGINT) RETURNS BIGINT
     LANGUAGE plpgsql STABLE
     SET plan_cache_mode = force_generic_plan

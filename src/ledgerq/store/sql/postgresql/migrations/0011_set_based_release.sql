@@ -1,8 +1,8 @@
 -- Batches becoming final, released set-based: once per statement instead of
 -- once per row. A group write makes many batches final in one UPDATE; the
 -- two row-level triggers then ran once per batch each (the queue_heads row
--- written three times, the held batches re-pointed one release at a time),
--- 5-10 ms of a 13.5 ms group write on the 2-core machine (docs/store.md).
+-- written three times, the blocked batches re-pointed one release at a
+-- time), a large share of a group write (docs/store.md).
 --
 -- PostgreSQL refuses transition tables on a trigger with a column list, so
 -- the statement-level trigger runs after every UPDATE of batches; it finds

@@ -1,4 +1,4 @@
-"""QueueSource with lean rounds: full batches handed out, stale picks dropped."""
+"""QueueSource with narrow rounds: full batches handed out, stale picks dropped."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ async def test_batches_handed_out_are_loaded_in_full(
     store: BatchTrackingStore,
 ) -> None:
     (a,) = await store.add_batches([make_batch("svc-a", txns=2)])
-    src = QueueSource(store, clock=ManualClock(1_700_000_000_000), lean=True)
+    src = QueueSource(store, clock=ManualClock(1_700_000_000_000), narrow=True)
     got = await src.next()
     assert got is not None
     assert got == await store.get_batch(a.batch_header, "svc-a")
@@ -27,7 +27,7 @@ async def test_a_pick_changed_since_its_round_is_decided_again(
 ) -> None:
     (a,) = await store.add_batches([make_batch("svc-a")])
     (b,) = await store.add_batches([make_batch("svc-b")])
-    src = QueueSource(store, clock=ManualClock(1_700_000_000_000), lean=True)
+    src = QueueSource(store, clock=ManualClock(1_700_000_000_000), narrow=True)
     first = await src.next()  # the round holds svc-b's new batch now
     assert first is not None and first.batch_header == a.batch_header
     await store.update_batch_status(b.batch_header, "svc-b", Unknown())
@@ -41,7 +41,7 @@ async def test_a_pick_changed_since_its_round_is_decided_again(
 
 async def test_a_woken_service_comes_whole_in_one_query(store: BatchTrackingStore) -> None:
     clock = ManualClock(1_700_000_000_000)
-    src = QueueSource(store, clock=clock, lean=True)
+    src = QueueSource(store, clock=clock, narrow=True)
     assert await src.next() is None  # the first full round: nothing yet
     (a,) = await store.add_batches([make_batch("svc-a", txns=2)])
     loads = 0
