@@ -87,6 +87,13 @@ async def test_a_fenced_group_write_is_two_messages(pg_url: str, sent: Sent) -> 
                     "EXECUTE lq_lock_group_rows",
                     "EXECUTE lq_lock_claims",
                 ], locks
+            elif status is None:
+                # An attempt takes: refused for a paused or halted service.
+                assert executed == [
+                    "EXECUTE lq_batch_states",
+                    "EXECUTE lq_lock_claims",
+                    "EXECUTE lq_stopped_of",
+                ], locks
             else:
                 assert executed == ["EXECUTE lq_batch_states", "EXECUTE lq_lock_claims"], locks
             writes = _statements(second)
@@ -133,6 +140,7 @@ async def test_a_final_status_with_the_next_batch_taken_is_still_two_messages(
             "EXECUTE lq_lock_finishing_heads",
             "EXECUTE lq_lock_group_rows",
             "EXECUTE lq_lock_claims",
+            "EXECUTE lq_stopped_of",
             "EXECUTE lq_next_open_checks",
         ], executed
         assert _statements(second_message)[-1] == "COMMIT"

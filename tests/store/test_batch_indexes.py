@@ -17,7 +17,7 @@ import pytest
 from ledgerq.errors import DuplicateBatchError
 from ledgerq.model import Committed
 from ledgerq.store import migrate_database, open_store
-from ledgerq.store.sqlfiles import load_migrations
+from ledgerq.store.sqlfiles import latest_version, load_migrations
 
 from .conftest import make_batch
 
@@ -54,7 +54,7 @@ async def test_data_change_ids_stay_unique_and_found(
     if migrated:
         _at_version(url, 12)
         result = await migrate_database(url)
-        assert (result.before, result.after) == (12, 13)
+        assert (result.before, result.after) == (12, latest_version("postgresql"))
     async with await open_store(url, lock_entries=False) as store:
         plain = [make_batch("s") for _ in range(5)]
         keyed = make_batch("s", data_change_id="dc-1")
