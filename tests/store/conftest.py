@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from ledgerq.clock import ManualClock
 from ledgerq.model import TrackingBatch, TrackingTransaction
 from ledgerq.store import BatchTrackingStore, open_store
+from ledgerq.store.sqlfiles import load_migrations
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
@@ -109,3 +111,15 @@ async def store(store_url: str, clock: ManualClock) -> AsyncIterator[BatchTracki
     # contract holds either way, and the parallel queuer's reads need them.
     async with await open_store(store_url, clock=clock, lock_entries=True) as s:
         yield s
+
+
+def at_version(url: str, version: int) -> None:
+    """An empty PostgreSQL database migrated by hand up to ``version``."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+            " applied_at BIGINT NOT NULL)"
+        )
+        for m in load_migrations("postgresql")[:version]:
+            conn.execute(m.sql.encode())
+            conn.execute("INSERT INTO schema_version VALUES (%s, %s, 0)", (m.version, m.name))

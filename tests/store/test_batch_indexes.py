@@ -17,22 +17,11 @@ import pytest
 from ledgerq.errors import DuplicateBatchError
 from ledgerq.model import Committed
 from ledgerq.store import migrate_database, open_store
-from ledgerq.store.sqlfiles import latest_version, load_migrations
+from ledgerq.store.sqlfiles import latest_version
 
-from .conftest import make_batch
+from .conftest import at_version, make_batch
 
 pytestmark = pytest.mark.pg
-
-
-def _at_version(url: str, version: int) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
-            " applied_at BIGINT NOT NULL)"
-        )
-        for m in load_migrations("postgresql")[:version]:
-            conn.execute(m.sql.encode())
-            conn.execute("INSERT INTO schema_version VALUES (%s, %s, 0)", (m.version, m.name))
 
 
 def _index_entries(url: str) -> int:
@@ -52,7 +41,7 @@ async def test_data_change_ids_stay_unique_and_found(
 ) -> None:
     url = make_pg_database()
     if migrated:
-        _at_version(url, 12)
+        at_version(url, 12)
         result = await migrate_database(url)
         assert (result.before, result.after) == (12, latest_version("postgresql"))
     async with await open_store(url, lock_entries=False) as store:

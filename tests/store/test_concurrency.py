@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import psycopg
 import pytest
 
 from ledgerq.errors import DuplicateBatchError
 from ledgerq.store import migrate_database, open_store
+from ledgerq.store.sqlfiles import load_queries
 
-from .conftest import make_batch
+from .conftest import at_version, make_batch
 
 SQL_BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
@@ -80,3 +82,31 @@ async def test_racing_duplicates_one_wins_the_other_is_told(
     assert len(winners) == 1 and len(losers) == WRITERS - 1, results
     assert all(e.batch_id in {b.batch_header for b in same} for e in losers)
     assert counts == {"none": len(same)}
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("migrated", [False, True], ids=["new", "migrated-from-14"])
+async def test_a_first_pause_waits_for_the_take_under_way(
+    make_pg_database: Callable[[], str], migrated: bool
+) -> None:
+    """A take locks its service's control row (stopped_of, FOR SHARE): the
+    service's first pause waits for it, so no take commits after a pause
+    returned. The row exists from the service's first batch on."""
+    url = make_pg_database()
+    if migrated:
+        at_version(url, 14)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("INSERT INTO queue_heads VALUES (%s, NULL)", (SVC,))
+    async with await open_store(url) as store:
+        await store.add_batches([make_batch(SVC), make_batch("circuit-1::other")])
+        async with await psycopg.AsyncConnection.connect(url) as take:
+            await take.execute(
+                load_queries("postgresql")["stopped_of"].replace("%(service_ids)s", "%s"),
+                ([SVC],),
+            )
+            pause = asyncio.create_task(store.control_service(SVC, "pause", actor="ops"))
+            await asyncio.sleep(0.5)
+            assert not pause.done(), "the pause did not wait for the take under way"
+            await take.commit()
+        assert (await asyncio.wait_for(pause, 10)).action == "pause"
+        assert (await store.service_controls())[SVC].paused

@@ -874,7 +874,7 @@ class SqlStore(common.SeedWrites):
             return None
         results = await session.fetchall_many(calls)
         if stopped_at is not None:
-            deferred.stopped = {r[0] for r in results[stopped_at]}
+            deferred.stopped = {r[0] for r in results[stopped_at] if r[1]}
         for (name, _), rows in zip(calls, results, strict=True):
             if name == "lock_group_rows":
                 deferred.locked = rows
@@ -1240,7 +1240,13 @@ class SqlStore(common.SeedWrites):
         async def body(session: Session) -> ServiceAction:
             if await session.fetchone("service_exists", {"service_id": service_id}) is None:
                 raise common.no_such_service(service_id)
-            row = await session.fetchone("lock_service_control", {"service_id": service_id})
+            # A cancel locks batch rows, as takes do, and never the control
+            # row, which takes lock after their batch rows.
+            row = (
+                None
+                if action == "cancel"
+                else await session.fetchone("lock_service_control", {"service_id": service_id})
+            )
             control = common.service_control((service_id, *row) if row else (service_id,))
             detail = common.check_control(control, action, ids)
             if action in ("pause", "resume"):

@@ -1160,15 +1160,18 @@ ORDER BY service_id;
 -- name: service_controls_of
 SELECT service_id, paused, halted_batch_id, halted_reason, halted_at
 FROM service_controls
-WHERE service_id = ANY(%(service_ids)s::text[])
+WHERE service_id = ANY(%(service_ids)s::text[]) AND (paused OR halted_batch_id IS NOT NULL)
 ORDER BY service_id;
 
--- The services of %(service_ids)s that take nothing new: paused or halted.
--- Read with a group's rows; locked against a concurrent pause until commit.
+-- Whether each service of %(service_ids)s takes nothing new (paused or
+-- halted), read with a group's rows. Every row is locked until commit, the
+-- stopped and the others (a lock applies to the rows a query returns): a
+-- pause waits for the takes under way.
 -- name: stopped_of
-SELECT service_id
+SELECT service_id, paused OR halted_batch_id IS NOT NULL
 FROM service_controls
-WHERE service_id = ANY(%(service_ids)s::text[]) AND (paused OR halted_batch_id IS NOT NULL)
+WHERE service_id = ANY(%(service_ids)s::text[])
+ORDER BY service_id
 FOR SHARE;
 
 -- name: lock_service_control

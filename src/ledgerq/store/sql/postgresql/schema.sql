@@ -404,7 +404,8 @@ CREATE SEQUENCE service_id_claims_epoch_seq AS BIGINT;
 CREATE INDEX transactions_id_idx ON transactions (transaction_id);
 
 -- Per service, whether an operator paused it and where it halted (a batch
--- INVALID under on_invalid = halt). A service without a row is neither.
+-- INVALID under on_invalid = halt). Every service with batches has a row
+-- (below, with its queue_heads row).
 CREATE TABLE service_controls (
     service_id      VARCHAR(64) PRIMARY KEY CHECK (service_id <> ''),
     paused          BOOLEAN NOT NULL DEFAULT FALSE,
@@ -426,3 +427,22 @@ CREATE TABLE service_actions (
     detail     TEXT
 );
 CREATE INDEX service_actions_service_idx ON service_actions (service_id, id);
+
+-- Every service with batches has its service_controls row, made with its
+-- queue_heads row: a take locks that row (stopped_of, FOR SHARE) and a pause
+-- or resume updates it, so a pause waits for the takes under way and every
+-- take after it sees it. Without the row a take would lock nothing and could
+-- commit after the first pause of its service had returned.
+CREATE FUNCTION ledgerq_service_controls_insert() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO service_controls (service_id, updated_at)
+    VALUES (NEW.service_id, ledgerq_now_ms())
+    ON CONFLICT (service_id) DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER queue_heads_service_controls_insert AFTER INSERT ON queue_heads
+    FOR EACH ROW EXECUTE FUNCTION ledgerq_service_controls_insert();

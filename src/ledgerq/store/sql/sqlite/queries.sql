@@ -904,14 +904,14 @@ ORDER BY service_id;
 SELECT service_id, paused, halted_batch_id, halted_reason, halted_at
 FROM service_controls
 WHERE service_id IN (SELECT value FROM json_each(:service_ids))
+  AND (paused OR halted_batch_id IS NOT NULL)
 ORDER BY service_id;
 
 -- The services of :service_ids that take nothing new: paused or halted.
 -- name: stopped_of
-SELECT service_id
+SELECT service_id, paused OR halted_batch_id IS NOT NULL
 FROM service_controls
-WHERE service_id IN (SELECT value FROM json_each(:service_ids))
-  AND (paused OR halted_batch_id IS NOT NULL);
+WHERE service_id IN (SELECT value FROM json_each(:service_ids));
 
 -- name: lock_service_control
 SELECT paused, halted_batch_id, halted_reason, halted_at
