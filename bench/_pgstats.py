@@ -31,13 +31,15 @@ import asyncio
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+import aiohttp
 import click
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import TupleRow
 
 from ledgerq.claims.queries import claim_queries
@@ -123,6 +125,8 @@ class Shape:
     tables: list[TableStats] = field(default_factory=list)
     indexes: list[IndexStats] = field(default_factory=list)
     functions: list[FunctionStats] = field(default_factory=list)
+    #: The gateway's own counters (its ``/metrics``): what its writes answer to.
+    gateway: dict[str, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -247,6 +251,44 @@ def statement_name(
     return short
 
 
+# -- the gateway's side ---------------------------------------------------------------
+
+#: The gateway's counters that say what its writes answer to, by their names in
+#: ``/metrics`` (a labelled one as ``name{value}``).
+GATEWAY_COUNTERS = (
+    "ledgerq_submission_attempts",
+    "ledgerq_ledger_statuses",
+    "ledgerq_monitor_polls",
+    "ledgerq_follow_asked_batches",
+    "ledgerq_follow_scans",
+    "ledgerq_batches_taken_with_final",
+)
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """The :data:`GATEWAY_COUNTERS` of a Prometheus text exposition, one entry
+    per series: ``name`` or ``name{label value}``."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in GATEWAY_COUNTERS:
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue  # the _created series
+            label = ",".join(sample.labels.values())
+            out[f"{family.name}{{{label}}}" if label else family.name] = sample.value
+    return out
+
+
+async def gateway_counters(url: str) -> dict[str, float]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        session.get(f"{url}/metrics") as resp,
+    ):
+        resp.raise_for_status()
+        return parse_counters(await resp.text())
+
+
 # -- reading PostgreSQL -------------------------------------------------------------
 
 Conn = psycopg.Connection[TupleRow]
@@ -312,7 +354,8 @@ class ShapeProbe:
         await asyncio.sleep(self.settle_s)
         await asyncio.to_thread(self._reset, db)
 
-    async def finished(self, db: str) -> None:
+    async def finished(self, db: str, urls: Sequence[str]) -> None:
+        self.shape.gateway = await gateway_counters(urls[0])
         backends, background = await asyncio.to_thread(self._cpu_now, _db_name(db))
         self.shape.backends_cpu_s = cpu_delta(self._backends, backends)
         # Background processes are the server's: only those alive at both readings.

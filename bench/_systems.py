@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -78,8 +78,8 @@ class RunProbe(Protocol):
     async def started(self, db: str) -> None:
         """The gateways listen; no batch has been posted yet."""
 
-    async def finished(self, db: str) -> None:
-        """Every batch is final; the gateways still run."""
+    async def finished(self, db: str, urls: Sequence[str]) -> None:
+        """Every batch is final; the gateways (at ``urls``) still run."""
 
     async def stopped(self, db: str) -> None:
         """The gateways have exited; the database is not dropped yet."""
@@ -261,7 +261,7 @@ async def run_ledgerq(
             cpu1 = tree_cpu_seconds([g.pid for g in gateways])
             run.cpu_s = sum(used - cpu0.get(pid, 0.0) for pid, used in cpu1.items())
         if probe is not None and store != "sqlite":
-            await probe.finished(db)
+            await probe.finished(db, urls)
         for g in gateways:
             await g.stop()
         if probe is not None and store != "sqlite":

@@ -147,6 +147,16 @@ def summary_table(shapes: Sequence[Shape]) -> str:
     return report.table(headers, rows)
 
 
+def gateway_table(shapes: Sequence[Shape]) -> str:
+    """The gateway's own counters per committed batch, one column per run."""
+    names = sorted({name for sh in shapes for name in sh.gateway})
+    rows = [
+        [f"`{name}`", *(_f(sh.per_batch(sh.gateway.get(name, 0.0))) for sh in shapes)]
+        for name in names
+    ]
+    return report.table(["counter", *(sh.label for sh in shapes)], rows)
+
+
 def statements_table(shape: Shape, top: int) -> str:
     headers = [
         "statement",
@@ -282,6 +292,11 @@ def markdown(shapes: Sequence[Shape], top: int, note: str) -> str:
         "**Summary, per committed batch**",
         "",
         summary_table(shapes),
+        "",
+        "**The gateway's own counters** (its `/metrics`, when the last batch was final), "
+        "per committed batch: what its writes answer to",
+        "",
+        gateway_table(shapes),
     ]
     for sh in shapes:
         parts += [

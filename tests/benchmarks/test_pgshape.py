@@ -19,10 +19,17 @@ from bench._pgstats import (
     cpu_delta,
     index_entries,
     merge_statements,
+    parse_counters,
     require_pg_stat_statements,
     statement_name,
 )
-from bench.pgshape import _parse_strategies, indexes_table, statements_table, summary_table
+from bench.pgshape import (
+    _parse_strategies,
+    gateway_table,
+    indexes_table,
+    statements_table,
+    summary_table,
+)
 
 
 def test_a_statement_prepared_by_the_store_is_named_by_its_query() -> None:
@@ -111,6 +118,26 @@ def test_the_tables_are_per_committed_batch() -> None:
     statements = statements_table(shape, top=1)
     assert "| `write_status_set` | top | 2.00 | 3.00 | 400 | 100 | 4.0 | 0.200 |" in statements
     assert "| 2 others (1 top-level) |  | 0.50 | 0.00 | 100 | 0 | 1.0 |  |" in statements
+
+
+def test_the_gateways_counters_are_read_from_its_metrics() -> None:
+    text = (
+        "# HELP ledgerq_ledger_statuses_total Batch statuses reported by the ledger.\n"
+        "# TYPE ledgerq_ledger_statuses_total counter\n"
+        'ledgerq_ledger_statuses_total{status="Committed"} 29.0\n'
+        'ledgerq_ledger_statuses_created{status="Committed"} 1.7e9\n'
+        "# TYPE ledgerq_follow_asked_batches_total counter\n"
+        "ledgerq_follow_asked_batches_total 7.0\n"
+        "# TYPE ledgerq_claims_held gauge\n"
+        "ledgerq_claims_held 10.0\n"
+    )
+    assert parse_counters(text) == {
+        "ledgerq_ledger_statuses{Committed}": 29.0,
+        "ledgerq_follow_asked_batches": 7.0,
+    }
+    shape = _shape()
+    shape.gateway = {"ledgerq_follow_asked_batches": 7.0}
+    assert "| `ledgerq_follow_asked_batches` | 0.70 |" in gateway_table([shape])
 
 
 def test_strategies_are_checked() -> None:
