@@ -119,7 +119,7 @@ def summary_table(shapes: Sequence[Shape]) -> str:
         "rows written",
         "index entries (≤)",
         "WAL records / bytes (statements)",
-        "WAL records / bytes (server)",
+        "WAL records / full pages / bytes (server)",
     ]
     rows = []
     for sh in shapes:
@@ -141,7 +141,8 @@ def summary_table(shapes: Sequence[Shape]) -> str:
                 _f(pb(sh.index_entries()), 1),
                 f"{pb(sum(s.wal_records for s in top)):.1f} / "
                 f"{pb(sum(s.wal_bytes for s in top)):,.0f}",
-                f"{pb(sh.server_wal.records):.1f} / {pb(sh.server_wal.bytes):,.0f}",
+                f"{pb(sh.server_wal.records):.1f} / {pb(sh.server_wal.fpi):.2f} / "
+                f"{pb(sh.server_wal.bytes):,.0f}",
             ]
         )
     return report.table(headers, rows)
@@ -287,7 +288,10 @@ def markdown(shapes: Sequence[Shape], top: int, note: str) -> str:
         "for a partial index an upper bound. *bytes* of an index: its size after the run "
         "(the database was created for the run). WAL *(statements)*: what the statements "
         "wrote (`pg_stat_statements`, without commit records); *(server)*: `pg_stat_wal` "
-        "over the run, the whole server (other databases' work included).",
+        "over the run, the whole server (other databases' work included); *full pages*: "
+        "page images, the first change of a page after a checkpoint. Uniqueness checks of "
+        "inserts do not count as index scans: an index *never read* may still enforce a "
+        "unique key.",
         "",
         "**Summary, per committed batch**",
         "",
