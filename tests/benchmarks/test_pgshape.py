@@ -128,8 +128,8 @@ def test_the_gateways_counters_are_read_from_its_metrics() -> None:
         'ledgerq_ledger_statuses_created{status="Committed"} 1.7e9\n'
         "# TYPE ledgerq_follow_asked_batches_total counter\n"
         "ledgerq_follow_asked_batches_total 7.0\n"
-        "# TYPE ledgerq_claims_held gauge\n"
-        "ledgerq_claims_held 10.0\n"
+        "# TYPE ledgerq_services_claimed gauge\n"
+        "ledgerq_services_claimed 10.0\n"
     )
     assert parse_counters(text) == {
         "ledgerq_ledger_statuses{Committed}": 29.0,
