@@ -25,9 +25,10 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 
@@ -65,6 +66,23 @@ class Run:
     extra: dict[str, float] = field(default_factory=dict)
     #: CPU seconds the system's own processes used during the run (None: not measured).
     cpu_s: float | None = None
+
+
+class RunProbe(Protocol):
+    """Looks at a ``ledgerq serve`` run on PostgreSQL from outside (``bench pgshape``):
+    called with the run's database URL at each step."""
+
+    async def created(self, db: str) -> None:
+        """The fresh database exists; no gateway has connected yet."""
+
+    async def started(self, db: str) -> None:
+        """The gateways listen; no batch has been posted yet."""
+
+    async def finished(self, db: str, urls: Sequence[str]) -> None:
+        """Every batch is final; the gateways (at ``urls``) still run."""
+
+    async def stopped(self, db: str) -> None:
+        """The gateways have exited; the database is not dropped yet."""
 
 
 @dataclass(frozen=True)
@@ -168,9 +186,13 @@ async def run_ledgerq(
     *,
     store: str = "pg",
     processes: int = 1,
+    env: Mapping[str, str] = {},
+    probe: RunProbe | None = None,
 ) -> Run:
     """``ledgerq serve`` instances (``setup.workers``), each of ``processes``
-    worker processes (``--workers``; on SQLite the others only take ingest)."""
+    worker processes (``--workers``; on SQLite the others only take ingest),
+    with ``env`` added to their environment; ``probe`` (PostgreSQL only) is
+    told of each step of the run."""
     name = f"ledgerq-{store}" + (f"-w{processes}" if processes > 1 else "")
     run = Run(name, workload)
     if store == "sqlite":
@@ -190,11 +212,14 @@ async def run_ledgerq(
                 "LEDGERQ_CLAIMS_INSTANCE_ID": f"bench-gw{i}",
                 "LEDGERQ_LOG_LEVEL": "WARNING",
                 "LEDGERQ_WORKERS": str(processes),
+                **env,
             },
         )
         for i in range(setup.workers)
     ]
     try:
+        if probe is not None and store != "sqlite":
+            await probe.created(db)
         urls = [await gateways[0].start()]
         if len(gateways) > 1 and not await _high_availability(urls[0]):
             # Instances that share no claims would both submit every service: run one,
@@ -202,6 +227,8 @@ async def run_ledgerq(
             gateways = gateways[:1]
             run.extra["single_instance_restart"] = 1.0
         urls += [await g.start() for g in gateways[1:]]
+        if probe is not None and store != "sqlite":
+            await probe.started(db)
         cpu0 = tree_cpu_seconds([g.pid for g in gateways])
         sem = asyncio.Semaphore(16)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -233,6 +260,12 @@ async def run_ledgerq(
         if kill_after is None:
             cpu1 = tree_cpu_seconds([g.pid for g in gateways])
             run.cpu_s = sum(used - cpu0.get(pid, 0.0) for pid, used in cpu1.items())
+        if probe is not None and store != "sqlite":
+            await probe.finished(db, urls)
+        for g in gateways:
+            await g.stop()
+        if probe is not None and store != "sqlite":
+            await probe.stopped(db)
     finally:
         for g in gateways:
             await g.stop()

@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
@@ -42,6 +43,7 @@ from bench import report
 from bench._harness import DEFAULT_PG, LedgerReport, Workload, read_keys, workload_keys
 from bench._metrics import Figures, figures
 from bench._systems import (
+    RunProbe,
     Setup,
     ledger_and_watcher,
     run_ideal,
@@ -69,7 +71,18 @@ def _parse_sizes(value: str) -> list[tuple[int, int]]:
     return out
 
 
-async def _one(setup: Setup, system: str, s: int, m: int, kill_after: float | None) -> Figures:
+async def _one(
+    setup: Setup,
+    system: str,
+    s: int,
+    m: int,
+    kill_after: float | None,
+    *,
+    env: Mapping[str, str] = {},
+    probe: RunProbe | None = None,
+) -> Figures:
+    """One run of ``system``; ``env`` and ``probe`` go to ``ledgerq serve`` (see
+    :func:`bench._systems.run_ledgerq`)."""
     workload = Workload(s, m)
     tag = f"{setup.ledger}-{system}-{s}x{m}{'-kill' if kill_after is not None else ''}"
     async with ledger_and_watcher(setup, tag) as (ledger, watcher):
@@ -78,7 +91,15 @@ async def _one(setup: Setup, system: str, s: int, m: int, kill_after: float | No
         elif system.startswith("ledgerq"):
             store, _, w = system.removeprefix("ledgerq-").partition("-w")
             run = await run_ledgerq(
-                setup, workload, watcher, ledger.url, kill_after, store=store, processes=int(w or 1)
+                setup,
+                workload,
+                watcher,
+                ledger.url,
+                kill_after,
+                store=store,
+                processes=int(w or 1),
+                env=env,
+                probe=probe,
             )
         else:
             run = await run_procrastinate(setup, workload, watcher, ledger.url, kill_after)
