@@ -261,12 +261,17 @@ async def wait_until(
 async def gateway_statuses(
     session: aiohttp.ClientSession, url: str, ids: list[str]
 ) -> dict[str, str]:
+    """The gateway's status of each of ``ids`` it answered about (a gateway
+    that does not answer gives none: the wait stalls, the judge says so)."""
     out: dict[str, str] = {}
     for i in range(0, len(ids), 100):
-        async with session.post(f"{url}/batch_statuses", json=ids[i : i + 100]) as resp:
-            if resp.status != 200:
-                continue  # asked again on the next poll
-            out.update({d["id"]: d["status"] for d in (await resp.json())["data"]})
+        try:
+            async with session.post(f"{url}/batch_statuses", json=ids[i : i + 100]) as resp:
+                if resp.status != 200:
+                    continue  # asked again on the next poll
+                out.update({d["id"]: d["status"] for d in (await resp.json())["data"]})
+        except (aiohttp.ClientError, TimeoutError):
+            continue
     return out
 
 
