@@ -173,6 +173,11 @@ def tree_cpu_seconds(pids: list[int]) -> dict[int, float]:
     return used
 
 
+def cpu_delta(before: Mapping[int, float], after: Mapping[int, float]) -> float:
+    """CPU used between two readings (a process that appeared meanwhile counts from 0)."""
+    return sum(used - before.get(pid, 0.0) for pid, used in after.items())
+
+
 def gateway_proc(
     workdir: Path, db: str, ledger: str, *, name: str = "gateway", env: Mapping[str, str] = {}
 ) -> Proc:
@@ -400,6 +405,26 @@ def create_database(admin_url: str, prefix: str) -> str:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return _with_db(admin_url, name)
+
+
+async def backend_cpu_seconds(admin_url: str, db_url: str) -> dict[int, float] | None:
+    """CPU seconds used so far by each PostgreSQL server process serving
+    ``db_url``'s database; ``None`` for SQLite, or when they cannot be read
+    (a server on another machine)."""
+    if not db_url or db_url.startswith("sqlite"):
+        return None
+    name = db_url.rpartition("/")[2]
+    try:
+        async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
+            cur = await conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (name,))
+            pids = [int(row[0]) for row in await cur.fetchall()]
+    except psycopg.Error:
+        return None
+    used = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):  # a server on another machine, or gone
+            used[pid] = cpu_seconds(pid)
+    return used or None
 
 
 def drop_database(admin_url: str, url: str) -> None:

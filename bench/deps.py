@@ -55,14 +55,14 @@ from typing import Protocol
 
 import aiohttp
 import click
-import psycopg
 
 from bench import report
 from bench._harness import (
     DEFAULT_PG,
     EventWatcher,
     Proc,
-    cpu_seconds,
+    backend_cpu_seconds,
+    cpu_delta,
     create_database,
     drop_database,
     gateway_proc,
@@ -311,19 +311,6 @@ async def wait_until_final(
         await asyncio.sleep(0.1)  # polling the ledger's record; nothing to wait on
 
 
-async def _backend_pids(admin_url: str, db_url: str) -> list[int]:
-    """The PostgreSQL server processes serving ``db_url``'s database."""
-    name = db_url.rpartition("/")[2]
-    async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
-        cur = await conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (name,))
-        return [int(row[0]) for row in await cur.fetchall()]
-
-
-def _cpu_delta(before: Mapping[int, float], after: Mapping[int, float]) -> float:
-    """CPU used between two readings (a process that appeared meanwhile counts from 0)."""
-    return sum(used - before.get(pid, 0.0) for pid, used in after.items())
-
-
 async def run_one(spec: LoadSpec, system: str, ledger_kind: str, opts: Options) -> Outcome:
     load = IntkeyLoad(
         spec.services,
@@ -356,7 +343,7 @@ async def run_one(spec: LoadSpec, system: str, ledger_kind: str, opts: Options) 
                 gateway.args += ["--strategy", opts.strategy]
                 url = await gateway.start()
             cpu0 = tree_cpu_seconds([gateway.pid]) if gateway is not None else {}
-            db0 = await _db_cpu(opts, db)
+            db0 = await backend_cpu_seconds(opts.pg_admin, db)
             with report.progress() as bar:
                 task = bar.add_task(f"{spec.label}: {system} → {ledger_kind}", total=load.total)
                 async with aiohttp.ClientSession(
@@ -369,10 +356,10 @@ async def run_one(spec: LoadSpec, system: str, ledger_kind: str, opts: Options) 
                     )
             outcome.elapsed_s = time.monotonic() - started
             if gateway is not None:
-                outcome.gateway_cpu_s = _cpu_delta(cpu0, tree_cpu_seconds([gateway.pid]))
-            db1 = await _db_cpu(opts, db)
+                outcome.gateway_cpu_s = cpu_delta(cpu0, tree_cpu_seconds([gateway.pid]))
+            db1 = await backend_cpu_seconds(opts.pg_admin, db)
             if db0 is not None and db1 is not None:
-                outcome.db_cpu_s = _cpu_delta(db0, db1)
+                outcome.db_cpu_s = cpu_delta(db0, db1)
             ledger.judge(load, started, outcome)
         finally:
             if gateway is not None:
@@ -397,20 +384,6 @@ async def _post(
         report.console.print(f"[red]posting failed: {exc}")
         return "posting failed"
     return None
-
-
-async def _db_cpu(opts: Options, db: str) -> dict[int, float] | None:
-    if not db or db.startswith("sqlite"):
-        return None
-    try:
-        pids = await _backend_pids(opts.pg_admin, db)
-    except psycopg.Error:
-        return None
-    used = {}
-    for pid in pids:
-        with contextlib.suppress(OSError):  # a server on another machine, or gone
-            used[pid] = cpu_seconds(pid)
-    return used or None
 
 
 # -- the report -------------------------------------------------------------------

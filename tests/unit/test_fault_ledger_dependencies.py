@@ -179,6 +179,32 @@ async def test_a_post_of_a_held_batch_is_a_violation_unless_the_ledger_said_unkn
         assert len(ledger.violations) == 1
 
 
+async def test_a_resend_after_unknown_is_excused_when_the_hold_ended_meanwhile(
+    http: aiohttp.ClientSession,
+) -> None:
+    # Told UNKNOWN about a held batch, a client resends it once its dependency
+    # is back; the ledger may have released it by then without saying so.
+    first = batch("set", "k", 0)
+    second = batch("inc", "k", 1, first)
+    async with FaultLedger(FaultPlan(commit_delay_ms=0)) as ledger:
+        await post(http, ledger.url, second)
+        assert await status(http, ledger.url, second) == "UNKNOWN"
+        await post(http, ledger.url, first)  # releases the held batch
+        await until(lambda: ledger.status_of(second.header_signature) == "COMMITTED")
+        await post(http, ledger.url, second)  # acting on what it was told
+        assert ledger.violations == []
+        await post(http, ledger.url, second)  # one POST per answer
+        assert [v.known_as for v in ledger.violations] == ["COMMITTED"]
+    async with FaultLedger(FaultPlan(commit_delay_ms=0)) as ledger:
+        await post(http, ledger.url, second)
+        assert await status(http, ledger.url, second) == "UNKNOWN"
+        await post(http, ledger.url, first)
+        # A read answering otherwise withdraws the leave.
+        assert await status(http, ledger.url, second, wait="5") == "COMMITTED"
+        await post(http, ledger.url, second)
+        assert [v.known_as for v in ledger.violations] == ["COMMITTED"]
+
+
 async def test_a_dependency_judged_invalid_leaves_its_dependent_pending_for_ever(
     http: aiohttp.ClientSession,
 ) -> None:

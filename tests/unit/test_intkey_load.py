@@ -118,3 +118,50 @@ async def test_posted_straight_to_a_sawtooth_like_ledger_everything_commits_in_o
         assert load.judge(statuses, order) == []
         assert ledger.state.values == load.values
         assert ledger.counts["dropped_after_hold"] == 0 and ledger.violations == []
+
+
+def test_a_chain_with_an_invalid_batch_dooms_the_batches_after_it() -> None:
+    load = IntkeyLoad(2, 6, shape="chain", invalid_at=3)
+    first, other = load.batches.values()
+    ids = [b.header_signature for b in first]
+    assert load.invalid == {ids[3]} and load.doomed == set(ids[4:])
+    # INVALID whatever was committed before it (only its dependency keeps
+    # the ones after it from committing: intkey alone would take them).
+    state = IntkeyState()
+    assert [state.apply(b) is None for b in first] == [True, True, True, False, True, True]
+    expected = {load.name(0, 0): 2, load.name(1, 0): 5}
+    assert load.values == _apply(first[:3] + other).values == expected
+    assert load.expected()[ids[2]] == "COMMITTED"
+    assert {load.expected()[b] for b in ids[3:]} == {"INVALID"}
+    committed = {b: "COMMITTED" for b in load.all_ids()}
+    judged = committed | {ids[3]: "INVALID"} | dict.fromkeys(ids[4:], "PENDING")
+    order = {b: i for i, b in enumerate(load.all_ids()) if judged[b] == "COMMITTED"}
+    assert load.judge(judged, order) == []
+    assert load.judge(committed | {ids[3]: "INVALID"}, {b: i for i, b in enumerate(ids)}) == [
+        "2 committed after the INVALID batch they depend on"
+    ]
+    assert load.judge(judged | {ids[3]: "COMMITTED"}, order) == [
+        "the invalid batch not judged INVALID"
+    ]
+    with pytest.raises(ValueError, match="invalid_at"):
+        IntkeyLoad(1, 5, invalid_at=2)  # star
+    with pytest.raises(ValueError, match="invalid_at"):
+        IntkeyLoad(1, 5, shape="chain", invalid_at=5)
+
+
+def test_in_order_posts_keep_each_service_s_batches_as_made() -> None:
+    load = IntkeyLoad(2, 7, shape="chain")
+    posts = load.posts(per_post=3, in_order=True)
+    for service, batches in load.batches.items():
+        sent = [b for s, chunk in posts if s == service for b in chunk]
+        assert sent == batches
+
+
+async def test_posted_in_order_to_a_ledger_nothing_is_held(http: aiohttp.ClientSession) -> None:
+    load = IntkeyLoad(3, 9, shape="chain")
+    async with FaultLedger(FaultPlan(commit_delay_ms=0), verify=False) as ledger:
+        accepted = await load.post(
+            http, ledger.url, posters=2, per_post=4, gateway=False, in_order=True
+        )
+        assert sorted(accepted) == sorted(load.all_ids())
+        assert ledger.counts["held"] == 0

@@ -4,9 +4,12 @@ their order kept by a ledger that enforces declared dependencies."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
+from typing import Any
 
 import pytest
 
+from ledgerq.clock import ManualClock
 from ledgerq.config import load_settings
 from ledgerq.errors import ConfigError
 from ledgerq.ledgers.base import SubmitResult
@@ -21,6 +24,7 @@ from ledgerq.model import (
     Unknown,
 )
 from ledgerq.queue.strategy import OnInvalidMap, StrategyMap
+from ledgerq.store import MemoryStore
 from tests.factories import tracking_batch
 from tests.ledger_fakes import ScriptedLedger
 from tests.unit.test_producer import Rig, until, until_status
@@ -189,6 +193,141 @@ async def test_batches_the_ledger_lost_are_sent_again_in_order_and_only_those(fi
     resent = ledger.arrived[5:]
     assert resent == [b.batch_id for b in lost]  # in order, each once
     assert ledger.committed == [b.batch_id for b in batches]
+    assert ledger.violations == []
+
+
+class GatedOrdering(Ordering):
+    """An :class:`Ordering` ledger that answers the POST of ``gated`` only once
+    ``gate`` is set."""
+
+    def __init__(self, batches: list[TrackingBatch], gated: str) -> None:
+        super().__init__(batches)
+        self.gated = gated
+        self.open = asyncio.Event()
+
+    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
+        if batch_id == self.gated:
+            await self.open.wait()
+        return await super().submit(service_id, batch_id, serialized_batch)
+
+
+class SlowReads(MemoryStore):
+    """A store whose reads of batches by id open the ledger's gate, then take a while."""
+
+    ledger: GatedOrdering
+
+    async def get_batches_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]:
+        self.ledger.open.set()
+        await asyncio.sleep(0.05)
+        return await super().get_batches_by_id(batch_ids)
+
+
+async def test_nothing_is_taken_after_an_invalid_batch_while_its_successors_are_failed() -> None:
+    # The INVALID verdict arrives while the batch after it is being posted;
+    # that POST is accepted while the failure of what follows is under way:
+    # the walk it starts must not send the next batch (it would depend on
+    # the INVALID one, and nothing would ever fail it).
+    batches = chain("s", 6)
+    ledger = GatedOrdering(batches, gated=batches[3].batch_id)
+    ledger.invalid = {batches[2].batch_id}
+    clock = ManualClock()
+    store = SlowReads(clock=clock)
+    store.ledger = ledger
+    rig = Rig(ledger=ledger, strategies=PIPELINED, store=store, clock=clock)
+    await rig.add(*batches)
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 3)
+        await ledger.commit()
+        for b in batches[2:]:
+            await until_status(rig, b, BatchStatusName.INVALID)
+    assert ledger.arrived == [b.batch_id for b in batches[:4]]
+    assert ledger.committed == [b.batch_id for b in batches[:2]]
+
+
+class SlowWalks(MemoryStore):
+    """A store whose reads of the next batch and of dependencies take a
+    while: walks overlap."""
+
+    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
+        await asyncio.sleep(0.05)
+        return await super().batch_following(service_id, after)
+
+    async def dependency_states(self, transaction_ids: Collection[str]) -> dict[str, Any]:
+        await asyncio.sleep(0.05)
+        return dict(await super().dependency_states(transaction_ids))
+
+
+async def test_two_walks_at_once_never_take_one_batch_twice() -> None:
+    # Two walks from a committed batch (a final status and an acceptance each
+    # start one) find the next batch and read its dependencies at the same
+    # time: one of them takes it.
+    batches = chain("s", 3)
+    ledger = Ordering(batches)
+    clock = ManualClock()
+    store = SlowWalks(clock=clock)
+    rig = Rig(ledger=ledger, strategies=PIPELINED, store=store, clock=clock)
+    await rig.add(batches[0])
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 1)
+        await ledger.commit()
+        await until_status(rig, batches[0], BatchStatusName.COMMITTED)
+        await store.add_batches(batches[1:])  # not woken: only the walks take them
+        walk = rig.producer._pipeline_next
+        await asyncio.gather(walk("s", batches[0].batch_id), walk("s", batches[0].batch_id))
+        await until(lambda: len(ledger.arrived) == 3)
+        await asyncio.sleep(0.2)
+        for _ in range(3):
+            await ledger.commit()
+        for b in batches:
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+    assert ledger.arrived == [b.batch_id for b in batches]  # each once
+    assert ledger.violations == []
+
+
+class CountedReads(MemoryStore):
+    """A store that counts the walks' reads of a service's next batch."""
+
+    reads = 0
+
+    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
+        self.reads += 1
+        return await super().batch_following(service_id, after)
+
+
+async def test_a_commit_does_not_walk_again_past_every_batch_in_flight() -> None:
+    # Each final status may free a place in the lane: it looks after the
+    # last batch in flight, not at each of those in flight one by one.
+    batches = chain("s", 20)
+    ledger = Ordering(batches)
+    clock = ManualClock()
+    store = CountedReads(clock=clock)
+    rig = Rig(ledger=ledger, strategies=PIPELINED, store=store, clock=clock)
+    await rig.add(*batches)
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 20)
+        await ledger.commit()
+        for b in batches:
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+    assert ledger.arrived == ledger.committed == [b.batch_id for b in batches]
+    assert store.reads <= 3 * len(batches), store.reads
+
+
+async def test_a_batch_sent_again_that_is_invalid_fails_every_batch_after_it() -> None:
+    # Lost and sent again, the second and third batches are taken after the
+    # fourth and fifth; the second's INVALID still fails all three behind it.
+    batches = chain("s", 5)
+    ledger = Ordering(batches)
+    rig = Rig(ledger=ledger, strategies=PIPELINED)
+    await rig.add(*batches)
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 5)
+        await ledger.forget([b.batch_id for b in batches[1:3]])
+        await until(lambda: len(ledger.arrived) == 7)
+        ledger.invalid = {batches[1].batch_id}
+        await ledger.commit()
+        for b in batches[1:]:
+            await until_status(rig, b, BatchStatusName.INVALID)
+    assert ledger.committed == [batches[0].batch_id]
     assert ledger.violations == []
 
 

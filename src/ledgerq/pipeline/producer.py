@@ -542,6 +542,10 @@ class Producer:
         self._accepting[batch.batch_id] = recorded
         try:
             self.follower.accepted(batch.batch_id, batch.service_id)
+            if self._pipelines.pipelined(batch.service_id):
+                # The next batch may go now that the ledger has this one; it
+                # does not wait for this write (the ledger keeps the order).
+                self._spawn(self._pipeline_next(batch.service_id, batch.batch_id))
             if not self._parallel(batch.service_id):
                 # While the batch waits at the ledger, not once it is final
                 # (the store's check at the take decides whether this is
@@ -555,8 +559,6 @@ class Producer:
             await self._completer.apply(
                 writes.outcome(batch, Accepted(), 1, now=self._clock(), fence=fence)
             )
-            if self._pipelines.pipelined(batch.service_id):
-                self._spawn(self._pipeline_next(batch.service_id, batch.batch_id))
         finally:
             # Set as the submission ends (nothing is done after this returns
             # but free its slot and the service), so an answer waiting for it
@@ -656,9 +658,15 @@ class Producer:
         if write.frees_service and self._pipelines.pipelined(service_id):
             before, after = self._pipelines.leave(service_id, write.id)
             if isinstance(status, Invalid):
+                # Out of the lane now, before anything is awaited: a walk
+                # under way must not take a batch after one of them (it
+                # would depend on the INVALID batch, and be in flight where
+                # nothing fails it).
+                for batch_id in after:
+                    self._pipelines.leave(service_id, batch_id)
                 await self._fail_pipeline(service_id, write.id, after)
             elif write.status is not None and write.status.is_final:
-                self._spawn(self._pipeline_next(service_id, write.id))
+                self._walk_on(service_id, write.id)
             elif before is not None or after:
                 # Lost (Unknown) or refused for now (Delayed) while others of
                 # the service are in flight (which lock it in the queue's
@@ -816,6 +824,17 @@ class Producer:
         finally:
             self._pipelines.unlocked(service_id, lock)
 
+    def _walk_on(self, service_id: str, final: str) -> None:
+        """``final`` (of a pipelined service) is final: one batch fewer in
+        flight, so perhaps one more may go. Walked from the last batch of the
+        service in flight here (those before it are in flight too, and a
+        batch lost among them is sent again from the service's first), or
+        not at all while that one is being posted: its acceptance walks on."""
+        start = self._pipelines.last(service_id)
+        if start is not None and start in self._in_flight:
+            return
+        self._spawn(self._pipeline_next(service_id, start or final))
+
     def _look_again(self, service_id: str, after: str | None) -> None:
         if self._tasks is not None and not self._stopping.is_set():
             self._spawn(self._pipeline_next(service_id, after))
@@ -823,7 +842,8 @@ class Producer:
     async def _fail_pipeline(self, service_id: str, invalid: str, after: Sequence[str]) -> None:
         """A pipelined batch is ``Invalid``: the batches taken after it, in
         flight at the ledger, depend on it (each declared the one before):
-        they fail at once, and are followed no more."""
+        they fail at once, and are followed no more. They have left the lane
+        already (:meth:`_apply_freeing`)."""
         if not after:
             return
         try:
@@ -835,7 +855,6 @@ class Producer:
         reason = f"depends on batch {invalid}, which the ledger judged INVALID"
         for batch in batches:
             self.follower.resending(batch.batch_id)
-            self._pipelines.leave(service_id, batch.batch_id)
             self._posting.discard(batch.batch_id)
             try:
                 await self._apply_freeing(

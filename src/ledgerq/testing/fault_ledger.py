@@ -53,7 +53,11 @@ or ``INVALID``, holds for its dependencies, or has stuck, is recorded as a
 ask before any resend). The batch is answered ``202`` as a validator would. A
 batch the ledger forgot (``UNKNOWN``) may be sent again, and so may a held
 batch once a status read answered ``UNKNOWN`` about it since its last POST
-(what the ledger told the client is what the client may act on).
+(what the ledger told the client is what the client may act on), also when
+the ledger has released it from its hold since without saying so (its
+dependency arrived): a client resending what it was told is lost races that
+release, and cannot know. A later read answering anything else withdraws the
+leave; each answer allows one POST.
 
 **Judging overlaps** (``judge_overlaps=True``). A batch accepted while
 another batch the ledger knows as ``PENDING`` conflicts with it — one writes
@@ -263,7 +267,8 @@ class BatchRecord:
     missing: tuple[str, ...] = ()
     hold_until: float = 0.0
     holds: int = 0
-    #: A status read answered UNKNOWN about it while held, since its last POST.
+    #: A status read answered UNKNOWN about it while held, since its last POST
+    #: (and no read answered otherwise since): one POST of it is excused.
     told_unknown: bool = False
     #: The dependency judged INVALID that keeps it from ever committing.
     stuck_on: str | None = None
@@ -629,10 +634,10 @@ class FaultLedger:
             self.counts["busy_429"] += 1
             return _error(429, 31, "Unable to Accept Batches", "the queue is full")
         for record in records:
+            excused, record.told_unknown = record.told_unknown, False
             if record.status == UNKNOWN:
                 self._admit(record, now)
                 continue
-            excused = record.status == HELD and record.told_unknown
             if not excused:
                 self.violations.append(Violation(record.batch_id, record.status, now))
             if record.status == HELD:
@@ -711,6 +716,8 @@ class FaultLedger:
             record = self.batches.get(i)
             if record is not None and record.status == HELD and self.status_of(i) == UNKNOWN:
                 record.told_unknown = True
+            elif record is not None and self.status_of(i) != UNKNOWN:
+                record.told_unknown = False  # the client now knows the ledger has it
         data = [self._entry(i) for i in ids]
         return web.json_response({"data": data, "link": str(request.url)})
 
