@@ -18,11 +18,14 @@ seconds; these tests wait for real processes, they never assert on speed.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -374,3 +377,80 @@ def _submitted(pg_url: str, batch_id: str) -> bool:
             "SELECT submitted FROM batches WHERE batch_id = %s", (batch_id,)
         ).fetchone()
     return bool(row and row[0])
+
+
+def _act(gw: Process, service_id: str, action: str, body: object = None) -> dict[str, Any]:
+    req = urllib.request.Request(
+        f"{gw.url}/services/{service_id}/{action}",
+        data=None if body is None else json.dumps(body).encode(),
+        method="POST",
+        headers={} if body is None else {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        data: dict[str, Any] = json.loads(resp.read())["data"]
+    return data
+
+
+def _report(ledger: Process) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{ledger.url}/_fault/report", timeout=60) as resp:
+        report: dict[str, Any] = json.loads(resp.read())
+    return report
+
+
+def _claimant(pg_url: str, service_id: str) -> str | None:
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute(
+            "SELECT claimant FROM service_id_claims WHERE service_id = %s", (service_id,)
+        ).fetchone()
+    return None if row is None else row[0]
+
+
+@pytest.mark.pg
+def test_an_operator_acts_through_the_gateway_that_does_not_hold_the_service(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Pause, cancel and resume sent to the instance without the service's
+    claim bind the one holding it: nothing posted while paused, the cancelled
+    batch never reaches the ledger, the rest commits in order after the
+    resume (judged by the fault ledger)."""
+    asyncio.run(_migrate(pg_url))
+    install_fence_audit(pg_url)
+    cluster = Cluster(tmp_path, pg_url)
+    try:
+        cluster.start_fault_ledger("--commit-delay-ms", "20", "--busy-503", "0.05", "--seed", "5")
+        signer = Signer.generate()
+        ops = [("set", "op1", 0), ("inc", "op1", 1), ("inc", "op1", 1), ("inc", "op1", 1)]
+        made = [make_intkey_batch(signer, [op]) for op in ops]
+        ids = [b.header_signature for b in made]
+        a, b = cluster.start_gateway("a"), cluster.start_gateway("b")
+        cluster.post(a, "ops", encode_batch_list([made[0]]))
+        _wait_for(lambda: _status(pg_url, ids[0]) == "Committed", 60, "the first batch", a)
+        _wait_for(lambda: _claimant(pg_url, "ops") is not None, 60, "a claim on ops", a)
+        holder = {g.name: g for g in (a, b)}[_claimant(pg_url, "ops")]
+        other = b if holder is a else a
+
+        assert _act(other, "ops", "pause")["action"] == "pause"
+        for batch in made[1:]:
+            cluster.post(other, "ops", encode_batch_list([batch]))
+        time.sleep(2.0)  # the holder's queue and controls have had many turns
+        posted = _report(cluster.ledger)["batches"]
+        assert not any(i in posted for i in ids[1:]), "a batch was posted while paused"
+        assert all(not _submitted(pg_url, i) for i in ids[1:])
+
+        _act(other, "ops", "cancel", {"batch_ids": [ids[2]]})
+        _act(other, "ops", "resume")
+        _wait_for(lambda: _status(pg_url, ids[3]) == "Committed", 60, "the rest", holder)
+        report = _report(cluster.ledger)
+        assert ids[2] not in report["batches"], "the cancelled batch reached the ledger"
+        assert report["order"]["op1"] == [ids[0], ids[1], ids[3]]
+        assert report["values"]["op1"] == 2
+        assert report["violations"] == []
+        assert _status(pg_url, ids[2]) == "Invalid"
+        assert _claimant(pg_url, "ops") == holder.name
+        # The one write of a batch by the instance without the claim: the
+        # operator's cancel, serialized with the holder's takes by the row lock.
+        assert {(w, s, i) for w, s, i, _ in fence_violations(pg_url)} == {
+            (other.name, "ops", ids[2])
+        }
+    finally:
+        cluster.close()
