@@ -112,7 +112,7 @@ class Options:
     pg_admin: str
     posters: int = 5
     keys: int = 5
-    strategy: str = "serial"
+    strategy: str = "pipelined"
     commit_delay_ms: int = 20
     hold_s: float = 30.0
     held_status: str = "UNKNOWN"
@@ -482,10 +482,10 @@ def summary(outcomes: list[Outcome]) -> str:
 @click.option("--ledgers", default=",".join(LEDGERS), show_default=True, help="node and/or fault.")
 @click.option(
     "--strategy",
-    type=click.Choice(["serial", "parallel"]),
-    default="serial",
+    type=click.Choice(["serial", "parallel", "pipelined"]),
+    default="pipelined",
     show_default=True,
-    help="The gateway's queuer strategy.",
+    help="The gateway's queuer strategy (pipelined: Sawtooth keeps the order it accepts).",
 )
 @click.option(
     "--commit-delay-ms", default=20, show_default=True, help="The fault ledger's commit delay."
