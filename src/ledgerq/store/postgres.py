@@ -23,7 +23,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -153,7 +153,7 @@ def _text_array(values: Sequence[str | None]) -> str:
     if not values:
         return "{}"
     if None not in values:
-        joined = '","'.join(values)  # type: ignore[arg-type]
+        joined = '","'.join(cast("Sequence[str]", values))
         if "\\" not in joined and '"' not in joined:
             return '{"' + joined + '"}'
     return (

@@ -226,7 +226,8 @@ def _drive(body: Coroutine[Any, Any, T]) -> T:
     try:
         body.send(None)
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        result: T = done.value
+        return result
     body.close()
     raise RuntimeError("a SQLite transaction body awaited something other than its session")
 
@@ -299,6 +300,9 @@ class _SyncSession:
     async def fetchall_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         return [self._conn.execute(self._q[name], params).fetchall() for name, params in calls]
 
+    # The transaction commits when its body returns.
+    fetchall_committing = fetchall
+
 
 class _Session:
     def __init__(self, backend: SqliteBackend, connection: _Connection) -> None:
@@ -342,6 +346,9 @@ class _Session:
     async def fetchall_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         sqls = [(self._q[name], params) for name, params in calls]
         return await self._c.call(lambda c: [c.execute(q, p).fetchall() for q, p in sqls])
+
+    # The transaction commits when its body returns.
+    fetchall_committing = fetchall
 
 
 @dataclass(frozen=True, slots=True)
@@ -626,6 +633,9 @@ class SqliteBackend:
             row = conn.execute(self.queries["lock_entries_kept"]).fetchone()
             self._lock_entries_kept = bool(row[0])
         return self._lock_entries_kept
+
+    async def warm(self) -> None:
+        """Nothing to prepare: a file's connection opens with the store."""
 
     async def keep_lock_entries(self) -> bool:
         """Turn lock entries and blockers on (``lock_entries_kept``), after

@@ -75,6 +75,11 @@ class Session(Protocol):
         """Each query's rows, run in list order (PostgreSQL sends them at once)."""
         ...
 
+    async def fetchall_committing(self, name: str, params: Params) -> list[Row]:
+        """``name``'s rows as the transaction's last statement (PostgreSQL
+        sends the ``COMMIT`` with it)."""
+        ...
+
 
 class ConflictError(Exception):
     """A unique key was taken; the caller rolls back and names the offender."""
@@ -125,6 +130,15 @@ class Backend(Protocol):
 
     async def migrate(self, *, apply: bool, url: str) -> MigrationResult:
         """Apply pending migrations (``apply``) or refuse an outdated schema."""
+        ...
+
+    async def keep_lock_entries(self) -> bool:
+        """Compute the lock entries of every open batch and keep them from now
+        on, for the database; whether this call turned them on."""
+        ...
+
+    async def warm(self) -> None:
+        """Prepare for a gateway's first requests (connections, plans)."""
         ...
 
     async def close(self) -> None: ...
@@ -225,6 +239,9 @@ class _DeferredSession:
     async def fetchall_many(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         return await self._session.fetchall_many(calls)
 
+    async def fetchall_committing(self, name: str, params: Params) -> list[Row]:
+        return await self._session.fetchall_committing(name, params)
+
     async def flush(self) -> None:
         for name in _DEFERRED_ORDER:
             rows = self._pending[name]
@@ -259,17 +276,13 @@ class SqlStore(common.SeedWrites):
         """
         if self._lock_entries_kept:
             return
-        keep = getattr(self._backend, "keep_lock_entries", None)
-        if keep is not None:
-            await keep()
+        await self._backend.keep_lock_entries()
         self._lock_entries_kept = True
 
     async def warm(self) -> None:
         """Prepare the backend for a gateway's first requests, where it can
         (PostgreSQL: ``PostgresBackend.warm``)."""
-        warm = getattr(self._backend, "warm", None)
-        if warm is not None:
-            await warm()
+        await self._backend.warm()
 
     async def __aenter__(self) -> Self:
         return self
@@ -767,7 +780,7 @@ class SqlStore(common.SeedWrites):
             targets[i] = w
         if not seqs:
             return
-        rows = await session.fetchall_committing(  # type: ignore[attr-defined]
+        rows = await session.fetchall_committing(
             "take_freed",
             {
                 "seq": self._backend.seqs_param(seqs),
