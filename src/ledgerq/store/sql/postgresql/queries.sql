@@ -541,188 +541,117 @@ LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_
 WHERE b.seq = ANY(%(seqs)s::bigint[])
 ORDER BY b.seq;
 
--- A narrow round (%(narrow)s true) leaves out what the queue source loads only
--- for the batches it hands out: serialized_batch (empty), the submission error
--- (no join) and, in the store, the transactions.
--- name: queue_round
--- The one-round serial queuer's round over every service; the same round as
+-- The rounds: one statement per kind of round, written once as a template
+-- and filled in per scope (every service, a list of services, the services
+-- an instance claims) — docs/queuer.md.
+--
+-- The columns of a picked batch. A narrow round (%(narrow)s true) leaves out
+-- what the queue source loads only for the batches it hands out:
+-- serialized_batch (empty), the submission error (no join) and, in the
+-- store, the transactions.
+-- template: round_batches
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END,
+       b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+-- Picks in seq order: the heap is read in about its physical order.
+FROM (SELECT * FROM picks ORDER BY seq) AS picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s
+    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+
+-- The one-round serial queuer's round; the same round as
 -- ledgerq.queue.serial.select_round (docs/queuer.md). queue_heads holds each
 -- service's first non-final batch (kept by triggers on batches). busy: per
 -- service, its batches that are not {submitted = false, None}, read from
 -- batches_busy_idx alone (index-only); a service with one submitted or
 -- Pending is in flight, otherwise its first busy batch is the Unknown/Delayed
--- one to resubmit. Other services queue their head.
+-- one to resubmit. Other services queue their head. The slots scope_batches
+-- and scope_heads join the scope to batches (b) and queue_heads (h): joined,
+-- not filtered with IN (SELECT DISTINCT ...), so the planner knows how many
+-- services are listed and reads batches_busy_idx and queue_heads whole,
+-- hashing the list, when that is cheaper than probing them once per service.
+-- template: queue_round
 WITH busy AS (
-    SELECT service_id, min(seq) AS first_seq,
-           bool_or(submitted OR status IS NOT DISTINCT FROM 'Pending') AS in_flight
-    FROM batches
-    WHERE NOT final AND (submitted OR status IS NOT NULL)
-    GROUP BY service_id
+    SELECT b.service_id, min(b.seq) AS first_seq,
+           bool_or(b.submitted OR b.status IS NOT DISTINCT FROM 'Pending') AS in_flight
+    FROM batches b
+    {{scope_batches}}
+    WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
+    GROUP BY b.service_id
 ),
 picks AS (
     SELECT first_seq AS seq FROM busy WHERE NOT in_flight
     UNION ALL
     SELECT h.head_seq FROM queue_heads h
+    {{scope_heads}}
     WHERE h.head_seq IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
 )
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
--- Picks in seq order: the heap is read in about its physical order.
-FROM (SELECT seq FROM picks ORDER BY seq) AS picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+{{round_batches}}
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT %(limit)s::bigint;
 
+-- name: queue_round
+-- fill: queue_round
+--   scope_batches:
+--   scope_heads:
+
+-- The service ids in %(services)s, distinct (the store de-duplicates them).
 -- name: queue_round_services
--- queue_round restricted to the service ids in %(services)s, distinct (the
--- store de-duplicates them). Joined, not filtered with IN (SELECT DISTINCT
--- ...): the planner then knows how many services are listed and reads
--- batches_busy_idx and queue_heads whole, hashing the list, when that is
--- cheaper than probing them once per service (docs/BENCHMARKS.md, queuer).
-WITH busy AS (
-    SELECT b.service_id, min(b.seq) AS first_seq,
-           bool_or(b.submitted OR b.status IS NOT DISTINCT FROM 'Pending') AS in_flight
-    FROM batches b
-    JOIN unnest(%(services)s::text[]) AS w(service_id) ON w.service_id = b.service_id
-    WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
-    GROUP BY b.service_id
-),
-picks AS (
-    SELECT first_seq AS seq FROM busy WHERE NOT in_flight
-    UNION ALL
-    SELECT h.head_seq FROM queue_heads h
-    JOIN unnest(%(services)s::text[]) AS w(service_id) ON w.service_id = h.service_id
-    WHERE h.head_seq IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
-)
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
--- Picks in seq order: the heap is read in about its physical order.
-FROM (SELECT seq FROM picks ORDER BY seq) AS picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
-WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
-   OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
-ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
-LIMIT %(limit)s::bigint;
+-- fill: queue_round
+--   scope_batches: JOIN unnest(%(services)s::text[]) AS w(service_id) ON w.service_id = b.service_id
+--   scope_heads: JOIN unnest(%(services)s::text[]) AS w(service_id) ON w.service_id = h.service_id
 
+-- The services service_id_claims gives to the instance %(claimant)s: the
+-- round of a high-availability instance, without shipping its (possibly
+-- thousands of) service ids.
 -- name: queue_round_claimed
--- queue_round restricted to the services service_id_claims gives to the
--- instance %(claimant)s: the round of a high-availability instance, without
--- shipping its (possibly thousands of) service ids. The claims are joined
--- like the list above.
-WITH busy AS (
-    SELECT b.service_id, min(b.seq) AS first_seq,
-           bool_or(b.submitted OR b.status IS NOT DISTINCT FROM 'Pending') AS in_flight
-    FROM batches b
-    JOIN service_id_claims c ON c.service_id = b.service_id AND c.claimant = %(claimant)s::text
-    WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
-    GROUP BY b.service_id
-),
-picks AS (
-    SELECT first_seq AS seq FROM busy WHERE NOT in_flight
-    UNION ALL
-    SELECT h.head_seq FROM queue_heads h
-    JOIN service_id_claims c ON c.service_id = h.service_id AND c.claimant = %(claimant)s::text
-    WHERE h.head_seq IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = h.service_id)
-)
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
--- Picks in seq order: the heap is read in about its physical order.
-FROM (SELECT seq FROM picks ORDER BY seq) AS picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
-WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
-   OR b.last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint
-ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
-LIMIT %(limit)s::bigint;
+-- fill: queue_round
+--   scope_batches: JOIN service_id_claims c ON c.service_id = b.service_id AND c.claimant = %(claimant)s::text
+--   scope_heads: JOIN service_id_claims c ON c.service_id = h.service_id AND c.claimant = %(claimant)s::text
 
--- name: parallel_round
--- The parallel queuer's round over every service; the same round as
+-- The parallel queuer's free batches; the same round as
 -- ledgerq.queue.parallel.select_parallel_round (docs/queuer.md). A batch is
 -- free when no earlier non-final batch of its service conflicts with it
--- (blocked_by IS NULL, kept by add_batches and ledgerq_release).
--- stalled: per service, its free Unknown or window-expired Delayed batches
--- first in (class, seq), from the busy batches. fresh: per service, its first
--- free new batches (batches_ready_idx, one probe per queue_heads row). Of
--- both, the first %(per_service)s of each service in (class, seq); the
--- round is ordered by place in the service first. %(exclude)s: seqs never
--- picked.
-WITH stalled AS (
-    SELECT service_id, seq, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END AS class
-    FROM batches
-    WHERE NOT final AND (submitted OR status IS NOT NULL)
-      AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
-      AND (status = 'Unknown' OR last_attempt_at IS NULL
-           OR last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint)
-      AND seq <> ALL(%(exclude)s::bigint[])
-),
-fresh AS (
-    SELECT h.service_id, f.seq, 2 AS class
-    FROM queue_heads h
-    CROSS JOIN LATERAL (
-        SELECT r.seq FROM batches r
-        WHERE r.service_id = h.service_id
-          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.seq <> ALL(%(exclude)s::bigint[])
-        ORDER BY r.seq
-        LIMIT %(per_service)s::bigint
-    ) f
-    WHERE h.head_seq IS NOT NULL
-),
-picks AS (
-    SELECT seq, class, place FROM (
-        SELECT seq, class,
-               row_number() OVER (PARTITION BY service_id ORDER BY class, seq) AS place
-        FROM (SELECT * FROM stalled UNION ALL SELECT * FROM fresh) AS c
-    ) AS ranked
-    WHERE place <= %(per_service)s::bigint
-)
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM (SELECT seq, class, place FROM picks ORDER BY seq) AS picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
-ORDER BY picks.place, picks.class, b.seq
-LIMIT %(limit)s::bigint;
+-- (blocked_by IS NULL, kept by add_batches and ledgerq_release): the
+-- Unknown or window-expired Delayed ones (stalled) and the new ones.
+-- %(exclude)s: seqs never picked.
+-- template: parallel_stalled
+SELECT service_id, seq, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END AS class
+FROM batches
+WHERE NOT final AND (submitted OR status IS NOT NULL)
+  AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
+  AND (status = 'Unknown' OR last_attempt_at IS NULL
+       OR last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint)
+  AND seq <> ALL(%(exclude)s::bigint[])
+  {{scope_stalled}}
 
--- name: parallel_round_services
--- parallel_round restricted to the service ids in %(services)s.
-WITH wanted AS (
-    SELECT DISTINCT service_id FROM unnest(%(services)s::text[]) AS w(service_id)
-),
+-- template: parallel_fresh
+SELECT r.seq FROM batches r
+WHERE r.service_id = h.service_id
+  AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+  AND r.seq <> ALL(%(exclude)s::bigint[])
+ORDER BY r.seq
+
+-- The parallel round: stalled, per service, its free stalled batches first
+-- in (class, seq), from the busy batches; fresh, per service, its first free
+-- new batches (batches_ready_idx, one probe per service of the scope). Of
+-- both, the first %(per_service)s of each service in (class, seq); the round
+-- is ordered by place in the service first. The slot services: the scope's
+-- services (h); scope_stalled: its condition on stalled batches.
+-- template: parallel_round
+WITH {{wanted}}
 stalled AS (
-    SELECT service_id, seq, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END AS class
-    FROM batches
-    WHERE NOT final AND (submitted OR status IS NOT NULL)
-      AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
-      AND (status = 'Unknown' OR last_attempt_at IS NULL
-           OR last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint)
-      AND seq <> ALL(%(exclude)s::bigint[])
-      AND service_id IN (SELECT service_id FROM wanted)
+    {{parallel_stalled}}
 ),
 fresh AS (
     SELECT h.service_id, f.seq, 2 AS class
-    FROM wanted h
+    FROM {{services}}
     CROSS JOIN LATERAL (
-        SELECT r.seq FROM batches r
-        WHERE r.service_id = h.service_id
-          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.seq <> ALL(%(exclude)s::bigint[])
-        ORDER BY r.seq
+        {{parallel_fresh}}
         LIMIT %(per_service)s::bigint
     ) f
 ),
@@ -734,95 +663,26 @@ picks AS (
     ) AS ranked
     WHERE place <= %(per_service)s::bigint
 )
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM (SELECT seq, class, place FROM picks ORDER BY seq) AS picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+{{round_batches}}
 ORDER BY picks.place, picks.class, b.seq
 LIMIT %(limit)s::bigint;
 
--- name: parallel_round_first
--- parallel_round with one pick per service (every full round): the
--- statement as it was before per_service, without ranking the candidates
--- (the store runs it whenever per_service = 1).
--- The parallel queuer's round over every service; the same round as
--- ledgerq.queue.parallel.select_parallel_round (docs/queuer.md). A batch is
--- free when no earlier non-final batch of its service conflicts with it
--- (blocked_by IS NULL, kept by add_batches and ledgerq_release).
--- stalled: per service, its free Unknown or window-expired Delayed batch
--- first in (class, seq), from the busy batches. fresh: per service without
--- one, its first free new batch (batches_ready_idx, one probe per
--- queue_heads row). %(exclude)s: seqs never picked.
-WITH stalled AS (
-    SELECT DISTINCT ON (service_id) service_id, seq
-    FROM batches
-    WHERE NOT final AND (submitted OR status IS NOT NULL)
-      AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
-      AND (status = 'Unknown' OR last_attempt_at IS NULL
-           OR last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint)
-      AND seq <> ALL(%(exclude)s::bigint[])
-    ORDER BY service_id, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
-),
-fresh AS (
-    SELECT f.seq
-    FROM queue_heads h
-    CROSS JOIN LATERAL (
-        SELECT r.seq FROM batches r
-        WHERE r.service_id = h.service_id
-          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.seq <> ALL(%(exclude)s::bigint[])
-        ORDER BY r.seq
-        LIMIT 1
-    ) f
-    WHERE h.head_seq IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = h.service_id)
-),
-picks AS (
-    SELECT seq FROM stalled
-    UNION ALL
-    SELECT seq FROM fresh
-)
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM (SELECT seq FROM picks ORDER BY seq) AS picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
-ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
-LIMIT %(limit)s::bigint;
-
--- name: parallel_round_services_first
--- parallel_round_services with one pick per service (a woken round asked for one pick per service): the
--- statement as it was before per_service, without ranking the candidates
--- (the store runs it whenever per_service = 1).
--- parallel_round restricted to the service ids in %(services)s.
-WITH wanted AS (
-    SELECT DISTINCT service_id FROM unnest(%(services)s::text[]) AS w(service_id)
-),
+-- The parallel round with one pick per service (the store runs it whenever
+-- per_service = 1): a service's stalled batch, or else its first free new
+-- one, without ranking the candidates.
+-- template: parallel_round_first
+WITH {{wanted}}
 stalled AS (
-    SELECT DISTINCT ON (service_id) service_id, seq
-    FROM batches
-    WHERE NOT final AND (submitted OR status IS NOT NULL)
-      AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
-      AND (status = 'Unknown' OR last_attempt_at IS NULL
-           OR last_attempt_at <= %(now)s::bigint - %(delay_window_ms)s::bigint)
-      AND seq <> ALL(%(exclude)s::bigint[])
-      AND service_id IN (SELECT service_id FROM wanted)
-    ORDER BY service_id, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
+    SELECT DISTINCT ON (service_id) service_id, seq, class FROM (
+        {{parallel_stalled}}
+    ) AS candidates
+    ORDER BY service_id, class, seq
 ),
 fresh AS (
     SELECT f.seq
-    FROM wanted h
+    FROM {{services}}
     CROSS JOIN LATERAL (
-        SELECT r.seq FROM batches r
-        WHERE r.service_id = h.service_id
-          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.seq <> ALL(%(exclude)s::bigint[])
-        ORDER BY r.seq
+        {{parallel_fresh}}
         LIMIT 1
     ) f
     WHERE NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = h.service_id)
@@ -832,15 +692,34 @@ picks AS (
     UNION ALL
     SELECT seq FROM fresh
 )
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN %(narrow)s::bool THEN ''::bytea ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM (SELECT seq FROM picks ORDER BY seq) AS picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT %(narrow)s::bool AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+{{round_batches}}
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT %(limit)s::bigint;
+
+-- name: parallel_round
+-- fill: parallel_round
+--   wanted:
+--   services: (SELECT * FROM queue_heads WHERE head_seq IS NOT NULL) h
+--   scope_stalled:
+
+-- The service ids in %(services)s.
+-- name: parallel_round_services
+-- fill: parallel_round
+--   wanted: wanted AS (SELECT DISTINCT service_id FROM unnest(%(services)s::text[]) AS w(service_id)),
+--   services: wanted h
+--   scope_stalled: AND service_id IN (SELECT service_id FROM wanted)
+
+-- name: parallel_round_first
+-- fill: parallel_round_first
+--   wanted:
+--   services: (SELECT * FROM queue_heads WHERE head_seq IS NOT NULL) h
+--   scope_stalled:
+
+-- name: parallel_round_services_first
+-- fill: parallel_round_first
+--   wanted: wanted AS (SELECT DISTINCT service_id FROM unnest(%(services)s::text[]) AS w(service_id)),
+--   services: wanted h
+--   scope_stalled: AND service_id IN (SELECT service_id FROM wanted)
 
 -- What the DLT monitor follows: non-final batches the ledger has (Pending)
 -- or may have (submitted: taken for a first attempt, or for a resubmission

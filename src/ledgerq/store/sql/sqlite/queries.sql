@@ -447,18 +447,28 @@ LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_
 WHERE b.seq IN (SELECT value FROM json_each(:seqs))
 ORDER BY b.seq;
 
--- A narrow round (:narrow true) leaves out what the queue source loads only
--- for the batches it hands out: serialized_batch (empty), the submission error
--- (no join) and, in the store, the transactions.
--- name: queue_round
--- The one-round serial queuer's round over every service; the same round as
--- ledgerq.queue.serial.select_round (docs/queuer.md). open_services: a skip scan of
--- batches_open_idx (one index probe per service); each service's head is one
--- more probe. busy: per service, its batches that are not {submitted = false,
--- None} (batches_busy_idx); a service with one submitted or Pending is in
--- flight, otherwise its first busy batch is the Unknown/Delayed one to
--- resubmit. Other services queue their head.
-WITH RECURSIVE open_services(service_id) AS (
+-- The rounds: one statement per kind of round, written once as a template
+-- and filled in per scope (every service, a list of services) —
+-- docs/queuer.md.
+--
+-- The columns of a picked batch. A narrow round (:narrow true) leaves out
+-- what the queue source loads only for the batches it hands out:
+-- serialized_batch (empty), the submission error (no join) and, in the
+-- store, the transactions.
+-- template: round_batches
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END,
+       b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, s.error_type, s.error_message
+FROM picks
+JOIN batches b ON b.seq = picks.seq
+LEFT JOIN submissions s
+    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+
+-- Every service with a batch that is not final: a skip scan of
+-- batches_open_idx (one index probe per service).
+-- template: open_services
+open_services(service_id) AS (
     SELECT min(service_id) FROM batches WHERE NOT final
     UNION ALL
     SELECT (
@@ -467,12 +477,30 @@ WITH RECURSIVE open_services(service_id) AS (
     )
     FROM open_services
     WHERE open_services.service_id IS NOT NULL
-),
+)
+
+-- The service ids in :services (a JSON array; an instance's claimed
+-- services), distinct.
+-- template: wanted_services
+wanted(service_id) AS (
+    SELECT DISTINCT value FROM json_each(:services)
+)
+
+-- The one-round serial queuer's round; the same round as
+-- ledgerq.queue.serial.select_round (docs/queuer.md). The slot services is
+-- the scope's services (CTE named by the slot scope), each service's head
+-- one more index probe. busy: per service, its batches that are not
+-- {submitted = false, None} (batches_busy_idx); a service with one
+-- submitted or Pending is in flight, otherwise its first busy batch is the
+-- Unknown/Delayed one to resubmit. Other services queue their head.
+-- template: queue_round
+WITH RECURSIVE {{services}},
 busy AS (
     SELECT service_id, min(seq) AS first_seq,
            max(submitted OR status IS 'Pending') AS in_flight
     FROM batches
     WHERE NOT final AND (submitted OR status IS NOT NULL)
+      {{scope_busy}}
     GROUP BY service_id
 ),
 picks(seq) AS (
@@ -480,315 +508,168 @@ picks(seq) AS (
     UNION ALL
     SELECT (
         SELECT min(o.seq) FROM batches AS o
-        WHERE NOT o.final AND o.service_id = open_services.service_id
+        WHERE NOT o.final AND o.service_id = scope.service_id
     )
-    FROM open_services
-    WHERE open_services.service_id IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = open_services.service_id)
+    FROM {{scope}} AS scope
+    WHERE scope.service_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = scope.service_id)
 )
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
+{{round_batches}}
 WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
    OR b.last_attempt_at <= :now - :delay_window_ms
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT coalesce(:limit, -1);
 
+-- name: queue_round
+-- fill: queue_round
+--   services: {{open_services}}
+--   scope: open_services
+--   scope_busy:
+
 -- name: queue_round_services
--- queue_round restricted to the service ids in :services (a JSON array; an
--- instance's claimed services): one index probe per listed service.
-WITH wanted(service_id) AS (
-    SELECT DISTINCT value FROM json_each(:services)
-),
-busy AS (
-    SELECT service_id, min(seq) AS first_seq,
-           max(submitted OR status IS 'Pending') AS in_flight
-    FROM batches
-    WHERE NOT final AND (submitted OR status IS NOT NULL)
-      AND service_id IN (SELECT service_id FROM wanted)
-    GROUP BY service_id
-),
-picks(seq) AS (
-    SELECT first_seq FROM busy WHERE NOT in_flight
+-- fill: queue_round
+--   services: {{wanted_services}}
+--   scope: wanted
+--   scope_busy: AND service_id IN (SELECT service_id FROM wanted)
+
+-- Every service with a free new batch: a skip scan of batches_ready_idx.
+-- template: ready_services
+ready_services(service_id) AS (
+    SELECT min(service_id) FROM batches
+    WHERE NOT final AND blocked_by IS NULL AND NOT submitted AND status IS NULL
     UNION ALL
     SELECT (
-        SELECT min(o.seq) FROM batches AS o
-        WHERE NOT o.final AND o.service_id = wanted.service_id
+        SELECT min(r.service_id) FROM batches AS r
+        WHERE NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+          AND r.service_id > ready_services.service_id
     )
-    FROM wanted
-    WHERE NOT EXISTS (SELECT 1 FROM busy WHERE busy.service_id = wanted.service_id)
+    FROM ready_services
+    WHERE ready_services.service_id IS NOT NULL
 )
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
-WHERE b.status IS NULL OR b.status = 'Unknown' OR b.last_attempt_at IS NULL
-   OR b.last_attempt_at <= :now - :delay_window_ms
+
+-- The parallel queuer's free batches; the same round as
+-- ledgerq.queue.parallel.select_parallel_round (docs/queuer.md). A batch is
+-- free when no earlier non-final batch of its service conflicts with it
+-- (blocked_by IS NULL, kept by add_batches and the batches_release_locks_*
+-- triggers): the Unknown or window-expired Delayed ones (stalled, from the
+-- busy batches) and the new ones. :exclude: seqs never picked (JSON).
+-- template: parallel_stalled
+SELECT service_id, seq, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END AS class
+FROM batches
+WHERE NOT final AND (submitted OR status IS NOT NULL)
+  AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
+  AND (status = 'Unknown' OR last_attempt_at IS NULL
+       OR last_attempt_at <= :now - :delay_window_ms)
+  AND seq NOT IN (SELECT seq FROM excluded)
+  {{scope_stalled}}
+
+-- template: parallel_fresh
+SELECT min(r.seq) FROM batches AS r
+WHERE NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
+  AND r.seq NOT IN (SELECT seq FROM excluded)
+
+-- The parallel round: per service of the scope, its free stalled batches
+-- and its first free new ones, one probe each. Of both, the first
+-- :per_service of each service in (class, seq); the round is ordered by
+-- place in the service first.
+-- template: parallel_round
+WITH RECURSIVE excluded(seq) AS (
+    SELECT value FROM json_each(:exclude)
+),
+{{services}},
+stalled AS (
+    {{parallel_stalled}}
+),
+fresh(service_id, seq, n) AS (
+    SELECT scope.service_id, (
+        {{parallel_fresh}}
+          AND r.service_id = scope.service_id
+    ), 1
+    FROM {{scope}} AS scope
+    WHERE scope.service_id IS NOT NULL
+    UNION ALL
+    SELECT f.service_id, (
+        {{parallel_fresh}}
+          AND r.service_id = f.service_id AND r.seq > f.seq
+    ), f.n + 1
+    FROM fresh AS f
+    WHERE f.seq IS NOT NULL AND f.n < :per_service
+),
+picks(seq, class, place) AS (
+    SELECT seq, class, place FROM (
+        SELECT seq, class,
+               row_number() OVER (PARTITION BY service_id ORDER BY class, seq) AS place
+        FROM (
+            SELECT service_id, seq, class FROM stalled
+            UNION ALL
+            SELECT service_id, seq, 2 FROM fresh WHERE seq IS NOT NULL
+        )
+    )
+    WHERE place <= :per_service
+)
+{{round_batches}}
+ORDER BY picks.place, picks.class, b.seq
+LIMIT coalesce(:limit, -1);
+
+-- The parallel round with one pick per service (the store runs it whenever
+-- per_service = 1): a service's first stalled batch, or else its first free
+-- new one, without ranking the candidates.
+-- template: parallel_round_first
+WITH RECURSIVE excluded(seq) AS (
+    SELECT value FROM json_each(:exclude)
+),
+{{services}},
+stalled AS (
+    SELECT service_id, seq FROM (
+        SELECT service_id, seq,
+               row_number() OVER (PARTITION BY service_id ORDER BY class, seq) AS place
+        FROM (
+            {{parallel_stalled}}
+        )
+    )
+    WHERE place = 1
+),
+fresh(seq) AS (
+    SELECT (
+        {{parallel_fresh}}
+          AND r.service_id = scope.service_id
+    )
+    FROM {{scope}} AS scope
+    WHERE scope.service_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = scope.service_id)
+),
+picks(seq) AS (
+    SELECT seq FROM stalled
+    UNION ALL
+    SELECT seq FROM fresh WHERE seq IS NOT NULL
+)
+{{round_batches}}
 ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
 LIMIT coalesce(:limit, -1);
 
 -- name: parallel_round
--- The parallel queuer's round over every service; the same round as
--- ledgerq.queue.parallel.select_parallel_round (docs/queuer.md). A batch is
--- free when no earlier non-final batch of its service conflicts with it
--- (blocked_by IS NULL, kept by add_batches and the batches_release_locks_*
--- triggers). stalled: per service, its free Unknown or window-expired Delayed
--- batches, from the busy batches. fresh: per service, its first free new
--- batches, one probe each: a skip scan of batches_ready_idx visits only
--- services that have one. Of both, the first :per_service of each service in
--- (class, seq); the round is ordered by place in the service first.
--- :exclude: seqs never picked (JSON).
-WITH RECURSIVE excluded(seq) AS (
-    SELECT value FROM json_each(:exclude)
-),
-stalled AS (
-    SELECT service_id, seq, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END AS class
-    FROM batches
-    WHERE NOT final AND (submitted OR status IS NOT NULL)
-      AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
-      AND (status = 'Unknown' OR last_attempt_at IS NULL
-           OR last_attempt_at <= :now - :delay_window_ms)
-      AND seq NOT IN (SELECT seq FROM excluded)
-),
-ready_services(service_id) AS (
-    SELECT min(service_id) FROM batches
-    WHERE NOT final AND blocked_by IS NULL AND NOT submitted AND status IS NULL
-    UNION ALL
-    SELECT (
-        SELECT min(r.service_id) FROM batches AS r
-        WHERE NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.service_id > ready_services.service_id
-    )
-    FROM ready_services
-    WHERE ready_services.service_id IS NOT NULL
-),
-fresh(service_id, seq, n) AS (
-    SELECT service_id, (
-        SELECT min(r.seq) FROM batches AS r
-        WHERE r.service_id = ready_services.service_id
-          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.seq NOT IN (SELECT seq FROM excluded)
-    ), 1
-    FROM ready_services
-    WHERE ready_services.service_id IS NOT NULL
-    UNION ALL
-    SELECT f.service_id, (
-        SELECT min(r.seq) FROM batches AS r
-        WHERE r.service_id = f.service_id AND r.seq > f.seq
-          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.seq NOT IN (SELECT seq FROM excluded)
-    ), f.n + 1
-    FROM fresh AS f
-    WHERE f.seq IS NOT NULL AND f.n < :per_service
-),
-picks(seq, class, place) AS (
-    SELECT seq, class, place FROM (
-        SELECT seq, class,
-               row_number() OVER (PARTITION BY service_id ORDER BY class, seq) AS place
-        FROM (
-            SELECT service_id, seq, class FROM stalled
-            UNION ALL
-            SELECT service_id, seq, 2 FROM fresh WHERE seq IS NOT NULL
-        )
-    )
-    WHERE place <= :per_service
-)
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
-ORDER BY picks.place, picks.class, b.seq
-LIMIT coalesce(:limit, -1);
+-- fill: parallel_round
+--   services: {{ready_services}}
+--   scope: ready_services
+--   scope_stalled:
 
 -- name: parallel_round_services
--- parallel_round restricted to the service ids in :services (a JSON array).
-WITH RECURSIVE excluded(seq) AS (
-    SELECT value FROM json_each(:exclude)
-),
-wanted(service_id) AS (
-    SELECT DISTINCT value FROM json_each(:services)
-),
-stalled AS (
-    SELECT service_id, seq, CASE status WHEN 'Unknown' THEN 0 ELSE 1 END AS class
-    FROM batches
-    WHERE NOT final AND (submitted OR status IS NOT NULL)
-      AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
-      AND (status = 'Unknown' OR last_attempt_at IS NULL
-           OR last_attempt_at <= :now - :delay_window_ms)
-      AND seq NOT IN (SELECT seq FROM excluded)
-      AND service_id IN (SELECT service_id FROM wanted)
-),
-fresh(service_id, seq, n) AS (
-    SELECT service_id, (
-        SELECT min(r.seq) FROM batches AS r
-        WHERE r.service_id = wanted.service_id
-          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.seq NOT IN (SELECT seq FROM excluded)
-    ), 1
-    FROM wanted
-    UNION ALL
-    SELECT f.service_id, (
-        SELECT min(r.seq) FROM batches AS r
-        WHERE r.service_id = f.service_id AND r.seq > f.seq
-          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.seq NOT IN (SELECT seq FROM excluded)
-    ), f.n + 1
-    FROM fresh AS f
-    WHERE f.seq IS NOT NULL AND f.n < :per_service
-),
-picks(seq, class, place) AS (
-    SELECT seq, class, place FROM (
-        SELECT seq, class,
-               row_number() OVER (PARTITION BY service_id ORDER BY class, seq) AS place
-        FROM (
-            SELECT service_id, seq, class FROM stalled
-            UNION ALL
-            SELECT service_id, seq, 2 FROM fresh WHERE seq IS NOT NULL
-        )
-    )
-    WHERE place <= :per_service
-)
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
-ORDER BY picks.place, picks.class, b.seq
-LIMIT coalesce(:limit, -1);
+-- fill: parallel_round
+--   services: {{wanted_services}}
+--   scope: wanted
+--   scope_stalled: AND service_id IN (SELECT service_id FROM wanted)
 
 -- name: parallel_round_first
--- parallel_round with one pick per service (every full round): the
--- statement as it was before per_service, without ranking the candidates
--- (the store runs it whenever per_service = 1).
--- The parallel queuer's round over every service; the same round as
--- ledgerq.queue.parallel.select_parallel_round (docs/queuer.md). A batch is
--- free when no earlier non-final batch of its service conflicts with it
--- (blocked_by IS NULL, kept by add_batches and the batches_release_locks_*
--- triggers). stalled: per service, its free Unknown or window-expired Delayed
--- batch first in (class, seq), from the busy batches. fresh: per service
--- without one, its first free new batch: a skip scan of batches_ready_idx
--- visits only services that have one. :exclude: seqs never picked (JSON).
-WITH RECURSIVE excluded(seq) AS (
-    SELECT value FROM json_each(:exclude)
-),
-stalled AS (
-    SELECT service_id, seq FROM (
-        SELECT service_id, seq,
-               row_number() OVER (
-                   PARTITION BY service_id
-                   ORDER BY CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
-               ) AS place
-        FROM batches
-        WHERE NOT final AND (submitted OR status IS NOT NULL)
-          AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
-          AND (status = 'Unknown' OR last_attempt_at IS NULL
-               OR last_attempt_at <= :now - :delay_window_ms)
-          AND seq NOT IN (SELECT seq FROM excluded)
-    )
-    WHERE place = 1
-),
-ready_services(service_id) AS (
-    SELECT min(service_id) FROM batches
-    WHERE NOT final AND blocked_by IS NULL AND NOT submitted AND status IS NULL
-    UNION ALL
-    SELECT (
-        SELECT min(r.service_id) FROM batches AS r
-        WHERE NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.service_id > ready_services.service_id
-    )
-    FROM ready_services
-    WHERE ready_services.service_id IS NOT NULL
-),
-fresh(seq) AS (
-    SELECT (
-        SELECT min(r.seq) FROM batches AS r
-        WHERE r.service_id = ready_services.service_id
-          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.seq NOT IN (SELECT seq FROM excluded)
-    )
-    FROM ready_services
-    WHERE ready_services.service_id IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = ready_services.service_id)
-),
-picks(seq) AS (
-    SELECT seq FROM stalled
-    UNION ALL
-    SELECT seq FROM fresh WHERE seq IS NOT NULL
-)
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
-ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
-LIMIT coalesce(:limit, -1);
+-- fill: parallel_round_first
+--   services: {{ready_services}}
+--   scope: ready_services
+--   scope_stalled:
 
 -- name: parallel_round_services_first
--- parallel_round_services with one pick per service (a woken round asked for one pick per service): the
--- statement as it was before per_service, without ranking the candidates
--- (the store runs it whenever per_service = 1).
--- parallel_round restricted to the service ids in :services (a JSON array).
-WITH excluded(seq) AS (
-    SELECT value FROM json_each(:exclude)
-),
-wanted(service_id) AS (
-    SELECT DISTINCT value FROM json_each(:services)
-),
-stalled AS (
-    SELECT service_id, seq FROM (
-        SELECT service_id, seq,
-               row_number() OVER (
-                   PARTITION BY service_id
-                   ORDER BY CASE status WHEN 'Unknown' THEN 0 ELSE 1 END, seq
-               ) AS place
-        FROM batches
-        WHERE NOT final AND (submitted OR status IS NOT NULL)
-          AND NOT submitted AND status IN ('Unknown', 'Delayed') AND blocked_by IS NULL
-          AND (status = 'Unknown' OR last_attempt_at IS NULL
-               OR last_attempt_at <= :now - :delay_window_ms)
-          AND seq NOT IN (SELECT seq FROM excluded)
-          AND service_id IN (SELECT service_id FROM wanted)
-    )
-    WHERE place = 1
-),
-fresh(seq) AS (
-    SELECT (
-        SELECT min(r.seq) FROM batches AS r
-        WHERE r.service_id = wanted.service_id
-          AND NOT r.final AND r.blocked_by IS NULL AND NOT r.submitted AND r.status IS NULL
-          AND r.seq NOT IN (SELECT seq FROM excluded)
-    )
-    FROM wanted
-    WHERE NOT EXISTS (SELECT 1 FROM stalled WHERE stalled.service_id = wanted.service_id)
-),
-picks(seq) AS (
-    SELECT seq FROM stalled
-    UNION ALL
-    SELECT seq FROM fresh WHERE seq IS NOT NULL
-)
-SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
-       CASE WHEN :narrow THEN X'' ELSE b.serialized_batch END, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
-       b.status, s.error_type, s.error_message
-FROM picks
-JOIN batches b ON b.seq = picks.seq
-LEFT JOIN submissions s
-    ON NOT :narrow AND s.service_id = b.service_id AND s.batch_id = b.batch_id
-ORDER BY CASE b.status WHEN 'Unknown' THEN 0 WHEN 'Delayed' THEN 1 ELSE 2 END, b.seq
-LIMIT coalesce(:limit, -1);
+-- fill: parallel_round_first
+--   services: {{wanted_services}}
+--   scope: wanted
+--   scope_stalled: AND service_id IN (SELECT service_id FROM wanted)
 
 -- What the DLT monitor follows: non-final batches the ledger has (Pending)
 -- or may have (submitted: taken for a first attempt, or for a resubmission
