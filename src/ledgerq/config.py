@@ -338,6 +338,12 @@ KEYS: tuple[Key, ...] = (
         2.0,
         "PostgreSQL: once no primary answers, a request waits at most this long (s), then 503",
     ),
+    Key(
+        "store.wait_s",
+        _non_negative(_float),
+        0.0,
+        "`serve`: at start-up, wait up to this long for a PostgreSQL primary (s)",
+    ),
     Key("ledger", _ledger, "node", "node (in-process), sawtooth+http://H:P or splinter+http://H:P"),
     Key("bind", _bind, "127.0.0.1:8080", "HOST:PORT the gateway listens on"),
     Key("workers", _non_negative(_int), 0, "gateway processes behind the port (0: one per core)"),
@@ -715,6 +721,7 @@ class StoreSettings:
     """``store.*``: the PostgreSQL store without a primary."""
 
     outage_timeout_s: float
+    wait_s: float
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@ standby that is promoted once the primary is killed (``kill -9``).
   answer ``503`` within ``store.outage_timeout_s`` (plus room for a loaded
   machine, still far below the pool's 10 s): no request waits out the pool,
   none waits behind others doing so.
+* ``ledgerq serve`` started with only a standby up names every host of
+  its multi-host URL and what each answered; with ``--wait-for-store`` it
+  waits for the standby's promotion instead, then serves.
 
 The bound on answering during an outage is the one timing these tests
 assert (the issue's explicit promise); everything else waits for real
@@ -18,6 +21,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import re
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -26,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from bench._cluster import Process, Workload
-from tests.pg_server import ThrowawayCluster, find_bindir
+from bench._cluster import LEDGERQ, Process, Workload
+from tests.pg_server import ThrowawayCluster, find_bindir, multi_host_url
 
 pytestmark = [pytest.mark.pg, pytest.mark.slow]
 
@@ -45,6 +51,16 @@ def primary() -> Iterator[ThrowawayCluster]:
         pytest.skip("no PostgreSQL server binaries")
     cluster = ThrowawayCluster(bindir)
     cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def standby(primary: ThrowawayCluster) -> Iterator[ThrowawayCluster]:
+    """A synchronous standby of ``primary``."""
+    cluster = primary.start_standby(synchronous=True)
     try:
         yield cluster
     finally:
@@ -128,3 +144,85 @@ def test_a_post_a_read_and_ready_answer_503_within_the_bound_without_a_primary(
         assert f"127.0.0.1:{primary.port}: Connection refused" in log
     finally:
         gw.kill()
+
+
+def _serve(workdir: Path, db: str, *args: str) -> list[str]:
+    return [
+        LEDGERQ,
+        "serve",
+        "--db",
+        db,
+        "--bind",
+        "127.0.0.1:0",
+        "--node-data-dir",
+        str(workdir / "node"),
+        *args,
+    ]
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("LEDGERQ_")}
+
+
+def test_start_up_with_only_a_standby_names_every_host_tried(
+    primary: ThrowawayCluster, standby: ThrowawayCluster, tmp_path: Path
+) -> None:
+    url = multi_host_url(primary, standby)
+    primary.kill()
+    # One process, and a supervisor of two workers (which opens the store
+    # first; the ledger, never reached, must be one the workers can share).
+    for args in (["--workers", "1"], ["--workers", "2", "--ledger", "sawtooth+http://127.0.0.1:9"]):
+        done = subprocess.run(
+            _serve(tmp_path, url, *args),
+            capture_output=True,
+            text=True,
+            env=_clean_env(),
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr
+        assert f"127.0.0.1:{primary.port}: Connection refused" in done.stderr
+        assert (
+            f"127.0.0.1:{standby.port}: session is read-only (a standby, not the primary)"
+            in done.stderr
+        )
+        assert "--wait-for-store SECONDS" in done.stderr
+
+
+def test_serve_waits_for_a_primary_with_wait_for_store(
+    primary: ThrowawayCluster, standby: ThrowawayCluster, tmp_path: Path
+) -> None:
+    url = multi_host_url(primary, standby)
+    primary.kill()
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            _serve(tmp_path, url, "--workers", "1", "--wait-for-store", "300"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_clean_env(),
+            cwd=tmp_path,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "waiting up to 300 s for PostgreSQL" not in log_path.read_text():
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)  # waiting for the real process to say it waits
+        assert "listening on" not in log_path.read_text()
+        standby.promote()
+        deadline = time.monotonic() + 120
+        while "listening on" not in (text := log_path.read_text()):
+            assert proc.poll() is None, text
+            assert time.monotonic() < deadline, text
+            time.sleep(0.05)  # waiting for the real process to come up
+        found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", text)
+        assert found, text
+        gateway_url = found.group(1)
+        (service_id, made), *_ = Workload(services=1, batches_per_service=1).batches.items()
+        status, _, _ = _ask("POST", f"{gateway_url}/batches?service_id={service_id}", made[0][1])
+        assert status == 202
+    finally:
+        proc.terminate()
+        proc.wait(60)

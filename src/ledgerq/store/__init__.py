@@ -81,6 +81,7 @@ async def _open_sql(
     pg_pool_max_size: int = 8,
     pg_idle_in_transaction_ms: int | None = None,
     pg_outage_timeout_s: float | None = None,
+    pg_wait_s: float = 0.0,
 ) -> tuple[SqlStore, MigrationResult]:
     backend: Backend
     if _dialect(url) == "sqlite":
@@ -108,7 +109,7 @@ async def _open_sql(
                 DEFAULT_OUTAGE_TIMEOUT_S if pg_outage_timeout_s is None else pg_outage_timeout_s
             ),
         )
-        await pg.connect()
+        await pg.connect(wait_s=pg_wait_s)
         backend = pg
     store = SqlStore(backend, clock=clock)
     try:
@@ -127,6 +128,7 @@ async def open_store(
     pg_pool_max_size: int = 8,
     pg_idle_in_transaction_ms: int | None = None,
     pg_outage_timeout_s: float | None = None,
+    pg_wait_s: float = 0.0,
     lock_entries: bool = False,
     warm: bool = False,
 ) -> BatchTrackingStore:
@@ -140,6 +142,9 @@ async def open_store(
     ``pg_outage_timeout_s``: once no PostgreSQL primary answers, a request
     waits at most this long for the store (``store.outage_timeout_s``;
     default ``ledgerq.store.postgres.DEFAULT_OUTAGE_TIMEOUT_S``).
+
+    ``pg_wait_s``: when no PostgreSQL session can be had (no primary yet),
+    try again for up to this long before failing (``store.wait_s``).
 
     ``lock_entries``: PostgreSQL keeps the parallel queuer's lock entries and
     blockers only once a store asked for them; ``True`` asks (for good, for
@@ -161,6 +166,7 @@ async def open_store(
         pg_pool_max_size=pg_pool_max_size,
         pg_idle_in_transaction_ms=pg_idle_in_transaction_ms,
         pg_outage_timeout_s=pg_outage_timeout_s,
+        pg_wait_s=pg_wait_s,
     )
     try:
         if lock_entries:

@@ -26,6 +26,10 @@ connecting itself, never by a request's failure alone.
 A server that answers with a refusal of its own for too many connections is
 up: the pool's sessions still work; only a store no host answers for is
 down. The watch runs on one event loop (the store's).
+
+At start-up there is no pool to keep answering: :func:`first_session`
+either opens a session, or tries again for the time it was given
+(``--wait-for-store``), or fails naming every host and what it answered.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ledgerq.errors import StoreOutageError
+from ledgerq.errors import StoreOutageError, StoreUnavailableError
 from ledgerq.store.migrate import redact
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,9 @@ PROBE_FIRST_PAUSE_S = 0.1
 PROBE_MAX_PAUSE_S = 1.0
 #: PostgreSQL's refusal for too many connections: the server answers.
 TOO_MANY_CONNECTIONS = "53300"
+#: The pauses between attempts of :func:`first_session` (start-up).
+START_FIRST_PAUSE_S = 0.25
+START_MAX_PAUSE_S = 2.0
 
 Connect = Callable[..., Awaitable[psycopg.AsyncConnection[Any]]]
 
@@ -104,6 +111,52 @@ async def host_report(
             outcome = _reason(exc)
         parts.append(f"{host}:{port}: {outcome}")
     return "; ".join(parts)
+
+
+async def first_session(
+    url: str,
+    *,
+    wait_s: float,
+    timeout_s: float,
+    connect: Connect = psycopg.AsyncConnection.connect,
+) -> None:
+    """Open and close one session at ``url`` (start-up), trying again with
+    jittered backoff until ``wait_s`` has passed (``--wait-for-store``);
+    then :class:`~ledgerq.errors.StoreUnavailableError` naming every host
+    tried and what each answered. ``timeout_s`` bounds each host's attempt."""
+    started = time.monotonic()
+    pause = START_FIRST_PAUSE_S
+    waiting = False
+    while True:
+        try:
+            async with asyncio.timeout(timeout_s * max(1, len(hosts_of(url)))):
+                conn = await connect(url, connect_timeout=connect_timeout(timeout_s))
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            left = wait_s - (time.monotonic() - started)
+            if left <= 0 or not waiting:
+                hosts = await host_report(url, timeout_s=timeout_s, connect=connect)
+                why = hosts or _reason(exc)
+                if left <= 0:
+                    waited = f" (waited {wait_s:.0f} s)" if wait_s > 0 else ""
+                    raise StoreUnavailableError(
+                        f"cannot connect to PostgreSQL at {redact(url)}{waited}: {why}; check "
+                        "that the server is up and the URL is right (--wait-for-store SECONDS "
+                        "waits for a primary)"
+                    ) from exc
+                log.warning(
+                    "waiting up to %.0f s for PostgreSQL at %s: %s", wait_s, redact(url), why
+                )
+                waiting = True
+            await asyncio.sleep(min(pause * random.uniform(0.5, 1.0), max(left, 0.0)))
+            pause = min(pause * 2, START_MAX_PAUSE_S)
+            continue
+        with contextlib.suppress(psycopg.Error):
+            await conn.close()
+        if waiting:
+            log.info(
+                "PostgreSQL at %s answers after %.1f s", redact(url), time.monotonic() - started
+            )
+        return
 
 
 def connect_timeout(timeout_s: float) -> int:

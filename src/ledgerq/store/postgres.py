@@ -40,7 +40,7 @@ from ledgerq.model import TrackingBatch
 from ledgerq.queue.parallel import BatchAccess
 from ledgerq.store import common
 from ledgerq.store.migrate import MigrationResult, plan_migration, redact, refuse_outdated
-from ledgerq.store.outage import OutageWatch, connect_timeout
+from ledgerq.store.outage import OutageWatch, connect_timeout, first_session
 from ledgerq.store.sqlfiles import canonical_schema, load_queries
 from ledgerq.store.sqlstore import ConflictError, Params, Row
 
@@ -559,14 +559,16 @@ class PostgresBackend:
             found = self._prepared[conn] = _Prepared()
         return found
 
-    async def connect(self) -> None:
+    async def connect(self, *, wait_s: float = 0.0) -> None:
+        """Open the pool; first one session of its own, which fails fast
+        naming every host tried and what each answered (instead of the pool
+        retrying in the background), or tries again for up to ``wait_s``."""
         try:
-            # One direct connection first: fails fast with the server's own
-            # message instead of the pool retrying in the background.
-            probe = await psycopg.AsyncConnection.connect(
-                self.url, connect_timeout=max(1, int(self._timeout))
-            )
-            await probe.close()
+            await first_session(self.url, wait_s=wait_s, timeout_s=self.outage.bound_s)
+        except StoreUnavailableError:
+            await self._pool.close()
+            raise
+        try:
             await self._pool.open(wait=True, timeout=self._timeout)
         except Exception as exc:
             await self._pool.close()
