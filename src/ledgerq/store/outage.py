@@ -13,10 +13,12 @@ connecting itself, never by a request's failure alone.
   ``target_session_attrs``) within half the bound.
 * If no host gives one, the store is **down** (one warning per outage,
   naming every host tried and why each failed): every request waiting for a
-  pooled connection waits at most ``bound_s`` from its start, then fails
-  with :class:`~ledgerq.errors.StoreOutageError` (the API answers
-  ``503`` and logs nothing more: the outage is logged here, once); a
-  request made while the store is down fails so at once.
+  pooled connection fails at once with
+  :class:`~ledgerq.errors.StoreOutageError` (the API answers ``503`` and
+  logs nothing more: the outage is logged here, once), and so does every
+  request made while the store is down. A request therefore waits for the
+  store at most ``bound_s`` once no primary answers: half of it before it
+  makes the watch probe, the other half for the probe's verdict.
 * The probe goes on, ``PROBE_FIRST_PAUSE_S`` doubling to
   ``PROBE_MAX_PAUSE_S``, each pause jittered; its first session ends the
   outage (one line, with how long it lasted) and calls ``on_up``: the pool
@@ -186,7 +188,7 @@ class OutageWatch:
         self.down_since: float | None = None
         #: Outages found (for tests and diagnostics).
         self.outages = 0
-        self._waiting: set[tuple[float, asyncio.Timeout]] = set()
+        self._waiting: set[asyncio.Timeout] = set()
         self._probe: asyncio.Task[None] | None = None
         #: When the last probe that found the store up ended (time.monotonic()).
         self._last_up = -float("inf")
@@ -202,21 +204,18 @@ class OutageWatch:
         )
 
     async def bounded(self, get: Callable[[], Awaitable[T]]) -> T:
-        """``await get()`` (a pooled connection), at most ``bound_s`` from now
-        once the store is found down; :meth:`unavailable` at once if it is."""
+        """``await get()`` (a pooled connection), ended by :meth:`unavailable`
+        as soon as the store is found down; :meth:`unavailable` at once if it is."""
         if self.down:
             raise self.unavailable()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        suspect = loop.call_later(self.bound_s / 2, self.suspect)
+        suspect = asyncio.get_running_loop().call_later(self.bound_s / 2, self.suspect)
         try:
             async with asyncio.timeout(None) as timeout:
-                entry = (started, timeout)
-                self._waiting.add(entry)
+                self._waiting.add(timeout)
                 try:
                     return await get()
                 finally:
-                    self._waiting.discard(entry)
+                    self._waiting.discard(timeout)
         except TimeoutError:
             raise self.unavailable() from None
         finally:
@@ -263,12 +262,11 @@ class OutageWatch:
     async def _down(self, failure: BaseException) -> None:
         self.down_since = time.monotonic()
         self.outages += 1
-        loop = asyncio.get_running_loop()
-        for started, timeout in list(self._waiting):
-            when = timeout.when()
-            deadline = started + self.bound_s
-            if when is None or when > deadline:
-                timeout.reschedule(max(deadline, loop.time()))
+        # Nothing comes of waiting any longer: every request waiting for a
+        # pooled connection is answered now.
+        now = asyncio.get_running_loop().time()
+        for timeout in list(self._waiting):
+            timeout.reschedule(now)
         hosts = await host_report(self.url, timeout_s=self.bound_s / 2, connect=self._connect)
         log.warning(
             "PostgreSQL outage: no primary answers at %s (%s); requests answer 503 within "
