@@ -266,3 +266,14 @@ def test_the_primary_killed_and_its_standby_promoted_under_two_gateways(tmp_path
     for name, text in run.logs.items():
         assert text.count("PostgreSQL outage: no primary answers") == 1, f"{name}\n{text[-4000:]}"
         assert "PostgreSQL outage over" in text, name
+        # Logged once per outage, not once per request, batch or retry: the
+        # API's refusals and the follower's writes and reads refused for it.
+        per_request = [
+            line
+            for line in text.splitlines()
+            if "no PostgreSQL primary answers at" in line
+            and ("ledgerq.ingest" in line or "ledgerq.follow" in line)
+        ]
+        assert not per_request, per_request[:5]
+        cycles = [line for line in text.splitlines() if "failed" in line and "claim cycle" in line]
+        assert len([line for line in cycles if "WARNING" in line]) == 1, cycles
