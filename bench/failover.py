@@ -30,6 +30,16 @@ Throughput: for K = 1, 2, 3 gateways on a fresh database and node, the
 batches of every service are posted round-robin across the gateways; the
 figure is batches committed per second from the first post to the last
 commit.
+
+``--primary-lost`` measures the other failover instead: PostgreSQL's
+primary killed (-9) under two gateways and its synchronous standby promoted
+``--outage-s`` later (:mod:`bench._pg_failover`, throwaway clusters, the
+default claim timings), once per outage length given. Per run: every
+request under way during the outage and how long its answer took (the
+target: all within ``store.outage_timeout_s``), how long after the promotion
+each gateway acknowledged a batch again (the target: 3 s), and the
+invariants (every acknowledged batch committed once, in order). Its figures
+go to a section of their own (``failover-primary-lost``).
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ from bench._cluster import (
     write_log,
 )
 from bench._harness import cpu_seconds
+from bench._pg_failover import PrimaryLostRun, run_primary_lost
 from ledgerq.claims import ClaimSettings
 from ledgerq.codec import decode_batch_list, encode_batch_list
 from ledgerq.store import open_store
@@ -638,6 +649,130 @@ def failover_markdown(
     ]
 
 
+#: Targets of the primary-lost case (issue 38): accepting again this soon
+#: after the promotion.
+ACCEPTING_AGAIN_TARGET_S = 3.0
+
+
+def _primary_lost_row(outage_s: float, run: PrimaryLostRun) -> list[object]:
+    during = run.during_outage()
+    took = sorted(a.took for a in during if a.status)
+    unanswered = sum(1 for a in during if not a.status)
+    within = sum(1 for a in during if a.status and a.took <= run.bound_s)
+    again = [t for t in run.accepting_again.values()]
+    seen = [t for t in again if t is not None]
+    return [
+        f"{outage_s:g} s",
+        len(during),
+        f"{sum(a.status == 503 for a in during)} / {sum(a.status == 202 for a in during)}",
+        unanswered,
+        (
+            f"{statistics.median(took):.2f} / {report.percentile(took, 99):.2f} / {took[-1]:.2f} s"
+            if took
+            else "-"
+        ),
+        f"{within} / {len(during)}",
+        " / ".join("none" if t is None else f"{t:.2f} s" for t in again),
+        "yes"
+        if len(seen) == len(again) and max(seen, default=0) <= ACCEPTING_AGAIN_TARGET_S
+        else "no",
+        "held" if not run.problems else "VIOLATED: " + "; ".join(run.problems[:3]),
+    ]
+
+
+def primary_lost_markdown(
+    runs: list[tuple[float, PrimaryLostRun]], services: int, batches: int, clients: int
+) -> list[str]:
+    bound = runs[0][1].bound_s if runs else 0.0
+    restarted = [o for o, r in runs if not r.same_processes]
+    return [
+        f"**PostgreSQL primary lost** — a primary and a synchronous streaming standby "
+        "(throwaway clusters, `pg_basebackup -R`, `synchronous_standby_names = '*'`), "
+        "`ledgerq node`, two `ledgerq serve` given both hosts in one URL "
+        f"(`target_session_attrs=read-write`, `store.outage_timeout_s` {bound:g} s, default "
+        f"claim timings); {clients} client threads posting {services} services × {batches} "
+        "ordered intkey batches, one batch per POST, each POST to the next gateway, a "
+        "service's next batch only after a 202 for its last, anything else retried 0.1 s "
+        "later (a client's own timeout: 30 s). Once 30 % were acknowledged the primary was "
+        "SIGKILLed; the standby was promoted (`pg_ctl promote`) after the outage given.",
+        "",
+        report.table(
+            [
+                "outage (kill → promotion)",
+                "requests under way during it",
+                "answered 503 / 202",
+                "not answered",
+                "answer time: median / p99 / max",
+                f"answered within the bound ({bound:g} s)",
+                "a batch acknowledged again after the promotion: gateway a / b",
+                f"≤ {ACCEPTING_AGAIN_TARGET_S:g} s",
+                "invariants",
+            ],
+            [_primary_lost_row(outage, run) for outage, run in runs],
+        ),
+        "",
+        "*Requests under way during it*: every POST started before the promotion and "
+        "answered (or given up) after the kill. *Acknowledged again*: from the promotion "
+        "(the standby accepting writes) to the end of the first POST started after it that "
+        "got a 202, per gateway; it includes the clients' pause between retries. "
+        "*Invariants*: every batch acknowledged, then committed once and in order per "
+        "service (the node's values and fingerprints), no write by a fenced-off instance. "
+        + (
+            "Both gateways ran as the same processes throughout, never restarted."
+            if not restarted
+            else f"A gateway was restarted in the run(s) of {restarted} s."
+        ),
+    ]
+
+
+def run_primary_lost_bench(
+    outages: tuple[float, ...],
+    services: int,
+    batches: int,
+    clients: int,
+    bound_s: float,
+    workdir: Path | None,
+    write: bool,
+) -> None:
+    runs: list[tuple[float, PrimaryLostRun]] = []
+    load_before = os.getloadavg()
+    for outage in outages:
+        report.console.print(f"primary lost: outage {outage:g} s")
+        with contextlib.ExitStack() as stack:
+            if workdir is None:
+                work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ledgerq-pl-")))
+            else:
+                work = workdir / f"outage-{outage:g}"
+                work.mkdir(parents=True, exist_ok=True)
+            runs.append(
+                (
+                    outage,
+                    run_primary_lost(
+                        work,
+                        services=services,
+                        batches=batches,
+                        clients=clients,
+                        outage_s=outage,
+                        bound_s=bound_s,
+                        fast_claims=False,
+                    ),
+                )
+            )
+    load_after = os.getloadavg()
+    lines = [
+        f"Machine load average (1, 5, 15 min) before: "
+        f"{', '.join(f'{x:.1f}' for x in load_before)}; after: "
+        f"{', '.join(f'{x:.1f}' for x in load_after)} (the runs' own clusters, node, gateways "
+        "and clients on the 2 cores).",
+        "",
+        *primary_lost_markdown(runs, services, batches, clients),
+    ]
+    markdown = "\n".join(lines)
+    click.echo(markdown)
+    if write:
+        report.write_section("failover-primary-lost", markdown, heading="Failover: primary lost")
+
+
 @click.command()
 @click.option("--services", default=60, show_default=True, help="Services in the failover run.")
 @click.option("--batches", default=60, show_default=True, help="Batches per service (failover).")
@@ -671,6 +806,31 @@ def failover_markdown(
     help="Keep the processes' logs here (default: a temporary directory, removed).",
 )
 @click.option("--write/--no-write", default=True, show_default=True, help="Update BENCHMARKS.md.")
+@click.option(
+    "--primary-lost",
+    is_flag=True,
+    help="Measure PostgreSQL's primary lost under two gateways instead (throwaway clusters).",
+)
+@click.option(
+    "--outage-s",
+    "outages",
+    type=float,
+    multiple=True,
+    default=(1.5, 30.0),
+    show_default=True,
+    help="--primary-lost: seconds from the kill to the promotion; repeatable, one run each.",
+)
+@click.option("--pl-services", default=40, show_default=True, help="--primary-lost: services.")
+@click.option(
+    "--pl-batches", default=25, show_default=True, help="--primary-lost: batches per service."
+)
+@click.option("--pl-clients", default=40, show_default=True, help="--primary-lost: client threads.")
+@click.option(
+    "--bound-s",
+    default=2.0,
+    show_default=True,
+    help="--primary-lost: the gateways' store.outage_timeout_s.",
+)
 def command(
     services: int,
     batches: int,
@@ -684,8 +844,20 @@ def command(
     section: str,
     workdir: Path | None,
     write: bool,
+    primary_lost: bool,
+    outages: tuple[float, ...],
+    pl_services: int,
+    pl_batches: int,
+    pl_clients: int,
+    bound_s: float,
 ) -> None:
-    """Failover time after SIGKILL, and throughput with 1-3 gateways on PostgreSQL."""
+    """Failover time after SIGKILL, and throughput with 1-3 gateways on PostgreSQL;
+    with --primary-lost, PostgreSQL's primary killed and its standby promoted."""
+    if primary_lost:
+        run_primary_lost_bench(
+            outages, pl_services, pl_batches, pl_clients, bound_s, workdir, write
+        )
+        return
     settings = ClaimSettings()
     load_before = os.getloadavg()
     with contextlib.ExitStack() as stack:

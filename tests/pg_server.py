@@ -10,6 +10,14 @@ The server binaries are looked up on ``PATH`` and then in Debian's
 refuses to run as root; as root the cluster runs as the ``postgres`` user
 (created by Debian's package) or else ``nobody``.
 
+A cluster may get a **streaming standby** (:meth:`ThrowawayCluster.start_standby`:
+``pg_basebackup -R`` from it, then ``postgres`` on a port of its own),
+synchronous by default (``synchronous_standby_names = '*'`` on the primary,
+so a commit returns only once the standby has it). The failover tests kill
+the primary (:meth:`ThrowawayCluster.kill`, SIGKILL to the postmaster) and
+promote the standby (:meth:`ThrowawayCluster.promote`); :func:`multi_host_url`
+names both in one URL, as a gateway is given them in production.
+
 Used by ``tests/conftest.py`` when ``LEDGERQ_TEST_PG`` names no server;
 ``python -m tests.pg_server`` starts one by hand and prints its URL.
 """
@@ -123,8 +131,16 @@ def sweep_leftovers(older_than_s: float = 600.0) -> None:
 class ThrowawayCluster:
     """One PostgreSQL cluster in a temporary directory; ``url`` reaches its ``postgres`` db."""
 
-    def __init__(self, bindir: Path, *, settings: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        bindir: Path,
+        *,
+        settings: dict[str, str] | None = None,
+        primary: ThrowawayCluster | None = None,
+    ) -> None:
         self.bindir = bindir
+        #: The cluster this one streams from (a standby), else None.
+        self.primary = primary
         self.settings = {
             "fsync": "off",
             "full_page_writes": "off",
@@ -149,12 +165,71 @@ class ThrowawayCluster:
             "extra_groups": [],
         }
 
+    @property
+    def data(self) -> Path:
+        assert self.root is not None, "start the cluster first"
+        return self.root / "data"
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's pid while it runs."""
+        return None if self._proc is None else self._proc.pid
+
     def start(self) -> str:
         sweep_leftovers()
         self.root = Path(tempfile.mkdtemp(prefix="ledgerq-pg-"))
-        data = self.root / "data"
         if self._account is not None:
             os.chown(self.root, self._account.pw_uid, self._account.pw_gid)
+        if self.primary is not None:
+            self._base_backup()
+        else:
+            self._init()
+        last_error = ""
+        for _ in range(5):  # a free port can be taken between probe and bind
+            self.port = _free_port()
+            try:
+                self._start_server(self.data)
+                return self.url
+            except ClusterError as exc:
+                last_error = str(exc)
+        self.stop()
+        raise ClusterError(last_error)
+
+    def _base_backup(self) -> None:
+        """The primary's data, copied over a replication connection, with
+        ``standby.signal`` and ``primary_conninfo`` written (``-R``)."""
+        assert self.primary is not None
+        backup = subprocess.run(
+            [
+                str(self.bindir / "pg_basebackup"),
+                "-D",
+                str(self.data),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.primary.port),
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ],
+            cwd=self.root,
+            capture_output=True,
+            check=False,
+            **self._spawn_kwargs(),  # type: ignore[call-overload]
+        )
+        if backup.returncode != 0:
+            self.stop()
+            raise ClusterError(
+                f"pg_basebackup failed: {backup.stderr.decode(errors='replace')[-1500:]}"
+            )
+
+    def _init(self) -> None:
+        data = self.data
         init = subprocess.run(
             [
                 str(self.bindir / "initdb"),
@@ -177,16 +252,6 @@ class ThrowawayCluster:
         if init.returncode != 0:
             self.stop()
             raise ClusterError(f"initdb failed: {init.stderr.decode(errors='replace')[-1500:]}")
-        last_error = ""
-        for _ in range(5):  # a free port can be taken between probe and bind
-            self.port = _free_port()
-            try:
-                self._start_server(data)
-                return self.url
-            except ClusterError as exc:
-                last_error = str(exc)
-        self.stop()
-        raise ClusterError(last_error)
 
     def _start_server(self, data: Path) -> None:
         assert self.root is not None
@@ -220,6 +285,61 @@ class ThrowawayCluster:
         self._terminate()
         raise ClusterError(f"postgres did not accept connections within {STARTUP_TIMEOUT_S:.0f} s")
 
+    def start_standby(self, *, synchronous: bool = True) -> ThrowawayCluster:
+        """A hot standby streaming from this cluster, started; with
+        ``synchronous``, this cluster then commits only once the standby has
+        the commit (``synchronous_standby_names = '*'``)."""
+        standby = ThrowawayCluster(self.bindir, settings=self.settings, primary=self)
+        standby.start()
+        try:
+            if synchronous:
+                with psycopg.connect(self.url, autocommit=True) as conn:
+                    conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+                    conn.execute("SELECT pg_reload_conf()")
+                self._wait_for(
+                    "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+                    "the standby to replicate synchronously",
+                )
+        except BaseException:
+            standby.stop()
+            raise
+        return standby
+
+    def _wait_for(self, query: str, what: str) -> None:
+        """Poll this cluster until ``query`` answers a true value."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                row = conn.execute(query.encode()).fetchone()
+            if row and row[0]:
+                return
+            time.sleep(0.05)  # polling the server's state, not a test's timing
+        raise ClusterError(f"timed out waiting for {what}")
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster, as a machine's crash would end it: its port
+        closes at once and its backends exit as they notice. The files stay
+        (``stop`` deletes them)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+    def promote(self) -> None:
+        """Make this standby a primary (``pg_ctl promote``), waiting until it
+        accepts writes."""
+        done = subprocess.run(
+            [str(self.bindir / "pg_ctl"), "promote", "-w", "-t", "60", "-D", str(self.data)],
+            cwd=self.root,
+            capture_output=True,
+            check=False,
+            **self._spawn_kwargs(),  # type: ignore[call-overload]
+        )
+        if done.returncode != 0:
+            raise ClusterError(f"pg_ctl promote failed: {done.stderr.decode(errors='replace')}")
+        self._wait_for("SELECT NOT pg_is_in_recovery()", "the promoted standby to accept writes")
+        self.primary = None
+
     def _terminate(self) -> None:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
@@ -236,6 +356,14 @@ class ThrowawayCluster:
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
+
+
+def multi_host_url(*clusters: ThrowawayCluster, dbname: str = "postgres") -> str:
+    """One URL naming every cluster's host, asking for the one that accepts
+    writes (``target_session_attrs=read-write``): what a gateway is given
+    for a primary and its standbys."""
+    hosts = ",".join(f"127.0.0.1:{c.port}" for c in clusters)
+    return f"postgresql://postgres@{hosts}/{dbname}?target_session_attrs=read-write"
 
 
 def main() -> None:

@@ -332,6 +332,18 @@ class Key:
 
 KEYS: tuple[Key, ...] = (
     Key("db", _db, "sqlite:///ledgerq.sqlite3", "batch tracking store URL"),
+    Key(
+        "store.outage_timeout_s",
+        _positive(_float),
+        2.0,
+        "PostgreSQL: once no primary answers, a request waits at most this long (s), then 503",
+    ),
+    Key(
+        "store.wait_s",
+        _non_negative(_float),
+        0.0,
+        "`serve`: at start-up, wait up to this long for a PostgreSQL primary (s)",
+    ),
     Key("ledger", _ledger, "node", "node (in-process), sawtooth+http://H:P or splinter+http://H:P"),
     Key("bind", _bind, "127.0.0.1:8080", "HOST:PORT the gateway listens on"),
     Key("workers", _non_negative(_int), 0, "gateway processes behind the port (0: one per core)"),
@@ -705,6 +717,14 @@ class NodeSettings:
 
 
 @dataclass(frozen=True)
+class StoreSettings:
+    """``store.*``: the PostgreSQL store without a primary."""
+
+    outage_timeout_s: float
+    wait_s: float
+
+
+@dataclass(frozen=True)
 class QueuerSettings:
     """``queuer.*``: which strategy serves which service, and what an
     INVALID batch does to it."""
@@ -838,6 +858,7 @@ class Settings:
     public_url: str
     trust_forwarded: bool
     default_service: str
+    store: StoreSettings
     node: NodeSettings
     queuer: QueuerSettings
     http: HttpLimits

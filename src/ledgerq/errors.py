@@ -60,6 +60,11 @@ class StoreUnavailableError(StoreError):
     """The database cannot be reached; retry later or check the URL."""
 
 
+class StoreOutageError(StoreUnavailableError):
+    """Refused without trying: no PostgreSQL primary answers, as the store
+    found and logged once (``ledgerq.store.outage``); retry later."""
+
+
 class DuplicateBatchError(StoreError):
     """A batch id (per service) or data change id is already tracked."""
 

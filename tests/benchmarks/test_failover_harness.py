@@ -144,3 +144,36 @@ def test_the_late_samples_are_named_with_their_claim_and_first_write() -> None:
     many = [Sample(f"svc-{i}", False, resumed_s=7.0 + i) for i in range(12)]
     [capped] = _late(many, target=6.0, most=10)
     assert capped.endswith("; 2 more.")
+
+
+def test_the_primary_lost_rows_count_what_the_outage_met() -> None:
+    from bench._pg_failover import Attempt, PrimaryLostRun
+    from bench.failover import _primary_lost_row
+
+    def run(accepting: dict[str, float | None]) -> PrimaryLostRun:
+        attempts = [
+            Attempt("gw-a-1", "s", 9.0, 10.5, 202),  # answered at the kill: not counted
+            Attempt("gw-a-1", "s", 10.5, 11.0, 202),  # under way at the kill
+            Attempt("gw-b-2", "s", 11.0, 11.1, 503),
+            Attempt("gw-b-2", "s", 12.0, 14.5, 503),  # past the bound
+            Attempt("gw-a-1", "s", 13.0, 43.0, 0, "timed out"),  # no answer
+            Attempt("gw-a-1", "s", 16.0, 16.1, 202),  # after the promotion
+        ]
+        return PrimaryLostRun(
+            attempts=attempts,
+            killed_at=10.6,
+            promoted_at=15.0,
+            accepting_again=accepting,
+            problems=[],
+            same_processes=True,
+            bound_s=2.0,
+            batches=6,
+            elapsed_s=40.0,
+        )
+
+    row = _primary_lost_row(4.4, run({"a": 1.1, "b": 2.9}))
+    assert row[1:4] == [4, "2 / 1", 1]  # under way, 503 / 202, not answered
+    assert row[5] == "2 / 4"  # answered within the bound
+    assert row[7] == "yes"  # both accepting again within 3 s
+    assert _primary_lost_row(4.4, run({"a": 1.1, "b": 3.2}))[7] == "no"
+    assert _primary_lost_row(4.4, run({"a": 1.1, "b": None}))[7] == "no"

@@ -228,6 +228,107 @@ async def test_a_refusal_naming_no_batch_splits_the_group_in_halves() -> None:
     assert store.calls == [8, 4, 4, 2, 1, 1, 2]
 
 
+class Unavailable(GatedStore):
+    """Every insert waits for the gate, then fails as a database without a
+    primary does; counts the inserts asked for."""
+
+    async def add_batches(
+        self, batches: list[TrackingBatch], *, now: int | None = None
+    ) -> list[TrackingBatch]:
+        self.calls.append(len(batches))
+        await self.gate.wait()
+        raise StoreUnavailableError("no PostgreSQL primary answers")
+
+
+async def test_a_database_failure_fails_the_group_and_its_queue_at_once() -> None:
+    """No request of a group the database failed is tried again alone (each
+    would wait for the database in turn), and the requests queued behind it
+    hear the same failure without an insert of their own."""
+    store = Unavailable()
+    inserter = GroupInserter(store)
+    first = asyncio.create_task(inserter.add_batches([make_batch("s0")]))
+    await asyncio.sleep(0)
+    group = [asyncio.create_task(inserter.add_batches([make_batch(f"s{i}")])) for i in range(1, 6)]
+    await asyncio.sleep(0)
+    store.gate.set()
+    with pytest.raises(StoreUnavailableError):
+        await first
+    results = await asyncio.gather(*group, return_exceptions=True)
+    assert all(isinstance(r, StoreUnavailableError) for r in results), results
+    # The first alone; the five queued behind it fail with it, never inserted.
+    assert store.calls == [1]
+
+
+async def test_a_group_the_database_fails_takes_the_requests_queued_behind_it_along() -> None:
+    class FailingLater(GatedStore):
+        """The first insert lands (at the gate); every later one fails (at the second)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.second_gate = asyncio.Event()
+
+        async def add_batches(
+            self, batches: list[TrackingBatch], *, now: int | None = None
+        ) -> list[TrackingBatch]:
+            if not self.calls:
+                return await super().add_batches(batches, now=now)
+            self.calls.append(len(batches))
+            await self.second_gate.wait()
+            raise StoreUnavailableError("the connection broke")
+
+    store = FailingLater()
+    inserter = GroupInserter(store)
+    first = asyncio.create_task(inserter.add_batches([make_batch("s0")]))
+    await asyncio.sleep(0)
+    group = [asyncio.create_task(inserter.add_batches([make_batch(f"s{i}")])) for i in range(1, 4)]
+    await asyncio.sleep(0)
+    store.gate.set()
+    await first
+    await asyncio.sleep(0)
+    assert store.calls == [1, 3]  # the three together, under way
+    behind = [asyncio.create_task(inserter.add_batches([make_batch(f"t{i}")])) for i in range(3)]
+    await asyncio.sleep(0)
+    store.second_gate.set()
+    results = await asyncio.gather(*group, *behind, return_exceptions=True)
+    assert all(isinstance(r, StoreUnavailableError) for r in results), results
+    assert store.calls == [1, 3]  # none tried again alone; those behind not tried
+    # Nothing is left queued or running: the next request is inserted at once.
+    with pytest.raises(StoreUnavailableError):
+        await inserter.add_batches([make_batch("v")])
+    assert store.calls == [1, 3, 1]
+
+
+async def test_a_group_failing_otherwise_still_tries_each_request_alone() -> None:
+    """A failure that is neither the database's absence nor a refusal naming
+    its batch may concern one request: each is tried alone and hears its own."""
+
+    class Failing(GatedStore):
+        async def add_batches(
+            self, batches: list[TrackingBatch], *, now: int | None = None
+        ) -> list[TrackingBatch]:
+            if any(b.service_id == "odd" for b in batches):
+                self.calls.append(len(batches))
+                raise StoreError("PostgreSQL failed: something about this list")
+            return await super().add_batches(batches, now=now)
+
+    store = Failing()
+    inserter = GroupInserter(store)
+    first = asyncio.create_task(inserter.add_batches([make_batch("s0")]))
+    await asyncio.sleep(0)
+    waiting = [
+        asyncio.create_task(inserter.add_batches([make_batch("odd" if i == 1 else f"s{i}")]))
+        for i in range(3)
+    ]
+    await asyncio.sleep(0)
+    store.calls.clear()
+    store.gate.set()
+    await first
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert isinstance(results[1], StoreError)
+    assert isinstance(results[0], list) and isinstance(results[2], list)
+    assert store.calls == [3, 1, 1, 1]
+
+
 async def test_urgent_writes_form_a_group_of_their_own_beside_the_one_under_way() -> None:
     store = SlowStore()
     writer = Completer(store)

@@ -42,6 +42,15 @@ fenced writes, nor with other instances.
 Time is injected: every step takes ``now`` (ms) from the manager's clock and
 passes it to the SQL; the database's own clock is never used.
 
+A cycle that fails (no primary answers, say) is followed by the next after a
+backoff, not at its schedule: a quarter of the renewal interval doubling to
+the whole, each pause drawn from its upper half (:meth:`ClaimManager.pause_ms`),
+so instances that lost the database together do not retry it together, and
+its expiry schedule, which a failed cycle cannot move forward, does not make
+the cycles spin. A step that cannot connect ends its cycle (the others would
+only try again). The first failure of a run of them is one warning; the
+cycle that succeeds again logs how many failed and for how long.
+
 The tables (``gateway_instances``, ``service_id_claims``) come with the
 store's PostgreSQL migrations; open the store (which migrates) first.
 """
@@ -51,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
@@ -61,7 +71,7 @@ from typing import Protocol, TypeVar
 from ledgerq.claims.session import ClaimSession, Conn, Row
 from ledgerq.claims.settings import ClaimSettings
 from ledgerq.clock import Clock, now_ms
-from ledgerq.errors import ConfigError, StoreError
+from ledgerq.errors import ConfigError, StoreError, StoreUnavailableError
 from ledgerq.failpoints import failpoint
 from ledgerq.model import Fence
 
@@ -276,6 +286,11 @@ class ClaimManager:
         #: How long the last full cycle, and the last take-over, took (ms).
         self._full_cycle_ms = 0.0
         self._take_ms = 0.0
+        #: Cycles failed in a row, and when the first of them failed (time.monotonic()).
+        self.failed_cycles = 0
+        self._failing_since = 0.0
+        #: Draws the backoff's jitter (tests seed it).
+        self.rng = random.Random()
 
     @property
     def instance_id(self) -> str:
@@ -436,14 +451,21 @@ class ClaimManager:
                         claimed_any = True
                         await self.cycle()
                 except StoreError as exc:
-                    log.warning("claim cycle of %s failed: %s", self.instance_id, exc)
+                    self._failed(exc)
+                else:
+                    self._succeeded()
                 began = time.monotonic()
-                if not quick:
+                if not quick or self.failed_cycles:
                     due = began + self.pause_ms() / 1000
                 pause = max(due - began, 0.0)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=pause)
-                woken = self._wake.is_set()
+                if self.failed_cycles:
+                    # Backing off: a wake-up (a new service) waits for the
+                    # database as the claims do; only stop() ends the pause.
+                    await self._back_off(pause)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout=pause)
+                woken = self._wake.is_set() and not self.failed_cycles
                 # How much later than asked the loop let the next cycle start.
                 self._late_s = 0.0 if woken else max(time.monotonic() - began - pause, 0.0)
                 if woken and not self._stopping:
@@ -473,10 +495,56 @@ class ClaimManager:
             self._thread_session = None
             await session.drop()
 
+    def _failed(self, exc: StoreError) -> None:
+        """A cycle failed: one warning for the first of a run of failures."""
+        self.failed_cycles += 1
+        if self.failed_cycles == 1:
+            self._failing_since = time.monotonic()
+            log.warning(
+                "claim cycle of %s failed: %s; the next ones back off (up to %d ms apart) "
+                "until one succeeds",
+                self.instance_id,
+                exc,
+                self.settings.renew_interval_ms,
+            )
+        else:
+            log.debug("claim cycle of %s failed again: %s", self.instance_id, exc)
+
+    def _succeeded(self) -> None:
+        if self.failed_cycles:
+            log.info(
+                "claim cycle of %s succeeded after %d failed in %.1f s",
+                self.instance_id,
+                self.failed_cycles,
+                time.monotonic() - self._failing_since,
+            )
+        self.failed_cycles = 0
+
+    async def _back_off(self, pause_s: float) -> None:
+        """Wait ``pause_s`` or until :meth:`stop`, whatever wakes the loop meanwhile."""
+        deadline = time.monotonic() + pause_s
+        while not self._stopping and (left := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=left)
+            self._wake.clear()
+
+    def backoff_ms(self) -> int:
+        """The pause after :attr:`failed_cycles` failed cycles in a row: a
+        quarter of the renewal interval, doubling with each failure up to the
+        whole interval, drawn from the upper half of that (the jitter)."""
+        interval = self.settings.renew_interval_ms
+        step = interval * min(1.0, 2.0 ** (self.failed_cycles - 1) / 4)
+        return max(1, int(step * self.rng.uniform(0.5, 1.0)))
+
     def pause_ms(self, now: int | None = None) -> int:
         """How long :meth:`run` waits before the next cycle.
 
-        One renewal interval, or less when another instance's claim expires
+        After a failed cycle, :meth:`backoff_ms`: a failed cycle moves no
+        expiry forward (the next foreign expiry it would have read stays in
+        the past), so without it the cycles would follow one another at once
+        for as long as the database is away.
+
+        Otherwise one renewal interval, or less when another instance's claim expires
         sooner: a dead instance's services are then voided as its claims
         expire, not up to an interval later.
 
@@ -488,6 +556,8 @@ class ClaimManager:
         other had locked). Without the follow-up, those services would wait
         a whole renewal interval for a claimant.
         """
+        if self.failed_cycles:
+            return self.backoff_ms()
         now = self._clock() if now is None else now
         pause = self.settings.renew_interval_ms
         if self.next_expiry is not None:
@@ -571,7 +641,8 @@ class ClaimManager:
         """Run take-over, maintenance, renew, claim and hand over once, at ``now``.
 
         Every step is attempted even when an earlier one failed (renewal
-        matters most); the first failure is raised at the end.
+        matters most), but for a failure to connect at all, after which none
+        is; the first failure is raised at the end.
         """
         failpoint("claim_cycle")
         now = self._clock() if now is None else now
@@ -592,6 +663,8 @@ class ClaimManager:
         started = time.monotonic()
 
         async def step(name: str, fn: Callable[[Conn], Awaitable[T]], default: T) -> T:
+            if errors and isinstance(errors[0], StoreUnavailableError):
+                return default  # no connection to be had: the next cycle tries again
             began = time.monotonic()
             try:
                 return await self._cs.transact(name, fn)

@@ -1,7 +1,9 @@
 """``ledgerq serve``: the gateway, with its store, ledger client and (by default) the node.
 
 Start-up: settings are loaded and validated (an invalid value stops the
-command, naming the key), the store is opened and migrated, the ledger is
+command, naming the key), the store is opened (PostgreSQL: a refusal names
+every host of the URL and what it answered; ``--wait-for-store SECONDS``
+waits that long for a primary first) and migrated, the ledger is
 reached (``node``: an in-process node with its data next to the SQLite
 file), then the gateway serves until SIGINT or SIGTERM, on which it drains
 in-flight submissions before exiting.
@@ -125,6 +127,12 @@ def _announce(gateway: Gateway) -> None:
     default=None,
     help="Listen beyond loopback without a token [insecure_allow_remote].",
 )
+@click.option(
+    "--wait-for-store",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="At start-up, wait up to SECONDS for a PostgreSQL primary [store.wait_s].",
+)
 @click.option("--log-level", help="debug, info, warning or error.")
 @click.option("--log-json/--no-log-json", default=None, help="JSON log lines.")
 def serve(
@@ -144,6 +152,7 @@ def serve(
     public_url: str | None,
     default_service: str | None,
     insecure_allow_remote: bool | None,
+    wait_for_store: float | None,
     log_level: str | None,
     log_json: bool | None,
 ) -> None:
@@ -164,6 +173,7 @@ def serve(
         "public_url": public_url,
         "default_service": default_service,
         "insecure_allow_remote": insecure_allow_remote,
+        "store.wait_s": wait_for_store,
         "log.level": log_level,
         "log.json": log_json,
     }
@@ -223,7 +233,13 @@ async def _supervise(settings: Settings, count: int) -> None:
             lock = SingleInstanceLock(path_from_url(settings.db))
             lock.acquire()
         # Migrate once, before the workers open the store.
-        store = await open_store(settings.db, migrate=True, lock_entries=False)
+        store = await open_store(
+            settings.db,
+            migrate=True,
+            lock_entries=False,
+            pg_outage_timeout_s=settings.store.outage_timeout_s,
+            pg_wait_s=settings.store.wait_s,
+        )
         await store.close()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ledgerq.backoff import Backoff, Jitter, equal_jitter
-from ledgerq.errors import ConfigError, LedgerError, LedgerqError
+from ledgerq.errors import ConfigError, LedgerError, LedgerqError, StoreOutageError
 from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, LedgerClient
 from ledgerq.ledgers.health import LedgerHealth
 from ledgerq.model import BatchStatus, BatchStatusName, Pending, TrackingBatch
@@ -367,7 +367,10 @@ class Follower:
             try:
                 await self.scan()
             except LedgerqError as exc:
-                log.warning("cannot read the batches in flight: %s; retrying", exc)
+                # A store outage is logged once, by the store.
+                (log.debug if isinstance(exc, StoreOutageError) else log.warning)(
+                    "cannot read the batches in flight: %s; retrying", exc
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._scan_event.wait(), self.settings.poll_interval_s)
 
@@ -521,7 +524,9 @@ class Follower:
                 entry.service_id, LedgerBatchStatus(entry.batch_id, status)
             )
         except LedgerqError as exc:
-            log.warning("status of batch %s not recorded: %s", entry.batch_id[:16], exc)
+            (log.debug if isinstance(exc, StoreOutageError) else log.warning)(
+                "status of batch %s not recorded: %s", entry.batch_id[:16], exc
+            )
             self._back_off(entry)
             return False
         return True

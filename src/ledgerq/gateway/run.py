@@ -144,6 +144,8 @@ async def run_gateway(
             settings.db,
             migrate=True,
             pg_idle_in_transaction_ms=settings.claims.ttl_ms,
+            pg_outage_timeout_s=settings.store.outage_timeout_s,
+            pg_wait_s=settings.store.wait_s,
             # Lock entries only if some service may be parallel (docs/store.md).
             lock_entries=Strategy.PARALLEL in settings.queuer.strategies.kinds(),
             # PostgreSQL: the hot statements prepared before the first request.

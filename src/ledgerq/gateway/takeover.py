@@ -134,6 +134,7 @@ def store_opener(settings: Settings) -> StoreOpener | None:
             pg_pool_max_size=2,
             # As the gateway's own sessions: a frozen process's locks go.
             pg_idle_in_transaction_ms=settings.claims.ttl_ms,
+            pg_outage_timeout_s=settings.store.outage_timeout_s,
             # The database as the gateway's own store left it: asking here
             # would turn the parallel queuer's lock entries on for good, for
             # every batch of a gateway whose services are all serial.

@@ -93,6 +93,7 @@ from ledgerq.errors import (
     LedgerqError,
     StoreError,
     StoreInputError,
+    StoreOutageError,
     StoreUnavailableError,
 )
 from ledgerq.httpbody import read_body
@@ -1111,7 +1112,9 @@ class GatewayApi:
         except (LedgerqError, TimeoutError) as exc:
             # /ready is public: the cause (which may name the database's user
             # and host) goes to the log, not to the caller.
-            log.warning("not ready: the store does not answer: %s", exc)
+            (log.debug if isinstance(exc, StoreOutageError) else log.warning)(
+                "not ready: the store does not answer: %s", exc
+            )
             return web.json_response(
                 {"status": "store unavailable", "error": "the store does not answer; see the log"},
                 status=503,
@@ -1137,7 +1140,10 @@ def _store_failed(exc: StoreError) -> web.Response:
         log.warning("the store refused a list the codec passed: %s", exc)
         return sawtooth_error(30, str(exc), "store_input")
     if isinstance(exc, StoreUnavailableError):
-        log.error("cannot store batches: %s", exc)
+        # An outage is logged once by the store, not once per request.
+        (log.debug if isinstance(exc, StoreOutageError) else log.error)(
+            "cannot store batches: %s", exc
+        )
         return _error(503, "Store Unavailable", STORE_UNAVAILABLE)
     log.error("the store failed: %s", exc)
     return _error(500, "Store Error", "the store failed; nothing was stored (see the log)")
@@ -1148,7 +1154,9 @@ def _read_failed(exc: StoreError) -> web.Response:
     unavailable (worth a retry), ``500`` otherwise; the cause goes to the log
     only."""
     if isinstance(exc, StoreUnavailableError):
-        log.error("cannot read the store: %s", exc)
+        (log.debug if isinstance(exc, StoreOutageError) else log.error)(
+            "cannot read the store: %s", exc
+        )
         return _error(503, "Store Unavailable", STORE_UNAVAILABLE)
     log.error("the store failed a read: %s", exc)
     return _error(500, "Store Error", "the store failed to read; see the log")

@@ -80,6 +80,8 @@ async def _open_sql(
     clock: Clock,
     pg_pool_max_size: int = 8,
     pg_idle_in_transaction_ms: int | None = None,
+    pg_outage_timeout_s: float | None = None,
+    pg_wait_s: float = 0.0,
 ) -> tuple[SqlStore, MigrationResult]:
     backend: Backend
     if _dialect(url) == "sqlite":
@@ -89,15 +91,25 @@ async def _open_sql(
         await sqlite.connect()
         backend = sqlite
     else:
-        from ledgerq.store.postgres import PostgresBackend
-
-        idle = (
-            {}
-            if pg_idle_in_transaction_ms is None
-            else {"idle_in_transaction_ms": pg_idle_in_transaction_ms}
+        from ledgerq.store.postgres import (
+            DEFAULT_IDLE_IN_TRANSACTION_MS,
+            DEFAULT_OUTAGE_TIMEOUT_S,
+            PostgresBackend,
         )
-        pg = PostgresBackend(url, pool_max_size=pg_pool_max_size, **idle)
-        await pg.connect()
+
+        pg = PostgresBackend(
+            url,
+            pool_max_size=pg_pool_max_size,
+            idle_in_transaction_ms=(
+                DEFAULT_IDLE_IN_TRANSACTION_MS
+                if pg_idle_in_transaction_ms is None
+                else pg_idle_in_transaction_ms
+            ),
+            outage_timeout_s=(
+                DEFAULT_OUTAGE_TIMEOUT_S if pg_outage_timeout_s is None else pg_outage_timeout_s
+            ),
+        )
+        await pg.connect(wait_s=pg_wait_s)
         backend = pg
     store = SqlStore(backend, clock=clock)
     try:
@@ -115,6 +127,8 @@ async def open_store(
     clock: Clock = now_ms,
     pg_pool_max_size: int = 8,
     pg_idle_in_transaction_ms: int | None = None,
+    pg_outage_timeout_s: float | None = None,
+    pg_wait_s: float = 0.0,
     lock_entries: bool = False,
     warm: bool = False,
 ) -> BatchTrackingStore:
@@ -124,6 +138,13 @@ async def open_store(
     that leaves a transaction open without a statement for this long (its
     process frozen, say), so its row locks never hold other instances up
     (default ``ledgerq.store.postgres.DEFAULT_IDLE_IN_TRANSACTION_MS``).
+
+    ``pg_outage_timeout_s``: once no PostgreSQL primary answers, a request
+    waits at most this long for the store (``store.outage_timeout_s``;
+    default ``ledgerq.store.postgres.DEFAULT_OUTAGE_TIMEOUT_S``).
+
+    ``pg_wait_s``: when no PostgreSQL session can be had (no primary yet),
+    try again for up to this long before failing (``store.wait_s``).
 
     ``lock_entries``: PostgreSQL keeps the parallel queuer's lock entries and
     blockers only once a store asked for them; ``True`` asks (for good, for
@@ -144,6 +165,8 @@ async def open_store(
         clock=clock,
         pg_pool_max_size=pg_pool_max_size,
         pg_idle_in_transaction_ms=pg_idle_in_transaction_ms,
+        pg_outage_timeout_s=pg_outage_timeout_s,
+        pg_wait_s=pg_wait_s,
     )
     try:
         if lock_entries:

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import asyncio
 
-from ledgerq.errors import DuplicateBatchError, StoreError, StoreInputError
+from ledgerq.errors import (
+    DuplicateBatchError,
+    StoreError,
+    StoreInputError,
+    StoreUnavailableError,
+)
 from ledgerq.model import TrackingBatch
 from ledgerq.queue.ahead import Successors
 from ledgerq.store import common
@@ -41,6 +46,16 @@ class GroupInserter:
     request it concerns alone, naming its offender, and the others land as if
     alone. A client re-posting a list it already sent (a retry) costs its
     group three or four inserts, not one per request.
+
+    A database failure is no refusal of the input: when an insert fails
+    with :class:`~ledgerq.errors.StoreUnavailableError` (no primary
+    answers, the connection broke), every request of its group, and every
+    request queued behind it, fails with it at once. Trying them again one
+    by one, each waiting for the database in turn, would keep their
+    clients, and every POST arriving meanwhile, waiting that many times
+    longer for the same 503. Whether the failed insert committed is
+    unknown: a client posting the same list again is answered as for a
+    retry (the batches are held, or they are inserted now).
     """
 
     def __init__(
@@ -71,6 +86,9 @@ class GroupInserter:
             try:
                 self.groups += 1
                 return self._added(await self._store.add_batches(batches, now=now))
+            except StoreUnavailableError as exc:
+                self._fail_queued(exc)
+                raise
             finally:
                 self._running = False
                 self._start()
@@ -99,13 +117,28 @@ class GroupInserter:
 
     async def _insert(self, group: list[_Request]) -> None:
         self.groups += 1
-        await self._insert_part(group)
+        try:
+            await self._insert_part(group)
+        except StoreUnavailableError as exc:
+            for _, _, future in group:
+                if not future.done():
+                    future.set_exception(exc)
+            self._fail_queued(exc)
+
+    def _fail_queued(self, exc: StoreUnavailableError) -> None:
+        """Every request queued behind an insert the database failed fails with it."""
+        queued, self._queue = self._queue, []
+        for _, _, future in queued:
+            if not future.done():
+                future.set_exception(exc)
 
     async def _insert_part(self, group: list[_Request]) -> None:
         if len(group) == 1:
             batches, now, future = group[0]
             try:
                 result = await self._store.add_batches(batches, now=now)
+            except StoreUnavailableError:
+                raise  # every request waiting hears it (_insert)
             except Exception as exc:
                 if not future.done():
                     future.set_exception(exc)
@@ -136,8 +169,11 @@ class GroupInserter:
                 if part:
                     await self._insert_part(part)
             return
+        except StoreUnavailableError:
+            raise  # the database, not the input: every request waiting hears it (_insert)
         except StoreError:
-            # Not the input: each request tries alone and hears its own outcome.
+            # Neither the database nor a refusal it names: each request tries
+            # alone and hears its own outcome.
             for request in group:
                 await self._insert_part([request])
             return

@@ -11,6 +11,11 @@ never sees seq n+1 of a service while seq n is still uncommitted.
 
 Driver errors are translated here: connection failures become
 ``StoreUnavailableError``, anything else ``StoreError``.
+
+A request waits for a pooled connection up to the pool's timeout while the
+database answers, and at most ``outage_timeout_s`` once no primary does
+(:mod:`ledgerq.store.outage`): an outage is a prompt ``503``, not a queue of
+requests each waiting out the pool.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ledgerq.clock import now_ms
 from ledgerq.errors import StoreError, StoreUnavailableError
@@ -35,6 +40,7 @@ from ledgerq.model import TrackingBatch
 from ledgerq.queue.parallel import BatchAccess
 from ledgerq.store import common
 from ledgerq.store.migrate import MigrationResult, plan_migration, redact, refuse_outdated
+from ledgerq.store.outage import OutageWatch, connect_timeout, first_session
 from ledgerq.store.sqlfiles import canonical_schema, load_queries
 from ledgerq.store.sqlstore import ConflictError, Params, Row
 
@@ -56,6 +62,9 @@ _TRANSACTION_TYPES = [
 T = TypeVar("T")
 
 DEFAULT_POOL_TIMEOUT_S = 10.0
+#: The longest a request waits for the store once no primary answers
+#: (``store.outage_timeout_s``).
+DEFAULT_OUTAGE_TIMEOUT_S = 2.0
 DEFAULT_STATEMENT_TIMEOUT_MS = 60_000
 #: A session idle inside a transaction this long is ended by the server: a
 #: frozen gateway must not keep row locks (a fenced write share-locks its
@@ -505,6 +514,7 @@ class PostgresBackend:
         pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S,
         statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
         idle_in_transaction_ms: int = DEFAULT_IDLE_IN_TRANSACTION_MS,
+        outage_timeout_s: float = DEFAULT_OUTAGE_TIMEOUT_S,
     ) -> None:
         self.url = url
         self.queries = load_queries(self.dialect)
@@ -520,12 +530,19 @@ class PostgresBackend:
             max_size=pool_max_size,
             open=False,
             timeout=pool_timeout_s,
+            # A connection the pool cannot make is given up after this (the
+            # pool grows again when a request asks): its own backoff, which
+            # doubles to minutes, never holds the pool empty after an
+            # outage. The outage watch probes meanwhile.
+            reconnect_timeout=max(outage_timeout_s, 1.0),
             kwargs={
                 # Transactions are opened explicitly (``transaction``); a short
                 # read runs without one, so it costs one round trip per
                 # statement instead of BEGIN and COMMIT around them.
                 "autocommit": True,
-                "connect_timeout": max(1, int(pool_timeout_s)),
+                # Each host of a multi-host URL gets this long: a host that
+                # does not answer at all costs no more than the outage bound.
+                "connect_timeout": connect_timeout(outage_timeout_s),
                 "options": session_options(
                     url,
                     statement_timeout=int(statement_timeout_ms),
@@ -534,6 +551,7 @@ class PostgresBackend:
                 ),
             },
         )
+        self.outage = OutageWatch(url, outage_timeout_s, on_up=self._pool.check)
 
     def prepared_on(self, conn: psycopg.AsyncConnection[Any]) -> _Prepared:
         found = self._prepared.get(conn)
@@ -541,14 +559,16 @@ class PostgresBackend:
             found = self._prepared[conn] = _Prepared()
         return found
 
-    async def connect(self) -> None:
+    async def connect(self, *, wait_s: float = 0.0) -> None:
+        """Open the pool; first one session of its own, which fails fast
+        naming every host tried and what each answered (instead of the pool
+        retrying in the background), or tries again for up to ``wait_s``."""
         try:
-            # One direct connection first: fails fast with the server's own
-            # message instead of the pool retrying in the background.
-            probe = await psycopg.AsyncConnection.connect(
-                self.url, connect_timeout=max(1, int(self._timeout))
-            )
-            await probe.close()
+            await first_session(self.url, wait_s=wait_s, timeout_s=self.outage.bound_s)
+        except StoreUnavailableError:
+            await self._pool.close()
+            raise
+        try:
             await self._pool.open(wait=True, timeout=self._timeout)
         except Exception as exc:
             await self._pool.close()
@@ -560,7 +580,17 @@ class PostgresBackend:
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         try:
-            async with self._pool.connection(timeout=self._timeout) as conn:
+            conn = await self.outage.bounded(lambda: self._pool.getconn(timeout=self._timeout))
+        except PoolTimeout as exc:
+            raise StoreUnavailableError(
+                f"no PostgreSQL connection free within {self._timeout} s; the pool is "
+                "exhausted or the server is slow: retry"
+            ) from exc
+        except psycopg.Error as exc:
+            raise _translate(exc, self.url) from exc
+        try:
+            # As the pool's own connection(): commit or roll back, then back to the pool.
+            async with conn:
                 try:
                     yield conn
                 except BaseException:
@@ -571,12 +601,12 @@ class PostgresBackend:
         except psycopg.errors.UniqueViolation as exc:
             raise ConflictError(str(exc)) from exc
         except psycopg.Error as exc:
+            if conn.broken:
+                # The server went away under the statement: is there one at all?
+                self.outage.suspect()
             raise _translate(exc, self.url) from exc
-        except TimeoutError as exc:  # pool exhausted (psycopg_pool.PoolTimeout)
-            raise StoreUnavailableError(
-                f"no PostgreSQL connection free within {self._timeout} s; the pool is "
-                "exhausted or the server is slow: retry"
-            ) from exc
+        finally:
+            await self._pool.putconn(conn)
 
     @asynccontextmanager
     async def transaction(self, *, write: bool) -> AsyncIterator[_Session]:
@@ -875,4 +905,5 @@ class PostgresBackend:
             )
 
     async def close(self) -> None:
+        await self.outage.close()
         await self._pool.close()
