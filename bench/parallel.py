@@ -372,7 +372,14 @@ def command(
     report.console.print(summary)
     if write:
         # One section per store: a PostgreSQL run does not replace SQLite's figures.
-        name, heading = ("parallel", "") if db == "sqlite" else (f"parallel-{db}", f" ({db})")
+        name, key = (
+            ("parallel", "parallel-sqlite") if db == "sqlite" else (f"parallel-{db}", "parallel-pg")
+        )
+        gain = ratios["independent"]
+        met = gain >= 5 and ratios["one name"] >= 0.9 and not problems
+        figure = f"{gain:.2f} × ({ratios['one name']:.2f} × on one name)"
         report.write_section(
-            name, f"## Parallel queuer: throughput{heading}\n\n{summary}\n\n{table}\n"
+            name,
+            f"{summary}\n\n{table}\n",
+            targets=[report.Target(key, figure, "yes" if met else "no")],
         )

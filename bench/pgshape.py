@@ -93,6 +93,22 @@ def _summary_line(shape: Shape) -> str:
 
 # -- writing it down ----------------------------------------------------------------
 
+PG_CPU_TARGET_MS = 0.3  # the server's CPU (sessions and background) per committed batch
+
+
+def target(shapes: Sequence[Shape]) -> report.Target:
+    """The page's target on the server's CPU per batch: serial runs, each size."""
+    parts, met = [], True
+    for sh in shapes:
+        if sh.strategy != "serial" or not sh.committed:
+            continue
+        ms = sh.per_batch(sh.backends_cpu_s + sh.background_cpu_s) * 1000
+        parts.append(f"{ms:.2f} ms at {sh.services:,} × {sh.per_service}")
+        met = met and ms <= PG_CPU_TARGET_MS
+    return report.Target(
+        "pg-cpu", ", ".join(parts) or "no serial run", "yes" if parts and met else "no"
+    )
+
 
 def _f(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
@@ -385,10 +401,6 @@ def command(
     )
     text = markdown(shapes, top, note)
     if write:
-        report.write_section(
-            "pgshape",
-            text,
-            heading="PostgreSQL's work per committed batch (`ledgerq bench pgshape`)",
-        )
+        report.write_section("pgshape", text, targets=[target(shapes)])
     else:
         click.echo(text)

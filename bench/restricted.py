@@ -184,4 +184,4 @@ def command(
     )
     click.echo(text)
     if write:
-        report.write_section("restricted", "## Rounds of one instance's services\n\n" + text)
+        report.write_section("restricted", text)

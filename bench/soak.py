@@ -523,6 +523,13 @@ def command(
         if soak.single_instance
         else "two `ledgerq serve` instances"
     )
+    failed = [name for name, ok in checks if not ok]
+    verdict = report.Target(
+        "soak",
+        f"{minutes:g} min, {outcome.committed:,} committed: "
+        + ("every invariant holds" if not failed else "failed: " + ", ".join(failed)),
+        "no" if failed else "yes",
+    )
     report.write_section(
         "soak",
         "\n".join(
@@ -548,4 +555,5 @@ def command(
                 *(f"![{name}](img/{name})" for name in images),
             ]
         ),
+        targets=[verdict],
     )
