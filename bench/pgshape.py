@@ -283,7 +283,9 @@ def functions_table(shape: Shape) -> str:
     return report.table(headers, rows)
 
 
-def markdown(shapes: Sequence[Shape], top: int, note: str) -> str:
+def markdown(shapes: Sequence[Shape], top: int, note: str, details: bool = True) -> str:
+    """The figures as Markdown; ``details``: each run's statements, tables, indexes
+    and functions too (a few hundred lines)."""
     parts = [
         note,
         "",
@@ -318,7 +320,7 @@ def markdown(shapes: Sequence[Shape], top: int, note: str) -> str:
         "",
         gateway_table(shapes),
     ]
-    for sh in shapes:
+    for sh in shapes if details else ():
         parts += [
             "",
             f"**{sh.label}**: statements (top {top} by time)",
@@ -361,6 +363,13 @@ def _parse_strategies(value: str) -> list[str]:
 )
 @click.option("--ideal/--no-ideal", default=True, help="Run the ideal client first (the unit).")
 @click.option("--top", default=20, show_default=True, help="Statements listed per run.")
+@click.option(
+    "--details/--no-details",
+    default=False,
+    show_default=True,
+    help="Write each run's statements, tables, indexes and functions to BENCHMARKS.md too "
+    "(they are always printed).",
+)
 @click.option("--commit-delay-ms", default=20, show_default=True, help="The ledger's commit time.")
 @click.option("--slots", default=256, show_default=True, help="ledgerq submitter.slots.")
 @click.option("--pg", default=DEFAULT_PG, show_default=True, help="PostgreSQL admin URL.")
@@ -371,6 +380,7 @@ def command(
     strategies: str,
     ideal: bool,
     top: int,
+    details: bool,
     commit_delay_ms: int,
     slots: int,
     pg: str,
@@ -399,8 +409,8 @@ def command(
         + ", ".join(f"{x:.1f}" for x in load_after)
         + " (2 cores shared with other work)."
     )
-    text = markdown(shapes, top, note)
+    full = markdown(shapes, top, note)
+    click.echo(full)
     if write:
+        text = full if details else markdown(shapes, top, note, details=False)
         report.write_section("pgshape", text, targets=[target(shapes)])
-    else:
-        click.echo(text)

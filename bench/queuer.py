@@ -622,11 +622,11 @@ def command(
         report.write_section("queuer", f"{summary}\n\n" + "\n".join(sections), targets=targets)
 
 
-ROUND_TARGET_MS = 100.0  # the serial round over every service, PostgreSQL
+ROUND_TARGET_MS = 100.0  # the narrow serial round over every service (the queue source), PostgreSQL
 
 
 def _target(timings: list[Timing], batches: int, services: int) -> report.Target:
-    best = next((t for t in timings if t.label == "serial, every service"), None)
+    best = next((t for t in timings if t.label == "serial, every service, narrow"), None)
     if best is None:
         return report.Target("queuer", "not measured", "no")
     full = batches >= 1_000_000 and services >= 10_000

@@ -248,7 +248,12 @@ def summary(text: str) -> str:
     for key, (goal, name) in TARGETS.items():
         body = sections.get(name, "")
         found = {m["key"]: m for m in _TARGET_LINE.finditer(body)}.get(key)
-        link = f"[{SECTIONS[name]}](#{_anchor(SECTIONS[name])})"
+        # A section not written yet has no heading to link to.
+        link = (
+            f"[{SECTIONS[name]}](#{_anchor(SECTIONS[name])})"
+            if name in sections
+            else f"`ledgerq bench {name}`"
+        )
         if found is None:
             rows.append([goal, "not measured", "-", "-", "-", link])
             continue

@@ -546,8 +546,13 @@ def command(
                 "",
                 lines[0],
                 "",
-                report.table(
-                    ["invariant", "result"], [[n, "PASS" if ok else "FAIL"] for n, ok in checks]
+                (
+                    f"Invariants: all {len(checks)} PASS (" + "; ".join(n for n, _ in checks) + ")."
+                    if not failed
+                    else report.table(
+                        ["invariant", "result"],
+                        [[n, "PASS" if ok else "FAIL"] for n, ok in checks],
+                    )
                 ),
                 "",
                 summary,
