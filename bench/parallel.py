@@ -375,7 +375,9 @@ def command(
     if write:
         # One section per store: a PostgreSQL run does not replace SQLite's figures.
         name, key = (
-            ("parallel", "parallel-sqlite") if db == "sqlite" else (f"parallel-{db}", "parallel-pg")
+            ("parallel", "parallel-sqlite")
+            if db == "sqlite"
+            else ("parallel-postgresql", "parallel-pg")
         )
         gain = ratios["independent"]
         met = gain >= 5 and ratios["one name"] >= 0.9 and not problems
