@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -134,26 +133,63 @@ async def _main(
     return results, failures
 
 
-def section_for(
-    systems: list[str], ledgers: list[str], sizes: str, failure_size: str
-) -> tuple[str, str | None]:
-    """The BENCHMARKS.md section a run writes, and its heading if new.
+#: The BENCHMARKS.md section of each ledger's figures, and of the failure case: a
+#: run replaces the sections of what it ran, whatever systems and sizes it picked.
+SECTION_OF = {"plain": "compare-plain", "node": "compare-node"}
+FAILURE_SECTION = "compare-failure"
+#: The design's floors on the plain ledger: ledgerq's batches/s ÷ the ideal client's.
+PLAIN_FLOORS = {(50, 20): 0.7, (1000, 5): 0.5}
+GAP_TARGET_MS = 5.0
+GATEWAY_CPU_TARGET_MS = 0.5
 
-    The full run owns ``compare``. A partial run (some systems, ledgers or
-    sizes, or no failure case) keeps the full run's figures: it writes a
-    section of its own, named by what it ran, which a later run of the same
-    selection replaces.
-    """
-    if (
-        tuple(systems) == SYSTEMS
-        and tuple(ledgers) == LEDGERS
-        and sizes == DEFAULT_SIZES
-        and failure_size != "none"
-    ):
-        return "compare", None
-    slug = re.sub(r"[^a-z0-9]+", "-", "-".join([*systems, *ledgers, sizes]).lower()).strip("-")
-    picked = f"{' + '.join(systems)} on {' + '.join(ledgers)}, {sizes.replace(':', ' × ')}"
-    return f"compare-{slug}", f"Comparison, partial run: {picked}"
+
+def plain_targets(results: list[Figures]) -> list[report.Target]:
+    """This run's figures for the page's targets measured on the plain ledger."""
+    by_size: dict[tuple[int, int], dict[str, Figures]] = {}
+    for f in results:
+        by_size.setdefault((f.services, f.per_service), {})[f.system] = f
+    out: list[report.Target] = []
+    for key, system in (("plain-sqlite", "ledgerq-sqlite"), ("plain-pg", "ledgerq-pg")):
+        parts, met = [], True
+        for size, floor in PLAIN_FLOORS.items():
+            ideal, f = by_size.get(size, {}).get("ideal"), by_size.get(size, {}).get(system)
+            if ideal is None or f is None or ideal.throughput <= 0:
+                met = False
+                continue
+            ratio = f.throughput / ideal.throughput
+            parts.append(f"{ratio:.2f} × at {size[0]:,} × {size[1]}")
+            met = met and ratio >= floor
+        if parts:
+            out.append(report.Target(key, ", ".join(parts), "yes" if met else "no"))
+    small = by_size.get((50, 20), {})
+    gaps = [
+        f"{name.removeprefix('ledgerq-')} {f.gap_p50_ms:.1f} ms"
+        for name in ("ledgerq-sqlite", "ledgerq-pg")
+        if (f := small.get(name)) is not None and f.gap_p50_ms is not None
+    ]
+    if gaps:
+        ok = all(
+            f.gap_p50_ms is not None and f.gap_p50_ms <= GAP_TARGET_MS
+            for name in ("ledgerq-sqlite", "ledgerq-pg")
+            if (f := small.get(name)) is not None
+        )
+        out.append(report.Target("gap", ", ".join(gaps), "yes" if ok else "no"))
+    if by_size:
+        size = max(by_size)
+        cpus = {
+            name.removeprefix("ledgerq-"): f.cpu_ms_per_batch
+            for name in ("ledgerq-sqlite", "ledgerq-pg")
+            if (f := by_size[size].get(name)) is not None and f.cpu_ms_per_batch is not None
+        }
+        if cpus:
+            text = ", ".join(f"{k} {v:.2f} ms" for k, v in cpus.items())
+            ok = all(v <= GATEWAY_CPU_TARGET_MS for v in cpus.values())
+            out.append(
+                report.Target(
+                    "gateway-cpu", f"{text} at {size[0]:,} × {size[1]}", "yes" if ok else "no"
+                )
+            )
+    return out
 
 
 def _ratio(a: float, b: float) -> str:
@@ -413,32 +449,33 @@ def command(
         "Definitions: `bench/_metrics.py`.",
         "",
     ]
-    name, heading = section_for(chosen, on, sizes, failure_size)
-    # The plots are the full run's (docs/img/compare-*.png): a partial run's
-    # section has its tables only.
-    full = name == "compare"
-    images = []
     for ledger, md in tables.items():
         label = (
-            f"**Plain Sawtooth-shaped REST ledger** (no `/events`, no `/subscriptions`; "
-            f"commits {commit_delay_ms} ms after accepting)"
+            f"The plain Sawtooth-shaped REST ledger (no `/events`, no `/subscriptions`; "
+            f"commits {commit_delay_ms} ms after accepting)."
             if ledger == "plain"
-            else "**`ledgerq node`** (with its `/events` stream)"
+            else "`ledgerq node` (with its `/events` stream)."
         )
-        text += [label, "", md, ""]
-        if full:
-            images += _plots(ledger, results[ledger])
+        images = [f"![{image}](img/{image})" for image in _plots(ledger, results[ledger])]
+        report.write_section(
+            SECTION_OF[ledger],
+            "\n".join([*text, label, "", md, "", *images]),
+            targets=plain_targets(results[ledger]) if ledger == "plain" else (),
+        )
     if md_fail:
-        text += [
-            "Failure case, on `ledgerq node`: two worker processes per system (two "
-            "`ledgerq serve` instances; two procrastinate workers with the stalled-job retry "
-            "of its documentation run every second), one SIGKILLed once a third of the "
-            "batches are committed.",
-            "",
-            md_fail,
-            "",
-        ]
-        if full:
-            images += _failure_plot(failures)
-    text += [f"![{image}](img/{image})" for image in images]
-    report.write_section(name, "\n".join(text), heading=heading)
+        images = [f"![{image}](img/{image})" for image in _failure_plot(failures)]
+        report.write_section(
+            FAILURE_SECTION,
+            "\n".join(
+                [
+                    "Two worker processes per system on `ledgerq node` (two `ledgerq serve` "
+                    "instances; two procrastinate workers with the stalled-job retry of its "
+                    "documentation run every second), one SIGKILLed once a third of the "
+                    "batches are committed.",
+                    "",
+                    md_fail,
+                    "",
+                    *images,
+                ]
+            ),
+        )

@@ -319,6 +319,7 @@ def command(
     """REST in → committed on the in-process node: throughput, cycle overhead, latency."""
     tune_gc()  # as `ledgerq serve` does
     rows = []
+    rates: dict[str, float] = {}
     for backend in backends:
         with tempfile.TemporaryDirectory(prefix="ledgerq-bench-") as tmp:
             work = Path(tmp)
@@ -343,6 +344,7 @@ def command(
             finally:
                 if not backend.startswith("sqlite"):
                     drop_pg_database(pg_admin, db)
+        rates[backend] = r["throughput"]
         rows.append(
             (
                 backend,
@@ -383,4 +385,13 @@ def command(
     )
     click.echo(markdown)
     if write:
-        report.write_section("e2e", markdown)
+        report.write_section("e2e", markdown, targets=[_target(rates, services)])
+
+
+E2E_TARGET = 2000.0  # batches/s at 1,000 services, every store
+
+
+def _target(rates: dict[str, float], services: int) -> report.Target:
+    figure = ", ".join(f"{store} {rate:,.0f} batches/s" for store, rate in rates.items())
+    met = services >= 1000 and all(rate >= E2E_TARGET for rate in rates.values())
+    return report.Target("e2e", f"{figure} ({services:,} services)", "yes" if met else "no")

@@ -654,6 +654,23 @@ def failover_markdown(
 ACCEPTING_AGAIN_TARGET_S = 3.0
 
 
+def _primary_lost_target(runs: list[tuple[float, PrimaryLostRun]]) -> report.Target:
+    """The at-a-glance figure: accepting again, and answers within the bound."""
+    again = [t for _, run in runs for t in run.accepting_again.values()]
+    seen = [t for t in again if t is not None]
+    during = [a for _, run in runs for a in run.during_outage()]
+    within = all(a.status and a.took <= run.bound_s for _, run in runs for a in run.during_outage())
+    held = all(not run.problems for _, run in runs)
+    worst = f"{max(seen):.2f} s" if seen else "never"
+    met = len(seen) == len(again) and max(seen, default=0) <= ACCEPTING_AGAIN_TARGET_S
+    return report.Target(
+        "pg-failover",
+        f"accepting again after at most {worst}; {len(during)} requests during "
+        f"{len(runs)} outages, {'all' if within else 'not all'} answered within the bound",
+        "yes" if met and within and held else "no",
+    )
+
+
 def _primary_lost_row(outage_s: float, run: PrimaryLostRun) -> list[object]:
     during = run.during_outage()
     took = sorted(a.took for a in during if a.status)
@@ -770,7 +787,9 @@ def run_primary_lost_bench(
     markdown = "\n".join(lines)
     click.echo(markdown)
     if write:
-        report.write_section("failover-primary-lost", markdown, heading="Failover: primary lost")
+        report.write_section(
+            "failover-primary-lost", markdown, targets=[_primary_lost_target(runs)]
+        )
 
 
 @click.command()
@@ -797,7 +816,11 @@ def run_primary_lost_bench(
 @click.option("--tp-services", default=100, show_default=True, help="Services (throughput).")
 @click.option("--tp-batches", default=20, show_default=True, help="Batches per service.")
 @click.option(
-    "--section", default="failover", show_default=True, help="BENCHMARKS.md section to write."
+    "--section",
+    type=click.Choice(["failover", "failover-scale"]),
+    default="failover",
+    show_default=True,
+    help="BENCHMARKS.md section to write: failover-scale for a run at thousands of services.",
 )
 @click.option(
     "--workdir",
@@ -933,4 +956,21 @@ def command(
     markdown = "\n".join(lines)
     click.echo(markdown)
     if write:
-        report.write_section(section, markdown)
+        targets = [failover_target(run, settings)] if section == "failover" else []
+        report.write_section(section, markdown, targets=targets)
+
+
+def failover_target(run: FailoverRun, settings: ClaimSettings) -> report.Target:
+    """The page's failover target: every service of the victim resumed within TTL + 1 s."""
+    limit = (settings.ttl_ms + 1_000) / 1000
+    parts, met = [], bool(run.samples)
+    for name, mid in (("fast", False), ("slow", True)):
+        times = [x.resumed_s for x in run.samples if x.mid_submission is mid]
+        if not times:
+            continue
+        seen = [t for t in times if t is not None]
+        worst = f"{max(seen):.2f} s" if seen else "none seen"
+        parts.append(f"{name} path max {worst} ({len(times):,} services)")
+        met = met and len(seen) == len(times) and max(seen) <= limit
+    figure = ", ".join(parts) or "no service held work at the kill"
+    return report.Target("failover", f"{figure}; limit {limit:.0f} s", "yes" if met else "no")

@@ -325,8 +325,16 @@ def command(
         + report.table(["run", "batches/s", "share of quiet", "claims voided", "problems"], rows)
         + f"\n\nHostile requests by outcome: {summary}.\n\n{quiet_summary.capitalize()}.\n"
     )
+    targets = []
     if attack_seconds > 0:
         table, missed = _attacks(pg_admin, attack_seconds)
+        targets.append(
+            report.Target(
+                "attacks",
+                "missed: " + "; ".join(missed) if missed else "met on the gateway and the node",
+                "no" if missed else "yes",
+            )
+        )
         markdown += (
             "\n**Attacks without a token** (issue 38): a `ledgerq serve` on PostgreSQL with "
             "two tenants' scoped tokens, and its `ledgerq node`, each attacked in turn by "
@@ -346,4 +354,4 @@ def command(
         )
     click.echo(markdown)
     if write:
-        report.write_section("hostile", markdown)
+        report.write_section("hostile", markdown, targets=targets)

@@ -442,4 +442,4 @@ def command(
         )
     click.echo(text)
     if write:
-        report.write_section("ingest", "## Ingest with workers\n\n" + text)
+        report.write_section("ingest", text)

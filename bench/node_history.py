@@ -39,7 +39,7 @@ from pathlib import Path
 import aiohttp
 import click
 
-from bench.report import console, table, write_section
+from bench.report import Target, console, table, write_section
 from ledgerq.codec import Signer, encode_batch_list
 from ledgerq.codec.intkey import make_intkey_batch
 
@@ -212,12 +212,6 @@ async def _height(url: str) -> int:
     help="Transactions per batch (Sawtooth clients put many in one batch).",
 )
 @click.option(
-    "--section",
-    default="node-history",
-    show_default=True,
-    help="The BENCHMARKS.md section to write.",
-)
-@click.option(
     "--tracemalloc",
     "trace_file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -240,7 +234,6 @@ def command(
     concurrency: int,
     clients: int,
     txns: int,
-    section: str,
     trace_file: Path | None,
     lock_file: Path | None,
     write: bool,
@@ -258,12 +251,16 @@ def command(
             lock = held.enter_context(lock_file.open("a"))
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             load_before = os.getloadavg()[0]
-        markdown = _measure(
+        markdown, target = _measure(
             signed, share, clients, chunk, concurrency, txns, trace_file, load_before
         )
     console.print(markdown)
     if write and trace_file is None:
-        write_section(section, markdown)
+        # One transaction per batch measures memory and restart over a long history,
+        # several per batch the REST throughput: each has its section.
+        write_section(
+            "node-history" if txns == 1 else "node-history-txns", markdown, targets=[target]
+        )
 
 
 def _measure(
@@ -275,7 +272,7 @@ def _measure(
     txns: int,
     trace_file: Path | None,
     load_before: float,
-) -> str:
+) -> tuple[str, Target]:
     ctx = multiprocessing.get_context("spawn")
     total = share * clients
     with tempfile.TemporaryDirectory(prefix="ledgerq-history-") as tmp:
@@ -348,9 +345,11 @@ def _measure(
     # Clients that finished posting before the last mark count up to their last reading.
     clients_per_tx = (client_marks[-1] - client_marks[0]) / per_tx
     cores = cpu_per_tx * steady * txns / 1e6
+    # The first tenth, the middle and the end: the growth and the rate's trend.
+    shown = [first, marks[len(marks) // 2], last] if len(marks) > 3 else marks
     rows = [
         [f"{h:,}", f"{s:.0f}", f"{h * txns / s:,.0f}", f"{r:.0f}", f"{a:.0f}", f"{f:.0f}"]
-        for h, s, r, a, f in marks
+        for h, s, r, a, f in shown
     ]
     markdown = (
         f"`ledgerq node` with a data directory, fed {total:,} intkey batches of {txns} "
@@ -382,7 +381,26 @@ def _measure(
         f"{clean_phases}.\n"
         f"* Data directory at the end: {disk:,.0f} MiB.\n"
     )
-    return markdown
+    if txns == 1:
+        growth = last[2] - first[2]
+        target = Target(
+            "node-memory",
+            f"RSS {growth:+.0f} MiB from {first[0]:,} to {last[0]:,} batches; restart "
+            f"{after_kill:.2f} s after kill -9",
+            "yes" if growth <= MEMORY_TARGET_MIB and last[0] >= 1_000_000 else "no",
+        )
+    else:
+        rate = steady * txns
+        target = Target(
+            "node-rest",
+            f"{rate:,.0f} tx/s ({txns} per batch)",
+            "yes" if rate >= REST_TARGET_TX_S else "no",
+        )
+    return markdown, target
+
+
+MEMORY_TARGET_MIB = 64.0  # RSS growth from the first tenth of the history to its end
+REST_TARGET_TX_S = 10_000.0
 
 
 def _reads_line(reads: list[float]) -> str:

@@ -93,6 +93,22 @@ def _summary_line(shape: Shape) -> str:
 
 # -- writing it down ----------------------------------------------------------------
 
+PG_CPU_TARGET_MS = 0.3  # the server's CPU (sessions and background) per committed batch
+
+
+def target(shapes: Sequence[Shape]) -> report.Target:
+    """The page's target on the server's CPU per batch: serial runs, each size."""
+    parts, met = [], True
+    for sh in shapes:
+        if sh.strategy != "serial" or not sh.committed:
+            continue
+        ms = sh.per_batch(sh.backends_cpu_s + sh.background_cpu_s) * 1000
+        parts.append(f"{ms:.2f} ms at {sh.services:,} × {sh.per_service}")
+        met = met and ms <= PG_CPU_TARGET_MS
+    return report.Target(
+        "pg-cpu", ", ".join(parts) or "no serial run", "yes" if parts and met else "no"
+    )
+
 
 def _f(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
@@ -267,7 +283,9 @@ def functions_table(shape: Shape) -> str:
     return report.table(headers, rows)
 
 
-def markdown(shapes: Sequence[Shape], top: int, note: str) -> str:
+def markdown(shapes: Sequence[Shape], top: int, note: str, details: bool = True) -> str:
+    """The figures as Markdown; ``details``: each run's statements, tables, indexes
+    and functions too (a few hundred lines)."""
     parts = [
         note,
         "",
@@ -302,7 +320,7 @@ def markdown(shapes: Sequence[Shape], top: int, note: str) -> str:
         "",
         gateway_table(shapes),
     ]
-    for sh in shapes:
+    for sh in shapes if details else ():
         parts += [
             "",
             f"**{sh.label}**: statements (top {top} by time)",
@@ -345,6 +363,13 @@ def _parse_strategies(value: str) -> list[str]:
 )
 @click.option("--ideal/--no-ideal", default=True, help="Run the ideal client first (the unit).")
 @click.option("--top", default=20, show_default=True, help="Statements listed per run.")
+@click.option(
+    "--details/--no-details",
+    default=False,
+    show_default=True,
+    help="Write each run's statements, tables, indexes and functions to BENCHMARKS.md too "
+    "(they are always printed).",
+)
 @click.option("--commit-delay-ms", default=20, show_default=True, help="The ledger's commit time.")
 @click.option("--slots", default=256, show_default=True, help="ledgerq submitter.slots.")
 @click.option("--pg", default=DEFAULT_PG, show_default=True, help="PostgreSQL admin URL.")
@@ -355,6 +380,7 @@ def command(
     strategies: str,
     ideal: bool,
     top: int,
+    details: bool,
     commit_delay_ms: int,
     slots: int,
     pg: str,
@@ -383,12 +409,8 @@ def command(
         + ", ".join(f"{x:.1f}" for x in load_after)
         + " (2 cores shared with other work)."
     )
-    text = markdown(shapes, top, note)
+    full = markdown(shapes, top, note)
+    click.echo(full)
     if write:
-        report.write_section(
-            "pgshape",
-            text,
-            heading="PostgreSQL's work per committed batch (`ledgerq bench pgshape`)",
-        )
-    else:
-        click.echo(text)
+        text = full if details else markdown(shapes, top, note, details=False)
+        report.write_section("pgshape", text, targets=[target(shapes)])

@@ -507,6 +507,19 @@ def ratio_rows(outcomes: list[Outcome]) -> list[list[str]]:
     return out
 
 
+def target(outcomes: list[Outcome]) -> report.Target:
+    """The run's figure for the page's pipelined target: clean-mode ratios, each pair."""
+    parts, met = [], True
+    judged = pairs(outcomes)
+    for s, p in judged:
+        ratio, ok, _ = ratio_verdict(s, p)
+        met = met and ok
+        if s.mode == "clean":
+            parts.append(f"{s.case.label} {s.db} {'-' if ratio is None else f'{ratio:.1f} ×'}")
+    figure = ", ".join(parts) or "no clean pair"
+    return report.Target("pipelined", figure, "yes" if judged and met else "no")
+
+
 def summary(outcomes: list[Outcome]) -> str:
     """The verdict of the whole run in one sentence."""
     judged = pairs(outcomes)
@@ -677,8 +690,4 @@ def command(
     report.console.print(verdict_line)
     if write:
         text = section(specs, opts, verdict_line, ratios, runs, load_before, load_after)
-        report.write_section(
-            "pipelined",
-            text,
-            heading="`ledgerq bench pipelined`: chained batches, pipelined against serial",
-        )
+        report.write_section("pipelined", text, targets=[target(outcomes)])

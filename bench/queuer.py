@@ -573,6 +573,7 @@ def command(
 ) -> None:
     """One queuer round over a large store, serial and parallel, on PostgreSQL and SQLite."""
     sections = []
+    targets: list[report.Target] = []
     summary = (
         f"{batches:,} tracked batches in {services:,} services (shape in `bench/queuer.py`); "
         f"each figure is over {rounds} rounds, the serial strategy's "
@@ -606,18 +607,34 @@ def command(
                 parallel_plan = sqlite_plan(path, "parallel_round_first")
                 others = _alternatives(alt.sqlite_alternatives, path, rounds, alternatives)
         report.console.print(_table(timings))
+        report.console.print(
+            f"serial round's plan:\n{plan}\nparallel round's plan:\n{parallel_plan}"
+        )
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        if backend == "postgresql":
+            targets.append(_target(timings, batches, services))
         sections.append(
             f"### {'PostgreSQL' if backend == 'postgresql' else 'SQLite'}\n\n"
             f"Loaded in {loaded:.0f} s. Load average after measuring (1, 5, 15 min): "
-            f"{load} — the machine is shared, figures on an idle one are lower.\n\n"
-            f"{_table(timings)}\n\n{others}"
-            f"Plan of the serial round's statement (narrow, as the queue source asks):\n\n"
-            f"```\n{plan}\n```\n\n"
-            f"Plan of the parallel round's statement (narrow):\n\n```\n{parallel_plan}\n```\n"
+            f"{load}.\n\n{_table(timings)}\n\n{others}"
         )
     if write:
-        report.write_section("queuer", f"## Queuer round\n\n{summary}\n\n" + "\n".join(sections))
+        report.write_section("queuer", f"{summary}\n\n" + "\n".join(sections), targets=targets)
+
+
+ROUND_TARGET_MS = 100.0  # the narrow serial round over every service (the queue source), PostgreSQL
+
+
+def _target(timings: list[Timing], batches: int, services: int) -> report.Target:
+    best = next((t for t in timings if t.label == "serial, every service, narrow"), None)
+    if best is None:
+        return report.Target("queuer", "not measured", "no")
+    full = batches >= 1_000_000 and services >= 10_000
+    return report.Target(
+        "queuer",
+        f"{best.median_ms:.0f} ms median ({batches:,} batches)",
+        "yes" if full and best.median_ms < ROUND_TARGET_MS else "no",
+    )
 
 
 def _alternatives(

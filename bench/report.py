@@ -1,8 +1,10 @@
 """Writing benchmark figures down, and showing progress while measuring.
 
-Each benchmark owns one section of ``docs/BENCHMARKS.md``, delimited by
-``<!-- bench:NAME -->`` markers; a new run replaces its own section and leaves
-the others alone. Every section records the command, the machine and the date.
+Each benchmark owns fixed sections of ``docs/BENCHMARKS.md`` (``SECTIONS``),
+delimited by ``<!-- bench:NAME -->`` markers; a new run replaces its own
+section and leaves the others alone. Every section records the command, the
+machine and the date, and the benchmark's figures for the page's targets
+(``TARGETS``), from which the table at the top of the page is written.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 import shlex
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,12 +36,114 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_MD = ROOT / "docs" / "BENCHMARKS.md"
 console = Console(stderr=True)
 
+# Every section a benchmark may write, by name, with its heading. A name not
+# listed here is refused, so the page holds no section its commands do not
+# write, and a rerun replaces its section instead of adding one.
+SECTIONS: dict[str, str] = {
+    "compare-plain": "Comparison on the plain REST ledger",
+    "compare-node": "Comparison on `ledgerq node`",
+    "compare-failure": "Comparison: a worker killed",
+    "e2e": "Gateway end to end",
+    "pipelined": "Pipelined against serial",
+    "parallel": "Parallel queuer (SQLite)",
+    "parallel-postgresql": "Parallel queuer (PostgreSQL)",
+    "deps": "Dependencies out of order",
+    "pgshape": "PostgreSQL's work per committed batch",
+    "group-write": "Group writes (PostgreSQL)",
+    "queuer": "Queuer round",
+    "restricted": "Rounds of one instance's services",
+    "claims": "Claims at scale",
+    "failover": "Failover",
+    "failover-scale": "Failover at 10,000 services",
+    "failover-primary-lost": "Failover: PostgreSQL's primary lost",
+    "soak": "Soak",
+    "load": "Load",
+    "ingest": "Ingest with workers",
+    "hostile": "Hostile clients",
+    "node": "Node throughput",
+    "node-history": "Node history",
+    "node-history-txns": "Node history, ten transactions per batch",
+    "store": "Store writes",
+    "operator": "Operator endpoints",
+    "codec": "Codec",
+}
+
+# The targets of the table at the top of the page, in its order: each names
+# the section whose benchmark measures it (DESIGN §6 and the issues that set
+# targets). A benchmark states its figure for a target with ``Target``.
+TARGETS: dict[str, tuple[str, str]] = {
+    "plain-sqlite": (
+        "plain REST ledger, SQLite: ≥ 0.7 × the ideal client at 50 × 20, ≥ 0.5 × at 1,000 × 5",
+        "compare-plain",
+    ),
+    "plain-pg": (
+        "plain REST ledger, PostgreSQL: ≥ 0.7 × the ideal client at 50 × 20, ≥ 0.5 × at 1,000 × 5",
+        "compare-plain",
+    ),
+    "gap": ("commit → next batch p50 ≤ 5 ms (plain ledger, 50 × 20)", "compare-plain"),
+    "gateway-cpu": ("gateway CPU ≤ 0.5 ms per committed batch", "compare-plain"),
+    "pg-cpu": ("PostgreSQL server CPU ≤ 0.3 ms per committed batch", "pgshape"),
+    "e2e": ("in-process node, 1,000 services: ≥ 2,000 batches/s", "e2e"),
+    "pipelined": (
+        "pipelined ≥ 10 × serial (10 services), ≥ 20 × (one service), 100 ms commits",
+        "pipelined",
+    ),
+    "parallel-sqlite": ("parallel ≥ 5 × serial, 8 independent keys, SQLite", "parallel"),
+    "parallel-pg": (
+        "parallel ≥ 5 × serial, 8 independent keys, PostgreSQL",
+        "parallel-postgresql",
+    ),
+    "deps": ("`intkey load` through the gateway ≤ 2 × straight to the node", "deps"),
+    "queuer": (
+        "queuer round, 1,000,000 batches in 10,000 services < 100 ms (PostgreSQL)",
+        "queuer",
+    ),
+    "failover": ("a killed instance's services resume within claim TTL + 1 s", "failover"),
+    "pg-failover": (
+        "PostgreSQL primary lost, standby promoted: accepting again ≤ 3 s after the promotion; "
+        "every request during the outage answered within the bound",
+        "failover-primary-lost",
+    ),
+    "node-rest": ("node ≥ 10,000 intkey tx/s over REST, low contention", "node-history-txns"),
+    "node-inprocess": (
+        "node in-process ≥ 10,000 intkey tx/s, low contention and all on one key",
+        "node",
+    ),
+    "node-memory": (
+        "node memory flat with history: RSS, 100,000 → 1,000,000 batches",
+        "node-history",
+    ),
+    "attacks": (
+        "gzip bombs, 2,048 idle sockets: probe p99 ≤ 50 ms, a tenant's POST p99 ≤ 2 × unloaded",
+        "hostile",
+    ),
+    "soak": ("soak with kills and ledger outages: every invariant holds", "soak"),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A benchmark's figure for one of ``TARGETS``: short, and whether it is met."""
+
+    key: str
+    figure: str
+    met: str  # "yes", "no", or a few words ("2 of 3 runs")
+
+
 _HEADER = """# Benchmarks
 
 Figures measured by `ledgerq bench ...` (see `bench/`). Each section is
 rewritten by its own benchmark and says which command produced it, on which
 machine and when. Figures are never asserted by tests.
 """
+
+_SUMMARY_HEADING = "## At a glance"
+_TARGET_LINE = re.compile(
+    r"^<!-- target:(?P<key>[\w-]+) \| (?P<figure>.*?) \| (?P<met>.*?) -->$", re.M
+)
+_SECTION = re.compile(
+    r"<!-- bench:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /bench:(?P=name) -->", re.S
+)
 
 
 def machine() -> str:
@@ -73,50 +178,116 @@ def invocation() -> str:
     return shlex.join(argv)
 
 
+def _clean(cell: str) -> str:
+    # A target's cells live in one HTML comment line and one table cell.
+    return " ".join(cell.replace("|", "/").replace("-->", "→").split())
+
+
 def write_section(
     name: str,
     markdown: str,
     *,
+    targets: Iterable[Target] = (),
     command: str | None = None,
     path: Path | None = None,
-    heading: str | None = None,
 ) -> Path:
-    """Replace (or append) the section ``name`` of docs/BENCHMARKS.md (or ``path``).
+    """Replace (or add) the section ``name`` of docs/BENCHMARKS.md (or ``path``).
 
-    An appended section is preceded by ``heading`` (default ``## `ledgerq bench
-    NAME```) unless ``markdown`` has a ``##`` heading of its own; a replaced one
-    keeps whatever heading stands before its markers.
+    ``name`` must be one of ``SECTIONS``, whose heading the section gets;
+    ``targets`` are this run's figures for ``TARGETS`` measured by this
+    section. The table at the top of the page is then written again from the
+    sections' targets.
     """
-    target = path or BENCHMARKS_MD
+    if name not in SECTIONS:
+        raise ValueError(f"no BENCHMARKS.md section named {name!r}: add it to SECTIONS")
+    lines = []
+    for target in targets:
+        if TARGETS.get(target.key, ("", ""))[1] != name:
+            raise ValueError(f"target {target.key!r} is not measured by section {name!r}")
+        lines.append(
+            f"<!-- target:{target.key} | {_clean(target.figure)} | {_clean(target.met)} -->"
+        )
+    target_path = path or BENCHMARKS_MD
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     body = (
         f"<!-- bench:{name} -->\n"
-        f"_Command:_ `{command or invocation()}`  \n"
+        + "".join(line + "\n" for line in lines)
+        + f"_Command:_ `{command or invocation()}`  \n"
         f"_Machine:_ {machine()}  \n"
         f"_Date:_ {today}; load average (1, 5, 15 min) when written: {load}\n\n"
         f"{markdown.strip()}\n"
         f"<!-- /bench:{name} -->"
     )
-    text = target.read_text() if target.exists() else _HEADER
+    text = target_path.read_text() if target_path.exists() else _HEADER
     pattern = re.compile(
         rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.S
     )
     if pattern.search(text):
         text = pattern.sub(lambda _: body, text)
     else:
-        # A new section gets a heading the headline table can link to, unless
-        # its own text brings one.
-        title = (
-            ""
-            if re.search(r"^## ", markdown, re.M)
-            else f"## {heading or f'`ledgerq bench {name}`'}\n\n"
+        text = text.rstrip() + f"\n\n## {SECTIONS[name]}\n\n" + body + "\n"
+    text = with_summary(text)
+    target_path.parent.mkdir(parents=True, exist_ok=True)
+    target_path.write_text(text if text.endswith("\n") else text + "\n")
+    console.print(f"[green]figures written to {target_path} ({name})")
+    return target_path
+
+
+def _anchor(heading: str) -> str:
+    # GitHub's anchors: lower case, punctuation dropped, spaces to hyphens.
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def _short_machine(line: str) -> str:
+    match = re.match(r"(\d+) cores \(([^)]*)\)(?:, (\d+ GiB) RAM)?", line)
+    if match is None:
+        return line.split(",")[0]
+    cpu = re.sub(r"\((R|TM)\)|\bCPU\b|\bProcessor\b|@.*|\d+-Core", "", match[2])
+    return ", ".join(x for x in (f"{match[1]} cores", " ".join(cpu.split()), match[3]) if x)
+
+
+def summary(text: str) -> str:
+    """The table at the top of the page, built from the sections' targets."""
+    sections = {m["name"]: m["body"] for m in _SECTION.finditer(text)}
+    rows = []
+    for key, (goal, name) in TARGETS.items():
+        body = sections.get(name, "")
+        found = {m["key"]: m for m in _TARGET_LINE.finditer(body)}.get(key)
+        # A section not written yet has no heading to link to.
+        link = (
+            f"[{SECTIONS[name]}](#{_anchor(SECTIONS[name])})"
+            if name in sections
+            else f"`ledgerq bench {name}`"
         )
-        text = text.rstrip() + "\n\n" + title + body + "\n"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text if text.endswith("\n") else text + "\n")
-    console.print(f"[green]figures written to {target} ({name})")
-    return target
+        if found is None:
+            rows.append([goal, "not measured", "-", "-", "-", link])
+            continue
+        command = re.search(r"^_Command:_ `(.*)`", body, re.M)
+        machine_line = re.search(r"^_Machine:_ (.*?)\s*$", body, re.M)
+        date = re.search(r"^_Date:_ (\d{4}-\d{2}-\d{2})", body, re.M)
+        rows.append(
+            [
+                goal,
+                f"**{found['figure']}**",
+                found["met"],
+                date[1] if date else "-",
+                _short_machine(machine_line[1]) if machine_line else "-",
+                f"`{command[1]}` ({link})" if command else link,
+            ]
+        )
+    return table(["target", "latest", "met", "date", "machine", "command"], rows)
+
+
+def with_summary(text: str) -> str:
+    """``text`` with its table at the top written again (added after the title if absent)."""
+    block = f"<!-- bench:summary -->\n{summary(text)}\n<!-- /bench:summary -->"
+    pattern = re.compile(r"<!-- bench:summary -->.*?<!-- /bench:summary -->", re.S)
+    if pattern.search(text):
+        return pattern.sub(lambda _: block, text)
+    first = re.search(r"^## ", text, re.M)
+    at = first.start() if first else len(text)
+    return text[:at].rstrip() + f"\n\n{_SUMMARY_HEADING}\n\n{block}\n\n" + text[at:].lstrip()
 
 
 def progress() -> Progress:

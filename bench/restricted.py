@@ -178,10 +178,11 @@ def command(
             f"{', '.join(f'{x:.1f}' for x in load_after)}.",
             "",
             table,
-            "",
-            *[f"Plan, {label}:\n\n```\n{plan}\n```\n" for label, plan in shown.items()],
         ]
     )
+    # The plans explain a figure; the page keeps the figures.
     click.echo(text)
+    for label, plan in shown.items():
+        click.echo(f"Plan, {label}:\n{plan}\n")
     if write:
-        report.write_section("restricted", "## Rounds of one instance's services\n\n" + text)
+        report.write_section("restricted", text)

@@ -523,6 +523,13 @@ def command(
         if soak.single_instance
         else "two `ledgerq serve` instances"
     )
+    failed = [name for name, ok in checks if not ok]
+    verdict = report.Target(
+        "soak",
+        f"{minutes:g} min, {outcome.committed:,} committed: "
+        + ("every invariant holds" if not failed else "failed: " + ", ".join(failed)),
+        "no" if failed else "yes",
+    )
     report.write_section(
         "soak",
         "\n".join(
@@ -539,8 +546,13 @@ def command(
                 "",
                 lines[0],
                 "",
-                report.table(
-                    ["invariant", "result"], [[n, "PASS" if ok else "FAIL"] for n, ok in checks]
+                (
+                    f"Invariants: all {len(checks)} PASS (" + "; ".join(n for n, _ in checks) + ")."
+                    if not failed
+                    else report.table(
+                        ["invariant", "result"],
+                        [[n, "PASS" if ok else "FAIL"] for n, ok in checks],
+                    )
                 ),
                 "",
                 summary,
@@ -548,4 +560,5 @@ def command(
                 *(f"![{name}](img/{name})" for name in images),
             ]
         ),
+        targets=[verdict],
     )

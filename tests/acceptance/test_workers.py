@@ -179,6 +179,8 @@ def test_sqlite_workers_share_the_port_and_the_work(
         doc = _get(f"{gw.url}/dashboard/data?recent=200&seconds=600")
         assert sum(doc["throughput"]["accepted"]) == len(ids)
         assert sorted(b["id"] for b in doc["recent"]) == sorted(ids)
+        # The header names the gateway's ledger, from the ingest worker too.
+        assert doc["ledger"] == "in-process node", doc["ledger"]
 
 
 def test_a_dead_worker_is_restarted_and_workers_die_with_the_supervisor(

@@ -396,7 +396,7 @@ async def test_a_worker_without_the_node_reads_it_through_worker_0(tmp_path: Pat
     try:
         async with (
             served_node(node) as node_url,
-            gateway_on(IngestOnlyLedger(reads)) as (url, _),
+            gateway_on(IngestOnlyLedger(NodeClient.DESCRIPTION, reads)) as (url, _),
             aiohttp.ClientSession() as http,
         ):
             await node.submit([make_intkey_batch(SIGNER, [("set", "w", 1)])])

@@ -27,6 +27,7 @@ from ledgerq.gateway.workers import WorkerSpec, listening_socket
 from ledgerq.ledgers import HttpTimeouts, LedgerClient, http_ledger_client
 from ledgerq.ledgers.base import CommitEvent, LedgerBatchStatus, SubmitResult
 from ledgerq.ledgers.chain import ChainHandler, ChainReads, chain_reads
+from ledgerq.ledgers.inprocess import NodeClient
 from ledgerq.ledgers.splinter import scabbard_path
 from ledgerq.queue.strategy import Strategy
 from ledgerq.store import open_store
@@ -37,11 +38,14 @@ log = logging.getLogger(__name__)
 class IngestOnlyLedger:
     """The ledger client of an ingest worker, which never submits nor follows;
     Sawtooth's read routes it answers through ``reads`` (the ledger's own
-    client, or worker 0 for the in-process node)."""
+    client, or worker 0 for the in-process node).
 
-    description = "none in this worker (worker 0 submits)"
+    ``description`` names the ledger the gateway submits to (through worker
+    0), as worker 0's own client does: the dashboard shows it whichever
+    worker answers."""
 
-    def __init__(self, reads: ChainReads | None = None) -> None:
+    def __init__(self, description: str, reads: ChainReads | None = None) -> None:
+        self.description = description
         self.reads = reads
 
     def chain_handler(self, method: str, route: str) -> ChainHandler | None:
@@ -87,7 +91,6 @@ async def open_ledger(settings: Settings, stack: AsyncExitStack) -> LedgerClient
             raise ConfigError(f"default_service: {exc}") from exc
     if settings.ledger == "node":
         # The in-process node lives as long as the gateway: the stack closes it.
-        from ledgerq.ledgers.inprocess import NodeClient
         from ledgerq.node import Node
 
         node = await Node.open(
@@ -124,10 +127,10 @@ async def ingest_ledger(
             MetricsSockets(worker.sockets_dir, worker.index, worker.count).path(0)
         )
         stack.push_async_callback(reads.close)
-        return IngestOnlyLedger(reads)
+        return IngestOnlyLedger(NodeClient.DESCRIPTION, reads)
     client = _http_client(settings)
     stack.push_async_callback(client.close)
-    return IngestOnlyLedger(chain_reads(client))
+    return IngestOnlyLedger(client.description, chain_reads(client))
 
 
 async def run_gateway(
@@ -154,10 +157,10 @@ async def run_gateway(
         stack.push_async_callback(store.close)
         pipeline = worker is None or worker.role == "gateway"
         claims = None
-        ledger: LedgerClient = IngestOnlyLedger()
+        ledger: LedgerClient
         if worker is not None and not pipeline:
             ledger = await ingest_ledger(settings, stack, worker)
-        if pipeline:
+        else:
             # SQLite: refuse a second gateway on the file (unless this worker's
             # supervisor holds the lock for it); PostgreSQL: take claims.
             claims = await open_high_availability(

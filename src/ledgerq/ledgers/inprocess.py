@@ -35,9 +35,11 @@ if TYPE_CHECKING:
 
 
 class NodeClient:
+    DESCRIPTION = "in-process node"
+
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.description = "in-process node"
+        self.description = self.DESCRIPTION
         self._routes: dict[tuple[str, str], ChainHandler] | None = None
 
     async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
