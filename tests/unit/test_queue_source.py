@@ -151,6 +151,58 @@ async def test_a_pick_of_a_service_whose_next_batch_was_taken_elsewhere_is_dropp
     assert await ids(src, 1) == [b[1]]
 
 
+class SlowRounds(MemoryRounds):
+    """Rounds read as of their start, answered after ``during`` ran: a take
+    landing while a round is read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.during: list[object] = []
+
+    async def queue_round(self, **kwargs: object) -> list[TrackingBatch]:
+        picks = await super().queue_round(**kwargs)  # type: ignore[arg-type]
+        while self.during:
+            self.during.pop(0)()  # type: ignore[operator]
+        return picks
+
+
+async def test_a_batch_taken_ahead_of_its_service_while_a_round_is_read_is_not_offered(
+    clock: ManualClock,
+) -> None:
+    # A batch another service's batch depends on is taken ahead of its
+    # service's order (not handed out by the source); a round read before
+    # its take landed offers it as free. Handed out once that submission
+    # ended, it would be posted twice.
+    store = SlowRounds()
+    (a,) = store.add("a")
+    src = source(store, clock)
+
+    def take_ahead() -> None:
+        store.update(a, submitted=True)
+        src.taken(store.batches[a])
+
+    store.during.append(take_ahead)
+    assert await src.next() is None
+    store.update(a, submitted=False, batch_status=Committed())
+    src.wake("a")
+    assert await src.next() is None
+    assert src.handed_out == 0
+
+
+async def test_a_batch_taken_ahead_leaves_the_round_it_waits_in(
+    store: MemoryRounds, clock: ManualClock
+) -> None:
+    (a0,) = store.add("a")
+    (b0,) = store.add("b")
+    src = source(store, clock)
+    assert await ids(src, 1) == [a0]
+    assert src.queued == 1  # b's pick waits in the round
+    store.update(b0, submitted=True)
+    src.taken(store.batches[b0])
+    assert src.queued == 0 and src.idle("b")
+    assert await src.next() is None
+
+
 async def test_hands_out_again_once_the_store_records_a_new_attempt(
     store: MemoryRounds, clock: ManualClock
 ) -> None:

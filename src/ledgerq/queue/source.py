@@ -197,6 +197,11 @@ class QueueSource:
         #: heard one was taken elsewhere): an offered pick may predate it.
         self._touched: dict[str, int] = {}
         self._touch_limit = _MAX_TOUCHED
+        #: Batches taken without this source handing them out, each with the
+        #: count of such takes at its own: a round read while it was taken
+        #: may offer it.
+        self._elsewhere: dict[tuple[str, str], int] = {}
+        self._elsewhere_count = 0
 
     @property
     def queued(self) -> int:
@@ -209,8 +214,12 @@ class QueueSource:
         return len(self._handed_out)
 
     def taken(self, batch: TrackingBatch) -> None:
-        """The store now shows ``batch`` as taken (``submitted``): its hand-out ends."""
-        self._handed_out.pop(_key(batch), None)
+        """The store now shows ``batch`` as taken (``submitted``): its hand-out
+        ends. One this source did not hand out (taken ahead of its service's
+        order for a batch that depends on it, or by a pipelined walk) leaves
+        the round, and a round read meanwhile does not offer it."""
+        if self._handed_out.pop(_key(batch), None) is None:
+            self._taken_without(batch)
 
     def idle(self, service_id: str) -> bool:
         """Whether nothing of ``service_id`` is handed out or queued in
@@ -229,11 +238,22 @@ class QueueSource:
         round predates that and is dropped, never handed out later."""
         service_id = batch.service_id
         self._touched[service_id] = self._clock()
+        self._taken_without(batch)
         if service_id in self._in_round:
             kept = [b for b in self._round if b.service_id != service_id]
             self._round.clear()
             self._round.extend(kept)
             del self._in_round[service_id]
+
+    def _taken_without(self, batch: TrackingBatch) -> None:
+        key = _key(batch)
+        self._elsewhere_count += 1
+        self._elsewhere[key] = self._elsewhere_count
+        for pick in self._round:
+            if _key(pick) == key:
+                self._round.remove(pick)
+                self._left_round(batch.service_id)
+                break
 
     def released(self, batch: TrackingBatch) -> None:
         """``batch`` was handed out but will not be taken (the caller dropped
@@ -576,6 +596,7 @@ class QueueSource:
             groups = [(Strategy.SERIAL, None), (Strategy.PARALLEL, None)]
         picks: list[TrackingBatch] = []
         complete = True
+        mark = self._elsewhere_count
         for strategy, group in groups:
             got = await self._round_of(strategy, now, group, limit, extra, full=targets is None)
             # A round cut short by the limit covers nothing for sure.
@@ -611,7 +632,14 @@ class QueueSource:
                 del self._handed_out[_key(batch)]
             if batch.service_id in present or batch.service_id in self._resting:
                 continue
+            if self._elsewhere.get(_key(batch), 0) > mark:
+                # Taken elsewhere while this round was read: a round read
+                # from now on decides.
+                self._woken.add(batch.service_id)
+                continue
             if extra.get("narrow") and batch.seq is not None:
                 self._narrow_picks.add(batch.seq)
             self._round.append(batch)
             self._in_round[batch.service_id] = self._in_round.get(batch.service_id, 0) + 1
+        # Rounds read from now on postdate every take elsewhere so far.
+        self._elsewhere = {s: n for s, n in self._elsewhere.items() if n > mark}
