@@ -321,7 +321,7 @@ class BatchWrite:
     #: and no non-final batch of the service submitted or with a status);
     #: otherwise refused with ``StatusTransitionError``, nothing written. A
     #: final status and the next batch's ``submitted`` in one transaction
-    #: (``docs/gateway.md``, "Commit to next POST").
+    #: (``docs/gateway.md``, "The commit → next POST gap").
     after: str | None = None
     #: A final status (``attempt=False``) that *takes what it frees*: after
     #: the group's writes, in its transaction, up to this many of the batches

@@ -759,7 +759,7 @@ class ClaimManager:
 
     def _log_slow_cycle(self, total_s: float, took: Mapping[str, float], taken: int) -> None:
         """A cycle longer than half a renewal interval is worth a line: it
-        delays failover (docs/ha.md, "Failover time") and, past an interval,
+        delays failover (docs/ha.md, "Settings and failover time") and, past an interval,
         renewals."""
         late = self._late_s
         self._late_s = 0.0

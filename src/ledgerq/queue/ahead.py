@@ -3,8 +3,8 @@
 When the ledger accepts batch *n* of a serial service, the producer reads the
 batch the serial queuer would pick once *n* is final
 (:meth:`NextReader.next_open_batch`), so that *n*'s final status and the
-next batch's take land in one transaction (``docs/gateway.md``, "Commit to
-next POST"). The reads of many services are one query
+next batch's take land in one transaction (``docs/gateway.md``, "The
+commit → next POST gap"). The reads of many services are one query
 (``next_open_batches``); first, without a read, the batch inserted after *n*
 in this process (:class:`Successors`) is tried: a guess the conditional take
 checks in its own transaction before it lands.

@@ -36,12 +36,12 @@
   round is asked for the services the store's claims give it, a join in the
   database rather than a list of thousands of ids, and its picks are kept
   only for services ``services`` also names.
-* **Offered picks.** :meth:`QueueSource.offer` appends picks read
+* **Offered picks.** :meth:`QueueSource.offer` queues picks read
   elsewhere (a take-over's, on the claim thread: the services a dead
   instance left with work, whose round on the gateway's busy loop would
-  wait for the loop) to the end of the round as a round of woken services would,
-  without asking the store. A service this source handed a batch of (or
-  heard ``taken_elsewhere`` of) less than ``handout_ms`` before gets no
+  wait for the loop) to the *front* of the round, without asking the
+  store. A service this source handed a batch of (or heard
+  ``taken_elsewhere`` of) less than ``handout_ms`` before gets no
   offered pick but is woken instead: the pick may have been read before
   that hand-out was recorded.
 * A round is a snapshot: the producer records ``submitted = true`` (fenced,

@@ -992,7 +992,7 @@ class SqlStore(common.SeedWrites):
             name = "parallel_round_services"
         if per_service == 1:
             # Without ranking the candidates, which costs a sort of every
-            # candidate over many services (figures in docs/queuer.md).
+            # candidate over many services (docs/design-notes.md).
             name += "_first"
         short = services is not None and len(params["services"]) <= SHORT_ROUND_SERVICES
         if not narrow:

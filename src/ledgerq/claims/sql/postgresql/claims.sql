@@ -21,7 +21,7 @@
 -- service's open batches with every batch of status NULL -- every batch
 -- not yet submitted, thousands in a failover -- once per candidate, many
 -- times slower, the claim rows locked and the renewal waiting meanwhile
--- (figures in docs/BENCHMARKS.md, docs/ha.md).
+-- (docs/design-notes.md).
 
 -- name: take_candidates
 -- Take-over, first statement: lock the claims of other instances whose
