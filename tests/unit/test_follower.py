@@ -50,8 +50,14 @@ class Rig:
         self.writes: list[tuple[str, BatchStatusName | None]] = []
         self.batches: dict[str, TrackingBatch] = {}
         opts = {"poll_interval_s": HOUR, "wait_s": HOUR, "min_poll_interval_s": 0, **settings}
+        #: When set, status writes wait for it (a group commit under way).
+        self.hold: asyncio.Event | None = None
+        self.holding = 0
+        #: When set, a scan's read of the store returns only once it is set.
+        self.scan_gate: asyncio.Event | None = None
+        self.scan_reads = 0
         self.follower = Follower(
-            StoreMonitorSource(self.store),
+            self,
             self.ledger,
             self,
             FollowSettings(**opts),  # type: ignore[arg-type]
@@ -70,11 +76,25 @@ class Rig:
         assert self.task is not None
         await asyncio.wait_for(self.task, 5)
 
+    async def monitored_batches(self, *, limit: int) -> list[TrackingBatch]:
+        """The follower's source: the store's, its answer held by ``scan_gate``."""
+        found = await StoreMonitorSource(self.store).monitored_batches(limit=limit)
+        self.scan_reads += 1
+        if self.scan_gate is not None:
+            await self.scan_gate.wait()
+        return list(found)
+
     async def ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
         """The sink: recorded as the producer records it."""
         write = writes.ledger_status(
             service_id, status.batch_id, status.status, now=None, fence=None
         )
+        if self.hold is not None:
+            self.holding += 1
+            try:
+                await self.hold.wait()
+            finally:
+                self.holding -= 1
         await self.write(write)
 
     async def write(self, write: BatchWrite) -> None:
@@ -412,3 +432,49 @@ async def test_answers_recorded_elsewhere_settle_what_is_followed() -> None:
         await until(lambda: rig.status(p) is BatchStatusName.COMMITTED)
         asked = {i for _, ids in rig.ledger.status_requests for i in ids}
         assert f.batch_id not in asked
+
+
+async def test_a_batch_whose_final_answer_is_being_recorded_is_not_read_again() -> None:
+    """A scan while a final status waits for its group commit finds the batch
+    still pending in the store: it is neither read nor written again."""
+    async with Rig() as rig:
+        a = batch("a", 1)
+        await rig.accepted(a)
+        await until(lambda: rig.ledger.parked == 1)
+        rig.hold = asyncio.Event()
+        await rig.ledger.decide(a.batch_id, Committed())
+        await until(lambda: rig.holding == 1)
+        assert rig.status(a) is BatchStatusName.PENDING
+        assert await rig.follower.scan() == 0
+        assert a.batch_id not in rig.follower.followed
+        rig.hold.set()
+        await until(lambda: rig.status(a) is BatchStatusName.COMMITTED)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(rig.ledger.status_requests) == 1
+        assert rig.writes.count((a.batch_id, BatchStatusName.COMMITTED)) == 1
+
+
+async def test_a_scan_read_before_a_final_answer_landed_does_not_follow_the_batch_again() -> None:
+    """A scan that read the store before the final write landed, and comes
+    back after, holds a stale state: the batch is not followed again."""
+    async with Rig() as rig:
+        a = batch("a", 1)
+        await rig.accepted(a)
+        await until(lambda: rig.ledger.parked == 1)
+        rig.hold = asyncio.Event()
+        await rig.ledger.decide(a.batch_id, Committed())
+        await until(lambda: rig.holding == 1)
+        rig.scan_gate = asyncio.Event()
+        reads = rig.scan_reads
+        scan = asyncio.create_task(rig.follower.scan())
+        await until(lambda: rig.scan_reads == reads + 1)  # read: a still Pending
+        rig.hold.set()
+        await until(lambda: rig.status(a) is BatchStatusName.COMMITTED)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        rig.scan_gate.set()
+        assert await scan == 0
+        assert a.batch_id not in rig.follower.followed
+        assert len(rig.ledger.status_requests) == 1
+        assert rig.writes.count((a.batch_id, BatchStatusName.COMMITTED)) == 1

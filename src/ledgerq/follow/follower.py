@@ -38,7 +38,11 @@ The follower reads the ledger and writes nothing itself:
   another instance) and every ``poll_interval_s`` as a safety net, the store's
   in-flight batches are read: a ``Pending`` batch not followed gets a parked
   read, any other ``submitted`` one an ask — unless a submission of this
-  process is posting it (``posting``): its outcome follows it.
+  process is posting it (``posting``): its outcome follows it, or its
+  answer is being recorded here (a final or ``Unknown`` status queued or
+  being written, or written while the scan read): the store shows it as it
+  was until that write lands, and reading it again would only write the
+  same answer again.
 * **Accelerators.** Where the ledger has an event stream (the ledgerq node),
   a final-status event of a followed batch is applied at once (its parked
   read then comes back and is ignored); an event that arrives before its
@@ -196,6 +200,10 @@ class Follower:
         # Every parked-read task, followed or not (a dropped batch's read may
         # still be out): all are cancelled at stop.
         self._park_tasks: set[asyncio.Task[None]] = set()
+        #: Batches whose final (or ``Unknown``) answer is being recorded.
+        self._recording: set[str] = set()
+        #: Per scan under way, the batches whose answer landed while it read.
+        self._landed_during: list[set[str]] = []
         self._last_trigger = 0.0
         self.parked = 0
         self.scans = 0
@@ -377,11 +385,18 @@ class Follower:
     async def scan(self) -> int:
         """Follow every in-flight batch of the store nobody here follows; returns how many."""
         self.scans += 1
-        batches = await self._source.monitored_batches(limit=self.settings.batch_limit)
+        landed: set[str] = set()
+        self._landed_during.append(landed)
+        try:
+            batches = await self._source.monitored_batches(limit=self.settings.batch_limit)
+        finally:
+            self._landed_during.remove(landed)
         found = 0
         for b in batches:
             if b.is_final or b.batch_id in self.followed or b.batch_id in self._posting:
                 continue
+            if b.batch_id in self._recording or b.batch_id in landed:
+                continue  # its answer is (being) recorded: the read is older
             pending = b.status_name is BatchStatusName.PENDING
             if not (pending or b.submitted):
                 continue
@@ -511,11 +526,21 @@ class Follower:
                 else:
                     self._start(entry)  # asked again after its backoff
             return
-        # Dropped before the write, so a listener it wakes may follow the batch afresh.
+        # Dropped before the write, so a listener it wakes may follow the batch
+        # afresh (a resend after Unknown); scans leave it alone meanwhile.
         self._drop(entry)
-        if not await self._record(entry, status) and entry.batch_id not in self.followed:
+        batch_id = entry.batch_id
+        self._recording.add(batch_id)
+        try:
+            written = await self._record(entry, status)
+        finally:
+            self._recording.discard(batch_id)
+        if written:
+            for landed in self._landed_during:
+                landed.add(batch_id)
+        elif batch_id not in self.followed:
             # Not written: read it again after its backoff.
-            self.followed[entry.batch_id] = entry
+            self.followed[batch_id] = entry
             self._start(entry)
 
     async def _record(self, entry: _Entry, status: BatchStatus) -> bool:
@@ -554,6 +579,8 @@ class Follower:
         )
 
     async def _apply_event(self, batch_id: str, service_id: str, event: CommitEvent) -> None:
+        if batch_id in self._recording:
+            return  # a read's answer came first and is being recorded
         entry = self.followed.get(batch_id)
         if entry is None:
             entry = _Entry(batch_id, service_id, Mode.PARK)
