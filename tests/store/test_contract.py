@@ -28,7 +28,7 @@ from ledgerq.model import (
     Valid,
     ValidTransaction,
 )
-from ledgerq.store import BatchTrackingStore
+from ledgerq.store import BatchTrackingStore, BatchWrite
 
 from .conftest import make_batch
 
@@ -508,6 +508,28 @@ async def test_status_written_twice_in_one_millisecond_keeps_the_injected_clock(
     await store.update_batch_status(b.batch_header, SVC, Committed(), now=clock.value)
     # Recorded at (about) clock.value, not at the database's wall clock.
     assert await store.clean_stale_records(clock.value + 1_000) == 1
+
+
+async def test_a_final_status_reported_again_is_not_written_again(
+    store: BatchTrackingStore, clock: ManualClock
+) -> None:
+    # The ledger may answer COMMITTED for one batch more than once: the
+    # status stays as the first answer wrote it, and retention counts from it.
+    t0 = clock.value
+    a, b = await store.add_batches([make_batch(SVC) for _ in range(2)])
+    await store.apply_writes([BatchWrite(SVC, a.batch_header, Committed(), now=t0 + 10)])
+    await store.update_batch_status(b.batch_header, SVC, Invalid(), now=t0 + 10)
+    results = await store.apply_writes(
+        [
+            BatchWrite(SVC, a.batch_header, Committed(), now=t0 + 5_000),
+            BatchWrite(SVC, b.batch_header, Invalid(), now=t0 + 5_000),
+        ]
+    )
+    assert results == [None, None]
+    await store.update_batch_status(a.batch_header, SVC, Committed(), now=t0 + 6_000)
+    got = await store.get_batch(a.batch_header, SVC)
+    assert got is not None and got.status_name is BatchStatusName.COMMITTED
+    assert await store.clean_stale_records(t0 + 1_000) == 2
 
 
 async def test_status_reads_are_the_batches_without_their_transactions(

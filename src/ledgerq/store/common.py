@@ -300,6 +300,15 @@ def status_name_of(status: BatchStatus | BatchStatusName | str) -> BatchStatusNa
     return status.name
 
 
+def already_recorded(current: BatchStatusName | None, name: BatchStatusName) -> bool:
+    """Whether writing status ``name`` over ``current`` changes nothing: the
+    same final status again (a repeated answer of the ledger). Such a write is
+    not made: the status, its time (which retention counts from) and the
+    submission's checks stay as the first answer left them, and a halt is
+    not recorded twice."""
+    return current is name and name.is_final
+
+
 def status_effects(name: BatchStatusName | None, submitted: bool) -> bool:
     """The ``submitted`` flag after writing status ``name``.
 

@@ -199,19 +199,22 @@ class MemoryStore(common.SeedWrites):
     def _update_one(self, w: BatchWrite, receipts: list[TransactionReceipt], at: int) -> None:
         rec = self._lock(w.id, w.service_id)
         status = w.status
+        written = False
         if status is not None:
             name = status if isinstance(status, BatchStatusName) else status.name
             self._check_transition(rec, name)
-            self._apply_status(rec, name, at)
-            if rec.has_submission:
-                rec.times_checked += 1
-                rec.last_checked = at
+            written = not common.already_recorded(rec.status, name)
+            if written:
+                self._apply_status(rec, name, at)
+                if rec.has_submission:
+                    rec.times_checked += 1
+                    rec.last_checked = at
         self._write_receipts(w.service_id, receipts, at)
         if w.submission_error is not None:
             if not rec.has_submission:
                 rec.has_submission, rec.times_checked, rec.last_checked = True, 1, at
             rec.error = w.submission_error
-        if w.halt is not None and rec.status is BatchStatusName.INVALID:
+        if w.halt is not None and written and rec.status is BatchStatusName.INVALID:
             control = self._control(w.service_id)
             self._s.controls[w.service_id] = replace(
                 control, halted_batch_id=rec.batch.batch_header, halted_reason=w.halt, halted_at=at

@@ -431,15 +431,19 @@ class SqlStore(common.SeedWrites):
         at: int,
         *,
         check: bool,
-    ) -> None:
+    ) -> bool:
         """Write status ``name``; ``check`` counts it as a monitor check (an
         attempt's status is none: it leaves the submission row as
-        ``record_attempt`` wrote it)."""
+        ``record_attempt`` wrote it). A final status already recorded is not
+        written again (:func:`ledgerq.store.common.already_recorded`):
+        returns whether it was written."""
         if current is not None and BatchStatusName(current).is_final and not name.is_final:
             raise StatusTransitionError(
                 f"batch {batch_id} of service {service_id!r} is {current}, which is final; "
                 f"it cannot become {name.value}"
             )
+        if common.already_recorded(None if current is None else BatchStatusName(current), name):
+            return False
         await session.execute(
             "write_status_checked" if check else "write_status",
             {
@@ -451,6 +455,7 @@ class SqlStore(common.SeedWrites):
                 "now": at,
             },
         )
+        return True
 
     async def _write_receipts(
         self, session: Session, service_id: str, receipts: list[TransactionReceipt], at: int
@@ -481,9 +486,10 @@ class SqlStore(common.SeedWrites):
         batch_id, current, submitted = await self._lock_batch(session, w.id, service_id, w.fence)
         key = {"service_id": service_id, "batch_id": batch_id}
         status = w.status
+        written = False
         if status is not None:
             name = status if isinstance(status, BatchStatusName) else status.name
-            await self._write_status(
+            written = await self._write_status(
                 session, service_id, batch_id, current, submitted, name, at, check=True
             )
         await self._write_receipts(session, service_id, receipts, at)
@@ -498,7 +504,12 @@ class SqlStore(common.SeedWrites):
                     "now": at,
                 },
             )
-        if w.halt is not None and status is not None and status.name is BatchStatusName.INVALID:
+        if (
+            w.halt is not None
+            and written
+            and status is not None
+            and status.name is BatchStatusName.INVALID
+        ):
             await self._record_halt(session, service_id, batch_id, w.halt, at)
 
     async def _record_halt(
