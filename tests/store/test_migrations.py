@@ -262,3 +262,38 @@ async def test_triggers_stamp_hand_written_updates_with_the_database_clock(
     before = now_ms()
     _sql(backend, url, "UPDATE batch_statuses SET dlt_status = 'Unknown'")
     assert _scalar(backend, url, stamped) >= before - 1_000
+
+
+@pytest.mark.pg
+async def test_store_writes_run_no_updated_at_trigger_function(
+    store_url_factory: Callable[[str], str],
+) -> None:
+    # The store sets updated_at on every write: the triggers' function runs
+    # only for an UPDATE that leaves it unchanged (the test above).
+    from ledgerq.model import BatchWrite, Pending
+    from ledgerq.store.sqlfiles import load_queries
+
+    from .conftest import make_batch
+
+    url = store_url_factory("postgresql")
+    async with await open_store(url) as store:
+        [b] = await store.add_batches([make_batch()])
+        await store.apply_writes([BatchWrite(b.service_id, b.batch_header, attempt=True)])
+        await store.update_batch_status(b.batch_header, b.service_id, Pending())
+    queries = load_queries("postgresql")
+    calls = (
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+        " WHERE funcname = 'ledgerq_touch_updated_at'"
+    )
+    with psycopg.connect(url) as conn:
+        conn.execute("SET track_functions = 'all'")
+        key = {"service_id": b.service_id, "batch_id": b.batch_header, "now": 2_000_000_000_000}
+        conn.execute(
+            queries["write_status_checked"],  # type: ignore[arg-type]
+            {**key, "status": "Committed", "final": True, "submitted": True},
+        )
+        error = {"error_type": "ambiguous", "error_message": "timeout"}
+        conn.execute(queries["upsert_submission_error"], {**key, **error})  # type: ignore[arg-type]
+        assert conn.execute(calls).fetchone() == (0,)  # type: ignore[arg-type]
+        conn.execute("UPDATE submissions SET times_checked = times_checked + 1")
+        assert conn.execute(calls).fetchone() == (1,)  # type: ignore[arg-type]

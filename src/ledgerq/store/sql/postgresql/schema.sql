@@ -339,12 +339,17 @@ CREATE TABLE batch_statuses (
         REFERENCES batches (service_id, batch_id) ON DELETE CASCADE
 );
 
+-- Only for an UPDATE that left updated_at unchanged: the store's writes set
+-- it, and call no function per row.
 CREATE TRIGGER transaction_receipts_touch_updated_at BEFORE UPDATE ON transaction_receipts
-    FOR EACH ROW EXECUTE FUNCTION ledgerq_touch_updated_at();
+    FOR EACH ROW WHEN (NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at)
+    EXECUTE FUNCTION ledgerq_touch_updated_at();
 CREATE TRIGGER submissions_touch_updated_at BEFORE UPDATE ON submissions
-    FOR EACH ROW EXECUTE FUNCTION ledgerq_touch_updated_at();
+    FOR EACH ROW WHEN (NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at)
+    EXECUTE FUNCTION ledgerq_touch_updated_at();
 CREATE TRIGGER batch_statuses_touch_updated_at BEFORE UPDATE ON batch_statuses
-    FOR EACH ROW EXECUTE FUNCTION ledgerq_touch_updated_at();
+    FOR EACH ROW WHEN (NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at)
+    EXECUTE FUNCTION ledgerq_touch_updated_at();
 
 -- High availability: gateway instances and their claims on service ids
 -- (docs/ha.md). Times are BIGINT ms from the instances' injected clocks.
