@@ -209,3 +209,65 @@ async def test_a_store_migrated_from_version_11_keeps_its_entries(
         first, second = await store.add_batches([batch("s", [A], [A]), batch("s", [A], [A])])
         _, held = await _lock_state(pg_url)
         assert held == {first.batch_header: None, second.batch_header: first.batch_header}
+
+
+async def _lock_entry_scans(conn: psycopg.AsyncConnection[object], seq: int) -> int:
+    """Scans of batch_locks by making batch ``seq`` final, in a transaction rolled back."""
+    async with conn.transaction(force_rollback=True):
+        await conn.execute(
+            "UPDATE batches SET status = 'Committed', final = TRUE WHERE seq = %s", (seq,)
+        )
+        cur = await conn.execute(
+            "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0)"
+            " FROM pg_stat_xact_user_tables WHERE relname = 'batch_locks'"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def test_a_serial_store_releases_batches_without_reading_lock_entries(
+    make_pg_database: Callable[[], str], clock: ManualClock
+) -> None:
+    # Nothing kept, nothing to delete or re-point: the release moves the head only.
+    plain_url, full_url = make_pg_database(), make_pg_database()
+    for url, keep in ((plain_url, False), (full_url, True)):
+        async with await open_store(url, clock=clock, lock_entries=keep) as store:
+            first, _ = await store.add_batches([batch("s", [A], [A]), batch("s", [A], [A])])
+            assert first.seq is not None
+        async with await psycopg.AsyncConnection.connect(url) as conn:
+            assert (await _lock_entry_scans(conn, first.seq) > 0) is keep
+
+
+async def test_a_batch_made_final_while_entries_are_turned_on_releases_them(
+    pg_url: str, clock: ManualClock
+) -> None:
+    # The release reads lock_entries_kept after the queue_heads locks the
+    # switch holds: once the switch committed, the entries it wrote for the
+    # batch go and the batch it held is free.
+    async with await open_store(pg_url, clock=clock, lock_entries=False) as store:
+        first, second = await store.add_batches([batch("s", [A], [A]), batch("s", [A], [A])])
+        async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(%s, 0)", (ADVISORY_CLASS_LOCK_ENTRIES,)
+            )
+            await conn.execute("SELECT 1 FROM queue_heads ORDER BY service_id FOR UPDATE")
+            await conn.execute("UPDATE lock_entries_kept SET kept = TRUE")
+            # Stands for the repair: the open batches' entries and blocker.
+            await conn.execute(
+                "INSERT INTO batch_locks VALUES (%s, 's', 'w', %s), (%s, 's', 'w', %s)",
+                (first.seq, A, second.seq, A),
+            )
+            await conn.execute(
+                "UPDATE batches SET blocked_by = %s WHERE seq = %s", (first.seq, second.seq)
+            )
+            finishing = asyncio.create_task(
+                store.update_batch_status(first.batch_header, "s", Committed(), now=clock())
+            )
+            await _wait_until_blocked(pg_url)
+            assert not finishing.done()
+            await conn.commit()
+        await finishing
+        entries, held = await _lock_state(pg_url)
+        assert entries == {(second.batch_header, "w", A)}
+        assert held == {second.batch_header: None}

@@ -228,13 +228,20 @@ $$;
 -- when no open batch of the service comes before it any more (the usual
 -- case, a service's head becoming final), the held batch is free without
 -- asking ledgerq_blocker.
+--
+-- A database that keeps no lock entries (lock_entries_kept, serial only)
+-- has no entries to delete and no blockers to re-point: only the heads
+-- move. Read after the queue_heads locks, so never before a switch turning
+-- entries on has committed (it locks every queue_heads row) unless this
+-- transaction's batches were final before the switch computed the blockers.
 CREATE FUNCTION ledgerq_release(p_services TEXT[], p_released BIGINT[]) RETURNS void
     LANGUAGE plpgsql
     AS $$
 BEGIN
     PERFORM 1 FROM queue_heads WHERE service_id = ANY(p_services)
     ORDER BY service_id FOR UPDATE;
-    IF cardinality(p_released) > 0 THEN
+    IF cardinality(p_released) > 0
+       AND coalesce((SELECT kept FROM lock_entries_kept), TRUE) THEN
         DELETE FROM batch_locks WHERE seq = ANY(p_released);
         UPDATE batches b
         SET blocked_by = CASE
