@@ -183,7 +183,7 @@ async def test_services_taken_over_idle_are_not_woken_nor_scanned_for(
             woken: list[str] = []
             scans: list[None] = []
             gateway.wake = lambda service_id, **_kw: woken.append(service_id)  # type: ignore[method-assign]
-            gateway.producer.follower.scan_now = lambda: scans.append(None)  # type: ignore[method-assign]
+            gateway.producer.follower.scan_now = lambda services=None: scans.append(None)  # type: ignore[method-assign]
             idle = frozenset({"i1", "i2"})
             gateway._claims_changed(ClaimChange(idle, frozenset(), idle))
             assert woken == [] and scans == []

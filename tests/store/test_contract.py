@@ -584,3 +584,19 @@ async def test_final_status_reads_leave_out_the_batches_not_final(
         assert batch.batch_status == every[batch_id].batch_status
         assert batch.service_id == SVC
     assert await store.get_final_batch_statuses_by_id([]) == []
+
+
+async def test_in_flight_batches_of_some_services(store: BatchTrackingStore) -> None:
+    a1, _a2, b1, c1 = await store.add_batches(
+        [make_batch("a"), make_batch("a"), make_batch("b"), make_batch("c")]
+    )
+    for b in (a1, b1, c1):
+        await store.apply_writes([BatchWrite(b.service_id, b.batch_header, attempt=True)])
+    await store.update_batch_status(c1.batch_header, "c", Committed())
+    got = await store.list_in_flight(services=["a", "c", "z"])
+    assert [b.batch_header for b in got] == [a1.batch_header]
+    assert await store.list_in_flight(services=[]) == []
+    everything = await store.list_in_flight()
+    assert [b.batch_header for b in everything] == [a1.batch_header, b1.batch_header]
+    with pytest.raises(StoreInputError):
+        await store.list_in_flight(services=[""])

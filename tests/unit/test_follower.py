@@ -10,7 +10,7 @@ to an hour so that nothing a test sees can come from a poll.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import pytest
 
@@ -56,6 +56,8 @@ class Rig:
         #: When set, a scan's read of the store returns only once it is set.
         self.scan_gate: asyncio.Event | None = None
         self.scan_reads = 0
+        #: Each scan's services (``None``: every service).
+        self.scanned: list[frozenset[str] | None] = []
         self.follower = Follower(
             self,
             self.ledger,
@@ -76,9 +78,13 @@ class Rig:
         assert self.task is not None
         await asyncio.wait_for(self.task, 5)
 
-    async def monitored_batches(self, *, limit: int) -> list[TrackingBatch]:
+    async def monitored_batches(
+        self, *, limit: int, services: Collection[str] | None = None
+    ) -> list[TrackingBatch]:
         """The follower's source: the store's, its answer held by ``scan_gate``."""
-        found = await StoreMonitorSource(self.store).monitored_batches(limit=limit)
+        self.scanned.append(None if services is None else frozenset(services))
+        source = StoreMonitorSource(self.store)
+        found = await source.monitored_batches(limit=limit, services=services)
         self.scan_reads += 1
         if self.scan_gate is not None:
             await self.scan_gate.wait()
@@ -478,3 +484,30 @@ async def test_a_scan_read_before_a_final_answer_landed_does_not_follow_the_batc
         assert a.batch_id not in rig.follower.followed
         assert len(rig.ledger.status_requests) == 1
         assert rig.writes.count((a.batch_id, BatchStatusName.COMMITTED)) == 1
+
+
+async def test_a_scan_asked_for_some_services_reads_only_theirs() -> None:
+    """Services gained with work: their batches are read, not every service's."""
+    rig = Rig()
+    left, other = batch("gained", 1), batch("other", 1)
+    async with rig:
+        await rig.taken(left, other)  # {submitted, None}: as a dead instance left them
+        await rig.ledger.decide(left.batch_id, Pending())
+        rig.follower.scan_now(["gained"])
+        await until(lambda: rig.ledger.parked == 1)
+        assert rig.scanned == [None, frozenset({"gained"})]
+        assert set(rig.follower.followed) == {left.batch_id}
+
+
+async def test_scans_of_some_services_do_not_put_the_full_scan_off() -> None:
+    """The safety net reads every service each poll interval, whatever the
+    scans of a few services asked for in between."""
+    rig = Rig(poll_interval_s=0.2)
+    async with rig:
+        for _ in range(1000):
+            if rig.scanned.count(None) >= 2:
+                break
+            rig.follower.scan_now(["busy"])
+            await asyncio.sleep(0.01)
+        assert rig.scanned.count(None) >= 2
+        assert frozenset({"busy"}) in rig.scanned

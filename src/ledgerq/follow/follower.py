@@ -34,9 +34,11 @@ The follower reads the ledger and writes nothing itself:
   backoff (``backoff_initial_ms`` … ``backoff_max_ms``). Problems are
   reported to the :class:`~ledgerq.ledgers.health.LedgerHealth` (logged once
   per burst, shown per service).
-* **Scans.** At start-up, on :meth:`Follower.scan_now` (services adopted from
-  another instance) and every ``poll_interval_s`` as a safety net, the store's
-  in-flight batches are read: a ``Pending`` batch not followed gets a parked
+* **Scans.** At start-up and every ``poll_interval_s`` as a safety net, the
+  store's in-flight batches are read; on :meth:`Follower.scan_now` (services
+  adopted from another instance), those services' only (what this process
+  took it follows already, so the claims it gains need no read of every
+  other service): a ``Pending`` batch not followed gets a parked
   read, any other ``submitted`` one an ask — unless a submission of this
   process is posting it (``posting``): its outcome follows it, or its
   answer is being recorded here (a final or ``Unknown`` status queued or
@@ -92,8 +94,11 @@ class StatusSink(Protocol):
 class InFlightSource(Protocol):
     """The store role the follower needs (see :mod:`ledgerq.follow.in_flight`)."""
 
-    async def monitored_batches(self, *, limit: int) -> Sequence[TrackingBatch]:
-        """``Pending`` and ``submitted`` non-final batches of this instance's services."""
+    async def monitored_batches(
+        self, *, limit: int, services: Collection[str] | None = None
+    ) -> Sequence[TrackingBatch]:
+        """``Pending`` and ``submitted`` non-final batches of this instance's
+        services (with ``services``, of those only)."""
         ...
 
 
@@ -192,6 +197,9 @@ class Follower:
         self._asks: dict[str, _Entry] = {}
         self._ask_event = asyncio.Event()
         self._scan_event = asyncio.Event()
+        #: What the next scan asked for reads: these services, or every one.
+        self._scan_services: set[str] = set()
+        self._scan_all = False
         self._stopping = asyncio.Event()
         self._slots = asyncio.Semaphore(s.max_parked)
         self._ask_limit = asyncio.Semaphore(s.connections)
@@ -290,8 +298,13 @@ class Follower:
             else:
                 self._drop(entry)
 
-    def scan_now(self) -> None:
-        """Read the store's in-flight batches now (services adopted, say)."""
+    def scan_now(self, services: Iterable[str] | None = None) -> None:
+        """Read the store's in-flight batches now: of ``services`` (adopted,
+        say), or of every service."""
+        if services is None:
+            self._scan_all = True
+        else:
+            self._scan_services.update(services)
         self._scan_event.set()
 
     def trigger(self) -> None:
@@ -370,25 +383,46 @@ class Follower:
                     task.cancel()
 
     async def _scan_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        full = True  # the first scan reads every service
+        full_due = 0.0
         while not self._stopping.is_set():
             self._scan_event.clear()
+            if full:
+                full_due = loop.time() + self.settings.poll_interval_s
+            services = None if full else frozenset(self._scan_services)
+            self._scan_services.clear()
+            self._scan_all = False
+            failed = False
             try:
-                await self.scan()
+                await self.scan(services)
             except LedgerqError as exc:
                 # A store outage is logged once, by the store.
                 (log.debug if isinstance(exc, StoreOutageError) else log.warning)(
                     "cannot read the batches in flight: %s; retrying", exc
                 )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._scan_event.wait(), self.settings.poll_interval_s)
+                failed = True
+            # The safety net's full scan is due every poll interval, however
+            # many scans of a few services come in between.
+            try:
+                await asyncio.wait_for(self._scan_event.wait(), max(0.0, full_due - loop.time()))
+            except TimeoutError:
+                full = True
+            else:
+                full = failed or self._scan_all or not self._scan_services
 
-    async def scan(self) -> int:
-        """Follow every in-flight batch of the store nobody here follows; returns how many."""
+    async def scan(self, services: Collection[str] | None = None) -> int:
+        """Follow every in-flight batch of the store (of ``services``) nobody
+        here follows; returns how many."""
         self.scans += 1
         landed: set[str] = set()
         self._landed_during.append(landed)
         try:
-            batches = await self._source.monitored_batches(limit=self.settings.batch_limit)
+            limit = self.settings.batch_limit
+            if services is None:
+                batches = await self._source.monitored_batches(limit=limit)
+            else:
+                batches = await self._source.monitored_batches(limit=limit, services=services)
         finally:
             self._landed_during.remove(landed)
         found = 0

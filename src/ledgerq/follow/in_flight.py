@@ -22,7 +22,9 @@ from ledgerq.model import TrackingBatch
 
 
 class InFlightStore(Protocol):
-    async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]: ...
+    async def list_in_flight(
+        self, *, limit: int = 10_000, services: Collection[str] | None = None
+    ) -> list[TrackingBatch]: ...
 
 
 class StoreMonitorSource:
@@ -35,13 +37,18 @@ class StoreMonitorSource:
         self.store = store
         self._services = services
 
-    async def monitored_batches(self, *, limit: int) -> Sequence[TrackingBatch]:
+    async def monitored_batches(
+        self, *, limit: int, services: Collection[str] | None = None
+    ) -> Sequence[TrackingBatch]:
         held = None if self._services is None else self._services()
         mine = None if held is None else frozenset(held)
         # One indexed read of the busy batches only (few: at most one in
-        # flight per service), narrow.
-        return [
-            b
-            for b in await self.store.list_in_flight(limit=limit)
-            if mine is None or b.service_id in mine
-        ]
+        # flight per service), narrow; of the services asked for only.
+        if services is None:
+            found = await self.store.list_in_flight(limit=limit)
+        else:
+            wanted = set(services) if mine is None else mine & set(services)
+            if not wanted:
+                return []
+            found = await self.store.list_in_flight(limit=limit, services=wanted)
+        return [b for b in found if mine is None or b.service_id in mine]

@@ -245,7 +245,7 @@ class Gateway:
         busy = change.gained - change.idle
         follower = self.producer.follower
         if busy:
-            follower.scan_now()
+            follower.scan_now(busy)
         if change.lost:
             follower.drop_services(change.lost)
         for service_id in busy:

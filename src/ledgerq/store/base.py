@@ -211,11 +211,14 @@ class BatchReader(Protocol):
 
     async def get_failed_batches(self) -> TrackingBatchList: ...
 
-    async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
+    async def list_in_flight(
+        self, *, limit: int = 10_000, services: Collection[str] | None = None
+    ) -> list[TrackingBatch]:
         """Non-final batches the ledger has or may have (``Pending``, or
         ``submitted``: taken for a first attempt, or for a resubmission after
         ``Unknown`` or ``Delayed``), in ``seq`` order, narrow: without blobs,
-        transactions or submission errors. What the monitor follows."""
+        transactions or submission errors; with ``services``, of those
+        services only. What the monitor follows."""
         ...
 
     async def list_batches(

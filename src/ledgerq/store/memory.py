@@ -568,12 +568,19 @@ class MemoryStore(common.SeedWrites):
         name = common.status_name_of(status)
         return TrackingBatchList(tuple(self._view(r) for r in self._ordered() if r.status is name))
 
-    async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
+    async def list_in_flight(
+        self, *, limit: int = 10_000, services: Collection[str] | None = None
+    ) -> list[TrackingBatch]:
         common.check_limit(limit)
+        if services is not None:
+            for service_id in services:
+                common.check_service_id(service_id)
+        wanted = None if services is None else frozenset(services)
         found = [
             self._view(r)
             for r in self._ordered()
-            if not (r.status is not None and r.status.is_final)
+            if (wanted is None or r.batch.service_id in wanted)
+            and not (r.status is not None and r.status.is_final)
             and (r.status is BatchStatusName.PENDING or r.submitted)
         ]
         return found[:limit]

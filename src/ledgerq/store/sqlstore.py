@@ -1115,12 +1115,25 @@ class SqlStore(common.SeedWrites):
             tuple(await self._list("list_batches_by_status", {"status": name.value}))
         )
 
-    async def list_in_flight(self, *, limit: int = 10_000) -> list[TrackingBatch]:
+    async def list_in_flight(
+        self, *, limit: int = 10_000, services: Collection[str] | None = None
+    ) -> list[TrackingBatch]:
         """Non-final batches that are ``Pending`` or ``submitted``, in ``seq``
-        order, narrow (no blobs, no transactions, no errors)."""
+        order, narrow (no blobs, no transactions, no errors); with
+        ``services``, of those services only."""
         common.check_limit(limit)
+        params: dict[str, Any] = {"limit": limit}
+        name = "list_in_flight"
+        if services is not None:
+            wanted = sorted(set(services))
+            for service_id in wanted:
+                common.check_service_id(service_id)
+            if not wanted:
+                return []
+            params["services"] = self._backend.texts_param(wanted)
+            name = "list_in_flight_services"
         # Reads the busy index only: short.
-        rows = await self._fetchall("list_in_flight", {"limit": limit}, short=True)
+        rows = await self._fetchall(name, params, short=True)
         return common.assemble(rows, (), ())
 
     async def get_unsubmitted_batches(self) -> TrackingBatchList:

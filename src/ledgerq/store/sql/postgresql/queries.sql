@@ -735,6 +735,19 @@ WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
 ORDER BY b.seq
 LIMIT %(limit)s;
 
+-- The same, of the services in %(services)s only (services just claimed):
+-- one probe of batches_busy_idx per service.
+-- name: list_in_flight_services
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       ''::bytea, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, NULL, NULL
+FROM batches b
+WHERE b.service_id = ANY(%(services)s::text[])
+  AND NOT b.final AND (b.submitted OR b.status IS NOT NULL)
+  AND (b.status = 'Pending' OR b.submitted)
+ORDER BY b.seq
+LIMIT %(limit)s;
+
 -- A group of writes (apply_writes): the rows of its batches, locked in key
 -- order, and the claims it writes under, share-locked (see lock_claim).
 -- name: batch_states

@@ -688,6 +688,19 @@ WHERE NOT b.final AND (b.submitted OR b.status IS NOT NULL)
 ORDER BY b.seq
 LIMIT :limit;
 
+-- The same, of the services in :services (a JSON array; services just
+-- claimed) only: one probe of batches_busy_idx per service.
+-- name: list_in_flight_services
+SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
+       X'', b.submitted, b.created_at, b.last_attempt_at, b.attempts,
+       b.status, NULL, NULL
+FROM batches b INDEXED BY batches_busy_idx
+WHERE b.service_id IN (SELECT value FROM json_each(:services))
+  AND NOT b.final AND (b.submitted OR b.status IS NOT NULL)
+  AND (b.status = 'Pending' OR b.submitted)
+ORDER BY b.seq
+LIMIT :limit;
+
 -- A group of writes (apply_writes): the rows of its batches (the write lock
 -- is the transaction's already).
 -- :keys is a JSON array of [service_id, batch_id]; CROSS JOIN keeps the
