@@ -14,6 +14,7 @@ from ledgerq.node.ordering.messages import (
     ExecutorPIDAssigned,
     KVSAcquireLock,
     KVSLockAcquired,
+    KVSPrefixDone,
     KVSRead,
     KVSReadRequest,
     KVSWrite,
@@ -53,8 +54,10 @@ def fp(n: int) -> TxFingerprint:
     return TxFingerprint(0, n)
 
 
-def lock(ts: int, *, eager=E, lazy=E, will=E, may=E, executor: Any = 9) -> KVSAcquireLock:  # type: ignore[no-untyped-def]
-    return KVSAcquireLock(lazy, eager, will, may, "worker", executor, fp(ts))
+def lock(
+    ts: int, *, eager=E, lazy=E, will=E, may=E, rp=E, wp=E, executor: Any = 9
+) -> KVSAcquireLock:  # type: ignore[no-untyped-def]
+    return KVSAcquireLock(lazy, eager, will, may, "worker", executor, fp(ts), rp, wp)
 
 
 # --- shard -------------------------------------------------------------------------
@@ -132,6 +135,90 @@ def test_lazy_read_not_needed_releases_the_key() -> None:
     assert shard.state == {"k": b"2"} and shard.pending_markers() == 0
 
 
+# --- shard: key prefixes ---------------------------------------------------------------
+
+
+def test_a_write_prefix_holds_back_reads_of_every_key_under_it() -> None:
+    out = Outbox()
+    shard = Shard(0, out, {"abc": b"0", "abd": b"0", "xyz": b"0"})
+    shard.handle(lock(1, wp=frozenset({"ab"}), executor=1))
+    shard.handle(lock(2, eager=frozenset({"abc", "abd", "xyz"}), executor=2))
+    shard.handle(UpdateSeenAll(fp(2)))
+    # "xyz" is not under "ab": read at once; the others wait for what 1 wrote under it.
+    assert [m for _, m in out.take() if isinstance(m, KVSRead)] == [KVSRead(fp(2), "xyz", b"0")]
+    shard.handle(KVSPrefixDone(fp(1), (("abc", b"1"),)))
+    assert sorted((m.key, m.data) for _, m in out.take()) == [
+        ("abc", b"1"),  # written under the prefix
+        ("abd", b"0"),  # left unchanged by it
+    ]
+    assert shard.pending_markers() == 0
+    assert shard.state == {"abc": b"1", "abd": b"0", "xyz": b"0"}
+
+
+def test_a_read_prefix_reads_any_key_under_it_and_keeps_its_version() -> None:
+    out = Outbox()
+    shard = Shard(0, out, {"abc": b"0"})
+    shard.handle(lock(1, rp=frozenset({"ab"}), executor=1))
+    shard.handle(lock(2, will=frozenset({"abc"}), executor=2))
+    shard.handle(UpdateSeenAll(fp(2)))
+    shard.handle(KVSWrite(fp(2), "abc", b"2"))  # a later write does not wait for the read
+    assert shard.state == {"abc": b"0"}  # ... but is not folded while 1 may read "abc"
+    out.take()
+    shard.handle(KVSReadRequest(fp(1), "abc", True))
+    shard.handle(KVSReadRequest(fp(1), "abz", True))  # a key nothing else names
+    assert out.take() == [(1, KVSRead(fp(1), "abc", b"0")), (1, KVSRead(fp(1), "abz", None))]
+    assert shard.state == {"abc": b"0"}
+    shard.handle(KVSPrefixDone(fp(1)))
+    assert shard.state == {"abc": b"2"} and shard.pending_markers() == 0
+    shard.handle(lock(3, rp=frozenset({"ab"})))
+    with pytest.raises(RuntimeError, match="no lazy read"):
+        shard.handle(KVSReadRequest(fp(3), "xyz", True))  # not under the prefix
+
+
+def test_prefix_writes_after_a_read_do_not_hold_it_back() -> None:
+    out = Outbox()
+    shard = Shard(0, out, {"abc": b"0"})
+    shard.handle(lock(1, rp=frozenset({"a"}), executor=1))
+    shard.handle(lock(2, wp=frozenset({""}), executor=2))  # the empty prefix: every key
+    shard.handle(lock(3, lazy=frozenset({"abc"}), executor=3))
+    shard.handle(UpdateSeenAll(fp(3)))
+    out.take()
+    shard.handle(KVSReadRequest(fp(1), "abc", True))
+    assert out.take() == [(1, KVSRead(fp(1), "abc", b"0"))]
+    shard.handle(KVSReadRequest(fp(3), "abc", True))
+    assert out.take() == []  # 2 may have written it
+    shard.handle(KVSPrefixDone(fp(2), (("abc", b"2"),)))
+    assert out.take() == [(3, KVSRead(fp(3), "abc", b"2"))]
+    assert shard.state == {"abc": b"0"}  # 1 still holds its read prefix
+    shard.handle(KVSPrefixDone(fp(1)))
+    assert shard.state == {"abc": b"2"} and shard.pending_markers() == 0
+
+
+def test_a_write_folds_once_the_earlier_prefix_markers_are_released() -> None:
+    out = Outbox()
+    shard = Shard(0, out, {"abc": b"0"})
+    shard.handle(lock(1, rp=frozenset({"ab"})))
+    shard.handle(lock(2, will=frozenset({"abc"})))
+    shard.handle(lock(3, rp=frozenset({"ab"})))
+    shard.handle(UpdateSeenAll(fp(3)))
+    shard.handle(KVSWrite(fp(2), "abc", b"2"))
+    assert shard.state == {"abc": b"0"}
+    shard.handle(KVSPrefixDone(fp(1)))
+    assert shard.state == {"abc": b"2"}  # 3 holds the prefix still, but reads after 2
+    shard.handle(KVSPrefixDone(fp(3)))
+    assert shard.pending_markers() == 0
+
+
+def test_prefix_messages_before_their_lock_are_held_back() -> None:
+    out = Outbox()
+    shard = Shard(0, out)
+    shard.handle(KVSPrefixDone(fp(1), (("abc", b"1"),)))
+    assert shard.state == {}
+    shard.handle(lock(1, wp=frozenset({"ab"})))
+    shard.handle(UpdateSeenAll(fp(1)))
+    assert shard.state == {"abc": b"1"} and shard.pending_markers() == 0
+
+
 # --- worker ------------------------------------------------------------------------
 
 
@@ -191,6 +278,33 @@ def test_worker_sends_update_seen_all_only_past_fully_locked_prefixes() -> None:
         (("shard", 1), UpdateSeenAll(fp(1))),
     ]
     assert not worker.tick()
+
+
+def test_worker_locks_a_prefix_on_every_shard() -> None:
+    out = Outbox()
+    worker = Worker(out, 3, lambda key: 0, clock=lambda: 42)
+    worker.handle(
+        TransactionRequest(
+            candidate("a", eager_read=frozenset({"b"}), write_prefixes=frozenset({"1c"}))
+        )
+    )
+    out.take()
+    worker.handle(ExecutorPIDAssigned(7))
+    locks = sorted(
+        (a, m.eager_read_keys, m.write_prefixes)
+        for a, m in out.take()
+        if isinstance(m, KVSAcquireLock)
+    )
+    assert locks == [
+        (("shard", 0), frozenset({"b"}), frozenset({"1c"})),
+        (("shard", 1), E, frozenset({"1c"})),
+        (("shard", 2), E, frozenset({"1c"})),
+    ]
+    for shard in (2, 0):
+        worker.handle(KVSLockAcquired(fp(0), shard))
+        assert not worker.tick()  # every shard must have locked it
+    worker.handle(KVSLockAcquired(fp(0), 1))
+    assert worker.tick()
 
 
 def test_worker_keeps_logs_for_request_logs() -> None:
@@ -304,10 +418,60 @@ def test_executor_refuses_label_violations(violation: str) -> None:
     assert any(isinstance(m, ExecutorFinished) for m in sent)
 
 
+def test_executor_reads_and_writes_under_prefixes_and_ends_them_on_every_shard() -> None:
+    out = Outbox()
+    shards = [("shard", 0), ("shard", 1)]
+    executor = Executor(1, out, lambda key: shards[key[-1] == "2"], shards)
+
+    def program() -> Program:
+        value = yield "ab2"
+        return ProgramResult(writes={"ab1": b"x", "ab2": (value or b"") + b"!", "m": b"y"})
+
+    label = TransactionLabel(
+        may_write=frozenset({"m"}),
+        read_prefixes=frozenset({"ab"}),
+        write_prefixes=frozenset({"a"}),
+    )
+    executor.handle(ExecuteTransaction(program, label, fp(0), "t"))
+    assert out.take() == [(("shard", 1), KVSReadRequest(fp(0), "ab2", True))]
+    executor.handle(KVSRead(fp(0), "ab2", b"v"))
+    sent = out.take()
+    assert (("shard", 0), KVSWrite(fp(0), "m", b"y")) in sent  # named alone: its own write
+    assert (("shard", 0), KVSPrefixDone(fp(0), (("ab1", b"x"),))) in sent
+    assert (("shard", 1), KVSPrefixDone(fp(0), (("ab2", b"v!"),))) in sent
+    summary = next(m for _, m in sent if isinstance(m, ExecutionSummary))
+    assert summary.success and dict(summary.values_written) == {
+        "ab1": b"x",
+        "ab2": b"v!",
+        "m": b"y",
+    }
+
+
+@pytest.mark.parametrize("violation", ["read", "write"])
+def test_executor_refuses_keys_outside_its_prefixes(violation: str) -> None:
+    out = Outbox()
+    executor = Executor(1, out, lambda key: ("shard", 0), [("shard", 0)])
+
+    def program() -> Program:
+        if violation == "read":
+            yield "ba"  # "ab" may be written, not read
+        return ProgramResult(writes={"ab": b"x", "b": b"y"})
+
+    label = TransactionLabel(read_prefixes=frozenset({"b"}), write_prefixes=frozenset({"a"}))
+    executor.handle(ExecuteTransaction(program, label, fp(0), "t"))
+    executor.handle(KVSRead(fp(0), "ba", None))
+    sent = [m for _, m in out.take()]
+    summary = next(m for m in sent if isinstance(m, ExecutionSummary))
+    assert not summary.success and summary.values_written == ()
+    assert KVSPrefixDone(fp(0), ()) in sent  # ends its prefixes, having written nothing
+
+
 def test_supervisor_spawns_without_waiting_for_running_executors() -> None:
     out = Outbox()
     registered: dict[int, Executor] = {}
-    supervisor = ExecutionSupervisor(out, registered.__setitem__, lambda k: ("shard", 0))
+    supervisor = ExecutionSupervisor(
+        out, registered.__setitem__, lambda k: ("shard", 0), [("shard", 0)]
+    )
     for _ in range(3):
         supervisor.handle(SpawnExecutor())
     assert [m for _, m in out.take()] == [

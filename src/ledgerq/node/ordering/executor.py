@@ -9,17 +9,23 @@ Semantics a caller relies on:
 * A read of a key outside the label's reads, a write outside its writes, or a
   will-write left without a value makes the candidate fail; so does an
   exception raised by the code (reported, not propagated).
+* A key under one of the label's read prefixes is read as a lazy read: the
+  first time the code needs it, ``KVSReadRequest(actual=True)`` to the shard
+  that owns it. A key under one of its write prefixes may be written.
 * At the end: one ``KVSWrite`` per write key of the label (``None`` for a
   may-write not taken, and for every write when the candidate failed, so a
   failed candidate leaves no trace), ``KVSReadRequest(actual=False)`` for each
-  lazy read never requested, ``ExecutionSummary`` to the issuer and
-  ``ExecutorFinished`` to the curator. ``KVSRead`` messages for eager reads the
-  code did not need may still arrive afterwards and are ignored.
+  lazy read never requested, when the label names prefixes one
+  ``KVSPrefixDone`` to every shard (with the values written under them at
+  keys that shard owns; none when the candidate failed),
+  ``ExecutionSummary`` to the issuer and ``ExecutorFinished`` to the
+  curator. ``KVSRead`` messages for eager reads the code did not need may
+  still arrive afterwards and are ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ledgerq.node.ordering.messages import (
@@ -30,6 +36,7 @@ from ledgerq.node.ordering.messages import (
     InvalidTx,
     KVSDatum,
     KVSKey,
+    KVSPrefixDone,
     KVSRead,
     KVSReadRequest,
     KVSWrite,
@@ -37,6 +44,7 @@ from ledgerq.node.ordering.messages import (
     ProgramResult,
     TransactionLabel,
     UnknownMessageError,
+    covered,
 )
 
 Send = Callable[[Address, Any], None]
@@ -54,14 +62,19 @@ class Executor:
         "_requested",
         "_send",
         "_shard_of",
+        "_shards",
         "done",
         "epid",
     )
 
-    def __init__(self, epid: int, send: Send, shard_of: ShardOf) -> None:
+    def __init__(
+        self, epid: int, send: Send, shard_of: ShardOf, shards: Sequence[Address] = ()
+    ) -> None:
         self.epid = epid
         self._send = send
         self._shard_of = shard_of
+        #: Every shard (a label's prefixes are locked on each): needed for prefixes.
+        self._shards = shards
         self._job: ExecuteTransaction | None = None
         self._program: Program | None = None
         self._read: dict[KVSKey, KVSDatum | None] = {}
@@ -80,6 +93,8 @@ class Executor:
     def _on_execute(self, msg: ExecuteTransaction) -> None:
         if self._job is not None:
             raise RuntimeError(f"executor {self.epid} got a second ExecuteTransaction")
+        if (msg.label.read_prefixes or msg.label.write_prefixes) and not self._shards:
+            raise RuntimeError(f"executor {self.epid} knows no shards to end its prefixes on")
         self._job = msg
         try:
             self._program = msg.executable()
@@ -107,7 +122,9 @@ class Executor:
                 if key in read:
                     key = program.send(read[key])
                     continue
-                if key in label.lazy_read:
+                if key in label.lazy_read or (
+                    key not in label.eager_read and covered(key, label.read_prefixes)
+                ):
                     if key not in self._requested:
                         self._requested.add(key)
                         self._send(self._shard_of(key), KVSReadRequest(job.timestamp, key, True))
@@ -140,6 +157,16 @@ class Executor:
         for key in label.lazy_read:
             if key not in self._requested:
                 send(shard_of(key), KVSReadRequest(ts, key, False))
+        if label.read_prefixes or label.write_prefixes:
+            under: dict[Address, list[tuple[KVSKey, KVSDatum]]] = {}
+            if writes:
+                single = label.will_write | label.may_write
+                for key, datum in writes.items():
+                    if datum is not None and key not in single:
+                        written.append((key, datum))
+                        under.setdefault(shard_of(key), []).append((key, datum))
+            for shard in self._shards:
+                send(shard, KVSPrefixDone(ts, tuple(under.get(shard, ()))))
         if writes is None and result.success:
             result = _failure(job.tx_id, "wrote outside the label or left a will-write empty")
         summary = ExecutionSummary(
@@ -164,7 +191,9 @@ def _checked_writes(
     writes = dict(result.writes)
     allowed = label.will_write | label.may_write
     if not writes.keys() <= allowed:
-        return None
+        prefixes = label.write_prefixes
+        if not all(key in allowed or covered(key, prefixes) for key in writes):
+            return None
     for key in label.will_write:
         if writes.get(key) is None:
             return None

@@ -99,7 +99,12 @@ class OrderingMachine:
             keep_logs=keep_logs,
             keep_log_entries=4 * keep_logs,
         )
-        self.supervisor = ExecutionSupervisor(self.send, self._register, self.shard_address)
+        self.supervisor = ExecutionSupervisor(
+            self.send,
+            self._register,
+            self.shard_address,
+            [("shard", shard.index) for shard in self.shards],
+        )
         self._engines: dict[Address, Engine] = {
             WORKER: self.worker,
             SUPERVISOR: self.supervisor,

@@ -12,6 +12,13 @@ Deviations from the spec, each for a stated reason:
   assigns it immediately, and ``duplicate`` when the request was disregarded.
 * :class:`ExecutorFinished` carries the execution summary so the worker can
   keep the log that :class:`RequestLogs` asks for.
+* Key prefixes (Sawtooth's namespace prefixes): a :class:`TransactionLabel`
+  may name prefixes it reads under (lazily) and writes under (may-writes),
+  each covering every key that begins with it. :class:`KVSAcquireLock`
+  carries them to every shard (the keys under a prefix are spread over all
+  of them), and one :class:`KVSPrefixDone` per shard ends them, carrying the
+  values written under them at keys that shard owns. V1 labels name keys
+  only; a prefix is what a Sawtooth transaction may declare.
 """
 
 from __future__ import annotations
@@ -82,14 +89,27 @@ Program: TypeAlias = Generator[KVSKey, "KVSDatum | None", ProgramResult]
 TransactionExecutable: TypeAlias = Callable[[], Program]
 
 
+def covered(key: KVSKey, prefixes: frozenset[KVSKey]) -> bool:
+    """Whether ``key`` begins with one of ``prefixes``."""
+    return any(key.startswith(prefix) for prefix in prefixes)
+
+
 @dataclass(frozen=True, slots=True)
 class TransactionLabel:
-    """The keys a candidate may touch; eager/lazy reads and will/may writes."""
+    """The keys a candidate may touch; eager/lazy reads and will/may writes.
+
+    ``read_prefixes`` and ``write_prefixes`` cover every key that begins with
+    one of them: a key under a read prefix may be read (a lazy read, asked
+    for when the code first needs it), a key under a write prefix may be
+    written (a may-write).
+    """
 
     eager_read: frozenset[KVSKey] = frozenset()
     lazy_read: frozenset[KVSKey] = frozenset()
     will_write: frozenset[KVSKey] = frozenset()
     may_write: frozenset[KVSKey] = frozenset()
+    read_prefixes: frozenset[KVSKey] = frozenset()
+    write_prefixes: frozenset[KVSKey] = frozenset()
 
     def __post_init__(self) -> None:
         if self.eager_read & self.lazy_read:
@@ -198,6 +218,8 @@ class KVSAcquireLock:
     curator: Address
     executor: Address
     timestamp: TxFingerprint
+    read_prefixes: frozenset[KVSKey] = frozenset()
+    write_prefixes: frozenset[KVSKey] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +253,20 @@ class KVSWrite:
     timestamp: TxFingerprint
     key: KVSKey
     datum: KVSDatum | None
+
+
+@dataclass(frozen=True, slots=True)
+class KVSPrefixDone:
+    """The candidate at ``timestamp`` is done with its prefixes on this shard.
+
+    ``written`` holds the values it wrote at keys under its write prefixes
+    that this shard owns (keys its label also names one by one go by their
+    own :class:`KVSWrite`); every other key under them is unchanged. Its
+    read prefixes are released: it reads nothing more under them.
+    """
+
+    timestamp: TxFingerprint
+    written: tuple[tuple[KVSKey, KVSDatum], ...] = ()
 
 
 class UnknownMessageError(TypeError):

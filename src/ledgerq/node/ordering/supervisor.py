@@ -9,7 +9,7 @@ spec's life cycle). Finished executors are forgotten by the router.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ledgerq.node.ordering.executor import Executor, ShardOf
@@ -25,10 +25,13 @@ Register = Callable[[int, Executor], None]
 
 
 class ExecutionSupervisor:
-    def __init__(self, send: Send, register: Register, shard_of: ShardOf) -> None:
+    def __init__(
+        self, send: Send, register: Register, shard_of: ShardOf, shards: Sequence[Address]
+    ) -> None:
         self._send = send
         self._register = register
         self._shard_of = shard_of
+        self._shards = tuple(shards)
         self._next_epid = 1
 
     def handle(self, msg: object) -> None:
@@ -36,5 +39,5 @@ class ExecutionSupervisor:
             raise UnknownMessageError(self, msg)
         epid = self._next_epid
         self._next_epid += 1
-        self._register(epid, Executor(epid, self._send, self._shard_of))
+        self._register(epid, Executor(epid, self._send, self._shard_of, self._shards))
         self._send(msg.curator, ExecutorPIDAssigned(epid))

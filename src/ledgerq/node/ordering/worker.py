@@ -17,7 +17,9 @@ Semantics a caller relies on:
 * A batch closes after ``batch_size`` transactions or at :meth:`tick`.
 * For every ordered candidate: ``SpawnExecutor``; on ``ExecutorPIDAssigned``
   (executors go to candidates in fingerprint order) ``ExecuteTransaction`` to
-  the executor and one ``KVSAcquireLock`` per shard holding part of the label.
+  the executor and one ``KVSAcquireLock`` per shard holding part of the label;
+  a label naming key prefixes locks on every shard (each owns part of the
+  keys under a prefix).
 * ``KVSLockAcquired`` is counted per fingerprint. :meth:`tick` sends
   ``UpdateSeenAll(T)`` to every shard for the greatest ``T`` such that every
   fingerprint up to ``T`` has all its locks recorded, and frees the
@@ -188,6 +190,13 @@ class Worker:
                 if sets is None:
                     sets = per_shard[index(key)] = [set(), set(), set(), set()]
                 sets[slot].add(key)
+        read_prefixes, write_prefixes = label.read_prefixes, label.write_prefixes
+        if read_prefixes or write_prefixes:
+            # The keys under a prefix are spread over every shard: each locks
+            # the part it owns.
+            for shard in range(self._shards):
+                if shard not in per_shard:
+                    per_shard[shard] = [set(), set(), set(), set()]
         self._outstanding[fp] = len(per_shard)
         for shard, (lazy, eager, will, may) in per_shard.items():
             self._send(
@@ -200,6 +209,8 @@ class Worker:
                     self.address,
                     msg.epid,
                     fp,
+                    read_prefixes,
+                    write_prefixes,
                 ),
             )
 
