@@ -419,14 +419,15 @@ def add_chain_routes(app: web.Application, node: Node) -> None:
                     "Transaction Receipt Not Found",
                     f"there is no receipt for transaction {tx_id}: it is not committed",
                 )
-            outputs = set(batch.transactions[where[1]].header.outputs)
+            # An output is an address or a namespace prefix: either begins what it covers.
+            outputs = tuple(batch.transactions[where[1]].header.outputs)
             data.append(
                 {
                     "id": tx_id,
                     "state_changes": [
                         {"type": "SET", "address": a, "value": b64(v)}
                         for a, v in record.writes
-                        if a in outputs
+                        if a.startswith(outputs)
                     ],
                     "events": [],
                     "data": [],

@@ -19,8 +19,15 @@ import pytest
 import yaml
 from aiohttp import web
 
-from ledgerq.codec import ParsedBatch, Signer, block_pb2, encode_batch_list, make_batch
-from ledgerq.codec.intkey import make_address, make_intkey_batch
+from ledgerq.codec import (
+    ParsedBatch,
+    Signer,
+    block_pb2,
+    encode_batch_list,
+    make_batch,
+    make_transaction,
+)
+from ledgerq.codec.intkey import NAMESPACE, encode_payload, make_address, make_intkey_batch
 from ledgerq.codec.signing import verify_signature
 from ledgerq.node import Node
 from ledgerq.node.rest import make_app
@@ -331,6 +338,38 @@ async def test_receipts_status_and_peers(chain: Chain) -> None:
     assert (await chain.get("/receipts?id=nothex", 400))["error"]["code"] == 60
     status = await chain.get("/status")
     assert status == {"data": {"endpoint": "", "peers": []}, "link": chain.url + "/status"}
+
+
+async def test_a_receipt_lists_the_changes_under_the_namespace_prefixes_written(
+    chain: Chain,
+) -> None:
+    two = make_batch(
+        SIGNER,
+        [
+            make_transaction(
+                SIGNER,
+                family_name="intkey",
+                family_version="1.0",
+                inputs=(NAMESPACE,),
+                outputs=(outputs,),
+                payload=encode_payload("set", name, 7),
+            )
+            for name, outputs in (("p", NAMESPACE), ("q", make_address("q")))
+        ],
+    )
+    await chain.node.submit([two])
+    assert (await chain.node.batch_statuses([two.header_signature], wait=5))[
+        two.header_signature
+    ].status == "COMMITTED"
+    changes = {}
+    for tx in two.transactions:
+        [receipt] = (await chain.get(f"/receipts?id={tx.header_signature}"))["data"]
+        changes[tx.header_signature] = {c["address"] for c in receipt["state_changes"]}
+    # Each lists the batch's writes among or under its outputs (docs/node.md, Receipts).
+    assert list(changes.values()) == [
+        {make_address("p"), make_address("q")},
+        {make_address("q")},
+    ]
     assert await chain.get("/peers") == {"data": [], "link": chain.url + "/peers"}
 
 

@@ -12,7 +12,7 @@ import cbor2
 import pytest
 
 from ledgerq.codec import Signer, make_batch, make_transaction
-from ledgerq.codec.intkey import encode_payload, make_address, make_intkey_batch
+from ledgerq.codec.intkey import NAMESPACE, encode_payload, make_address, make_intkey_batch
 from ledgerq.errors import NodeBusyError
 from ledgerq.node import Node, TxFingerprint
 
@@ -127,13 +127,65 @@ async def test_reads_and_writes_outside_the_label_are_refused(node: Node) -> Non
     assert await node.get_state(a) is None
 
 
-async def test_namespace_prefixes_and_unknown_families_are_invalid(node: Node) -> None:
+async def test_namespace_prefixes_cover_every_address_under_them(node: Node) -> None:
     a = make_address("a")
-    prefix = make_batch(SIGNER, [raw_tx(encode_payload("set", "a", 1), (a[:6],), (a,))])
+
+    def tx(verb: str, value: int, inputs: tuple[str, ...], outputs: tuple[str, ...]):  # type: ignore[no-untyped-def]
+        return raw_tx(encode_payload(verb, "a", value), inputs, outputs)
+
+    batches = [
+        make_batch(SIGNER, [tx("set", 1, (NAMESPACE,), (NAMESPACE,))]),
+        make_batch(SIGNER, [tx("inc", 2, (a[:8],), ("",))]),  # "": every address
+        make_batch(SIGNER, [tx("inc", 3, (a,), (a[:68],)), tx("inc", 4, ("1c",), (a,))]),
+    ]
+    out = await run(node, *batches)
+    assert set(out.values()) == {("COMMITTED", "")}
+    assert value_of(await node.get_state(a), "a") == 10
+
+    outside = "ab"  # no intkey address begins with it
+    no_input = make_batch(SIGNER, [tx("inc", 1, (outside,), (NAMESPACE,))])
+    no_output = make_batch(SIGNER, [tx("inc", 1, (NAMESPACE,), (outside,))])
+    out = await run(node, no_input, no_output)
+    assert out[no_input.header_signature] == ("INVALID", f"Tried to get unauthorized address {a}")
+    assert out[no_output.header_signature] == ("INVALID", f"Tried to set unauthorized address {a}")
+    assert value_of(await node.get_state(a), "a") == 10
+
+
+async def test_prefixed_and_single_address_batches_interleave_as_in_order(node: Node) -> None:
+    a = make_address("a")
+    entries = [(a,), (NAMESPACE,), ("",), (a[:10],)]
+    batches = [make_intkey_batch(SIGNER, [("set", "a", 0)])] + [
+        make_batch(
+            SIGNER,
+            [raw_tx(encode_payload("inc", "a", 1), entries[n % 4], entries[(n // 4) % 4])],
+        )
+        for n in range(32)
+    ]
+    out = await run(node, *batches)
+    assert set(out.values()) == {("COMMITTED", "")}
+    assert value_of(await node.get_state(a), "a") == 32
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["1cf12", "1CF126", "1cf126zz", make_address("a") + "00", make_address("a")[:-1] + "g"],
+)
+async def test_entries_neither_address_nor_prefix_are_invalid(node: Node, entry: str) -> None:
+    a = make_address("a")
+    bad_input = make_batch(SIGNER, [raw_tx(encode_payload("set", "a", 1), (entry,), (a,))])
+    bad_output = make_batch(SIGNER, [raw_tx(encode_payload("set", "a", 1), (a,), (a, entry))])
+    out = await run(node, bad_input, bad_output)
+    for batch, kind in ((bad_input, "inputs"), (bad_output, "outputs")):
+        status, message = out[batch.header_signature]
+        assert status == "INVALID"
+        assert message.startswith(f"{kind} entry {entry!r} is neither a state address")
+    assert await node.get_state(a) is None
+
+
+async def test_unknown_families_are_invalid(node: Node) -> None:
+    a = make_address("a")
     other = make_batch(SIGNER, [raw_tx(b"x", (a,), (a,), family="nope")])
-    out = await run(node, prefix, other)
-    assert out[prefix.header_signature][0] == "INVALID"
-    assert "namespace prefix" in out[prefix.header_signature][1]
+    out = await run(node, other)
     assert "no transaction processor for family 'nope'" in out[other.header_signature][1]
 
 
