@@ -18,9 +18,17 @@ from tests.unit.node.workload import (
 )
 
 
-def check(seed: int, count: int, keys: int, shards: int, batch_size: int, fifo: bool) -> None:
+def check(
+    seed: int,
+    count: int,
+    keys: int,
+    shards: int,
+    batch_size: int,
+    fifo: bool,
+    prefixes: bool = False,
+) -> None:
     rnd = random.Random(seed)
-    specs = random_specs(rnd, count, keys)
+    specs = random_specs(rnd, count, keys, prefixes)
     by_id = {s.id: s for s in specs}
     issuer = Issuer()
     machine = OrderingMachine(issuer, shards=shards, batch_size=batch_size, clock=lambda: 0)
@@ -63,3 +71,23 @@ def test_random_delivery_order_is_serializable(
 @given(seed=st.integers(0, 2**32), count=st.integers(1, 200), keys=st.sampled_from([1, 5, 500]))
 def test_fifo_router_is_serializable(seed: int, count: int, keys: int) -> None:
     check(seed, count, keys, 4, 16, fifo=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    count=st.integers(1, 40),
+    keys=st.sampled_from([1, 2, 3, 9, 50]),
+    shards=st.integers(1, 4),
+    batch_size=st.sampled_from([1, 3, 1024]),
+)
+def test_prefixes_mixed_with_keys_are_serializable(
+    seed: int, count: int, keys: int, shards: int, batch_size: int
+) -> None:
+    check(seed, count, keys, shards, batch_size, fifo=False, prefixes=True)
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 2**32), count=st.integers(1, 200), keys=st.sampled_from([1, 9, 500]))
+def test_fifo_router_with_prefixes_is_serializable(seed: int, count: int, keys: int) -> None:
+    check(seed, count, keys, 4, 16, fifo=True, prefixes=True)

@@ -22,7 +22,13 @@ from ledgerq.node.ordering.messages import (
 
 @dataclass(frozen=True)
 class Spec:
-    """One transaction: reads some keys, may abort, writes a function of what it read."""
+    """One transaction: reads some keys, may abort, writes a function of what it read.
+
+    Under each of its read prefixes ``rp`` it reads one or two keys, and under
+    each of its write prefixes ``wp`` it may write one, each key picked from
+    what it read so far among the ``universe`` keys under the prefix and one
+    key under it that no other transaction names.
+    """
 
     id: str
     eager: tuple[str, ...]
@@ -30,10 +36,19 @@ class Spec:
     will: tuple[str, ...]
     may: tuple[str, ...]
     salt: int
+    rp: tuple[str, ...] = ()
+    wp: tuple[str, ...] = ()
+    universe: tuple[str, ...] = ()
 
 
 def _num(value: bytes | None) -> int:
     return 0 if value is None else int(value)
+
+
+def _under(spec: Spec, prefix: str, n: int) -> str:
+    keys = [k for k in spec.universe if k.startswith(prefix)]
+    keys.append(f"{prefix}z{spec.id}")
+    return keys[n % len(keys)]
 
 
 def program(spec: Spec) -> Program:
@@ -43,12 +58,18 @@ def program(spec: Spec) -> Program:
     for key in spec.lazy:
         if total % 2 == 0:  # lazy reads are data-dependent
             total += 3 * _num((yield key))
+    for i, prefix in enumerate(spec.rp):
+        for j in range(1 + (total + i) % 2):  # so are the keys read under a prefix
+            total += 5 * _num((yield _under(spec, prefix, total + j)))
     if total % 5 == 4:
         return ProgramResult(success=False, log=("abort",))
     writes: dict[str, bytes | None] = {k: str(total + i).encode() for i, k in enumerate(spec.will)}
     for i, key in enumerate(spec.may):
         if (total + i) % 3:
             writes[key] = str(total * 7 + i).encode()
+    for i, prefix in enumerate(spec.wp):
+        if (total + i) % 4:
+            writes[_under(spec, prefix, total * 3 + i)] = str(total * 11 + i).encode()
     return ProgramResult(writes=writes, log=(f"total={total}",))
 
 
@@ -58,12 +79,23 @@ def candidate(spec: Spec) -> TransactionCandidate:
         lazy_read=frozenset(spec.lazy),
         will_write=frozenset(spec.will),
         may_write=frozenset(spec.may),
+        read_prefixes=frozenset(spec.rp),
+        write_prefixes=frozenset(spec.wp),
     )
     return TransactionCandidate(spec.id, label, lambda: program(spec))
 
 
-def random_specs(rnd: random.Random, count: int, keys: int) -> list[Spec]:
-    names = [f"k{i}" for i in range(keys)]
+def universe(keys: int) -> tuple[str, ...]:
+    """``keys`` names of three letters, in order: many share their first letters."""
+    letters = "abcdefgh"
+    return tuple(a + b + c for a in letters for b in letters for c in letters)[:keys]
+
+
+def random_specs(rnd: random.Random, count: int, keys: int, prefixes: bool = False) -> list[Spec]:
+    """Transactions over ``keys`` keys; with ``prefixes`` some also declare
+    prefixes (of 0 to 3 letters: the empty one covers every key, three
+    letters a single name and the keys under it)."""
+    names = list(universe(keys)) if prefixes else [f"k{i}" for i in range(keys)]
     specs = []
     for n in range(count):
         touched = rnd.sample(names, rnd.randint(0, min(4, keys)))
@@ -84,8 +116,25 @@ def random_specs(rnd: random.Random, count: int, keys: int) -> list[Spec]:
             else:
                 lazy.append(key)
                 will.append(key)
+        rp: tuple[str, ...] = ()
+        wp: tuple[str, ...] = ()
+        if prefixes:
+            rp, wp = (
+                tuple({rnd.choice(names)[: rnd.randint(0, 3)] for _ in range(rnd.randint(0, 2))})
+                for _ in range(2)
+            )
         specs.append(
-            Spec(f"tx{n}", tuple(eager), tuple(lazy), tuple(will), tuple(may), rnd.randrange(100))
+            Spec(
+                f"tx{n}",
+                tuple(eager),
+                tuple(lazy),
+                tuple(will),
+                tuple(may),
+                rnd.randrange(100),
+                rp,
+                wp,
+                tuple(names) if prefixes else (),
+            )
         )
     return specs
 
@@ -117,11 +166,13 @@ def serial(
     before: dict[str, dict[str, bytes | None]] = {}
     success: dict[str, bool] = {}
     for spec in specs_in_order:
-        before[spec.id] = {k: state.get(k) for k in (*spec.eager, *spec.lazy)}
+        # Eager reads are sent whether the code needs them or not.
+        seen = before[spec.id] = {k: state.get(k) for k in (*spec.eager, *spec.lazy)}
         gen = program(spec)
         try:
             key = next(gen)
             while True:
+                seen[key] = state.get(key)
                 key = gen.send(state.get(key))
         except StopIteration as stop:
             result: ProgramResult = stop.value
