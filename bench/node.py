@@ -282,7 +282,7 @@ def command(
         lat = asyncio.run(one_at_a_time(sequential, Path(tmp)))
     rows.append(_row("low load: durable commit, one batch at a time", len(lat), sum(lat), lat))
     console.print(rows[-1])
-    in_process: dict[str, float] = {}
+    memory_rates: dict[str, float] = {}
     for kind in ("low", "hot"):
         batches = build(kind, count, per_batch)
         gc.collect()
@@ -292,7 +292,7 @@ def command(
         console.print(rows[-1])
         elapsed, lat = asyncio.run(in_process(batches, None, chunk, shards, window))
         rows.append(_row(f"{kind}: in-process node, memory", txs, elapsed, lat))
-        in_process[kind] = txs / elapsed
+        memory_rates[kind] = txs / elapsed
         rows[-1][0] = f"{rows[-1][0]} ({_MESSAGES[0] / max(1, txs):.1f} messages/tx)"
         console.print(rows[-1])
         with tempfile.TemporaryDirectory() as tmp:
@@ -325,8 +325,8 @@ def command(
         + table(["message", "µs"], crossing_messages())
     )
     if write:
-        met = all(rate >= NODE_TARGET_TX_S for rate in in_process.values())
-        figure = ", ".join(f"{kind} {rate:,.0f} tx/s" for kind, rate in in_process.items())
+        met = all(rate >= NODE_TARGET_TX_S for rate in memory_rates.values())
+        figure = ", ".join(f"{kind} {rate:,.0f} tx/s" for kind, rate in memory_rates.items())
         write_section(
             "node", markdown, targets=[Target("node-inprocess", figure, "yes" if met else "no")]
         )
