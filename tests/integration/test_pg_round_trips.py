@@ -1,5 +1,5 @@
 """What a PostgreSQL write transaction sends: its statements batched into few
-messages (docs/store.md, "Where the time goes on PostgreSQL").
+messages (docs/store.md, "Batched transactions").
 
 A group write is two round trips: ``BEGIN``, the locks (heads, batch rows,
 claims, in that order) in one message; the writes with ``COMMIT`` in the

@@ -6,7 +6,7 @@ read a few services' rows of a table of one row per service
 store's ``submissions``, were planned as scans of the whole table, and a
 prepared statement kept that plan as the table grew. The gateway's sessions
 set ``RANDOM_PAGE_COST`` instead (docs/store.md, "Planner costs"; measured
-in docs/BENCHMARKS.md).
+in docs/design-notes.md).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ class Gateway:
         # The pipeline's writes are group-committed: one transaction for all
         # the outcomes that arrive while the previous one commits. PostgreSQL:
         # two groups at once (a group is two round trips there; more made
-        # smaller groups for the same throughput and more CPU, docs/store.md).
+        # smaller groups for the same throughput and more CPU, docs/design-notes.md).
         self.completer = Completer(store, flushers=1 if store.dialect == "sqlite" else 2)
         #: The API's inserts, in order per service: the read-ahead's guesses.
         successors = Successors()

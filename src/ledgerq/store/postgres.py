@@ -152,7 +152,7 @@ def _positional(query: str) -> tuple[str, tuple[str, ...]]:
 #: are inserted by statements bound on the client and sent with the COMMIT;
 #: larger ones are COPYed in binary (insert_batches): literals cost less client
 #: CPU for small lists, COPY less time for large ones; the bound lies between
-#: (figures in docs/store.md).
+#: (figures in docs/design-notes.md).
 LITERAL_MAX_BATCHES = 200
 LITERAL_MAX_BYTES = 512 * 1024
 

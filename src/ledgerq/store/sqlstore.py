@@ -745,7 +745,7 @@ class SqlStore(common.SeedWrites):
 
         if not steps and not takes:
             return results
-        # Lock order (service, batch), as in update_batch_statuses: two groups
+        # Lock order (service, batch), the same for every group: two groups
         # never deadlock; writes of one batch keep their order (stable sort).
         steps.sort(key=lambda step: _write_of(step[1]).service_id + "\0" + _write_of(step[1]).id)
         return await self._backend.run(body, write=True)
