@@ -88,8 +88,8 @@ def test_the_report_gives_no_figure_for_a_run_that_did_not_finish() -> None:
     assert summary([serial, fast]).startswith("**Targets met**")
     text = summary([serial, fast, stalled, _run("serial", 10.0, mode="faults")])
     assert text.startswith("**Targets not met**") and "10 × 100 faults sqlite pipelined" in text
-    md = section([TEN], Options(Path("."), ""), text, "RATIOS", "RUNS", "0.1", "0.2")
-    assert md.startswith("**Targets not met**") and "RATIOS" in md and "RUNS" in md
+    md = section([TEN], Options(Path("."), ""), text, "RATIOS", "0.1", "0.2")
+    assert md.startswith("**Targets not met**") and md.endswith("RATIOS")
 
 
 def test_cases_are_parsed_and_checked() -> None:
