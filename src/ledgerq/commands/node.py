@@ -150,7 +150,7 @@ def node(
     max_scabbard_services: int | None,
     scabbard_idle_s: float | None,
 ) -> None:
-    """Run a Sawtooth-compatible ledger node (intkey 1.0) with a REST API.
+    """Run a Sawtooth-compatible ledger node (intkey 1.0, sawtooth_settings 1.0) with a REST API.
 
     Also serves Splinter scabbard routes (/scabbard/CIRCUIT/SERVICE/...), a
     separate ledger per service.
