@@ -566,10 +566,6 @@ def failover_markdown(
     cut: bool,
 ) -> list[str]:
     target = (settings.ttl_ms + 1_000) / 1000
-    fast = sorted(
-        x.resumed_s for x in run.samples if not x.mid_submission and x.resumed_s is not None
-    )
-    slow = sorted(x.resumed_s for x in run.samples if x.mid_submission and x.resumed_s is not None)
     never = sum(x.resumed_s is None for x in run.samples)
     how = (
         f"Just before the kill the victim was cut off from the node for {run.cut_s:.1f} s "
@@ -610,8 +606,6 @@ def failover_markdown(
             _path_rows(run.samples, target),
         ),
         "",
-        _samples("fast", fast),
-        _samples("slow", slow),
         *_late(run.samples, target),
         (
             f"* All {run.held:,} services the victim held at the kill, with work or not: "
@@ -630,6 +624,24 @@ def failover_markdown(
             else []
         ),
         "",
+        "Invariants after the run (all committed, exactly once, in order, no fenced write "
+        f"landed): {'held' if not run.problems else 'VIOLATED: ' + '; '.join(run.problems[:5])}."
+        f" The whole run took {run.elapsed_s:.0f} s, first post to last commit (balancing wait "
+        f"and kill included): {run.rate:.0f} batches/s.",
+    ]
+
+
+def failover_detail(run: FailoverRun) -> list[str]:
+    """What the console shows beyond the page's section: every sample, and how each
+    path shows in what the survivors wrote first."""
+    fast = sorted(
+        x.resumed_s for x in run.samples if not x.mid_submission and x.resumed_s is not None
+    )
+    slow = sorted(x.resumed_s for x in run.samples if x.mid_submission and x.resumed_s is not None)
+    return [
+        _samples("fast", fast),
+        _samples("slow", slow),
+        "",
         "Which path a sample took is read from the store at the freeze, before the kill: "
         "a service is *mid-submission* if one of its batches is marked submitted without the "
         "ledger's answer (status none, Unknown or Delayed, not final; docs/ha.md, "
@@ -641,11 +653,6 @@ def failover_markdown(
         "(TTL + 10 %), and the new holder first asks the ledger about the batch left "
         "mid-submission (a status is written: the ledger's, or Unknown, after which the same "
         'batch is resent) — docs/ha.md, "Safety", says why this needs no longer second expiry.',
-        "",
-        "Invariants after the run (all committed, exactly once, in order, no fenced write "
-        f"landed): {'held' if not run.problems else 'VIOLATED: ' + '; '.join(run.problems[:5])}."
-        f" The whole run took {run.elapsed_s:.0f} s, first post to last commit (balancing wait "
-        f"and kill included): {run.rate:.0f} batches/s.",
     ]
 
 
@@ -917,8 +924,9 @@ def command(
         "",
         *failover_markdown(run, services, batches, commit_delay_ms, settings, cut),
     ]
+    detail = failover_detail(run)
     if throughput:
-        lines += [
+        detail += [
             "",
             f"**Throughput** — {tp_services} services × {tp_batches} batches posted round-robin "
             "across the gateways, one PostgreSQL, one node process (no commit delay); load "
@@ -955,6 +963,7 @@ def command(
         ]
     markdown = "\n".join(lines)
     click.echo(markdown)
+    click.echo("\n".join(detail))
     if write:
         targets = [failover_target(run, settings)] if section == "failover" else []
         report.write_section(section, markdown, targets=targets)
