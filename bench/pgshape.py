@@ -284,10 +284,19 @@ def functions_table(shape: Shape) -> str:
 
 
 def markdown(shapes: Sequence[Shape], top: int, note: str, details: bool = True) -> str:
-    """The figures as Markdown; ``details``: each run's statements, tables, indexes
-    and functions too (a few hundred lines)."""
+    """The figures as Markdown: the setup and the summary per committed batch;
+    ``details``: the definitions, the gateway's counters and each run's statements,
+    tables, indexes and functions too (a few hundred lines)."""
     parts = [
         note,
+        "",
+        "**Summary, per committed batch**",
+        "",
+        summary_table(shapes),
+    ]
+    if not details:
+        return "\n".join(parts)
+    parts += [
         "",
         "Every figure is **per committed batch** (counts divided by the batches the "
         "ledger committed), except *total ms (run)* and *scans in the run*. CPU: the "
@@ -311,16 +320,12 @@ def markdown(shapes: Sequence[Shape], top: int, note: str, details: bool = True)
         "inserts do not count as index scans: an index *never read* may still enforce a "
         "unique key.",
         "",
-        "**Summary, per committed batch**",
-        "",
-        summary_table(shapes),
-        "",
         "**The gateway's own counters** (its `/metrics`, when the last batch was final), "
         "per committed batch: what its writes answer to",
         "",
         gateway_table(shapes),
     ]
-    for sh in shapes if details else ():
+    for sh in shapes:
         parts += [
             "",
             f"**{sh.label}**: statements (top {top} by time)",
@@ -367,8 +372,8 @@ def _parse_strategies(value: str) -> list[str]:
     "--details/--no-details",
     default=False,
     show_default=True,
-    help="Write each run's statements, tables, indexes and functions to BENCHMARKS.md too "
-    "(they are always printed).",
+    help="Write the definitions, the gateway's counters and each run's statements, tables, "
+    "indexes and functions to BENCHMARKS.md too (they are always printed).",
 )
 @click.option("--commit-delay-ms", default=20, show_default=True, help="The ledger's commit time.")
 @click.option("--slots", default=256, show_default=True, help="ledgerq submitter.slots.")
