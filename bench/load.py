@@ -280,9 +280,12 @@ def command(rows: str, seconds: int, threads: int, connections: int, pg: str, wr
     for row in rows_out:
         table.add_row(*row)
     Console(width=160).print(table)
+    sizes_table = Table("pre-loaded", "batches rows", "database size", title="store size")
+    for h, c, s in sizes:
+        sizes_table.add_row(f"{h:,}", f"{c:,}", s)
+    Console(width=160).print(sizes_table)
     if not write:
         return
-    size_rows = [[f"{h:,}", f"{c:,}", s] for h, c, s in sizes]
     report.write_section(
         "load",
         "\n".join(
@@ -295,11 +298,6 @@ def command(rows: str, seconds: int, threads: int, connections: int, pg: str, wr
                 f"before/after: {load_before:.1f}/{os.getloadavg()[0]:.1f}.",
                 "",
                 report.table(headers, rows_out),
-                "",
-                "Store size after each stage (pre-loaded rows plus the batches POSTed so far; "
-                "each batch also has a status and a transaction row):",
-                "",
-                report.table(["pre-loaded", "batches rows", "database size"], size_rows),
             ]
         ),
     )
