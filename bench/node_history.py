@@ -359,8 +359,7 @@ def _measure(
         f"{concurrency} POSTs in flight per client. Node, clients and everything else on the "
         f"machine share its cores. Load average (1 min) before/after: {load_before:.1f}/"
         f"{os.getloadavg()[0]:.1f}.\n\n"
-        + table(["committed", "s", "tx/s so far", "RSS MiB", "anon MiB", "file MiB"], rows)
-        + f"\n\n* REST throughput from the first tenth to the end: **{steady * txns:,.0f} tx/s** "
+        f"* REST throughput from the first tenth to the end: **{steady * txns:,.0f} tx/s** "
         f"({steady:,.0f} batches/s; first POST to last commit, client start-up included: "
         f"{total * txns / elapsed:,.0f} tx/s).\n"
         f"* The node's CPU (its process and its decoding workers, user and system) per "
@@ -377,8 +376,12 @@ def _measure(
         f"* Restart after `kill -9` at the end: listening again in **{after_kill:.2f} s** "
         f"(RSS then {rss_restart:.0f} MiB, {anon_restart:.0f} anon); after a clean stop: "
         f"{after_clean:.2f} s.\n"
-        f"* The node's start-up phases after `kill -9`: {kill_phases}; after a clean stop: "
-        f"{clean_phases}.\n"
+    )
+    # Printed, not written: the memory at each tenth, the start-up phases, the disk.
+    console.print(
+        table(["committed", "s", "tx/s so far", "RSS MiB", "anon MiB", "file MiB"], rows)
+        + f"\n\n* The node's start-up phases after `kill -9`: {kill_phases}; after a clean "
+        f"stop: {clean_phases}.\n"
         f"* Data directory at the end: {disk:,.0f} MiB.\n"
     )
     if txns == 1:
