@@ -434,12 +434,12 @@ def command(
                 + ", ".join(f"{what} {n:.2f}" for what, n in top)
                 + "."
             )
-    if waits:
-        text += (
-            "\n\nPostgreSQL's active backends of the run's database, sampled every 20 ms over "
+    click.echo(text)
+    if waits:  # printed, not written: the page keeps the table
+        click.echo(
+            "\nPostgreSQL's active backends of the run's database, sampled every 20 ms over "
             "the counted seconds: the average number running (`CPU`) or waiting, per wait "
             "event (median of the runs):\n\n" + "\n".join(waits)
         )
-    click.echo(text)
     if write:
         report.write_section("ingest", text)
