@@ -323,8 +323,10 @@ def command(
         + ". Goal: hostile ≥ 0.8 of quiet, no claim voided, every batch committed once "
         "and in order.\n\n"
         + report.table(["run", "batches/s", "share of quiet", "claims voided", "problems"], rows)
-        + f"\n\nHostile requests by outcome: {summary}.\n\n{quiet_summary.capitalize()}.\n"
+        + "\n"
     )
+    # Printed, not written: the requests by outcome and the CPU of each phase.
+    click.echo(f"Hostile requests by outcome: {summary}.\n\n{quiet_summary.capitalize()}.\n")
     targets = []
     if attack_seconds > 0:
         table, missed = _attacks(pg_admin, attack_seconds)
