@@ -367,11 +367,14 @@ def command(
         f"before: {load_before}; after: {load_after} — the machine is shared.\n\n"
         f"**Median parallel ÷ serial batches/s: {ratios['independent']:.2f} × with "
         f"{names} independent names per service (target ≥ 5), {ratios['one name']:.2f} × "
-        f"with every batch on one name (target ≥ 0.9).** Runs with a problem: {problems}.\n\n"
+        f"with every batch on one name (target ≥ 0.9).** Runs with a problem: {problems}."
+    )
+    report.console.print(summary)
+    # Printed, not written: what the faults allowed.
+    report.console.print(
         f"The faults' ceiling: {ceiling_text}; the faults these runs were dealt allowed "
         f"{bound_ratio:.2f} × with independent names (serial ÷ parallel bound, medians)."
     )
-    report.console.print(summary)
     if write:
         # One section per store: a PostgreSQL run does not replace SQLite's figures.
         name, key = (
