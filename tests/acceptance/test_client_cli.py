@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from ledgerq.ledgers.inprocess import NodeClient
 from tests.operator_fakes import batch_list
 
 LEDGERQ = str(Path(sys.executable).parent / "ledgerq")
@@ -127,6 +128,8 @@ def test_submit_generate_commits_everything_in_order(gateway: Served) -> None:
 
     single = ledgerq("instances", "--url", gateway.url)
     assert single.returncode == 0 and "single instance" in single.stdout
+    # The ledger it submits to (the default: the in-process node).
+    assert f"submitting to: {NodeClient.DESCRIPTION}" in single.stdout
 
 
 def test_the_quickstart_status_step_finds_a_batch_by_id_alone(gateway: Served) -> None:

@@ -41,6 +41,8 @@ def instances(url: str, token: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return
+    if body.get("ledger"):
+        click.echo(f"submitting to: {body['ledger']}")
     if not body.get("high_availability"):
         click.echo("single instance (SQLite store): no claims, this gateway serves every service")
         _print_workers(body.get("workers") or [])

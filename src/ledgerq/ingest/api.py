@@ -576,6 +576,7 @@ class GatewayApi:
         )
         self.clock = clock
         self.default_service = default_service or None
+        self.ledger_name = ledger_name
         self.chain = ChainRoutes(
             chain,
             base=_base,
@@ -1083,7 +1084,9 @@ class GatewayApi:
         # Counts over every service (batches accepted, claims held) are the
         # whole gateway's: a token limited to some services gets null.
         everything = scope_of(request).sees_everything
-        workers = {} if self.workers is None else {"workers": _workers(self.workers())}
+        workers: dict[str, Any] = {"ledger": self.ledger_name}
+        if self.workers is not None:
+            workers["workers"] = _workers(self.workers())
         if not everything:
             for w in workers.get("workers", ()):
                 w["accepted"] = None
