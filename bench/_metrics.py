@@ -57,6 +57,8 @@ class Figures:
     gap_p50_ms: float | None = None
     gap_p99_ms: float | None = None
     cpu_ms_per_batch: float | None = None
+    #: PostgreSQL's sessions' CPU per committed batch (None: SQLite, or unread).
+    db_cpu_ms_per_batch: float | None = None
     #: POSTs of a batch the (fault) ledger held; None where not judged.
     violations: int | None = None
 
@@ -129,6 +131,9 @@ def figures(
         gap_p99_ms=percentile(gaps, 99) if gaps else None,
         cpu_ms_per_batch=(
             run.cpu_s * 1000 / len(commits) if run.cpu_s is not None and commits else None
+        ),
+        db_cpu_ms_per_batch=(
+            run.db_cpu_s * 1000 / len(commits) if run.db_cpu_s is not None and commits else None
         ),
         violations=violations,
     )

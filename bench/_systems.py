@@ -38,6 +38,7 @@ from bench._harness import (
     LedgerReport,
     Proc,
     Workload,
+    backend_cpu_seconds,
     cpu_seconds,
     create_database,
     drop_database,
@@ -66,6 +67,8 @@ class Run:
     extra: dict[str, float] = field(default_factory=dict)
     #: CPU seconds the system's own processes used during the run (None: not measured).
     cpu_s: float | None = None
+    #: CPU seconds of PostgreSQL's sessions serving the run (None: SQLite, or unread).
+    db_cpu_s: float | None = None
 
 
 class RunProbe(Protocol):
@@ -230,6 +233,7 @@ async def run_ledgerq(
         if probe is not None and store != "sqlite":
             await probe.started(db)
         cpu0 = tree_cpu_seconds([g.pid for g in gateways])
+        db0 = await backend_cpu_seconds(setup.pg_admin, db)
         sem = asyncio.Semaphore(16)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             from ledgerq.codec import encode_batch_list
@@ -260,6 +264,11 @@ async def run_ledgerq(
         if kill_after is None:
             cpu1 = tree_cpu_seconds([g.pid for g in gateways])
             run.cpu_s = sum(used - cpu0.get(pid, 0.0) for pid, used in cpu1.items())
+            db1 = await backend_cpu_seconds(setup.pg_admin, db)
+            if db1 is not None:
+                # Sessions opened during the run count from zero.
+                start = db0 or {}
+                run.db_cpu_s = sum(used - start.get(pid, 0.0) for pid, used in db1.items())
         if probe is not None and store != "sqlite":
             await probe.finished(db, urls)
         for g in gateways:

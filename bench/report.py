@@ -10,11 +10,14 @@ machine and the date, and the benchmark's figures for the page's targets
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import platform
 import re
 import shlex
+import statistics
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,8 +169,27 @@ def machine() -> str:
         pass
     return (
         f"{os.cpu_count()} cores ({cpu}){mem}, {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}"
+        f"Python {platform.python_version()}, a secp256k1 verify {verify_us():.0f} µs"
     )
+
+
+@functools.cache
+def verify_us() -> float:
+    """This machine's time for one secp256k1 signature check (ledgerq's own
+    verify), the median of five rounds of 200: machines differ by up to ten
+    times per operation, so each figure says what its machine was."""
+    from ledgerq.codec.signing import Signer, verify_signature
+
+    signer = Signer.generate()
+    message = b"ledgerq bench"
+    signature = signer.sign(message)
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(200):
+            verify_signature(signer.public_key, message, signature)
+        rounds.append((time.perf_counter() - start) / 200 * 1e6)
+    return statistics.median(rounds)
 
 
 def invocation() -> str:
@@ -244,7 +266,9 @@ def _short_machine(line: str) -> str:
     if match is None:
         return line.split(",")[0]
     cpu = re.sub(r"\((R|TM)\)|\bCPU\b|\bProcessor\b|@.*|\d+-Core", "", match[2])
-    return ", ".join(x for x in (f"{match[1]} cores", " ".join(cpu.split()), match[3]) if x)
+    verify = re.search(r"secp256k1 verify (\d+ µs)", line)
+    parts = (f"{match[1]} cores", " ".join(cpu.split()), match[3], verify and f"verify {verify[1]}")
+    return ", ".join(x for x in parts if x)
 
 
 def summary(text: str) -> str:
