@@ -197,11 +197,9 @@ class QueueSource:
         #: heard one was taken elsewhere): an offered pick may predate it.
         self._touched: dict[str, int] = {}
         self._touch_limit = _MAX_TOUCHED
-        #: Batches taken without this source handing them out, each with the
-        #: count of such takes at its own: a round read while it was taken
-        #: may offer it.
-        self._elsewhere: dict[tuple[str, str], int] = {}
-        self._elsewhere_count = 0
+        #: Batches taken without this source handing them out while a round
+        #: was being read (``None``: no round is): that round may offer them.
+        self._taken_while_reading: set[tuple[str, str]] | None = None
 
     @property
     def queued(self) -> int:
@@ -247,8 +245,10 @@ class QueueSource:
 
     def _taken_without(self, batch: TrackingBatch) -> None:
         key = _key(batch)
-        self._elsewhere_count += 1
-        self._elsewhere[key] = self._elsewhere_count
+        if self._taken_while_reading is not None:
+            self._taken_while_reading.add(key)
+        if batch.service_id not in self._in_round:
+            return
         for pick in self._round:
             if _key(pick) == key:
                 self._round.remove(pick)
@@ -596,16 +596,21 @@ class QueueSource:
             groups = [(Strategy.SERIAL, None), (Strategy.PARALLEL, None)]
         picks: list[TrackingBatch] = []
         complete = True
-        mark = self._elsewhere_count
-        for strategy, group in groups:
-            got = await self._round_of(strategy, now, group, limit, extra, full=targets is None)
-            # A round cut short by the limit covers nothing for sure.
-            complete = complete and (limit is None or len(got) < limit)
-            if group is not None:
-                got = [b for b in got if b.service_id in group]
-            if uniform is None:
-                got = [b for b in got if self._strategies.of(b.service_id).rounds is strategy]
-            picks += got
+        # Rounds are read one at a time (under the source's lock).
+        taken_meanwhile: set[tuple[str, str]] = set()
+        self._taken_while_reading = taken_meanwhile
+        try:
+            for strategy, group in groups:
+                got = await self._round_of(strategy, now, group, limit, extra, full=targets is None)
+                # A round cut short by the limit covers nothing for sure.
+                complete = complete and (limit is None or len(got) < limit)
+                if group is not None:
+                    got = [b for b in got if b.service_id in group]
+                if uniform is None:
+                    got = [b for b in got if self._strategies.of(b.service_id).rounds is strategy]
+                picks += got
+        finally:
+            self._taken_while_reading = None
         if len(groups) > 1:
             picks.sort(key=round_order_key)
             picks = picks if limit is None else picks[:limit]
@@ -632,7 +637,7 @@ class QueueSource:
                 del self._handed_out[_key(batch)]
             if batch.service_id in present or batch.service_id in self._resting:
                 continue
-            if self._elsewhere.get(_key(batch), 0) > mark:
+            if _key(batch) in taken_meanwhile:
                 # Taken elsewhere while this round was read: a round read
                 # from now on decides.
                 self._woken.add(batch.service_id)
@@ -641,5 +646,3 @@ class QueueSource:
                 self._narrow_picks.add(batch.seq)
             self._round.append(batch)
             self._in_round[batch.service_id] = self._in_round.get(batch.service_id, 0) + 1
-        # Rounds read from now on postdate every take elsewhere so far.
-        self._elsewhere = {s: n for s, n in self._elsewhere.items() if n > mark}
