@@ -5,10 +5,10 @@ URL, as they would run against a validator's REST API.
 The clients are built from sawtooth-core and sawtooth-sdk-python (Python 3.8,
 protobuf 3.20; ``sawtooth`` is on no package index) and never ship with
 ledgerq: point ``SAWTOOTH_CLIENTS`` at a directory whose ``bin/``
-holds the three commands to run these tests (docs/api.md, "Using an existing
-Grid or Sawtooth client"). Without it they are skipped; what they found is
-kept as tests that need no client (tests/unit/node/test_sawtooth_clients.py,
-tests/unit/test_gateway_sawtooth.py).
+holds the three commands to run these tests (``make test-sawtooth-clients``;
+docs/api.md, "Using an existing Grid or Sawtooth client"). Without it they
+are not collected; what they found is kept as tests that need no client
+(tests/unit/node/test_sawtooth_clients.py, tests/unit/test_gateway_sawtooth.py).
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import pytest
 from bench._cluster import Process
 
 CLIENTS = os.environ.get("SAWTOOTH_CLIENTS", "")
-
-pytestmark = pytest.mark.skipif(
-    not (CLIENTS and Path(CLIENTS, "bin", "sawtooth").exists()),
-    reason="SAWTOOTH_CLIENTS names no directory with Sawtooth's clients in bin/",
-)
+_MISSING = [c for c in ("sawtooth", "sawset", "intkey") if not Path(CLIENTS, "bin", c).exists()]
+if _MISSING:
+    raise pytest.UsageError(
+        f"SAWTOOTH_CLIENTS={CLIENTS!r}: no {', '.join(_MISSING)} in its bin/ "
+        "(make test-sawtooth-clients builds them from the sources)"
+    )
 
 
 class Clients:

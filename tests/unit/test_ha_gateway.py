@@ -148,8 +148,13 @@ async def test_instances_list_the_gateways_sharing_the_database() -> None:
             "live": True,
         }
     ]
-    single = await _get(GatewayApi(FakeApiStore()), "/instances")  # type: ignore[arg-type]
-    assert single == {"data": [], "high_availability": False}
+    assert body["ledger"] == "the ledger"
+    single = GatewayApi(FakeApiStore(), ledger_name="http://127.0.0.1:8008")  # type: ignore[arg-type]
+    assert await _get(single, "/instances") == {
+        "data": [],
+        "high_availability": False,
+        "ledger": "http://127.0.0.1:8008",
+    }
 
 
 async def test_cli_shows_instances_and_claimants() -> None:
