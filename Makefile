@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: run test test-fast lint format bench bench-compare clean protos
+.PHONY: run test test-fast test-sawtooth-clients lint format bench bench-compare clean protos
 
 $(BIN)/python:
 	@PYTHON=$(PYTHON) sh scripts/prerequisites.sh venv
@@ -42,6 +42,16 @@ test: $(VENV)/.dev
 test-fast: $(VENV)/.dev
 	$(BIN)/python -m pytest tests/unit tests/interop -m 'not slow' -q $(PYTEST_ARGS)
 
+# Sawtooth's own CLIs (sawtooth, sawset, intkey) against ledgerq. They are on
+# no package index: SAWTOOTH_CLIENTS is where they are built, from checkouts
+# of sawtooth-core and sawtooth-sdk-python named by SAWTOOTH_CORE and
+# SAWTOOTH_SDK_PYTHON when it holds none yet.
+SAWTOOTH_CLIENTS ?= .sawtooth-clients
+test-sawtooth-clients: $(VENV)/.dev
+	@if [ ! -x "$(SAWTOOTH_CLIENTS)/bin/intkey" ] && [ -n "$(SAWTOOTH_CORE)$(SAWTOOTH_SDK_PYTHON)" ]; then \
+		sh scripts/sawtooth-clients.sh "$(SAWTOOTH_CORE)" "$(SAWTOOTH_SDK_PYTHON)" "$(SAWTOOTH_CLIENTS)"; fi
+	SAWTOOTH_CLIENTS=$(abspath $(SAWTOOTH_CLIENTS)) $(BIN)/python -m pytest tests/acceptance/test_sawtooth_own_clients.py $(PYTEST_ARGS)
+
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -74,4 +84,4 @@ protos: $(VENV)/.dev
 		$(PROTO_OUT)/batch_pb2.py $(PROTO_OUT)/batch_pb2.pyi
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .sawtooth-clients .pytest_cache .mypy_cache .ruff_cache .hypothesis

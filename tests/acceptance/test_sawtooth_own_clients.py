@@ -29,7 +29,7 @@ _MISSING = [c for c in ("sawtooth", "sawset", "intkey") if not Path(CLIENTS, "bi
 if _MISSING:
     raise pytest.UsageError(
         f"SAWTOOTH_CLIENTS={CLIENTS!r}: no {', '.join(_MISSING)} in its bin/ "
-        "(make test-sawtooth-clients builds them from the sources)"
+        "(make test-sawtooth-clients SAWTOOTH_CORE=... SAWTOOTH_SDK_PYTHON=... builds them)"
     )
 
 
