@@ -436,7 +436,7 @@ def command(
         console.print(rich_fail)
     if not write:
         return
-    text = [
+    text = (
         f"Machine load average (1, 5, 15 min) before: {load_before[0]:.1f}, "
         f"{load_before[1]:.1f}, {load_before[2]:.1f}; after: {load_after[0]:.1f}, "
         f"{load_after[1]:.1f}, {load_after[2]:.1f} (2 cores shared with other work: "
@@ -448,9 +448,8 @@ def command(
         "commit, on the ledger's clock (plain ledger only); *CPU ms/batch* = the system's own "
         "processes (gateway; workers; the benchmark process for the ideal client); "
         "*resent while held* = POSTs of a batch the ledger held pending or committed. "
-        "Definitions: `bench/_metrics.py`.",
-        "",
-    ]
+        "Definitions: `bench/_metrics.py`."
+    )
     for ledger, md in tables.items():
         label = (
             f"The plain Sawtooth-shaped REST ledger (no `/events`, no `/subscriptions`; "
@@ -461,7 +460,7 @@ def command(
         images = [f"![{image}](img/{image})" for image in _plots(ledger, results[ledger])]
         report.write_section(
             SECTION_OF[ledger],
-            "\n".join([*text, label, "", md, "", *images]),
+            "\n".join([f"{text} {label}", "", md, "", *images]),
             targets=plain_targets(results[ledger]) if ledger == "plain" else (),
         )
     if md_fail:

@@ -606,25 +606,18 @@ def failover_markdown(
             _path_rows(run.samples, target),
         ),
         "",
-        *_late(run.samples, target),
-        (
-            f"* All {run.held:,} services the victim held at the kill, with work or not: "
-            f"{len(run.moved):,} claimed by another gateway, "
-            + (
-                f"the first {min(run.moved):.2f} s, median {statistics.median(run.moved):.2f} s,"
-                f" the last {max(run.moved):.2f} s after the kill; "
-                f"{sum(t <= target for t in run.moved):,} within {target:.0f} s."
-                if run.moved
-                else "none within the wait."
-            )
-        ),
-        *(
-            [f"* {never} services saw no write by another gateway within the wait."]
-            if never
-            else []
-        ),
-        "",
-        "Invariants after the run (all committed, exactly once, in order, no fenced write "
+        *([*late, ""] if (late := _late(run.samples, target)) else []),
+        f"All {run.held:,} services the victim held at the kill, with work or not: "
+        f"{len(run.moved):,} claimed by another gateway, "
+        + (
+            f"the first {min(run.moved):.2f} s, median {statistics.median(run.moved):.2f} s,"
+            f" the last {max(run.moved):.2f} s after the kill; "
+            f"{sum(t <= target for t in run.moved):,} within {target:.0f} s. "
+            if run.moved
+            else "none within the wait. "
+        )
+        + (f"{never} services saw no write by another gateway within the wait. " if never else "")
+        + "Invariants after the run (all committed, exactly once, in order, no fenced write "
         f"landed): {'held' if not run.problems else 'VIOLATED: ' + '; '.join(run.problems[:5])}."
         f" The whole run took {run.elapsed_s:.0f} s, first post to last commit (balancing wait "
         f"and kill included): {run.rate:.0f} batches/s.",
@@ -783,13 +776,13 @@ def run_primary_lost_bench(
                 )
             )
     load_after = os.getloadavg()
+    first, *rest = primary_lost_markdown(runs, services, batches, clients)
     lines = [
         f"Machine load average (1, 5, 15 min) before: "
         f"{', '.join(f'{x:.1f}' for x in load_before)}; after: "
         f"{', '.join(f'{x:.1f}' for x in load_after)} (the runs' own clusters, node, gateways "
-        "and clients on the 2 cores).",
-        "",
-        *primary_lost_markdown(runs, services, batches, clients),
+        f"and clients on the 2 cores). {first}",
+        *rest,
     ]
     markdown = "\n".join(lines)
     click.echo(markdown)
@@ -914,15 +907,15 @@ def command(
                 rates[k] = measure_throughput(work, k, tp_services, tp_batches)
     load_after = os.getloadavg()
 
+    first, *rest = failover_markdown(run, services, batches, commit_delay_ms, settings, cut)
     lines = [
         f"Claim timings: renew {settings.renew_interval_ms} ms, TTL (first expiry) "
         f"{settings.ttl_ms} ms, second expiry {settings.slow_ttl_ms} ms, grace "
         f"{settings.grace_ms} ms (the defaults). Machine load average (1, 5, 15 min) before: "
         f"{', '.join(f'{x:.1f}' for x in load_before)}; after the failover run: "
         f"{', '.join(f'{x:.1f}' for x in load_mid)} (its own gateways, PostgreSQL and node on "
-        "the 2 cores; a machine shared with other work).",
-        "",
-        *failover_markdown(run, services, batches, commit_delay_ms, settings, cut),
+        f"the 2 cores; a machine shared with other work). {first}",
+        *rest,
     ]
     detail = failover_detail(run)
     if throughput:

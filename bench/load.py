@@ -297,7 +297,37 @@ def command(rows: str, seconds: int, threads: int, connections: int, pg: str, wr
                 f"Total {time.monotonic() - started:.0f} s; machine load average (1 min) "
                 f"before/after: {load_before:.1f}/{os.getloadavg()[0]:.1f}.",
                 "",
-                report.table(headers, rows_out),
+                _page_table(results),
             ]
         ),
     )
+
+
+def _page_table(results: list[WrkResult]) -> str:
+    """The page's table: one row per database size, the endpoints side by side."""
+    endpoints = list(dict.fromkeys(r.endpoint for r in results))
+    sizes = list(dict.fromkeys(r.rows for r in results))
+    by = {(r.rows, r.endpoint): r for r in results}
+    headers = ["pre-loaded batches"]
+    for e in endpoints:
+        headers += [f"{e} requests/s", f"{e} p50 / p90 / p99 / max ms"]
+    headers += [f"non-2xx ({' / '.join(endpoints)})", "socket errors"]
+    rows = []
+    for n in sizes:
+        got = [by.get((n, e)) for e in endpoints]
+        row = [f"{n:,}"]
+        for r in got:
+            row += (
+                [
+                    f"{r.rps:,.0f}",
+                    f"{r.p50_ms:.2f} / {r.p90_ms:.2f} / {r.p99_ms:.2f} / {r.max_ms:.1f}",
+                ]
+                if r
+                else ["-", "-"]
+            )
+        row += [
+            " / ".join(str(r.non2xx) if r else "-" for r in got),
+            " / ".join(str(r.socket_errors) if r else "-" for r in got),
+        ]
+        rows.append(row)
+    return report.table(headers, rows)

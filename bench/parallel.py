@@ -338,7 +338,7 @@ def command(
                     str(sum(1 for r in mine if r.problems)),
                 ]
             )
-    table = "Medians over the rounds:\n\n" + report.table(
+    table = report.table(
         [
             "case",
             "strategy",
@@ -364,10 +364,11 @@ def command(
         f"{commit_delay_ms} ms after accepting it, store {db}, "
         f"{_FAULTS if faults else 'no faults'}, the gateway's delay window {window_ms} ms; "
         f"{rounds} rounds, the strategies taking turns. Load average (1, 5, 15 min) "
-        f"before: {load_before}; after: {load_after} — the machine is shared.\n\n"
+        f"before: {load_before}; after: {load_after} — the machine is shared. "
         f"**Median parallel ÷ serial batches/s: {ratios['independent']:.2f} × with "
         f"{names} independent names per service (target ≥ 5), {ratios['one name']:.2f} × "
-        f"with every batch on one name (target ≥ 0.9).** Runs with a problem: {problems}."
+        f"with every batch on one name (target ≥ 0.9).** Runs with a problem: {problems}. "
+        "The table: medians over the rounds."
     )
     report.console.print(summary)
     # Printed, not written: what the faults allowed.

@@ -287,13 +287,7 @@ def markdown(shapes: Sequence[Shape], top: int, note: str, details: bool = True)
     """The figures as Markdown: the setup and the summary per committed batch;
     ``details``: the definitions, the gateway's counters and each run's statements,
     tables, indexes and functions too (a few hundred lines)."""
-    parts = [
-        note,
-        "",
-        "**Summary, per committed batch**",
-        "",
-        summary_table(shapes),
-    ]
+    parts = [f"{note} **Summary, per committed batch:**", "", summary_table(shapes)]
     if not details:
         return "\n".join(parts)
     parts += [

@@ -133,12 +133,12 @@ class Target:
     met: str  # "yes", "no", or a few words ("2 of 3 runs")
 
 
-_HEADER = """# Benchmarks
-
-Figures measured by `ledgerq bench ...` (see `bench/`). Each section is
-rewritten by its own benchmark and says which command produced it, on which
-machine and when. Figures are never asserted by tests.
-"""
+_HEADER = (
+    "# Benchmarks\n\nFigures measured by `ledgerq bench ...` (`bench/`); each section is "
+    "rewritten by its own command and says what ran, on which machine and when. The table "
+    "at the top is written from the sections. The machines are shared: compare figures "
+    "measured side by side in one run. Tests never assert figures.\n"
+)
 
 _SUMMARY_HEADING = "## At a glance"
 _TARGET_LINE = re.compile(
@@ -232,13 +232,15 @@ def write_section(
     target_path = path or BENCHMARKS_MD
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    markdown = markdown.strip()
+    # A section opening with a paragraph continues the line above it (a line break).
+    joint = "\n\n" if re.match(r"[|#*!<>-]|\d+\. ", markdown) else "  \n"
     body = (
         f"<!-- bench:{name} -->\n"
         + "".join(line + "\n" for line in lines)
-        + f"_Command:_ `{command or invocation()}`  \n"
-        f"_Machine:_ {machine()}  \n"
-        f"_Date:_ {today}; load average (1, 5, 15 min) when written: {load}\n\n"
-        f"{markdown.strip()}\n"
+        + f"_Command:_ `{command or invocation()}` · _Machine:_ {machine()} · "
+        f"_Date:_ {today}; load average (1, 5, 15 min) when written: {load}{joint}"
+        f"{markdown}\n"
         f"<!-- /bench:{name} -->"
     )
     text = target_path.read_text() if target_path.exists() else _HEADER
@@ -287,9 +289,10 @@ def summary(text: str) -> str:
         if found is None:
             rows.append([goal, "not measured", "-", "-", "-", link])
             continue
-        command = re.search(r"^_Command:_ `(.*)`", body, re.M)
-        machine_line = re.search(r"^_Machine:_ (.*?)\s*$", body, re.M)
-        date = re.search(r"^_Date:_ (\d{4}-\d{2}-\d{2})", body, re.M)
+        # The command, machine and date share one line (older sections: a line each).
+        command = re.search(r"_Command:_ `([^`]*)`", body)
+        machine_line = re.search(r"_Machine:_ ([^·\n]*?)\s*(?:·|$)", body, re.M)
+        date = re.search(r"_Date:_ (\d{4}-\d{2}-\d{2})", body)
         rows.append(
             [
                 goal,

@@ -499,19 +499,21 @@ def command(
     summary = report.table(
         ["figure", "value"],
         [
-            ["batches/s (10 s windows, median)", f"{statistics.median(commits or [0]):.0f}"],
-            ["batches/s (10 s windows, min)", f"{min(commits or [0]):.0f}"],
+            [
+                "batches/s (10 s windows): median / min",
+                f"{statistics.median(commits or [0]):.0f} / {min(commits or [0]):.0f}",
+            ],
             [
                 "latency p50 / p99 ms (median window)",
                 f"{statistics.median([p for *_, p, _ in outcome.windows] or [0]):.0f} / "
                 f"{statistics.median([p for *_, p in outcome.windows] or [0]):.0f}",
             ],
-            *[
-                [
-                    f"RSS growth {name} (MiB): all / heap",
-                    f"{g:+.1f} / {outcome.heap_growth.get(name, float('nan')):+.1f}",
-                ]
-                for name, g in sorted(outcome.memory_growth.items())
+            [
+                "RSS growth (MiB): all / heap",
+                "; ".join(
+                    f"{name} {g:+.1f} / {outcome.heap_growth.get(name, float('nan')):+.1f}"
+                    for name, g in sorted(outcome.memory_growth.items())
+                ),
             ],
         ],
     )
@@ -544,12 +546,13 @@ def command(
                 "measured over 1,000,000 batches by `bench node_history`). Machine load "
                 f"average (1 min) before/after: {load_before:.1f}/{os.getloadavg()[0]:.1f}.",
                 "",
-                lines[0],
-                "",
                 (
-                    f"Invariants: all {len(checks)} PASS (" + "; ".join(n for n, _ in checks) + ")."
+                    f"{lines[0]}. Invariants: all {len(checks)} PASS ("
+                    + "; ".join(n for n, _ in checks)
+                    + ")."
                     if not failed
-                    else report.table(
+                    else f"{lines[0]}.\n\n"
+                    + report.table(
                         ["invariant", "result"],
                         [[n, "PASS" if ok else "FAIL"] for n, ok in checks],
                     )

@@ -243,6 +243,7 @@ def command(
                     )
                 )
     markdown = (
+        "Batches/s, `add_batches` / updates, per batch size × chunk. "
         f"{batches:,} batches per case over {SERVICES} services, one transaction each, added "
         "by one caller in chunks of *chunk* batches per `add_batches` call; then "
         f"{updates:,} of them each get `change_batch_to_submitted` and "
@@ -254,12 +255,24 @@ def command(
         "bigger tables. Payloads are random bytes (signed data does not compress). "
         "SQLite: WAL, `synchronous=FULL` (the default: survives power loss; one disk flush "
         "per commit) and `synchronous=normal` (survives a process crash only); PostgreSQL: "
-        "binary `COPY`, `synchronous_commit=on`.\n\n"
-        + report.table(
-            ["backend", "batch size", "chunk", "add_batches batches/s", "updates batches/s"],
-            rows,
-        )
+        "binary `COPY`, `synchronous_commit=on`.\n\n" + _table(rows)
     )
     click.echo(markdown)
     if write:
         report.write_section("store", markdown)
+
+
+def _table(rows: list[tuple[object, ...]]) -> str:
+    """One row per backend, one column per batch size × chunk (add / update), and
+    the rows the backend's tables held at the end."""
+    cases = list(dict.fromkeys((r[1], r[2]) for r in rows if r[1] != "rows at the end"))
+    backends = list(dict.fromkeys(r[0] for r in rows))
+    cell = {(r[0], r[1], r[2]): f"{r[3]} / {r[4]}" for r in rows}
+    left = {r[0]: r[3] for r in rows if r[1] == "rows at the end"}
+    return report.table(
+        ["backend", *(f"{size} × {chunk}" for size, chunk in cases), "rows at the end"],
+        [
+            [b, *(cell.get((b, size, chunk), "-") for size, chunk in cases), left.get(b, "-")]
+            for b in backends
+        ],
+    )
