@@ -188,7 +188,10 @@ class Process:
         workdir: Path,
         *,
         program: Sequence[str] = (LEDGERQ,),
+        wait: bool = True,
     ):
+        """``wait=False`` returns once the process is started; :meth:`wait_listening`
+        then waits for it (several processes start at once that way)."""
         self.name = name
         self.log_path = workdir / f"{name}.log"
         self._log = self.log_path.open("wb")
@@ -199,17 +202,18 @@ class Process:
             env={**os.environ, **env},
             cwd=workdir,
         )
-        self.url = self._wait_listening(60.0)
+        self.url = self.wait_listening() if wait else ""
         self.stopped = False
         #: (frozen at, thawed at) of every SIGSTOP sent from outside (time.time()).
         self.pauses: list[tuple[float, float | None]] = []
 
-    def _wait_listening(self, timeout_s: float) -> str:
+    def wait_listening(self, timeout_s: float = 60.0) -> str:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             match = _LISTENING.search(self.log_path.read_text(errors="replace"))
             if match:
-                return match.group(1)
+                self.url = match.group(1)
+                return self.url
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited: {self.tail()}")
             time.sleep(0.05)  # waiting for the process to come up, not for time to pass
@@ -346,9 +350,11 @@ class Cluster:
         extra_env: Mapping[str, str] | None = None,
         *,
         ledger_url: str | None = None,
+        wait: bool = True,
     ) -> Process:
         """Start ``ledgerq serve`` as ``gw-<name>-<n>``; ``extra_env`` e.g. its failpoints;
-        ``ledger_url`` the ledger as this gateway reaches it (e.g. a :class:`LedgerCut`)."""
+        ``ledger_url`` the ledger as this gateway reaches it (e.g. a :class:`LedgerCut`);
+        ``wait=False`` as for :class:`Process`."""
         self.generation += 1
         instance = f"gw-{name}-{self.generation}"
         env = {
@@ -363,9 +369,16 @@ class Cluster:
             "LEDGERQ_LOG_LEVEL": "info",
             **(extra_env or {}),
         }
-        gw = Process(instance, ["serve"], env, self.workdir)
+        gw = Process(instance, ["serve"], env, self.workdir, wait=wait)
         self.gateways[name] = gw
         return gw
+
+    def start_gateways(self, *names: str) -> list[Process]:
+        """Start several gateways at once and wait until each listens."""
+        started = [self.start_gateway(name, wait=False) for name in names]
+        for gw in started:
+            gw.wait_listening()
+        return started
 
     def live_gateways(self) -> list[Process]:
         return [g for g in self.gateways.values() if g.alive and not g.stopped]

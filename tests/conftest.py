@@ -5,7 +5,7 @@ the one ``LEDGERQ_TEST_PG`` names (an admin URL such as
 ``postgresql://postgres@127.0.0.1:5432/postgres``) or, by default, a
 throwaway cluster this run starts from the installed server binaries
 (``tests/pg_server.py``) and deletes at the end. Each database is created for
-one test and dropped after the run.
+one test; on a server `LEDGERQ_TEST_PG` names, dropped after the run.
 
 Skips: the run ends with the list of skipped tests and the reason of each;
 under CI (``CI`` set) any skip fails the run.
@@ -68,6 +68,8 @@ def make_pg_database(pg_admin_url: str) -> Iterator[Callable[[], str]]:
         return _with_dbname(pg_admin_url, name)
 
     yield make
+    if not os.environ.get("LEDGERQ_TEST_PG"):
+        return  # the throwaway cluster goes as a whole, its databases with it
     with psycopg.connect(pg_admin_url, autocommit=True) as conn:
         for name in created:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

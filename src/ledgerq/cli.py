@@ -2,52 +2,49 @@
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from ledgerq import __version__
 
+#: Each command and the module that defines it. A command's module is
+#: imported only when that command runs (or help lists it): a client command
+#: such as ``ledgerq status`` need not load the gateway, the node and the
+#: benchmarks to start.
+COMMANDS = {
+    "batches": "ledgerq.commands.client",
+    "bench": "ledgerq.commands.bench",
+    "config": "ledgerq.commands.config",
+    "instances": "ledgerq.commands.cluster",
+    "migrate": "ledgerq.commands.store",
+    "node": "ledgerq.commands.node",
+    "serve": "ledgerq.commands.serve",
+    "service": "ledgerq.commands.service",
+    "services": "ledgerq.commands.cluster",
+    "status": "ledgerq.commands.client",
+    "store": "ledgerq.commands.store",
+    "submit": "ledgerq.commands.client",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _Commands(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMANDS.get(cmd_name)
+        if module is None:
+            return None
+        command = getattr(importlib.import_module(module), cmd_name)
+        assert isinstance(command, click.Command), cmd_name
+        return command
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ledgerq")
 def cli() -> None:
     """Ordered, lossless batch submission to distributed ledgers."""
-
-
-from ledgerq.commands.bench import bench  # noqa: E402
-
-cli.add_command(bench)
-
-from ledgerq.commands.store import migrate, store  # noqa: E402
-
-cli.add_command(migrate)
-cli.add_command(store)
-
-from ledgerq.commands.node import node  # noqa: E402
-
-cli.add_command(node)
-
-from ledgerq.commands.serve import serve  # noqa: E402
-
-cli.add_command(serve)
-
-from ledgerq.commands.cluster import instances, services  # noqa: E402
-
-cli.add_command(instances)
-cli.add_command(services)
-
-from ledgerq.commands.client import batches, status, submit  # noqa: E402
-
-cli.add_command(submit)
-cli.add_command(status)
-cli.add_command(batches)
-
-from ledgerq.commands.service import service  # noqa: E402
-
-cli.add_command(service)
-
-from ledgerq.commands.config import config  # noqa: E402
-
-cli.add_command(config)
 
 
 def main() -> None:

@@ -105,8 +105,7 @@ def _finish(cluster: Cluster, workload: Workload) -> None:
 @pytest.mark.pg
 def test_kill_pause_and_dropped_connections_lose_and_reorder_nothing(cluster: Cluster) -> None:
     workload = Workload(services=12, batches_per_service=10)
-    for name in ("a", "b", "c"):
-        cluster.start_gateway(name)
+    cluster.start_gateways("a", "b", "c")
     cluster.post_round_robin(_wave(workload, 0, 4))
     # FAIL: a dies with whatever it had in flight.
     cluster.gateways["a"].kill()
@@ -128,8 +127,7 @@ def test_kill_pause_and_dropped_connections_lose_and_reorder_nothing(cluster: Cl
 def test_random_faults_while_batches_arrive(cluster: Cluster, seed: int) -> None:
     rng = random.Random(seed)
     workload = Workload(services=10, batches_per_service=8)
-    for name in ("a", "b", "c"):
-        cluster.start_gateway(name)
+    cluster.start_gateways("a", "b", "c")
     for n in range(8):
         cluster.post_round_robin(_wave(workload, n, n + 1))
         fault = rng.choice(["none", "kill", "pause", "drop"])
@@ -240,8 +238,7 @@ def test_pipelined_services_under_random_faults(cluster: Cluster) -> None:
     cluster.env = {**cluster.env, "LEDGERQ_QUEUER_STRATEGY": "pipelined"}
     rng = random.Random(5)
     workload = Workload(services=6, batches_per_service=8, chained=True)
-    for name in ("a", "b", "c"):
-        cluster.start_gateway(name)
+    cluster.start_gateways("a", "b", "c")
     for n in range(8):
         cluster.post_round_robin(_wave(workload, n, n + 1))
         fault = rng.choice(["none", "kill", "pause", "drop"])
@@ -267,8 +264,7 @@ def _fault_at_step(cluster: Cluster, step: str, action: str, workload: Workload)
     a = cluster.start_gateway("a", {"LEDGERQ_FAILPOINTS": f"{step}={action}@{hit}"})
     fired = f"failpoint {step}: {action} at hit {hit}"
     _wait_for(lambda: fired in a.log_path.read_text(errors="replace"), 60, fired, a)
-    cluster.start_gateway("b")
-    cluster.start_gateway("c")
+    cluster.start_gateways("b", "c")
     if action == "kill":
         _wait_for(lambda: not a.alive, 30, "a to die", a)
     elif action == "stop":
@@ -422,7 +418,7 @@ def test_an_operator_acts_through_the_gateway_that_does_not_hold_the_service(
         ops = [("set", "op1", 0), ("inc", "op1", 1), ("inc", "op1", 1), ("inc", "op1", 1)]
         made = [make_intkey_batch(signer, [op]) for op in ops]
         ids = [b.header_signature for b in made]
-        a, b = cluster.start_gateway("a"), cluster.start_gateway("b")
+        a, b = cluster.start_gateways("a", "b")
         cluster.post(a, "ops", encode_batch_list([made[0]]))
         _wait_for(lambda: _status(pg_url, ids[0]) == "Committed", 60, "the first batch", a)
         _wait_for(lambda: _claimant(pg_url, "ops") is not None, 60, "a claim on ops", a)
