@@ -264,7 +264,8 @@ def _anchor(heading: str) -> str:
 
 
 def _short_machine(line: str) -> str:
-    match = re.match(r"(\d+) cores \(([^)]*)\)(?:, (\d+ GiB) RAM)?", line)
+    # The CPU's name may hold parentheses of its own ("Intel(R) Xeon(R) ...").
+    match = re.match(r"(\d+) cores \((.*?)\)(?=,|$)(?:, (\d+ GiB) RAM)?", line)
     if match is None:
         return line.split(",")[0]
     cpu = re.sub(r"\((R|TM)\)|\bCPU\b|\bProcessor\b|@.*|\d+-Core", "", match[2])
