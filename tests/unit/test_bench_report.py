@@ -136,7 +136,10 @@ def test_bench_group_lists_the_bench_folder() -> None:
 def test_the_machine_column_keeps_a_cpu_name_with_parentheses() -> None:
     from bench.report import _short_machine
 
-    intel = "2 cores (Intel(R) Xeon(R) Processor @ 2.60GHz), 24 GiB RAM, Linux 6, a secp256k1 verify 70 µs"
+    intel = (
+        "2 cores (Intel(R) Xeon(R) Processor @ 2.60GHz), 24 GiB RAM, Linux 6, "
+        "a secp256k1 verify 70 µs"
+    )
     assert _short_machine(intel) == "2 cores, Intel Xeon, 24 GiB, verify 70 µs"
     assert (
         _short_machine("2 cores (AMD EPYC 7B13), 24 GiB RAM, Linux 6")
