@@ -52,7 +52,7 @@ def pg_admin_url() -> Iterator[str]:
     try:
         yield url
     finally:
-        cluster.stop()
+        cluster.stop(remove_in_background=True)
 
 
 @pytest.fixture(scope="session")

@@ -351,10 +351,21 @@ class ThrowawayCluster:
             proc.send_signal(signal.SIGQUIT)
             proc.wait(30)
 
-    def stop(self) -> None:
+    def stop(self, *, remove_in_background: bool = False) -> None:
+        """Stop the server and delete its directory; ``remove_in_background``:
+        by a detached ``rm`` this process does not wait for (a run's cluster
+        holds a database per test, hundreds of thousands of files)."""
         self._terminate()
         if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
+            if remove_in_background:
+                # The shell returns at once, leaving rm to run on its own.
+                subprocess.run(
+                    ["sh", "-c", 'rm -rf "$1" </dev/null >/dev/null 2>&1 &', "sh", str(self.root)],
+                    check=True,
+                    start_new_session=True,
+                )
+            else:
+                shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
 
 
