@@ -24,9 +24,11 @@ from ledgerq.model import (
     InvalidTransaction,
     Pending,
     SubmissionError,
+    TrackingBatch,
     TrackingTransaction,
 )
 from ledgerq.store import BatchTrackingStore
+from ledgerq.store.base import DependencyPath
 
 from .conftest import make_batch
 
@@ -215,6 +217,74 @@ async def test_dependency_states_name_the_batch_of_each_tracked_transaction(
     assert states[tb].status is BatchStatusName.DELAYED and not states[tb].submitted
     assert states[tc].failed and states[tc].cancelled
     assert await store.dependency_states([]) == {}
+
+
+def _depending(batch: TrackingBatch, *on: TrackingBatch | str) -> TrackingBatch:
+    """``batch`` with its first transaction depending on ``on`` (batches: their
+    first transaction)."""
+    deps = tuple(d if isinstance(d, str) else d.transactions[0].transaction_header for d in on)
+    tx = dataclasses.replace(batch.transactions[0], dependencies=deps)
+    return dataclasses.replace(batch, transactions=(tx, *batch.transactions[1:]))
+
+
+def _tx(batch: TrackingBatch) -> str:
+    return batch.transactions[0].transaction_header
+
+
+async def test_the_dependency_path_follows_first_dependencies_not_sent(
+    store: BatchTrackingStore,
+) -> None:
+    untracked = "e" * 128
+    a = make_batch(SVC)
+    b = _depending(make_batch("other"), untracked, a)
+    # c's second transaction depends on its first: not a dependency to resolve.
+    c2 = make_batch(SVC, txns=2)
+    own = dataclasses.replace(c2.transactions[1], dependencies=(_tx(c2),))
+    c = _depending(dataclasses.replace(c2, transactions=(c2.transactions[0], own)), b, a)
+    await store.add_batches([c, b, a])  # accepted out of dependency order
+    path = await store.dependency_path(SVC, c.batch_id, 32)
+    assert path is not None
+    assert [(s.transaction_id, s.batch_id, s.service_id) for s in path.steps] == [
+        (_tx(b), b.batch_id, "other"),
+        (_tx(a), a.batch_id, SVC),
+    ]
+    assert path.untracked == ()  # a's
+    assert [s.status for s in path.steps] == [None, None]
+    # At most max_steps steps; the untracked dependencies are the last batch's.
+    short = await store.dependency_path(SVC, c.batch_id, 1)
+    assert short is not None and [s.batch_id for s in short.steps] == [b.batch_id]
+    assert short.untracked == (untracked,)
+    # A batch in flight ends the path.
+    await _write(store, BatchWrite(SVC, a.batch_id, attempt=True))
+    path = await store.dependency_path(SVC, c.batch_id, 32)
+    assert path is not None and [s.batch_id for s in path.steps] == [b.batch_id, a.batch_id]
+    assert path.steps[1].submitted
+    # A committed dependency is passed over: the next one not committed counts.
+    await _write(store, BatchWrite(SVC, a.batch_id, Committed()))
+    path = await store.dependency_path(SVC, c.batch_id, 32)
+    assert path is not None and [s.batch_id for s in path.steps] == [b.batch_id]
+    path = await store.dependency_path("other", b.batch_id, 32)
+    assert path == DependencyPath((), (untracked,))
+    assert await store.dependency_path(SVC, "ab" * 64, 32) is None
+
+
+async def test_the_dependency_path_ends_at_a_failed_batch_and_repeats_a_cycle(
+    store: BatchTrackingStore,
+) -> None:
+    a = make_batch(SVC)
+    b = _depending(make_batch(SVC), a)
+    await store.add_batches([b, a])
+    await store.control_service(SVC, "cancel", actor="ops", batch_ids=[a.batch_id])
+    path = await store.dependency_path(SVC, b.batch_id, 32)
+    assert path is not None and [s.batch_id for s in path.steps] == [a.batch_id]
+    assert path.steps[0].failed and path.steps[0].cancelled
+    # x and y depend on each other: the path goes round until max_steps.
+    x0, y0 = make_batch("cyc"), make_batch("cyc")
+    x, y = _depending(x0, y0), _depending(y0, x0)
+    await store.add_batches([x, y])
+    path = await store.dependency_path("cyc", x.batch_id, 3)
+    assert path is not None
+    assert [s.batch_id for s in path.steps] == [y.batch_id, x.batch_id, y.batch_id]
 
 
 async def test_dependencies_are_kept_as_declared(store: BatchTrackingStore) -> None:

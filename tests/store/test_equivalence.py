@@ -33,10 +33,24 @@ from ledgerq.store import BatchTrackingStore, BatchWrite, open_store
 from .conftest import make_batch
 
 SERVICES = ("a::1", "b::2")
-POOL: list[TrackingBatch] = [
+_BASE = [
     make_batch(SERVICES[i % 2], txns=1 + i % 2, data_change_id=f"d{i}" if i % 3 else None)
     for i in range(6)
 ]
+
+
+def _depending(i: int) -> TrackingBatch:
+    """Batch ``i`` depending on the next two (a ring, across services), and
+    the odd ones also on a transaction no batch tracks."""
+    b = _BASE[i]
+    deps = [_BASE[(i + k) % len(_BASE)].transactions[0].transaction_header for k in (1, 2)]
+    if i % 2:
+        deps.insert(1, "e" * 128)
+    tx = dataclasses.replace(b.transactions[0], dependencies=tuple(deps))
+    return dataclasses.replace(b, transactions=(tx, *b.transactions[1:]))
+
+
+POOL: list[TrackingBatch] = [_depending(i) for i in range(len(_BASE))]
 
 statuses = st.sampled_from(
     [
@@ -117,7 +131,16 @@ async def _snapshot(store: BatchTrackingStore) -> dict[str, object]:
         "pending": [
             b.batch_header for b in await store.list_batches_by_status(BatchStatusName.PENDING)
         ],
+        "dependency paths": [await _path(store, b) for b in POOL],
     }
+
+
+async def _path(store: BatchTrackingStore, batch: TrackingBatch) -> object:
+    path = await store.dependency_path(batch.service_id, batch.batch_id, 4)
+    if path is None:
+        return None
+    # seq values may differ (gaps).
+    return ([dataclasses.replace(s, seq=0) for s in path.steps], path.untracked)
 
 
 async def _run(ops: list[tuple[Any, ...]], url: str) -> list[object]:

@@ -12,7 +12,8 @@ depends on were committed:
 * one service, serial: the batches go in exactly the reference's order;
 * several services, every strategy, dependencies across services: nothing
   is sent before its dependencies committed, every batch commits (no
-  deadlock), each once, and a serial service never has two in flight.
+  deadlock), each once, and a serial service never has two in flight; so
+  too when the checks' store reads interleave (checks run together).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ import asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ledgerq.clock import ManualClock
 from ledgerq.ledgers.base import SubmitResult
 from ledgerq.model import BatchStatusName, Committed, Pending, TrackingBatch
 from ledgerq.queue.strategy import StrategyMap
+from ledgerq.store.base import DependencyPath
+from ledgerq.store.memory import MemoryStore
 from tests.factories import tracking_batch
 from tests.ledger_fakes import ScriptedLedger
 from tests.unit.test_producer import Rig
@@ -107,9 +111,25 @@ def reference_order(batches: list[TrackingBatch]) -> list[str]:
     return order
 
 
-async def _run(batches: list[TrackingBatch], strategies: StrategyMap) -> Judge:
+class InterleavedReads(MemoryStore):
+    """A store whose dependency reads yield to the loop a few times (how
+    many depends on the batch): checks made together interleave."""
+
+    async def dependency_path(
+        self, service_id: str, batch_id: str, max_steps: int
+    ) -> DependencyPath | None:
+        for _ in range(sum(batch_id.encode()) % 5):
+            await asyncio.sleep(0)
+        return await super().dependency_path(service_id, batch_id, max_steps)
+
+
+async def _run(
+    batches: list[TrackingBatch], strategies: StrategyMap, *, interleaved: bool = False
+) -> Judge:
     ledger = Judge(batches)
-    rig = Rig(ledger=ledger, strategies=strategies)
+    clock = ManualClock()
+    store = InterleavedReads(clock=clock) if interleaved else MemoryStore(clock=clock)
+    rig = Rig(ledger=ledger, strategies=strategies, store=store, clock=clock)
     await rig.store.add_batches(batches)
     async with rig:
         for _ in range(2000):
@@ -144,6 +164,21 @@ async def test_dependencies_across_services_commit_everything_never_early(
     batches: list[TrackingBatch], strategy: str
 ) -> None:
     ledger = await _run(batches, StrategyMap.parse(strategy))
+    assert sorted(ledger.sent) == sorted(b.batch_id for b in batches)
+    assert ledger.early == [] and ledger.twice == []
+    if strategy == "serial":
+        assert all(n == 1 for n in ledger.most_in_flight.values())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(2, 3).flatmap(graphs),
+    st.sampled_from(["serial", "parallel", "pipelined"]),
+)
+async def test_checks_whose_reads_interleave_commit_everything_never_early(
+    batches: list[TrackingBatch], strategy: str
+) -> None:
+    ledger = await _run(batches, StrategyMap.parse(strategy), interleaved=True)
     assert sorted(ledger.sent) == sorted(b.batch_id for b in batches)
     assert ledger.early == [] and ledger.twice == []
     if strategy == "serial":

@@ -47,6 +47,9 @@ class DependencyState(Protocol):
     """The tracked batch of a transaction (``ledgerq.store.base.DependencyState``)."""
 
     @property
+    def transaction_id(self) -> str: ...
+
+    @property
     def service_id(self) -> str: ...
 
     @property
@@ -68,12 +71,26 @@ class DependencyState(Protocol):
     def failed(self) -> bool: ...
 
 
+class DependencyPath(Protocol):
+    """What decides (``ledgerq.store.base.DependencyPath``)."""
+
+    @property
+    def steps(self) -> Sequence[DependencyState]: ...
+
+    @property
+    def untracked(self) -> Sequence[str]: ...
+
+
 class DependencyStore(Protocol):
-    """The store role of the check."""
+    """The store role of the check (and of the pipelined strategy's)."""
 
     async def dependency_states(
         self, transaction_ids: Collection[str]
     ) -> Mapping[str, DependencyState]: ...
+
+    async def dependency_path(
+        self, service_id: str, batch_id: str, max_steps: int
+    ) -> DependencyPath | None: ...
 
     async def get_batches_by_id(self, batch_ids: Collection[str]) -> list[TrackingBatch]: ...
 
@@ -141,28 +158,54 @@ class DependencyCheck:
         return transaction_id in self._known
 
     async def resolve(self, batch: TrackingBatch) -> Resolution:
-        return await self._resolve(batch, (batch.batch_id,))
-
-    async def _resolve(self, batch: TrackingBatch, chain: Sequence[str]) -> Resolution:
-        deps = dependencies_of(batch)
-        if not deps:
+        if not dependencies_of(batch):
             return READY
-        states = await self._store.dependency_states(deps)
-        untracked = []
-        for d in deps:
-            state = states.get(d)
-            if state is None:
-                untracked.append(d)
-            elif state.failed:
+        # One read gives the path the decision follows: from the batch, its
+        # first dependency not committed, that one's, and so on while they
+        # are not sent. Walked here as the rules read, batch by batch.
+        path = await self._store.dependency_path(batch.service_id, batch.batch_id, MAX_DEPTH)
+        if path is None:
+            return Wait(f"waits: batch {batch.batch_id} is not tracked")
+        chain = [batch.batch_id]
+        service_id = batch.service_id
+        verdict: Resolution | None = None
+        for state in path.steps:
+            d = state.transaction_id
+            if state.failed:
                 how = "was cancelled" if state.cancelled else "the ledger judged INVALID"
-                return Fail(
+                verdict = Fail(
                     f"depends on transaction {d} of batch {state.batch_id} (service "
                     f"{state.service_id!r}), which {how}"
                 )
-            elif not state.committed:
-                found = await self._open(batch, d, state, chain)
-                if found is not None:
-                    return found
+                break
+            where = _where(d, state, service_id)
+            if state.submitted or state.status is BatchStatusName.PENDING:
+                verdict = Wait(f"waits for {where}, in flight", state.batch_id)
+            elif state.batch_id in chain:
+                verdict = Fail(f"depends on {where}, which depends on it in turn: a cycle")
+            elif len(chain) >= MAX_DEPTH:
+                verdict = Wait(f"waits for {where}: too long a chain of batches to send first")
+            if verdict is not None:
+                break
+            chain.append(state.batch_id)
+            service_id = state.service_id
+        if verdict is None:
+            # The last batch of the path: every dependency it has tracked is
+            # committed; those untracked the ledger answers for.
+            verdict = await self._ask_ledger(path.untracked)
+        level = len(chain) - 1
+        if level == 0 or isinstance(verdict, Wait):
+            return verdict
+        # A batch on the path decided Ready or Fail: it goes first (a failed
+        # one fails on its own, then the batch).
+        state = path.steps[level - 1]
+        where = _where(state.transaction_id, state, _service_before(path, batch, level - 1))
+        found = await self._store.get_batches_by_id([state.batch_id])
+        if not found:
+            return Wait(f"waits for {where}", state.batch_id)
+        return TakeFirst(found[0], f"waits for {where}, not committed yet")
+
+    async def _ask_ledger(self, untracked: Sequence[str]) -> Ready | Wait:
         for d in untracked:
             if d in self._known:
                 continue
@@ -177,28 +220,15 @@ class DependencyCheck:
                 self._known.popitem(last=False)
         return READY
 
-    async def _open(
-        self, batch: TrackingBatch, d: str, state: DependencyState, chain: Sequence[str]
-    ) -> Resolution | None:
-        """A tracked dependency not committed yet: what it means for ``batch``."""
-        where = f"transaction {d} of batch {state.batch_id}"
-        if state.service_id != batch.service_id:
-            where += f" of service {state.service_id!r}"
-        if state.submitted or state.status is BatchStatusName.PENDING:
-            return Wait(f"waits for {where}, in flight", state.batch_id)
-        if state.batch_id in chain:
-            return Fail(f"depends on {where}, which depends on it in turn: a cycle")
-        if len(chain) >= MAX_DEPTH:
-            return Wait(f"waits for {where}: too long a chain of batches to send first")
-        found = await self._store.get_batches_by_id([state.batch_id])
-        if not found:
-            return Wait(f"waits for {where}", state.batch_id)
-        first = found[0]
-        inner = await self._resolve(first, (*chain, first.batch_id))
-        match inner:
-            case Ready() | Fail():
-                # It goes first (a failed one fails on its own, then this one).
-                return TakeFirst(first, f"waits for {where}, not committed yet")
-            case TakeFirst() | Wait():
-                return inner
-        return None
+
+def _service_before(path: DependencyPath, batch: TrackingBatch, index: int) -> str:
+    """The service of the batch before ``path.steps[index]``."""
+    return batch.service_id if index == 0 else path.steps[index - 1].service_id
+
+
+def _where(d: str, state: DependencyState, service_id: str) -> str:
+    """Names dependency ``d`` of a batch of ``service_id``."""
+    where = f"transaction {d} of batch {state.batch_id}"
+    if state.service_id != service_id:
+        where += f" of service {state.service_id!r}"
+    return where

@@ -67,6 +67,7 @@ from ledgerq.model import BatchStatus, BatchStatusName, BatchWrite, Fence, Inval
 from ledgerq.pipeline.dependencies import (
     DependencyCheck,
     Fail,
+    Resolution,
     TakeFirst,
     Wait,
     dependencies_of,
@@ -257,7 +258,9 @@ class Producer:
         #: Batches in flight here that wait for, or undergo, the check of their
         #: declared dependencies (not taken yet: they may still step aside).
         self._checking: set[str] = set()
-        self._checks = asyncio.Lock()
+        #: Per batch whose dependency check reads the store: the services a
+        #: submission of which ended meanwhile.
+        self._ended_during: dict[str, set[str]] = {}
         self.submitted_total = 0
         #: Batches taken with their predecessor's final status; of those,
         #: the ones a parallel final status freed.
@@ -317,6 +320,8 @@ class Producer:
             self._rests.idle(batch.service_id)
         self._posting.discard(batch.batch_id)
         self._ended += 1
+        for ended in self._ended_during.values():
+            ended.add(batch.service_id)
         self._slot_free.set()
 
     def _fence(self, service_id: str) -> Fence | None:
@@ -871,16 +876,27 @@ class Producer:
         dependencies go (``ledgerq.pipeline.dependencies``). If not, what
         it must do instead was done: a dependency of its service taken
         first, the batch failed, or its service set waiting."""
-        # One check at a time: checks made together each see the others'
-        # batches as in flight, and would each wait for the others.
+        # Checks run together. Each acts on its verdict with no await between
+        # what it reads of the lanes and what it does to them: checks made
+        # together see each other's batches as checked, not in flight
+        # (``_checking``), so none waits for another. The store is read
+        # before: a batch it shows not sent may have been taken meanwhile,
+        # and is in flight here still (seen), or its submission ended: then
+        # the check reads again (each time after a submission of that
+        # service ended, so it ends).
+        ended = self._ended_during[batch.batch_id] = set()
         try:
-            async with self._checks:
-                return await self._check_dependencies(batch)
+            while True:
+                ended.clear()
+                verdict = await self.dependencies.resolve(batch)
+                if not isinstance(verdict, TakeFirst) or verdict.batch.service_id not in ended:
+                    break
+            return await self._check_dependencies(batch, verdict)
         finally:
+            self._ended_during.pop(batch.batch_id, None)
             self._checking.discard(batch.batch_id)
 
-    async def _check_dependencies(self, batch: TrackingBatch) -> bool:
-        verdict = await self.dependencies.resolve(batch)
+    async def _check_dependencies(self, batch: TrackingBatch, verdict: Resolution) -> bool:
         service_id = batch.service_id
         match verdict:
             case TakeFirst(batch=first, reason=reason):

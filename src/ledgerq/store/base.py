@@ -117,6 +117,23 @@ class DependencyState:
 
 
 @dataclass(frozen=True, slots=True)
+class DependencyPath:
+    """What decides whether a batch may go (``dependency_path``): from the
+    batch, each batch's first declared dependency (in transaction order, then
+    declaration order, outside that batch) whose tracked batch is not
+    committed, followed while that batch is open (not sent: not submitted,
+    no status or ``Delayed``/``Unknown``)."""
+
+    #: ``steps[i]``: that dependency of the batch before it (the batch
+    #: itself for ``steps[0]``) and its batch (the lowest ``seq`` if several
+    #: track it; a dependency any batch committed is committed).
+    steps: tuple[DependencyState, ...]
+    #: The dependencies of the last batch on the path (the batch itself if
+    #: no step) that no batch tracks, in order.
+    untracked: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceSummary:
     """One service as the store sees it.
 
@@ -297,6 +314,14 @@ class ControlStore(Protocol):
     ) -> dict[str, DependencyState]:
         """The tracked batches of these transaction ids (any service), by
         transaction id; untracked ids are left out."""
+        ...
+
+    async def dependency_path(
+        self, service_id: str, batch_id: str, max_steps: int
+    ) -> DependencyPath | None:
+        """The :class:`DependencyPath` of a batch, at most ``max_steps``
+        steps long (a cycle repeats until then), in one read; ``None`` if the
+        batch is not tracked."""
         ...
 
 

@@ -42,6 +42,7 @@ from ledgerq.queue.parallel import BatchAccess
 from ledgerq.store.base import (
     DATA_CHANGE_PREFIX,
     NO_STATUS,
+    DependencyPath,
     DependencyState,
     ServiceAction,
     ServiceControl,
@@ -562,6 +563,18 @@ def service_action(row: Sequence[Any]) -> ServiceAction:
     aid, sid, action, actor, at, batch_ids, detail = row
     ids = json.loads(batch_ids) if isinstance(batch_ids, str) else list(batch_ids or ())
     return ServiceAction(int(aid), sid, action, actor, int(at), tuple(ids), detail)
+
+
+def dependency_path(rows: Sequence[Sequence[Any]]) -> DependencyPath | None:
+    """``dependency_path`` rows, the batch itself first; the last one's
+    untracked dependencies an array (PostgreSQL) or JSON text."""
+    if not rows:
+        return None
+    untracked = rows[-1][7]
+    ids = json.loads(untracked) if isinstance(untracked, str) else list(untracked or ())
+    return DependencyPath(
+        tuple(dependency_state(r[:7]) for r in rows[1:]), tuple(dict.fromkeys(ids))
+    )
 
 
 def dependency_state(row: Sequence[Any]) -> DependencyState:

@@ -37,6 +37,7 @@ from ledgerq.queue.serial import select_round
 from ledgerq.store import common
 from ledgerq.store.base import (
     NO_STATUS,
+    DependencyPath,
     DependencyState,
     ServiceAction,
     ServiceActionKind,
@@ -440,17 +441,27 @@ class MemoryStore(common.SeedWrites):
         out: dict[str, DependencyState] = {}
         for (sid, tid), bid in self._s.txn_owner.items():
             if tid in wanted:
-                rec = self._s.records[(sid, bid)]
-                out[tid] = DependencyState(
-                    tid,
-                    sid,
-                    bid,
-                    rec.batch.seq or 0,
-                    rec.status,
-                    rec.submitted,
-                    cancelled=rec.error is not None and rec.error.error_type == CANCELLED,
-                )
+                out[tid] = _dependency_state(tid, self._s.records[(sid, bid)])
         return out
+
+    async def dependency_path(
+        self, service_id: str, batch_id: str, max_steps: int
+    ) -> DependencyPath | None:
+        rec = self._s.records.get((service_id, batch_id))
+        if rec is None:
+            return None
+        trackers: dict[str, list[_Record]] = {}
+        for (sid, tid), bid in self._s.txn_owner.items():
+            trackers.setdefault(tid, []).append(self._s.records[(sid, bid)])
+        steps: list[DependencyState] = []
+        while len(steps) < max_steps and (not steps or _open(rec)):
+            step = _first_open_dependency(rec.batch, trackers)
+            if step is None:
+                break
+            steps.append(_dependency_state(*step))
+            rec = step[1]
+        untracked = tuple(d for d in _dependencies(rec.batch) if d not in trackers)
+        return DependencyPath(tuple(steps), untracked)
 
     # -- reads ----------------------------------------------------------------
 
@@ -705,3 +716,47 @@ class MemoryStore(common.SeedWrites):
             key = NO_STATUS if r.status is None else r.status.value
             counts[key] = counts.get(key, 0) + 1
         return counts
+
+
+_COMMITTED = (BatchStatusName.COMMITTED, BatchStatusName.VALID)
+_SENT = (*_COMMITTED, BatchStatusName.PENDING, BatchStatusName.INVALID)
+
+
+def _dependency_state(transaction_id: str, rec: _Record) -> DependencyState:
+    return DependencyState(
+        transaction_id,
+        rec.batch.service_id,
+        rec.batch.batch_id,
+        rec.batch.seq or 0,
+        rec.status,
+        rec.submitted,
+        cancelled=rec.error is not None and rec.error.error_type == CANCELLED,
+    )
+
+
+def _open(rec: _Record) -> bool:
+    """Not sent: not submitted, no status or ``Delayed``/``Unknown``."""
+    return not rec.submitted and rec.status not in _SENT
+
+
+def _dependencies(batch: TrackingBatch) -> list[str]:
+    """The transaction ids ``batch`` depends on, outside itself, in order."""
+    own = {t.transaction_header for t in batch.transactions}
+    found: dict[str, None] = {}
+    for t in batch.transactions:
+        for d in t.dependencies:
+            if d not in own:
+                found.setdefault(d)
+    return list(found)
+
+
+def _first_open_dependency(
+    batch: TrackingBatch, trackers: dict[str, list[_Record]]
+) -> tuple[str, _Record] | None:
+    """The first dependency of ``batch`` tracked and committed by no batch,
+    with its batch of lowest ``seq``."""
+    for d in _dependencies(batch):
+        found = trackers.get(d)
+        if found and not any(r.status in _COMMITTED for r in found):
+            return d, min(found, key=lambda r: r.batch.seq or 0)
+    return None

@@ -40,6 +40,7 @@ from ledgerq.store import common
 from ledgerq.store.base import (
     DATA_CHANGE_PREFIX,
     NO_STATUS,
+    DependencyPath,
     DependencyState,
     ServiceAction,
     ServiceActionKind,
@@ -1349,6 +1350,16 @@ class SqlStore(common.SeedWrites):
             "dependency_states", {"ids": self._backend.texts_param(wanted)}, short=True
         )
         return {r[0]: common.dependency_state(r) for r in rows}
+
+    async def dependency_path(
+        self, service_id: str, batch_id: str, max_steps: int
+    ) -> DependencyPath | None:
+        rows = await self._fetchall(
+            "dependency_path",
+            {"service_id": service_id, "batch_id": batch_id, "max_steps": max_steps},
+            short=True,
+        )
+        return common.dependency_path(rows)
 
     async def status_counts(self) -> dict[str, int]:
         rows = await self._fetchall("status_counts", {})

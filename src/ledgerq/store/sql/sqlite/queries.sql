@@ -787,6 +787,58 @@ JOIN batches b ON b.service_id = t.service_id AND b.batch_id = t.batch_id
 LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
 WHERE t.transaction_id IN (SELECT value FROM json_each(:ids));
 
+-- Declared dependencies: what decides whether batch :batch_id (of :service_id) may go
+-- (DependencyPath in store/base.py). From it, each batch's first dependency
+-- outside itself (transaction, then declaration order) that a batch tracks
+-- and none committed, with its batch of lowest seq; followed while that batch
+-- is open (not submitted, no status or Delayed/Unknown), :max_steps steps at most.
+-- A row per batch on the path (the batch itself at depth 0) with the
+-- transaction that led to it; the last also its dependencies no batch tracks.
+-- name: dependency_path
+WITH RECURSIVE path(depth, seq, via) AS (
+    SELECT 0, seq, NULL FROM batches WHERE service_id = :service_id AND batch_id = :batch_id
+    UNION ALL
+    SELECT p.depth + 1, nb.seq, nt.transaction_id
+    FROM path p
+    JOIN batches pb ON pb.seq = p.seq
+    JOIN transactions nt ON nt.transaction_id = (
+        SELECT d.value
+        FROM transactions t, json_each(t.dependencies) d
+        WHERE t.service_id = pb.service_id AND t.batch_id = pb.batch_id
+          AND NOT EXISTS (
+                SELECT 1 FROM transactions o
+                WHERE o.service_id = pb.service_id AND o.transaction_id = d.value
+                  AND o.batch_id = pb.batch_id)
+          AND EXISTS (SELECT 1 FROM transactions x WHERE x.transaction_id = d.value)
+          AND NOT EXISTS (
+                SELECT 1 FROM transactions x
+                JOIN batches xb ON xb.service_id = x.service_id AND xb.batch_id = x.batch_id
+                WHERE x.transaction_id = d.value AND xb.status IN ('Committed', 'Valid'))
+        ORDER BY t.position, d.key
+        LIMIT 1)
+    JOIN batches nb ON nb.service_id = nt.service_id AND nb.batch_id = nt.batch_id
+    WHERE p.depth < :max_steps
+      AND (p.depth = 0
+           OR (NOT pb.submitted AND (pb.status IS NULL OR pb.status IN ('Delayed', 'Unknown'))))
+      AND NOT EXISTS (
+            SELECT 1 FROM transactions y
+            JOIN batches yb ON yb.service_id = y.service_id AND yb.batch_id = y.batch_id
+            WHERE y.transaction_id = nt.transaction_id AND yb.seq < nb.seq)
+)
+SELECT p.via, b.service_id, b.batch_id, b.seq, b.status, b.submitted, s.error_type,
+       CASE WHEN p.depth = (SELECT max(depth) FROM path) THEN (
+           SELECT json_group_array(u.value) FROM (
+               SELECT d.value
+               FROM transactions t, json_each(t.dependencies) d
+               WHERE t.service_id = b.service_id AND t.batch_id = b.batch_id
+                 AND NOT EXISTS (SELECT 1 FROM transactions x WHERE x.transaction_id = d.value)
+               ORDER BY t.position, d.key) u)
+       END
+FROM path p
+JOIN batches b ON b.seq = p.seq
+LEFT JOIN submissions s ON s.service_id = b.service_id AND s.batch_id = b.batch_id
+ORDER BY p.depth;
+
 -- Operator control (docs/operations.md): every service paused or halted.
 -- name: stopped_services
 SELECT service_id, paused, halted_batch_id, halted_reason, halted_at
