@@ -230,6 +230,7 @@ class Producer:
         self.dependencies = DependencyCheck(store, ledger)
         self._pipelines = Pipelines(
             store,
+            ledger,
             strategies,
             self.dependencies,
             depth=s.pipeline_depth,
@@ -446,12 +447,11 @@ class Producer:
         *,
         recorded: bool = False,
         fence: Fence | None = None,
-        checked: bool = False,
+        in_run: bool = False,
     ) -> None:
         """Take, post and record ``batch``; ``recorded``: the store shows it
-        taken already (with its predecessor's final status, under ``fence``),
-        so the POST comes first; ``checked``: its dependencies were checked
-        (a pipelined batch, which goes while its predecessors are in flight)."""
+        taken already (with its predecessor's final status, or in a pipelined
+        run: ``in_run``, under ``fence``), so the POST comes first."""
         started = time.monotonic()
         # One line here and one when it ends, per batch, at INFO: the HA chaos
         # tests read them to know which POSTs a frozen gateway had under way.
@@ -462,17 +462,13 @@ class Producer:
         try:
             if not recorded:
                 failpoint("submitting")
-                if (
-                    not checked
-                    and dependencies_of(batch)
-                    and not await self._dependencies_met(batch)
-                ):
+                if dependencies_of(batch) and not await self._dependencies_met(batch):
                     return
                 fence = self._fence(batch.service_id)
                 await self._completer.apply(writes.taken(batch, now=self._clock(), fence=fence))
                 recorded = True
                 self.source.taken(batch)
-            else:
+            elif not in_run:
                 failpoint("taken_with_final")
             outcome = await self.submitter.post(batch, self._lease(batch.service_id, fence))
             failpoint("before_record")
@@ -543,8 +539,8 @@ class Producer:
         try:
             self.follower.accepted(batch.batch_id, batch.service_id)
             if self._pipelines.pipelined(batch.service_id):
-                # The next batch may go now that the ledger has this one; it
-                # does not wait for this write (the ledger keeps the order).
+                # The next batches may go now that the ledger has this one;
+                # they do not wait for this write (the ledger keeps the order).
                 self._spawn(self._pipeline_next(batch.service_id, batch.batch_id))
             if not self._parallel(batch.service_id):
                 # While the batch waits at the ledger, not once it is final
@@ -799,8 +795,8 @@ class Producer:
     # -- the pipelined strategy ------------------------------------------------
 
     async def _pipeline_next(self, service_id: str, after: str | None) -> None:
-        """Take the next batch of a pipelined service that may go while those
-        before it are in flight, if there is one (:class:`Pipelines`)."""
+        """Take the next batches of a pipelined service that may go while
+        those before them are in flight, if there are (:class:`Pipelines`)."""
         lock = self._pipelines.lock(service_id)
         try:
             async with lock:
@@ -815,21 +811,81 @@ class Producer:
                     isinstance(found, Take)
                     and self._tasks is not None
                     and not self._stopping.is_set()
-                    and found.batch.batch_id not in self._in_flight
                 ):
-                    self._take(found.batch)
-                    self._tasks.create_task(self._submit(found.batch, checked=True))
+                    run: list[TrackingBatch] = []
+                    for batch in found.batches:
+                        if batch.batch_id in self._in_flight:
+                            break  # taken another way meanwhile: the run ends before it
+                        self._take(batch)
+                        run.append(batch)
+                    if run:
+                        self._tasks.create_task(self._take_run(service_id, run))
         except LedgerqError as exc:
             log.warning("cannot read the next batch of service %s: %s", service_id, exc)
         finally:
             self._pipelines.unlocked(service_id, lock)
 
+    async def _take_run(self, service_id: str, run: Sequence[TrackingBatch]) -> None:
+        """Record a pipelined walk's run taken, in one transaction, then post
+        each of its batches at once, none waiting for another's answer (the
+        ledger keeps their order through their dependencies).
+
+        Only the batches before the first take the store refuses are posted;
+        those after it that were recorded taken stay ``submitted``, and the
+        follower asks the ledger about them before anything resends them.
+        """
+        landed = 0
+        fence: Fence | None = None
+        try:
+            for _ in run:
+                failpoint("submitting")
+            fence = self._fence(service_id)
+            now = self._clock()
+            refusals = await self._completer.apply_together(
+                [writes.taken(batch, now=now, fence=fence) for batch in run]
+            )
+            landed = next((i for i, e in enumerate(refusals) if e is not None), len(run))
+            if landed < len(run):
+                refused = refusals[landed]
+                if isinstance(refused, StatusTransitionError):
+                    self._spawn(self._rests.refresh([service_id]))
+                log.warning(
+                    "batch=%s service=%s not taken: %s; the %d after it in its run are not posted",
+                    run[landed].batch_id[:16],
+                    service_id,
+                    refused,
+                    len(run) - landed - 1,
+                )
+        except LedgerqError as exc:
+            log.log(
+                logging.WARNING
+                if isinstance(exc, FencedOffError | StatusTransitionError)
+                else logging.ERROR,
+                "run of %d batches of service %s not taken: %s",
+                len(run),
+                service_id,
+                exc,
+            )
+        finally:
+            for at, batch in enumerate(run):
+                if at < landed:
+                    self.source.taken(batch)
+                    self._post_taken(batch, fence, in_run=True)
+                else:
+                    self._pipelines.leave(service_id, batch.batch_id)
+                    self._untake(batch)
+                    self.source.released(batch)
+
     def _walk_on(self, service_id: str, final: str) -> None:
         """``final`` (of a pipelined service) is final: one batch fewer in
-        flight, so perhaps one more may go. Walked from the last batch of the
+        flight, so perhaps more may go. Walked from the last batch of the
         service in flight here (those before it are in flight too, and a
         batch lost among them is sent again from the service's first), or
-        not at all while that one is being posted: its acceptance walks on."""
+        not at all while that one is being posted: its acceptance walks on;
+        from the service's first when a walk left a lost batch behind."""
+        if self._pipelines.lost_behind(service_id):
+            self._spawn(self._pipeline_next(service_id, None))
+            return
         start = self._pipelines.last(service_id)
         if start is not None and start in self._in_flight:
             return
@@ -969,14 +1025,16 @@ class Producer:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _post_taken(self, batch: TrackingBatch, fence: Fence | None) -> None:
+    def _post_taken(
+        self, batch: TrackingBatch, fence: Fence | None, *, in_run: bool = False
+    ) -> None:
         """Post a batch the store already shows taken. If the run ended
         meanwhile, the batch stays {submitted}: the follower asks the ledger
         about it before anything resends it."""
         try:
             if self._tasks is None:
                 raise RuntimeError("the producer's run ended")
-            self._tasks.create_task(self._submit(batch, recorded=True, fence=fence))
+            self._tasks.create_task(self._submit(batch, recorded=True, fence=fence, in_run=in_run))
         except RuntimeError:  # no run, or its task group is shutting down
             self._untake(batch)
             log.warning(
