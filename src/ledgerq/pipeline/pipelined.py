@@ -28,6 +28,7 @@ was taken another way reads again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -63,10 +64,12 @@ _FIRST_PAGE = 4
 
 @dataclass(frozen=True, slots=True)
 class _InFlight:
-    """A batch in a lane: its place in the service's order, its transactions."""
+    """A batch in a lane: its place in the service's order, its transactions;
+    ``unsent``: taken but not posted (the ledger is asked about it)."""
 
     seq: int
     transactions: frozenset[str]
+    unsent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,26 @@ class Pipelines:
         at = ids.index(batch_id)
         return (ids[at - 1] if at else None), ids[at + 1 :]
 
+    def holds(self, service_id: str, batch_id: str) -> bool:
+        """Whether ``batch_id`` is in flight here (in its service's lane)."""
+        return batch_id in self._lanes.get(service_id, ())
+
+    def unsent(self, service_id: str, batch_id: str) -> None:
+        """``batch_id``, in its lane, was taken but not posted: no walk goes
+        past it until it leaves the lane (the ledger's answer about it)."""
+        lane = self._lanes.get(service_id, {})
+        place = lane.get(batch_id)
+        if place is not None:
+            lane[batch_id] = dataclasses.replace(place, unsent=True)
+
+    def blocks(self, service_id: str, batch_id: str, in_flight: Collection[str]) -> bool:
+        """Whether a walk stops at ``batch_id``: it is being posted, or was
+        taken and not posted."""
+        if batch_id in in_flight:
+            return True
+        place = self._lanes.get(service_id, {}).get(batch_id)
+        return place is not None and place.unsent
+
     def last(self, service_id: str) -> str | None:
         """The service's last batch in flight here, in its order (``None``: none)."""
         lane = self._lanes.get(service_id)
@@ -202,7 +225,7 @@ class Pipelines:
             page = await self._store.batches_following(service_id, previous, limit=limit)
             for nxt in page:
                 looked += 1
-                if nxt.batch_id in in_flight:
+                if self.blocks(service_id, nxt.batch_id, in_flight):
                     return _Walked(_take(run), looked)
                 if nxt.submitted or nxt.status_name is BatchStatusName.PENDING:
                     previous = nxt.batch_id  # in flight (here or elsewhere): look past it

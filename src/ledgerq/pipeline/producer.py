@@ -144,6 +144,16 @@ class PipelineSettings:
     pipeline_depth: int = 64
 
 
+@dataclass(frozen=True, slots=True)
+class _RunLink:
+    """A batch's place in a pipelined run being posted: whether the ledger
+    accepted it (the run's next POST waits for that), and whether it is the
+    run's last (whose acceptance walks on)."""
+
+    answered: asyncio.Future[bool]
+    last: bool
+
+
 class _Lease:
     """A submission's claim: :class:`~ledgerq.submit.submitter.Lease`."""
 
@@ -447,11 +457,11 @@ class Producer:
         *,
         recorded: bool = False,
         fence: Fence | None = None,
-        in_run: bool = False,
+        link: _RunLink | None = None,
     ) -> None:
         """Take, post and record ``batch``; ``recorded``: the store shows it
         taken already (with its predecessor's final status, or in a pipelined
-        run: ``in_run``, under ``fence``), so the POST comes first."""
+        run: ``link``, under ``fence``), so the POST comes first."""
         started = time.monotonic()
         # One line here and one when it ends, per batch, at INFO: the HA chaos
         # tests read them to know which POSTs a frozen gateway had under way.
@@ -468,11 +478,13 @@ class Producer:
                 await self._completer.apply(writes.taken(batch, now=self._clock(), fence=fence))
                 recorded = True
                 self.source.taken(batch)
-            elif not in_run:
+            elif link is None:
                 failpoint("taken_with_final")
             outcome = await self.submitter.post(batch, self._lease(batch.service_id, fence))
+            if link is not None:
+                link.answered.set_result(isinstance(outcome.result, Accepted))
             failpoint("before_record")
-            await self._record(batch, outcome, fence)
+            await self._record(batch, outcome, fence, walk=link is None or link.last)
             failpoint("after_record")
             self.submitted_total += 1
         except LedgerqError as exc:
@@ -496,6 +508,8 @@ class Producer:
                 exc,
             )
         finally:
+            if link is not None and not link.answered.done():
+                link.answered.set_result(False)
             if taken_here and not recorded:
                 self.source.released(batch)
                 self._pipelines.leave(batch.service_id, batch.batch_id)
@@ -509,14 +523,18 @@ class Producer:
                 (time.monotonic() - started) * 1000,
             )
 
-    async def _record(self, batch: TrackingBatch, outcome: Outcome, fence: Fence | None) -> None:
+    async def _record(
+        self, batch: TrackingBatch, outcome: Outcome, fence: Fence | None, *, walk: bool = True
+    ) -> None:
+        """``walk``: an accepted pipelined batch walks on (in a run, only its
+        last does: the run's next POST follows the others)."""
         result = outcome.result
         if isinstance(result, Accepted):
             # Handed over to the follower, which reads its status from now
             # on: an answer about it is no longer one to drop as predating
             # this submission.
             self._posting.discard(batch.batch_id)
-            await self._accepted(batch, fence)
+            await self._accepted(batch, fence, walk=walk)
             return
         write = writes.outcome(batch, result, outcome.attempts, now=self._clock(), fence=fence)
         await self._apply_freeing(write)
@@ -524,7 +542,7 @@ class Producer:
             # The ledger may or may not have it: asked before anything moves.
             self.follower.ask(batch.batch_id, batch.service_id)
 
-    async def _accepted(self, batch: TrackingBatch, fence: Fence | None) -> None:
+    async def _accepted(self, batch: TrackingBatch, fence: Fence | None, *, walk: bool) -> None:
         """The ledger accepted ``batch``: it is followed from now on (its
         status read parked at once), and recorded ``Pending``.
 
@@ -538,7 +556,7 @@ class Producer:
         self._accepting[batch.batch_id] = recorded
         try:
             self.follower.accepted(batch.batch_id, batch.service_id)
-            if self._pipelines.pipelined(batch.service_id):
+            if walk and self._pipelines.pipelined(batch.service_id):
                 # The next batches may go now that the ledger has this one;
                 # they do not wait for this write (the ledger keeps the order).
                 self._spawn(self._pipeline_next(batch.service_id, batch.batch_id))
@@ -867,14 +885,49 @@ class Producer:
                 exc,
             )
         finally:
-            for at, batch in enumerate(run):
-                if at < landed:
-                    self.source.taken(batch)
-                    self._post_taken(batch, fence, in_run=True)
-                else:
-                    self._pipelines.leave(service_id, batch.batch_id)
-                    self._untake(batch)
-                    self.source.released(batch)
+            for batch in run[landed:]:
+                self._pipelines.leave(service_id, batch.batch_id)
+                self._untake(batch)
+                self.source.released(batch)
+        for batch in run[:landed]:
+            self.source.taken(batch)
+        await self._post_run(run[:landed], fence)
+
+    async def _post_run(self, run: Sequence[TrackingBatch], fence: Fence | None) -> None:
+        """Post a run's batches, recorded taken, in their order: each POST
+        once the ledger accepted the one before (so the ledger never holds
+        one for a batch it has not seen yet), not once that was recorded.
+        After one the ledger did not accept (refused, ambiguous, not posted),
+        the rest are not posted: they stay ``submitted``, in the lane, and
+        the ledger is asked about them (it has never seen them: ``Unknown``,
+        and they go again after it, in order)."""
+        loop = asyncio.get_running_loop()
+        for at, batch in enumerate(run):
+            link = _RunLink(loop.create_future(), last=at == len(run) - 1)
+            if not self._post_in_run(batch, fence, link):
+                unposted = run[at:]
+            elif not await link.answered:
+                unposted = run[at + 1 :]
+            else:
+                continue
+            for rest in unposted:
+                self._untake(rest)
+                if self._pipelines.holds(rest.service_id, rest.batch_id):
+                    self._pipelines.unsent(rest.service_id, rest.batch_id)
+                    self.follower.ask(rest.batch_id, rest.service_id)
+            return
+
+    def _post_in_run(self, batch: TrackingBatch, fence: Fence | None, link: _RunLink) -> bool:
+        """Start the submission of a run's batch; not if it left its lane
+        meanwhile (failed: a batch before it was INVALID) or the producer's
+        run is ending."""
+        if self._tasks is None or not self._pipelines.holds(batch.service_id, batch.batch_id):
+            return False
+        try:
+            self._tasks.create_task(self._submit(batch, recorded=True, fence=fence, link=link))
+        except RuntimeError:  # its task group is shutting down
+            return False
+        return True
 
     def _walk_on(self, service_id: str, final: str) -> None:
         """``final`` (of a pipelined service) is final: one batch fewer in
@@ -887,7 +940,7 @@ class Producer:
             self._spawn(self._pipeline_next(service_id, None))
             return
         start = self._pipelines.last(service_id)
-        if start is not None and start in self._in_flight:
+        if start is not None and self._pipelines.blocks(service_id, start, self._in_flight):
             return
         self._spawn(self._pipeline_next(service_id, start or final))
 
@@ -1025,16 +1078,14 @@ class Producer:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _post_taken(
-        self, batch: TrackingBatch, fence: Fence | None, *, in_run: bool = False
-    ) -> None:
+    def _post_taken(self, batch: TrackingBatch, fence: Fence | None) -> None:
         """Post a batch the store already shows taken. If the run ended
         meanwhile, the batch stays {submitted}: the follower asks the ledger
         about it before anything resends it."""
         try:
             if self._tasks is None:
                 raise RuntimeError("the producer's run ended")
-            self._tasks.create_task(self._submit(batch, recorded=True, fence=fence, in_run=in_run))
+            self._tasks.create_task(self._submit(batch, recorded=True, fence=fence))
         except RuntimeError:  # no run, or its task group is shutting down
             self._untake(batch)
             log.warning(
