@@ -4,18 +4,19 @@ their order kept by a ledger that enforces declared dependencies."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import pytest
 
 from ledgerq.clock import ManualClock
 from ledgerq.config import load_settings
-from ledgerq.errors import ConfigError
-from ledgerq.ledgers.base import SubmitResult
+from ledgerq.errors import ConfigError, StoreError
+from ledgerq.ledgers.base import Ambiguous, SubmitResult
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    BatchWrite,
     Committed,
     Invalid,
     InvalidTransaction,
@@ -23,6 +24,8 @@ from ledgerq.model import (
     TrackingBatch,
     Unknown,
 )
+from ledgerq.pipeline.dependencies import DependencyCheck
+from ledgerq.pipeline.pipelined import Pipelines, Take
 from ledgerq.queue.strategy import OnInvalidMap, StrategyMap
 from ledgerq.store import MemoryStore
 from tests.factories import tracking_batch
@@ -333,6 +336,108 @@ async def test_a_batch_sent_again_that_is_invalid_fails_every_batch_after_it() -
             await until_status(rig, b, BatchStatusName.INVALID)
     assert ledger.committed == [batches[0].batch_id]
     assert ledger.violations == []
+
+
+class CountedWrites(MemoryStore):
+    """A store that keeps the batch ids each of its writes took."""
+
+    takes: list[list[str]]
+
+    async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
+        self.takes.append([w.id for w in writes if w.attempt])
+        return await super().apply_writes(writes)
+
+
+class OnePostAtATime(Ordering):
+    """An :class:`Ordering` ledger that counts the POSTs it answers at once."""
+
+    def __init__(self, batches: list[TrackingBatch]) -> None:
+        super().__init__(batches)
+        self.posting = 0
+        self.most_posting = 0
+
+    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
+        self.posting += 1
+        self.most_posting = max(self.most_posting, self.posting)
+        try:
+            await asyncio.sleep(0.001)
+            return await super().submit(service_id, batch_id, serialized_batch)
+        finally:
+            self.posting -= 1
+
+
+async def test_a_run_is_taken_in_one_store_write_and_posted_in_order() -> None:
+    # Once the first batch is at the ledger, the nine after it are taken
+    # together (one transaction), then posted one after the other, each once
+    # the ledger accepted the one before it.
+    batches = chain("s", 10)
+    ledger = OnePostAtATime(batches)
+    clock = ManualClock()
+    store = CountedWrites(clock=clock)
+    store.takes = []
+    rig = Rig(ledger=ledger, strategies=PIPELINED, store=store, clock=clock)
+    await rig.add(*batches)
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 10)
+        await ledger.commit()
+        for b in batches:
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+    ids = [b.batch_id for b in batches]
+    assert [t for t in store.takes if t] == [ids[:1], ids[1:]]
+    assert ledger.arrived == ids and ledger.most_posting == 1
+    assert ledger.most_pending == 10 and ledger.violations == []
+
+
+async def test_the_batches_after_one_the_ledger_did_not_accept_are_asked_about_first() -> None:
+    # The third batch's POST is ambiguous (the ledger has it after all): the
+    # two after it in its run are not posted; the ledger is asked about them
+    # (it never saw them), then they go, once each, in order.
+    batches = chain("s", 5)
+    ledger = Ordering(batches)
+    ledger.script = {batches[2].batch_id: [Ambiguous("connection dropped after the POST")]}
+    rig = Rig(ledger=ledger, strategies=PIPELINED)
+    await rig.add(*batches)
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 5)
+        await ledger.commit()
+        for b in batches:
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+    assert ledger.arrived == ledger.committed == [b.batch_id for b in batches]
+    assert ledger.violations == []
+    asked = {i for _, ids in ledger.status_requests for i in ids}
+    assert {batches[3].batch_id, batches[4].batch_id} <= asked
+
+
+async def test_a_lost_batch_goes_again_once_the_ledger_says_it_has_the_one_before() -> None:
+    # The ledger said it lost the second batch; the first, in flight here,
+    # it lost too but has not said so yet: the second waits (asked, not
+    # guessed), and goes once the ledger has the first again.
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    ledger = ScriptedLedger()
+    batches = await store.add_batches(chain("s", 3))
+    first, lost, _ = batches
+    await store.apply_writes([BatchWrite("s", b.batch_id, attempt=True) for b in batches])
+    await store.apply_writes([BatchWrite("s", lost.batch_id, Unknown())])
+    pipelines = Pipelines(
+        store,
+        ledger,
+        PIPELINED,
+        DependencyCheck(store, ledger),
+        depth=8,
+        delay_window_ms=0,
+        clock=clock,
+    )
+    for b in batches:
+        pipelines.taken(b)
+    pipelines.leave("s", lost.batch_id)
+    assert await pipelines.next("s", None, ()) is None
+    assert ledger.status_requests == [("s", (first.batch_id,))]
+    assert pipelines.lost_behind("s")  # the next walk starts from the first batch
+    ledger.statuses[first.batch_id] = Pending()
+    found = await pipelines.next("s", None, ())
+    assert isinstance(found, Take) and [b.batch_id for b in found.batches] == [lost.batch_id]
+    assert not pipelines.lost_behind("s")
 
 
 def test_a_ledger_that_does_not_enforce_dependencies_is_refused() -> None:
