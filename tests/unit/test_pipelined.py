@@ -115,6 +115,24 @@ async def test_a_chain_is_in_flight_together_and_committed_in_order() -> None:
     assert ledger.violations == [] and ledger.most_pending == 10
 
 
+async def test_batches_accepted_while_others_are_in_flight_go_before_a_commit() -> None:
+    batches = chain("s", 6)
+    ledger = Ordering(batches)
+    rig = Rig(ledger=ledger, strategies=PIPELINED)
+    await rig.add(*batches[:3])
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 3 and not rig.producer.submitting)
+        await asyncio.sleep(0.02)  # the walk the last acceptance started found nothing
+        await rig.add(*batches[3:])  # the API's insert wakes the service
+        await until(lambda: len(ledger.arrived) == 6)
+        assert ledger.committed == []
+        await ledger.commit()
+        for b in batches:
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+    assert ledger.arrived == ledger.committed == [b.batch_id for b in batches]
+    assert ledger.violations == []
+
+
 async def test_the_depth_bounds_what_is_in_flight() -> None:
     batches = chain("s", 6)
     ledger = Ordering(batches)

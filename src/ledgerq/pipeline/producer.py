@@ -351,8 +351,18 @@ class Producer:
 
     def wake(self, service_id: str | None = None) -> None:
         """A service's state changed in the store (``None``: some service):
-        look for its next batch now."""
+        look for its next batch now. A pipelined service with batches in
+        flight here, which the queue does not pick, is walked on from its
+        last (batches accepted after it go without waiting for a commit)."""
         self.source.wake(service_id)
+        if (
+            service_id is not None
+            and self._tasks is not None
+            and self._pipelines.pipelined(service_id)
+        ):
+            last = self._pipelines.last(service_id)
+            if last is not None:
+                self._walk_on(service_id, last)
 
     def stop(self) -> None:
         """Take no new batches; :meth:`run` returns once in-flight ones are recorded."""
