@@ -458,6 +458,48 @@ async def test_a_lost_batch_goes_again_once_the_ledger_says_it_has_the_one_befor
     assert not pipelines.lost_behind("s")
 
 
+async def _lane(depth: int, n: int) -> tuple[Pipelines, MemoryStore, list[TrackingBatch]]:
+    """A lane of ``n`` chained batches, all taken (``submitted``)."""
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    ledger = ScriptedLedger()
+    batches = await store.add_batches(chain("s", n))
+    await store.apply_writes([BatchWrite("s", b.batch_id, attempt=True) for b in batches])
+    pipelines = Pipelines(
+        store,
+        ledger,
+        PIPELINED,
+        DependencyCheck(store, ledger),
+        depth=depth,
+        delay_window_ms=0,
+        clock=clock,
+    )
+    for b in batches:
+        pipelines.taken(b)
+    return pipelines, store, batches
+
+
+async def test_a_lost_batch_before_a_full_lane_goes_again_whatever_the_depth() -> None:
+    # The batches after it wait at the ledger for it: it must go.
+    pipelines, store, batches = await _lane(depth=2, n=3)
+    await store.apply_writes([BatchWrite("s", batches[0].batch_id, Unknown())])
+    pipelines.leave("s", batches[0].batch_id)
+    found = await pipelines.next("s", None, ())
+    assert isinstance(found, Take) and [b.batch_id for b in found.batches] == [batches[0].batch_id]
+
+
+async def test_a_write_about_an_earlier_take_does_not_end_a_take_made_since() -> None:
+    pipelines, _, [b] = await _lane(depth=8, n=1)
+    first = pipelines.take_of("s", b.batch_id)
+    pipelines.leave("s", b.batch_id)  # lost
+    pipelines.taken(b)  # taken again before the writer of "lost" moved on
+    assert pipelines.leave_take("s", b.batch_id, first) == (None, [])
+    assert pipelines.leave_take("s", b.batch_id, None) == (None, [])
+    assert pipelines.holds("s", b.batch_id)
+    pipelines.leave_take("s", b.batch_id, pipelines.take_of("s", b.batch_id))
+    assert not pipelines.holds("s", b.batch_id)
+
+
 def test_a_ledger_that_does_not_enforce_dependencies_is_refused() -> None:
     with pytest.raises(ConfigError, match="pipelined needs a ledger"):
         load_settings(

@@ -13,12 +13,13 @@ batch that is not in flight (new, ``Unknown``, or ``Delayed`` past its
 window) may go if it declares a dependency on the batch just before it and
 each of its dependencies is committed, in flight here, or earlier in the
 run — the ledger then keeps the order. The run ends at the first batch that
-may not go, at one being posted (its acceptance walks on), or when ``depth``
-batches would be in flight; the producer takes it in one store write and
-posts its batches without waiting for each other's answers. A batch lost
-(``Unknown``) whose predecessor is in flight here goes again only once the
-ledger says it still has that predecessor: a ledger that lost several says
-so in its own time, and the first of them goes again first.
+may not go, at one being posted (its acceptance walks on) or taken and not
+posted, or when ``depth`` batches would be in flight (a lost batch before
+the lane's last goes again whatever the depth: those after it wait for it
+at the ledger); the producer takes it in one store write and posts it. A
+batch lost (``Unknown``) whose predecessor is in flight here goes again
+only once the ledger says it still has that predecessor: a ledger that lost
+several says so in its own time, and the first of them goes again first.
 
 One walk of a service at a time (:meth:`Pipelines.lock`): two would both
 find its next batches; and a walk during whose awaits a batch of the service
@@ -64,11 +65,13 @@ _FIRST_PAGE = 4
 
 @dataclass(frozen=True, slots=True)
 class _InFlight:
-    """A batch in a lane: its place in the service's order, its transactions;
-    ``unsent``: taken but not posted (the ledger is asked about it)."""
+    """A batch in a lane: its place in the service's order, its transactions,
+    the number of its take; ``unsent``: taken but not posted (the ledger is
+    asked about it)."""
 
     seq: int
     transactions: frozenset[str]
+    take: int
     unsent: bool = False
 
 
@@ -125,12 +128,30 @@ class Pipelines:
 
     def taken(self, batch: TrackingBatch) -> None:
         if self.pipelined(batch.service_id):
+            self._counted += 1
             place = _InFlight(
-                batch.seq or 0, frozenset(t.transaction_header for t in batch.transactions)
+                batch.seq or 0,
+                frozenset(t.transaction_header for t in batch.transactions),
+                self._counted,
             )
             self._lanes.setdefault(batch.service_id, {})[batch.batch_id] = place
-            self._counted += 1
             self._takes[batch.service_id] = self._counted
+
+    def take_of(self, service_id: str, batch_id: str) -> int | None:
+        """The number of the take that put ``batch_id`` in its lane (``None``:
+        not in flight here)."""
+        place = self._lanes.get(service_id, {}).get(batch_id)
+        return None if place is None else place.take
+
+    def leave_take(
+        self, service_id: str, batch_id: str, take: int | None
+    ) -> tuple[str | None, list[str]]:
+        """:meth:`leave`, if take ``take`` (:meth:`take_of`; ``None``: none)
+        put ``batch_id`` in its lane: a write about an earlier take does not
+        end one made since."""
+        if take is None or self.take_of(service_id, batch_id) != take:
+            return None, []
+        return self.leave(service_id, batch_id)
 
     def leave(self, service_id: str, batch_id: str) -> tuple[str | None, list[str]]:
         """``batch_id`` is no longer in flight here: the batch of its service
@@ -189,9 +210,9 @@ class Pipelines:
     ) -> Take | Later | None:
         """What the service's walk from ``after`` finds (hold :meth:`lock`);
         ``in_flight``: the batches being posted here."""
-        # Batches looked at, at most: the lane's and the run's, one more from
-        # the service's first.
-        steps = self.depth + 1 + (after is None)
+        # Batches looked at, at most: the lane's, those lost among them, and
+        # the run's, one more from the service's first.
+        steps = self.depth + 2 * len(self._lanes.get(service_id, ())) + 1 + (after is None)
         if after is None:
             self._lost_behind.discard(service_id)
         while steps > 0:
@@ -207,24 +228,33 @@ class Pipelines:
         self, service_id: str, after: str | None, in_flight: Collection[str], steps: int
     ) -> _Walked:
         lane = self._lanes.get(service_id, {})
+        # The depth bounds the batches sent after the lane's last; one lost
+        # before it goes again whatever the depth (those after it wait for it).
+        last_seq = max((p.seq for p in lane.values()), default=-1)
         room = self.depth - len(lane)
+        beyond = 0
         previous = after
         run: list[TrackingBatch] = []
         looked = 0
         page_size = _FIRST_PAGE
-        while room > len(run) and looked < steps:
+        while looked < steps:
             # The page: what the run may still take, and the lane's batches
             # after ``previous``, which are looked past — a few at first: a
             # walk from the middle of the lane mostly stops at the next
             # batch, being posted.
             ahead = self._in_lane_after(service_id, previous, run)
-            limit = min(steps - looked, room - len(run) + ahead)
+            limit = min(steps - looked, max(room - beyond, 0) + ahead)
+            if limit <= 0:
+                break
             if ahead:
                 limit = min(limit, page_size)
                 page_size *= 2
             page = await self._store.batches_following(service_id, previous, limit=limit)
             for nxt in page:
                 looked += 1
+                new = (nxt.seq or 0) > last_seq
+                if new and beyond >= room:
+                    return _Walked(_take(run), looked)
                 if self.blocks(service_id, nxt.batch_id, in_flight):
                     return _Walked(_take(run), looked)
                 if nxt.submitted or nxt.status_name is BatchStatusName.PENDING:
@@ -243,8 +273,7 @@ class Pipelines:
                     return _Walked(_take(run), looked)
                 run.append(nxt)
                 previous = nxt.batch_id
-                if len(run) >= room:
-                    break
+                beyond += new
             if len(page) < limit:
                 break  # the service's last open batch was read
         return _Walked(_take(run), looked)

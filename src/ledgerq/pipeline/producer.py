@@ -670,6 +670,9 @@ class Producer:
         halt = self._halt_reason(write.service_id, status if isinstance(status, Invalid) else None)
         if halt is not None:
             write = dataclasses.replace(write, halt=halt)
+        # The take the write is about: a walk may take the batch again between
+        # the write's commit and this task's next step (it reads the store).
+        take = self._pipelines.take_of(write.service_id, write.id)
         await self._completer.apply(write)
         service_id = write.service_id
         if halt is not None:
@@ -680,7 +683,7 @@ class Producer:
         if write.status is not None and write.status.is_final:
             self._rests.finished(write.id)
         if write.frees_service and self._pipelines.pipelined(service_id):
-            before, after = self._pipelines.leave(service_id, write.id)
+            before, after = self._pipelines.leave_take(service_id, write.id, take)
             if isinstance(status, Invalid):
                 # Out of the lane now, before anything is awaited: a walk
                 # under way must not take a batch after one of them (it
@@ -855,12 +858,12 @@ class Producer:
 
     async def _take_run(self, service_id: str, run: Sequence[TrackingBatch]) -> None:
         """Record a pipelined walk's run taken, in one transaction, then post
-        each of its batches at once, none waiting for another's answer (the
-        ledger keeps their order through their dependencies).
+        it (:meth:`_post_run`).
 
         Only the batches before the first take the store refuses are posted;
         those after it that were recorded taken stay ``submitted``, and the
-        follower asks the ledger about them before anything resends them.
+        follower's next scan asks the ledger about them before anything
+        resends them.
         """
         landed = 0
         fence: Fence | None = None
@@ -940,12 +943,14 @@ class Producer:
         return True
 
     def _walk_on(self, service_id: str, final: str) -> None:
-        """``final`` (of a pipelined service) is final: one batch fewer in
-        flight, so perhaps more may go. Walked from the last batch of the
-        service in flight here (those before it are in flight too, and a
-        batch lost among them is sent again from the service's first), or
-        not at all while that one is being posted: its acceptance walks on;
-        from the service's first when a walk left a lost batch behind."""
+        """``final`` (of a pipelined service) is final, or new batches of
+        the service were accepted: perhaps more may go. Walked from the last
+        batch of the service in flight here (those before it are in flight
+        too, and a batch lost among them is sent again from the service's
+        first), or not at all while that one is being posted (its acceptance
+        walks on) or was not posted (the ledger's answer about it walks
+        on); from the service's first when a walk left a lost batch
+        behind."""
         if self._pipelines.lost_behind(service_id):
             self._spawn(self._pipeline_next(service_id, None))
             return
