@@ -102,9 +102,13 @@ class Pipelines:
         depth: int,
         delay_window_ms: int,
         clock: Clock,
+        answering: Collection[str] = (),
     ) -> None:
+        """``answering``: the batches with a ledger status being recorded
+        (a live view)."""
         self._store = store
         self._ledger = ledger
+        self._answering = answering
         self._strategies = strategies
         self._any = Strategy.PIPELINED in strategies.kinds()
         self._dependencies = dependencies
@@ -119,8 +123,9 @@ class Pipelines:
         #: after its awaits reads again (a take by another path meanwhile).
         self._takes: dict[str, int] = {}
         self._counted = 0
-        #: Services with a lost batch left behind by a walk (the batch before
-        #: it lost too, or not known): their next walk starts from the first.
+        #: Services with a lost batch perhaps left behind by a walk (the batch
+        #: before it lost too, or not known; or the walk stopped at a batch
+        #: being posted): their next walk starts from the first.
         self._lost_behind: set[str] = set()
 
     def pipelined(self, service_id: str) -> bool:
@@ -212,12 +217,14 @@ class Pipelines:
         ``in_flight``: the batches being posted here."""
         # Batches looked at, at most: the lane's, those lost among them, and
         # the run's, one more from the service's first.
-        steps = self.depth + 2 * len(self._lanes.get(service_id, ())) + 1 + (after is None)
-        if after is None:
+        origin = after  # accepted or final: no walk stops at it
+        if service_id in self._lost_behind:
+            after = None  # a lost batch may wait before the lane's last
             self._lost_behind.discard(service_id)
+        steps = self.depth + 2 * len(self._lanes.get(service_id, ())) + 1 + (after is None)
         while steps > 0:
             takes = self._takes.get(service_id, 0)
-            found = await self._walk(service_id, after, in_flight, steps)
+            found = await self._walk(service_id, after, origin, in_flight, steps)
             steps -= max(found.looked, 1)
             if self._takes.get(service_id, 0) == takes:
                 return found.what
@@ -225,7 +232,12 @@ class Pipelines:
         return None
 
     async def _walk(
-        self, service_id: str, after: str | None, in_flight: Collection[str], steps: int
+        self,
+        service_id: str,
+        after: str | None,
+        origin: str | None,
+        in_flight: Collection[str],
+        steps: int,
     ) -> _Walked:
         lane = self._lanes.get(service_id, {})
         # The depth bounds the batches sent after the lane's last; one lost
@@ -255,7 +267,11 @@ class Pipelines:
                 new = (nxt.seq or 0) > last_seq
                 if new and beyond >= room:
                     return _Walked(_take(run), looked)
-                if self.blocks(service_id, nxt.batch_id, in_flight):
+                if nxt.batch_id != origin and self.blocks(service_id, nxt.batch_id, in_flight):
+                    if after is None:
+                        # Looking for lost batches: any after this one are
+                        # looked for again by the next walk.
+                        self._lost_behind.add(service_id)
                     return _Walked(_take(run), looked)
                 if nxt.submitted or nxt.status_name is BatchStatusName.PENDING:
                     previous = nxt.batch_id  # in flight (here or elsewhere): look past it
@@ -287,10 +303,16 @@ class Pipelines:
         lost a batch may have lost those before it too, and says so in their
         own time: the first of them goes again first, the others after it,
         in order (asked here, not guessed; the answer is the follower's to
-        record)."""
+        record; not while it records one of its own)."""
         lane = self._lanes.get(lost.service_id, {})
         if previous is None or previous not in lane or any(b.batch_id == previous for b in run):
             return True
+        if previous in self._answering:
+            # The follower has an answer about it being recorded: asked now,
+            # the ledger could contradict it before it lands (a batch it
+            # held, then took). That write walks on (from the service's
+            # first, when final or lost).
+            return False
         try:
             answers = await self._ledger.batch_statuses(lost.service_id, [previous])
         except LedgerError:

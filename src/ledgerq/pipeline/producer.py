@@ -238,6 +238,8 @@ class Producer:
         )
         self.ahead = NextReader(store, successors)
         self.dependencies = DependencyCheck(store, ledger)
+        #: Batches with a ledger status being recorded (by how many answers).
+        self._answering: dict[str, int] = {}
         self._pipelines = Pipelines(
             store,
             ledger,
@@ -246,6 +248,7 @@ class Producer:
             depth=s.pipeline_depth,
             delay_window_ms=s.delay_window_ms,
             clock=clock,
+            answering=self._answering,
         )
         # The lanes: submissions in progress (batch id -> service id), per
         # service how many, and slots set aside for takes under way.
@@ -613,6 +616,17 @@ class Producer:
     # -- what the ledger says --------------------------------------------------------
 
     async def ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
+        self._answering[status.batch_id] = self._answering.get(status.batch_id, 0) + 1
+        try:
+            await self._ledger_status(service_id, status)
+        finally:
+            left = self._answering[status.batch_id] - 1
+            if left:
+                self._answering[status.batch_id] = left
+            else:
+                del self._answering[status.batch_id]
+
+    async def _ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
         """Record what the ledger said about one batch of ``service_id`` (the
         follower's :class:`~ledgerq.follow.follower.StatusSink`).
 
