@@ -299,18 +299,21 @@ async def test_dependencies_are_kept_as_declared(store: BatchTrackingStore) -> N
     assert isinstance(got.transactions[0], TrackingTransaction)
 
 
-async def test_the_batch_following_another_is_the_next_open_one_whatever_its_state(
+async def test_the_batches_following_another_are_the_next_open_ones_whatever_their_state(
     store: BatchTrackingStore,
 ) -> None:
     a, b, c, d = await store.add_batches([make_batch(SVC, txns=2) for _ in range(4)])
     await store.add_batches([make_batch("other")])
     await _write(store, BatchWrite(SVC, b.batch_id, Committed()))
     await _write(store, BatchWrite(SVC, c.batch_id, attempt=True))
-    following = await store.batch_following(SVC, a.batch_id)
-    assert following is not None and following.batch_id == c.batch_id  # b is final
+    [following] = await store.batches_following(SVC, a.batch_id, limit=1)
+    assert following.batch_id == c.batch_id  # b is final
     assert following.submitted and following.transactions == c.transactions
     assert following.serialized_batch == c.serialized_batch
-    last = await store.batch_following(SVC, c.batch_id)
-    assert last is not None and last.batch_id == d.batch_id
-    assert await store.batch_following(SVC, d.batch_id) is None
-    assert await store.batch_following(SVC, "ab" * 64) is None
+    both = await store.batches_following(SVC, a.batch_id, limit=5)
+    assert [x.batch_id for x in both] == [c.batch_id, d.batch_id]
+    assert [x.transactions for x in both] == [c.transactions, d.transactions]
+    first = await store.batches_following(SVC, None, limit=2)
+    assert [x.batch_id for x in first] == [a.batch_id, c.batch_id]
+    assert await store.batches_following(SVC, d.batch_id, limit=5) == []
+    assert await store.batches_following(SVC, "ab" * 64, limit=5) == []

@@ -4,18 +4,19 @@ their order kept by a ledger that enforces declared dependencies."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import pytest
 
 from ledgerq.clock import ManualClock
 from ledgerq.config import load_settings
-from ledgerq.errors import ConfigError
-from ledgerq.ledgers.base import SubmitResult
+from ledgerq.errors import ConfigError, StoreError
+from ledgerq.ledgers.base import Ambiguous, SubmitResult
 from ledgerq.model import (
     BatchStatus,
     BatchStatusName,
+    BatchWrite,
     Committed,
     Invalid,
     InvalidTransaction,
@@ -23,6 +24,8 @@ from ledgerq.model import (
     TrackingBatch,
     Unknown,
 )
+from ledgerq.pipeline.dependencies import DependencyCheck
+from ledgerq.pipeline.pipelined import Pipelines, Take
 from ledgerq.queue.strategy import OnInvalidMap, StrategyMap
 from ledgerq.store import MemoryStore
 from tests.factories import tracking_batch
@@ -110,6 +113,24 @@ async def test_a_chain_is_in_flight_together_and_committed_in_order() -> None:
     assert ledger.committed == [b.batch_id for b in batches]
     assert ledger.arrived == ledger.committed  # each once, in order
     assert ledger.violations == [] and ledger.most_pending == 10
+
+
+async def test_batches_accepted_while_others_are_in_flight_go_before_a_commit() -> None:
+    batches = chain("s", 6)
+    ledger = Ordering(batches)
+    rig = Rig(ledger=ledger, strategies=PIPELINED)
+    await rig.add(*batches[:3])
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 3 and not rig.producer.submitting)
+        await asyncio.sleep(0.02)  # the walk the last acceptance started found nothing
+        await rig.add(*batches[3:])  # the API's insert wakes the service
+        await until(lambda: len(ledger.arrived) == 6)
+        assert ledger.committed == []
+        await ledger.commit()
+        for b in batches:
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+    assert ledger.arrived == ledger.committed == [b.batch_id for b in batches]
+    assert ledger.violations == []
 
 
 async def test_the_depth_bounds_what_is_in_flight() -> None:
@@ -248,9 +269,11 @@ class SlowWalks(MemoryStore):
     """A store whose reads of the next batch and of dependencies take a
     while: walks overlap."""
 
-    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
+    async def batches_following(
+        self, service_id: str, after: str | None, *, limit: int
+    ) -> list[TrackingBatch]:
         await asyncio.sleep(0.05)
-        return await super().batch_following(service_id, after)
+        return await super().batches_following(service_id, after, limit=limit)
 
     async def dependency_states(self, transaction_ids: Collection[str]) -> dict[str, Any]:
         await asyncio.sleep(0.05)
@@ -289,9 +312,11 @@ class CountedReads(MemoryStore):
 
     reads = 0
 
-    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
+    async def batches_following(
+        self, service_id: str, after: str | None, *, limit: int
+    ) -> list[TrackingBatch]:
         self.reads += 1
-        return await super().batch_following(service_id, after)
+        return await super().batches_following(service_id, after, limit=limit)
 
 
 async def test_a_commit_does_not_walk_again_past_every_batch_in_flight() -> None:
@@ -329,6 +354,150 @@ async def test_a_batch_sent_again_that_is_invalid_fails_every_batch_after_it() -
             await until_status(rig, b, BatchStatusName.INVALID)
     assert ledger.committed == [batches[0].batch_id]
     assert ledger.violations == []
+
+
+class CountedWrites(MemoryStore):
+    """A store that keeps the batch ids each of its writes took."""
+
+    takes: list[list[str]]
+
+    async def apply_writes(self, writes: Sequence[BatchWrite]) -> list[StoreError | None]:
+        self.takes.append([w.id for w in writes if w.attempt])
+        return await super().apply_writes(writes)
+
+
+class OnePostAtATime(Ordering):
+    """An :class:`Ordering` ledger that counts the POSTs it answers at once."""
+
+    def __init__(self, batches: list[TrackingBatch]) -> None:
+        super().__init__(batches)
+        self.posting = 0
+        self.most_posting = 0
+
+    async def submit(self, service_id: str, batch_id: str, serialized_batch: bytes) -> SubmitResult:
+        self.posting += 1
+        self.most_posting = max(self.most_posting, self.posting)
+        try:
+            await asyncio.sleep(0.001)
+            return await super().submit(service_id, batch_id, serialized_batch)
+        finally:
+            self.posting -= 1
+
+
+async def test_a_run_is_taken_in_one_store_write_and_posted_in_order() -> None:
+    # Once the first batch is at the ledger, the nine after it are taken
+    # together (one transaction), then posted one after the other, each once
+    # the ledger accepted the one before it.
+    batches = chain("s", 10)
+    ledger = OnePostAtATime(batches)
+    clock = ManualClock()
+    store = CountedWrites(clock=clock)
+    store.takes = []
+    rig = Rig(ledger=ledger, strategies=PIPELINED, store=store, clock=clock)
+    await rig.add(*batches)
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 10)
+        await ledger.commit()
+        for b in batches:
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+    ids = [b.batch_id for b in batches]
+    assert [t for t in store.takes if t] == [ids[:1], ids[1:]]
+    assert ledger.arrived == ids and ledger.most_posting == 1
+    assert ledger.most_pending == 10 and ledger.violations == []
+
+
+async def test_the_batches_after_one_the_ledger_did_not_accept_are_asked_about_first() -> None:
+    # The third batch's POST is ambiguous (the ledger has it after all): the
+    # two after it in its run are not posted; the ledger is asked about them
+    # (it never saw them), then they go, once each, in order.
+    batches = chain("s", 5)
+    ledger = Ordering(batches)
+    ledger.script = {batches[2].batch_id: [Ambiguous("connection dropped after the POST")]}
+    rig = Rig(ledger=ledger, strategies=PIPELINED)
+    await rig.add(*batches)
+    async with rig:
+        await until(lambda: len(ledger.arrived) == 5)
+        await ledger.commit()
+        for b in batches:
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+    assert ledger.arrived == ledger.committed == [b.batch_id for b in batches]
+    assert ledger.violations == []
+    asked = {i for _, ids in ledger.status_requests for i in ids}
+    assert {batches[3].batch_id, batches[4].batch_id} <= asked
+
+
+async def test_a_lost_batch_goes_again_once_the_ledger_says_it_has_the_one_before() -> None:
+    # The ledger said it lost the second batch; the first, in flight here,
+    # it lost too but has not said so yet: the second waits (asked, not
+    # guessed), and goes once the ledger has the first again.
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    ledger = ScriptedLedger()
+    batches = await store.add_batches(chain("s", 3))
+    first, lost, _ = batches
+    await store.apply_writes([BatchWrite("s", b.batch_id, attempt=True) for b in batches])
+    await store.apply_writes([BatchWrite("s", lost.batch_id, Unknown())])
+    pipelines = Pipelines(
+        store,
+        ledger,
+        PIPELINED,
+        DependencyCheck(store, ledger),
+        depth=8,
+        delay_window_ms=0,
+        clock=clock,
+    )
+    for b in batches:
+        pipelines.taken(b)
+    pipelines.leave("s", lost.batch_id)
+    assert await pipelines.next("s", None, ()) is None
+    assert ledger.status_requests == [("s", (first.batch_id,))]
+    assert pipelines.lost_behind("s")  # the next walk starts from the first batch
+    ledger.statuses[first.batch_id] = Pending()
+    found = await pipelines.next("s", None, ())
+    assert isinstance(found, Take) and [b.batch_id for b in found.batches] == [lost.batch_id]
+    assert not pipelines.lost_behind("s")
+
+
+async def _lane(depth: int, n: int) -> tuple[Pipelines, MemoryStore, list[TrackingBatch]]:
+    """A lane of ``n`` chained batches, all taken (``submitted``)."""
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    ledger = ScriptedLedger()
+    batches = await store.add_batches(chain("s", n))
+    await store.apply_writes([BatchWrite("s", b.batch_id, attempt=True) for b in batches])
+    pipelines = Pipelines(
+        store,
+        ledger,
+        PIPELINED,
+        DependencyCheck(store, ledger),
+        depth=depth,
+        delay_window_ms=0,
+        clock=clock,
+    )
+    for b in batches:
+        pipelines.taken(b)
+    return pipelines, store, batches
+
+
+async def test_a_lost_batch_before_a_full_lane_goes_again_whatever_the_depth() -> None:
+    # The batches after it wait at the ledger for it: it must go.
+    pipelines, store, batches = await _lane(depth=2, n=3)
+    await store.apply_writes([BatchWrite("s", batches[0].batch_id, Unknown())])
+    pipelines.leave("s", batches[0].batch_id)
+    found = await pipelines.next("s", None, ())
+    assert isinstance(found, Take) and [b.batch_id for b in found.batches] == [batches[0].batch_id]
+
+
+async def test_a_write_about_an_earlier_take_does_not_end_a_take_made_since() -> None:
+    pipelines, _, [b] = await _lane(depth=8, n=1)
+    first = pipelines.take_of("s", b.batch_id)
+    pipelines.leave("s", b.batch_id)  # lost
+    pipelines.taken(b)  # taken again before the writer of "lost" moved on
+    assert pipelines.leave_take("s", b.batch_id, first) == (None, [])
+    assert pipelines.leave_take("s", b.batch_id, None) == (None, [])
+    assert pipelines.holds("s", b.batch_id)
+    pipelines.leave_take("s", b.batch_id, pipelines.take_of("s", b.batch_id))
+    assert not pipelines.holds("s", b.batch_id)
 
 
 def test_a_ledger_that_does_not_enforce_dependencies_is_refused() -> None:

@@ -145,6 +145,16 @@ class PipelineSettings:
     pipeline_depth: int = 64
 
 
+@dataclass(frozen=True, slots=True)
+class _RunLink:
+    """A batch's place in a pipelined run being posted: whether the ledger
+    accepted it (the run's next POST waits for that), and whether it is the
+    run's last (whose acceptance walks on)."""
+
+    answered: asyncio.Future[bool]
+    last: bool
+
+
 class _Lease:
     """A submission's claim: :class:`~ledgerq.submit.submitter.Lease`."""
 
@@ -229,13 +239,17 @@ class Producer:
         )
         self.ahead = NextReader(store, successors)
         self.dependencies = DependencyCheck(store, ledger)
+        #: Batches with a ledger status being recorded (by how many answers).
+        self._answering: dict[str, int] = {}
         self._pipelines = Pipelines(
             store,
+            ledger,
             strategies,
             self.dependencies,
             depth=s.pipeline_depth,
             delay_window_ms=s.delay_window_ms,
             clock=clock,
+            answering=self._answering,
         )
         # The lanes: submissions in progress (batch id -> service id), per
         # service how many, and slots set aside for takes under way.
@@ -345,8 +359,18 @@ class Producer:
 
     def wake(self, service_id: str | None = None) -> None:
         """A service's state changed in the store (``None``: some service):
-        look for its next batch now."""
+        look for its next batch now. A pipelined service with batches in
+        flight here, which the queue does not pick, is walked on from its
+        last (batches accepted after it go without waiting for a commit)."""
         self.source.wake(service_id)
+        if (
+            service_id is not None
+            and self._tasks is not None
+            and self._pipelines.pipelined(service_id)
+        ):
+            last = self._pipelines.last(service_id)
+            if last is not None:
+                self._walk_on(service_id, last)
 
     def stop(self) -> None:
         """Take no new batches; :meth:`run` returns once in-flight ones are recorded."""
@@ -451,12 +475,11 @@ class Producer:
         *,
         recorded: bool = False,
         fence: Fence | None = None,
-        checked: bool = False,
+        link: _RunLink | None = None,
     ) -> None:
         """Take, post and record ``batch``; ``recorded``: the store shows it
-        taken already (with its predecessor's final status, under ``fence``),
-        so the POST comes first; ``checked``: its dependencies were checked
-        (a pipelined batch, which goes while its predecessors are in flight)."""
+        taken already (with its predecessor's final status, or in a pipelined
+        run: ``link``, under ``fence``), so the POST comes first."""
         started = time.monotonic()
         # One line here and one when it ends, per batch, at INFO: the HA chaos
         # tests read them to know which POSTs a frozen gateway had under way.
@@ -467,21 +490,19 @@ class Producer:
         try:
             if not recorded:
                 failpoint("submitting")
-                if (
-                    not checked
-                    and dependencies_of(batch)
-                    and not await self._dependencies_met(batch)
-                ):
+                if dependencies_of(batch) and not await self._dependencies_met(batch):
                     return
                 fence = self._fence(batch.service_id)
                 await self._completer.apply(writes.taken(batch, now=self._clock(), fence=fence))
                 recorded = True
                 self.source.taken(batch)
-            else:
+            elif link is None:
                 failpoint("taken_with_final")
             outcome = await self.submitter.post(batch, self._lease(batch.service_id, fence))
+            if link is not None:
+                link.answered.set_result(isinstance(outcome.result, Accepted))
             failpoint("before_record")
-            await self._record(batch, outcome, fence)
+            await self._record(batch, outcome, fence, walk=link is None or link.last)
             failpoint("after_record")
             self.submitted_total += 1
         except LedgerqError as exc:
@@ -505,6 +526,8 @@ class Producer:
                 exc,
             )
         finally:
+            if link is not None and not link.answered.done():
+                link.answered.set_result(False)
             if taken_here and not recorded:
                 self.source.released(batch)
                 self._pipelines.leave(batch.service_id, batch.batch_id)
@@ -518,14 +541,18 @@ class Producer:
                 (time.monotonic() - started) * 1000,
             )
 
-    async def _record(self, batch: TrackingBatch, outcome: Outcome, fence: Fence | None) -> None:
+    async def _record(
+        self, batch: TrackingBatch, outcome: Outcome, fence: Fence | None, *, walk: bool = True
+    ) -> None:
+        """``walk``: an accepted pipelined batch walks on (in a run, only its
+        last does: the run's next POST follows the others)."""
         result = outcome.result
         if isinstance(result, Accepted):
             # Handed over to the follower, which reads its status from now
             # on: an answer about it is no longer one to drop as predating
             # this submission.
             self._posting.discard(batch.batch_id)
-            await self._accepted(batch, fence)
+            await self._accepted(batch, fence, walk=walk)
             return
         write = writes.outcome(batch, result, outcome.attempts, now=self._clock(), fence=fence)
         await self._apply_freeing(write)
@@ -533,7 +560,7 @@ class Producer:
             # The ledger may or may not have it: asked before anything moves.
             self.follower.ask(batch.batch_id, batch.service_id)
 
-    async def _accepted(self, batch: TrackingBatch, fence: Fence | None) -> None:
+    async def _accepted(self, batch: TrackingBatch, fence: Fence | None, *, walk: bool) -> None:
         """The ledger accepted ``batch``: it is followed from now on (its
         status read parked at once), and recorded ``Pending``.
 
@@ -547,9 +574,9 @@ class Producer:
         self._accepting[batch.batch_id] = recorded
         try:
             self.follower.accepted(batch.batch_id, batch.service_id)
-            if self._pipelines.pipelined(batch.service_id):
-                # The next batch may go now that the ledger has this one; it
-                # does not wait for this write (the ledger keeps the order).
+            if walk and self._pipelines.pipelined(batch.service_id):
+                # The next batches may go now that the ledger has this one;
+                # they do not wait for this write (the ledger keeps the order).
                 self._spawn(self._pipeline_next(batch.service_id, batch.batch_id))
             if not self._parallel(batch.service_id):
                 # While the batch waits at the ledger, not once it is final
@@ -594,6 +621,17 @@ class Producer:
     # -- what the ledger says --------------------------------------------------------
 
     async def ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
+        self._answering[status.batch_id] = self._answering.get(status.batch_id, 0) + 1
+        try:
+            await self._ledger_status(service_id, status)
+        finally:
+            left = self._answering[status.batch_id] - 1
+            if left:
+                self._answering[status.batch_id] = left
+            else:
+                del self._answering[status.batch_id]
+
+    async def _ledger_status(self, service_id: str, status: LedgerBatchStatus) -> None:
         """Record what the ledger said about one batch of ``service_id`` (the
         follower's :class:`~ledgerq.follow.follower.StatusSink`).
 
@@ -651,6 +689,9 @@ class Producer:
         halt = self._halt_reason(write.service_id, status if isinstance(status, Invalid) else None)
         if halt is not None:
             write = dataclasses.replace(write, halt=halt)
+        # The take the write is about: a walk may take the batch again between
+        # the write's commit and this task's next step (it reads the store).
+        take = self._pipelines.take_of(write.service_id, write.id)
         await self._completer.apply(write)
         service_id = write.service_id
         if halt is not None:
@@ -661,7 +702,7 @@ class Producer:
         if write.status is not None and write.status.is_final:
             self._rests.finished(write.id)
         if write.frees_service and self._pipelines.pipelined(service_id):
-            before, after = self._pipelines.leave(service_id, write.id)
+            before, after = self._pipelines.leave_take(service_id, write.id, take)
             if isinstance(status, Invalid):
                 # Out of the lane now, before anything is awaited: a walk
                 # under way must not take a batch after one of them (it
@@ -804,8 +845,8 @@ class Producer:
     # -- the pipelined strategy ------------------------------------------------
 
     async def _pipeline_next(self, service_id: str, after: str | None) -> None:
-        """Take the next batch of a pipelined service that may go while those
-        before it are in flight, if there is one (:class:`Pipelines`)."""
+        """Take the next batches of a pipelined service that may go while
+        those before them are in flight, if there are (:class:`Pipelines`)."""
         lock = self._pipelines.lock(service_id)
         try:
             async with lock:
@@ -820,23 +861,120 @@ class Producer:
                     isinstance(found, Take)
                     and self._tasks is not None
                     and not self._stopping.is_set()
-                    and found.batch.batch_id not in self._in_flight
                 ):
-                    self._take(found.batch)
-                    self._tasks.create_task(self._submit(found.batch, checked=True))
+                    run: list[TrackingBatch] = []
+                    for batch in found.batches:
+                        if batch.batch_id in self._in_flight:
+                            break  # taken another way meanwhile: the run ends before it
+                        self._take(batch)
+                        run.append(batch)
+                    if run:
+                        self._tasks.create_task(self._take_run(service_id, run))
         except LedgerqError as exc:
             log.warning("cannot read the next batch of service %s: %s", service_id, exc)
         finally:
             self._pipelines.unlocked(service_id, lock)
 
+    async def _take_run(self, service_id: str, run: Sequence[TrackingBatch]) -> None:
+        """Record a pipelined walk's run taken, in one transaction, then post
+        it (:meth:`_post_run`).
+
+        Only the batches before the first take the store refuses are posted;
+        those after it that were recorded taken stay ``submitted``, and the
+        follower's next scan asks the ledger about them before anything
+        resends them.
+        """
+        landed = 0
+        fence: Fence | None = None
+        try:
+            for _ in run:
+                failpoint("submitting")
+            fence = self._fence(service_id)
+            now = self._clock()
+            refusals = await self._completer.apply_together(
+                [writes.taken(batch, now=now, fence=fence) for batch in run]
+            )
+            landed = next((i for i, e in enumerate(refusals) if e is not None), len(run))
+            if landed < len(run):
+                refused = refusals[landed]
+                if isinstance(refused, StatusTransitionError):
+                    self._spawn(self._rests.refresh([service_id]))
+                log.warning(
+                    "batch=%s service=%s not taken: %s; the %d after it in its run are not posted",
+                    run[landed].batch_id[:16],
+                    service_id,
+                    refused,
+                    len(run) - landed - 1,
+                )
+        except LedgerqError as exc:
+            log.log(
+                logging.WARNING
+                if isinstance(exc, FencedOffError | StatusTransitionError)
+                else logging.ERROR,
+                "run of %d batches of service %s not taken: %s",
+                len(run),
+                service_id,
+                exc,
+            )
+        finally:
+            for batch in run[landed:]:
+                self._pipelines.leave(service_id, batch.batch_id)
+                self._untake(batch)
+                self.source.released(batch)
+        for batch in run[:landed]:
+            self.source.taken(batch)
+        await self._post_run(run[:landed], fence)
+
+    async def _post_run(self, run: Sequence[TrackingBatch], fence: Fence | None) -> None:
+        """Post a run's batches, recorded taken, in their order: each POST
+        once the ledger accepted the one before (so the ledger never holds
+        one for a batch it has not seen yet), not once that was recorded.
+        After one the ledger did not accept (refused, ambiguous, not posted),
+        the rest are not posted: they stay ``submitted``, in the lane, and
+        the ledger is asked about them (it has never seen them: ``Unknown``,
+        and they go again after it, in order)."""
+        loop = asyncio.get_running_loop()
+        for at, batch in enumerate(run):
+            link = _RunLink(loop.create_future(), last=at == len(run) - 1)
+            if not self._post_in_run(batch, fence, link):
+                unposted = run[at:]
+            elif not await link.answered:
+                unposted = run[at + 1 :]
+            else:
+                continue
+            for rest in unposted:
+                self._untake(rest)
+                if self._pipelines.holds(rest.service_id, rest.batch_id):
+                    self._pipelines.unsent(rest.service_id, rest.batch_id)
+                    self.follower.ask(rest.batch_id, rest.service_id)
+            return
+
+    def _post_in_run(self, batch: TrackingBatch, fence: Fence | None, link: _RunLink) -> bool:
+        """Start the submission of a run's batch; not if it left its lane
+        meanwhile (failed: a batch before it was INVALID) or the producer's
+        run is ending."""
+        if self._tasks is None or not self._pipelines.holds(batch.service_id, batch.batch_id):
+            return False
+        try:
+            self._tasks.create_task(self._submit(batch, recorded=True, fence=fence, link=link))
+        except RuntimeError:  # its task group is shutting down
+            return False
+        return True
+
     def _walk_on(self, service_id: str, final: str) -> None:
-        """``final`` (of a pipelined service) is final: one batch fewer in
-        flight, so perhaps one more may go. Walked from the last batch of the
-        service in flight here (those before it are in flight too, and a
-        batch lost among them is sent again from the service's first), or
-        not at all while that one is being posted: its acceptance walks on."""
+        """``final`` (of a pipelined service) is final, or new batches of
+        the service were accepted: perhaps more may go. Walked from the last
+        batch of the service in flight here (those before it are in flight
+        too, and a batch lost among them is sent again from the service's
+        first), or not at all while that one is being posted (its acceptance
+        walks on) or was not posted (the ledger's answer about it walks
+        on); from the service's first when a walk left a lost batch
+        behind."""
+        if self._pipelines.lost_behind(service_id):
+            self._spawn(self._pipeline_next(service_id, None))
+            return
         start = self._pipelines.last(service_id)
-        if start is not None and start in self._in_flight:
+        if start is not None and self._pipelines.blocks(service_id, start, self._in_flight):
             return
         self._spawn(self._pipeline_next(service_id, start or final))
 

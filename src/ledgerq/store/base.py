@@ -302,11 +302,13 @@ class ControlStore(Protocol):
         """Its recorded actions, newest first (ids below ``before``)."""
         ...
 
-    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
-        """The first non-final batch of the service after batch ``after``
-        (``None``: its first), in acceptance order, fully loaded, whatever its
-        state; ``None`` if none (or ``after`` is not tracked): the pipelined
-        strategy's next."""
+    async def batches_following(
+        self, service_id: str, after: str | None, *, limit: int
+    ) -> list[TrackingBatch]:
+        """The first ``limit`` non-final batches of the service after batch
+        ``after`` (``None``: from its first), in acceptance order, fully
+        loaded, whatever their state; none if ``after`` is not tracked: the
+        pipelined strategy's walk."""
         ...
 
     async def dependency_states(

@@ -350,13 +350,15 @@ class MemoryStore(common.SeedWrites):
             del s.receipts[rkey]
         return len(stale)
 
-    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
+    async def batches_following(
+        self, service_id: str, after: str | None, *, limit: int
+    ) -> list[TrackingBatch]:
         common.check_service_id(service_id)
         floor = 0
         if after is not None:
             before = self._s.records.get((service_id, after))
             if before is None:
-                return None
+                return []
             floor = before.batch.seq or 0
         later = [
             r
@@ -365,9 +367,8 @@ class MemoryStore(common.SeedWrites):
             and (r.batch.seq or 0) > floor
             and not (r.status and r.status.is_final)
         ]
-        if not later:
-            return None
-        return self._view(min(later, key=lambda r: r.batch.seq or 0))
+        later.sort(key=lambda r: r.batch.seq or 0)
+        return [self._view(r) for r in later[:limit]]
 
     # -- operator control and declared dependencies ---------------------------
 

@@ -1234,17 +1234,21 @@ class SqlStore(common.SeedWrites):
                 out[later] = (found[0].value, found[1])
         return out
 
-    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
+    async def batches_following(
+        self, service_id: str, after: str | None, *, limit: int
+    ) -> list[TrackingBatch]:
         common.check_service_id(service_id)
         rows = await self._fetchall(
-            "batch_following", {"service_id": service_id, "after": after}, short=True
+            "batches_following",
+            {"service_id": service_id, "after": after, "limit": limit},
+            short=True,
         )
-        if not rows:
-            return None
+        heads: dict[Any, Row] = {}
+        for r in rows:
+            heads.setdefault(r[0], r[:_BATCH_COLUMNS])
         txns = [(r[0], *r[_BATCH_COLUMNS:]) for r in rows if r[_BATCH_COLUMNS] is not None]
         # Not final: no invalid transactions to read.
-        [found] = common.assemble([rows[0][:_BATCH_COLUMNS]], txns, ())
-        return found
+        return common.assemble(list(heads.values()), txns, ())
 
     # -- operator control and declared dependencies --------------------------
 

@@ -901,10 +901,10 @@ SELECT transaction_id FROM transactions
 WHERE service_id = :service_id AND batch_id = :batch_id
 ORDER BY position;
 
--- The pipelined strategy (docs/queuer.md): the first non-final batch of
--- :service_id after batch :after (NULL: its first), whatever its state, with its transactions
--- (one row each).
--- name: batch_following
+-- The pipelined strategy (docs/queuer.md): the first :limit non-final batches of
+-- :service_id after batch :after (NULL: from its first), in its order, whatever their
+-- state, with their transactions (one row each).
+-- name: batches_following
 WITH n AS (
     SELECT b.seq, b.service_id, b.batch_id, b.data_change_id, b.signer_public_key, b.trace,
            b.serialized_batch, b.submitted, b.created_at, b.last_attempt_at, b.attempts,
@@ -915,10 +915,10 @@ WITH n AS (
       AND (:after IS NULL OR b.seq > (SELECT a.seq FROM batches a
                    WHERE a.service_id = :service_id AND a.batch_id = :after))
     ORDER BY b.seq
-    LIMIT 1
+    LIMIT :limit
 )
 SELECT n.*, t.transaction_id, t.family_name, t.family_version, t.payload,
        t.signer_public_key, t.service_id, t.inputs, t.outputs, t.dependencies
 FROM n
 LEFT JOIN transactions t ON t.service_id = n.service_id AND t.batch_id = n.batch_id
-ORDER BY t.position;
+ORDER BY n.seq, t.position;
