@@ -331,6 +331,92 @@ async def test_a_batch_sent_again_that_is_invalid_fails_every_batch_after_it() -
     assert ledger.violations == []
 
 
+class CheckedLate(MemoryStore):
+    """A store whose reads of ``gated`` transactions' states (a dependency
+    check) wait for ``gate``; and whose read of the batch after ``slow``
+    answers only once the producer took ``slow`` (again)."""
+
+    gated: frozenset[str] = frozenset()
+    slow: str | None = None
+    producer: Any = None
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.gate = asyncio.Event()
+
+    async def dependency_states(self, transaction_ids: Collection[str]) -> dict[str, Any]:
+        if self.gated & set(transaction_ids):
+            await self.gate.wait()
+        return dict(await super().dependency_states(transaction_ids))
+
+    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
+        found = await super().batch_following(service_id, after)
+        if after is not None and after == self.slow:
+            self.slow = None
+            await until(lambda: after in self.producer.in_flight)
+        return found
+
+
+async def _left_by_another(
+    store: MemoryStore, ledger: Ordering, first: TrackingBatch, lost: TrackingBatch, *, asked: bool
+) -> None:
+    """``first`` committed; ``lost`` taken by an instance that died before its
+    POST reached the ledger: still ``submitted`` (``asked``: the ledger was
+    asked since, and said UNKNOWN)."""
+    for b in (first, lost):
+        await store.change_batch_to_submitted(b.batch_id, b.service_id)
+    await store.update_batch_status(first.batch_id, first.service_id, Committed())
+    if asked:
+        await store.update_batch_status(lost.batch_id, lost.service_id, Unknown())
+    ledger.arrived.append(first.batch_id)
+    ledger.committed.append(first.batch_id)
+    ledger.statuses[first.batch_id] = Committed()
+
+
+@pytest.mark.parametrize("walk_from", ["before", "lost"])
+async def test_a_walk_never_takes_a_batch_past_one_sent_again_before_the_ledger_has_it(
+    walk_from: str,
+) -> None:
+    # The second batch never reached the ledger (its taker died); the queue
+    # sends it again, and its dependency check is under way when a walk runs:
+    # * "before": the walk, from the first batch, read the second while it
+    #   was still in flight elsewhere and looks past it;
+    # * "lost": the walk is from the second batch itself (started while it
+    #   was the last in flight here, run once it was lost and taken again).
+    # Either way the third must not go first: the ledger would hold it, the
+    # second's check would step aside for it, and the service would stall
+    # with the second Unknown and the third Pending for ever.
+    batches = chain("s", 4)
+    first, lost = batches[:2]
+    ledger = Ordering(batches)
+    clock = ManualClock()
+    store = CheckedLate(clock)
+    store.gated = frozenset({first.transactions[0].transaction_header})
+    await store.add_batches(batches)
+    await _left_by_another(store, ledger, first, lost, asked=walk_from == "lost")
+    rig = Rig(ledger=ledger, strategies=PIPELINED, store=store, clock=clock)
+    store.producer = rig.producer
+    walk = rig.producer._pipeline_next
+    if walk_from == "before":
+        store.slow = lost.batch_id
+        walking = asyncio.create_task(walk("s", first.batch_id))
+        await asyncio.sleep(0)  # it read the second in flight elsewhere, and looks past it
+    async with rig:
+        await until(lambda: lost.batch_id in rig.producer.in_flight)
+        if walk_from == "before":
+            await walking
+        else:
+            await walk("s", lost.batch_id)
+        store.gate.set()
+        for b in batches[1:]:
+            await until(lambda b=b: b.batch_id in ledger.arrived)
+            await ledger.commit()
+            await until_status(rig, b, BatchStatusName.COMMITTED)
+    assert ledger.arrived == [b.batch_id for b in batches]  # in order, each once
+    assert ledger.committed == ledger.arrived
+    assert ledger.violations == []
+
+
 def test_a_ledger_that_does_not_enforce_dependencies_is_refused() -> None:
     with pytest.raises(ConfigError, match="pipelined needs a ledger"):
         load_settings(

@@ -132,6 +132,7 @@ class Pipelines:
         """What the service's walk from ``after`` finds (hold :meth:`lock`)."""
         depth = self.depth + (after is None)  # from its first batch: one more step
         previous = after
+        passed: list[str] = []
         for _ in range(depth + 1):
             if len(self._lanes.get(service_id, ())) >= self.depth:
                 return None
@@ -141,6 +142,7 @@ class Pipelines:
                 return None
             if nxt.submitted or nxt.status_name is BatchStatusName.PENDING:
                 previous = nxt.batch_id  # in flight (here or elsewhere): look past it
+                passed.append(previous)
                 continue
             if nxt.status_name is BatchStatusName.DELAYED:
                 due = (nxt.last_attempt_at or 0) + self._delay_window_ms - self._clock()
@@ -150,6 +152,12 @@ class Pipelines:
                 return None
             if self._takes.get(service_id, 0) != takes:
                 continue  # a batch of the service was taken meanwhile: read this one again
+            if any(b in in_flight for b in passed):
+                # One looked past as in flight was read before this process
+                # took it (a batch the ledger lost, sent again): being posted
+                # or checked, it may step aside, and the ledger would hold
+                # this one for ever. Its submission's end walks on.
+                return None
             return Take(nxt)
         return None
 

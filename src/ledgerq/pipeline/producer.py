@@ -816,6 +816,7 @@ class Producer:
                     and self._tasks is not None
                     and not self._stopping.is_set()
                     and found.batch.batch_id not in self._in_flight
+                    and not self._sent_again(after)
                 ):
                     self._take(found.batch)
                     self._tasks.create_task(self._submit(found.batch, checked=True))
@@ -823,6 +824,14 @@ class Producer:
             log.warning("cannot read the next batch of service %s: %s", service_id, exc)
         finally:
             self._pipelines.unlocked(service_id, lock)
+
+    def _sent_again(self, batch_id: str | None) -> bool:
+        """Whether a walk from ``batch_id`` must not take the batch after it:
+        ``batch_id`` is being posted or checked again (the ledger lost it)
+        and the ledger has not accepted it yet. Its submission's end walks on."""
+        return (
+            batch_id is not None and batch_id in self._in_flight and batch_id not in self._accepting
+        )
 
     def _walk_on(self, service_id: str, final: str) -> None:
         """``final`` (of a pipelined service) is final: one batch fewer in
