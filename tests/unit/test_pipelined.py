@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ from ledgerq.model import (
     Unknown,
 )
 from ledgerq.queue.strategy import OnInvalidMap, StrategyMap
-from ledgerq.store import MemoryStore
+from ledgerq.store import MemoryStore, open_store
 from tests.factories import tracking_batch
 from tests.ledger_fakes import ScriptedLedger
 from tests.unit.test_producer import Rig, until, until_status
@@ -331,34 +332,36 @@ async def test_a_batch_sent_again_that_is_invalid_fails_every_batch_after_it() -
     assert ledger.violations == []
 
 
-class CheckedLate(MemoryStore):
-    """A store whose reads of ``gated`` transactions' states (a dependency
-    check) wait for ``gate``; and whose read of the batch after ``slow``
-    answers only once the producer took ``slow`` (again)."""
+class _CheckedLate:
+    """Slows two reads of ``store``: its dependency checks' reads of
+    ``gated`` transactions wait for :attr:`gate`; and a walk's read of the
+    batch after :attr:`slow` answers only once the producer took that batch
+    (again)."""
 
-    gated: frozenset[str] = frozenset()
-    slow: str | None = None
-    producer: Any = None
-
-    def __init__(self, clock: ManualClock) -> None:
-        super().__init__(clock=clock)
+    def __init__(self, store: Any, gated: str) -> None:
         self.gate = asyncio.Event()
+        self.slow: str | None = None
+        self.producer: Any = None
+        states, following = store.dependency_states, store.batch_following
 
-    async def dependency_states(self, transaction_ids: Collection[str]) -> dict[str, Any]:
-        if self.gated & set(transaction_ids):
-            await self.gate.wait()
-        return dict(await super().dependency_states(transaction_ids))
+        async def dependency_states(transaction_ids: Collection[str]) -> Any:
+            if gated in transaction_ids:
+                await self.gate.wait()
+            return await states(transaction_ids)
 
-    async def batch_following(self, service_id: str, after: str | None) -> TrackingBatch | None:
-        found = await super().batch_following(service_id, after)
-        if after is not None and after == self.slow:
-            self.slow = None
-            await until(lambda: after in self.producer.in_flight)
-        return found
+        async def batch_following(service_id: str, after: str | None) -> TrackingBatch | None:
+            found = await following(service_id, after)
+            if after is not None and after == self.slow:
+                self.slow = None
+                await until(lambda: after in self.producer.in_flight)
+            return found
+
+        store.dependency_states = dependency_states
+        store.batch_following = batch_following
 
 
 async def _left_by_another(
-    store: MemoryStore, ledger: Ordering, first: TrackingBatch, lost: TrackingBatch, *, asked: bool
+    store: Any, ledger: Ordering, first: TrackingBatch, lost: TrackingBatch, *, asked: bool
 ) -> None:
     """``first`` committed; ``lost`` taken by an instance that died before its
     POST reached the ledger: still ``submitted`` (``asked``: the ledger was
@@ -373,9 +376,10 @@ async def _left_by_another(
     ledger.statuses[first.batch_id] = Committed()
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
 @pytest.mark.parametrize("walk_from", ["before", "lost"])
 async def test_a_walk_never_takes_a_batch_past_one_sent_again_before_the_ledger_has_it(
-    walk_from: str,
+    walk_from: str, kind: str, tmp_path: Path
 ) -> None:
     # The second batch never reached the ledger (its taker died); the queue
     # sends it again, and its dependency check is under way when a walk runs:
@@ -390,28 +394,34 @@ async def test_a_walk_never_takes_a_batch_past_one_sent_again_before_the_ledger_
     first, lost = batches[:2]
     ledger = Ordering(batches)
     clock = ManualClock()
-    store = CheckedLate(clock)
-    store.gated = frozenset({first.transactions[0].transaction_header})
+    if kind == "memory":
+        store: Any = MemoryStore(clock=clock)
+    else:
+        store = await open_store(f"sqlite:///{tmp_path / 'store.sqlite3'}", clock=clock)
+    late = _CheckedLate(store, gated=first.transactions[0].transaction_header)
     await store.add_batches(batches)
     await _left_by_another(store, ledger, first, lost, asked=walk_from == "lost")
     rig = Rig(ledger=ledger, strategies=PIPELINED, store=store, clock=clock)
-    store.producer = rig.producer
+    late.producer = rig.producer
     walk = rig.producer._pipeline_next
-    if walk_from == "before":
-        store.slow = lost.batch_id
-        walking = asyncio.create_task(walk("s", first.batch_id))
-        await asyncio.sleep(0)  # it read the second in flight elsewhere, and looks past it
-    async with rig:
-        await until(lambda: lost.batch_id in rig.producer.in_flight)
+    try:
         if walk_from == "before":
-            await walking
-        else:
-            await walk("s", lost.batch_id)
-        store.gate.set()
-        for b in batches[1:]:
-            await until(lambda b=b: b.batch_id in ledger.arrived)
-            await ledger.commit()
-            await until_status(rig, b, BatchStatusName.COMMITTED)
+            late.slow = lost.batch_id
+            walking = asyncio.create_task(walk("s", first.batch_id))
+            await asyncio.sleep(0)  # it read the second in flight elsewhere, and looks past it
+        async with rig:
+            await until(lambda: lost.batch_id in rig.producer.in_flight)
+            if walk_from == "before":
+                await walking
+            else:
+                await walk("s", lost.batch_id)
+            late.gate.set()
+            for b in batches[1:]:
+                await until(lambda b=b: b.batch_id in ledger.arrived)
+                await ledger.commit()
+                await until_status(rig, b, BatchStatusName.COMMITTED)
+    finally:
+        await store.close()
     assert ledger.arrived == [b.batch_id for b in batches]  # in order, each once
     assert ledger.committed == ledger.arrived
     assert ledger.violations == []
