@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from ledgerq.model import (
 from ledgerq.pipeline.dependencies import DependencyCheck
 from ledgerq.pipeline.pipelined import Pipelines, Take
 from ledgerq.queue.strategy import OnInvalidMap, StrategyMap
-from ledgerq.store import MemoryStore
+from ledgerq.store import MemoryStore, open_store
 from tests.factories import tracking_batch
 from tests.ledger_fakes import ScriptedLedger
 from tests.unit.test_producer import Rig, until, until_status
@@ -498,6 +499,103 @@ async def test_a_write_about_an_earlier_take_does_not_end_a_take_made_since() ->
     assert pipelines.holds("s", b.batch_id)
     pipelines.leave_take("s", b.batch_id, pipelines.take_of("s", b.batch_id))
     assert not pipelines.holds("s", b.batch_id)
+
+
+class _CheckedLate:
+    """Slows two reads of ``store``: its dependency checks' reads about
+    ``gated`` (a batch) wait for :attr:`gate`; and a walk's read of the
+    batches after :attr:`slow` answers only once the producer took the
+    first of them (again)."""
+
+    def __init__(self, store: Any, gated: str) -> None:
+        self.gate = asyncio.Event()
+        self.slow: str | None = None
+        self.producer: Any = None
+        path, following = store.dependency_path, store.batches_following
+
+        async def dependency_path(service_id: str, batch_id: str, max_steps: int) -> Any:
+            if batch_id == gated:
+                await self.gate.wait()
+            return await path(service_id, batch_id, max_steps)
+
+        async def batches_following(
+            service_id: str, after: str | None, *, limit: int
+        ) -> list[TrackingBatch]:
+            found = await following(service_id, after, limit=limit)
+            if after is not None and after == self.slow:
+                self.slow = None
+                await until(lambda: after in self.producer.in_flight)
+            return found
+
+        store.dependency_path = dependency_path
+        store.batches_following = batches_following
+
+
+async def _left_by_another(
+    store: Any, ledger: Ordering, first: TrackingBatch, lost: TrackingBatch, *, asked: bool
+) -> None:
+    """``first`` committed; ``lost`` taken by an instance that died before its
+    POST reached the ledger: still ``submitted`` (``asked``: the ledger was
+    asked since, and said UNKNOWN)."""
+    for b in (first, lost):
+        await store.change_batch_to_submitted(b.batch_id, b.service_id)
+    await store.update_batch_status(first.batch_id, first.service_id, Committed())
+    if asked:
+        await store.update_batch_status(lost.batch_id, lost.service_id, Unknown())
+    ledger.arrived.append(first.batch_id)
+    ledger.committed.append(first.batch_id)
+    ledger.statuses[first.batch_id] = Committed()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+@pytest.mark.parametrize("walk_from", ["before", "lost"])
+async def test_a_walk_never_takes_a_batch_past_one_sent_again_before_the_ledger_has_it(
+    walk_from: str, kind: str, tmp_path: Path
+) -> None:
+    # The second batch never reached the ledger (its taker died); the queue
+    # sends it again, and its dependency check is under way when a walk runs:
+    # * "before": the walk, from the first batch, read the second while it
+    #   was still in flight elsewhere and looks past it;
+    # * "lost": the walk is from the second batch itself (started while it
+    #   was the last in flight here, run once it was lost and taken again).
+    # Either way the third must not go first: the ledger would hold it, the
+    # second's check would step aside for it, and the service would stall
+    # with the second Unknown and the third Pending for ever.
+    batches = chain("s", 4)
+    first, lost = batches[:2]
+    ledger = Ordering(batches)
+    clock = ManualClock()
+    if kind == "memory":
+        store: Any = MemoryStore(clock=clock)
+    else:
+        store = await open_store(f"sqlite:///{tmp_path / 'store.sqlite3'}", clock=clock)
+    late = _CheckedLate(store, gated=lost.batch_id)
+    await store.add_batches(batches)
+    await _left_by_another(store, ledger, first, lost, asked=walk_from == "lost")
+    rig = Rig(ledger=ledger, strategies=PIPELINED, store=store, clock=clock)
+    late.producer = rig.producer
+    walk = rig.producer._pipeline_next
+    try:
+        if walk_from == "before":
+            late.slow = lost.batch_id
+            walking = asyncio.create_task(walk("s", first.batch_id))
+            await asyncio.sleep(0)  # it read the second in flight elsewhere, and looks past it
+        async with rig:
+            await until(lambda: lost.batch_id in rig.producer.in_flight)
+            if walk_from == "before":
+                await walking
+            else:
+                await walk("s", lost.batch_id)
+            late.gate.set()
+            for b in batches[1:]:
+                await until(lambda b=b: b.batch_id in ledger.arrived)
+                await ledger.commit()
+                await until_status(rig, b, BatchStatusName.COMMITTED)
+    finally:
+        await store.close()
+    assert ledger.arrived == [b.batch_id for b in batches]  # in order, each once
+    assert ledger.committed == ledger.arrived
+    assert ledger.violations == []
 
 
 def test_a_ledger_that_does_not_enforce_dependencies_is_refused() -> None:

@@ -861,6 +861,7 @@ class Producer:
                     isinstance(found, Take)
                     and self._tasks is not None
                     and not self._stopping.is_set()
+                    and not self._sent_again(after)
                 ):
                     run: list[TrackingBatch] = []
                     for batch in found.batches:
@@ -960,6 +961,14 @@ class Producer:
         except RuntimeError:  # its task group is shutting down
             return False
         return True
+
+    def _sent_again(self, batch_id: str | None) -> bool:
+        """Whether a walk from ``batch_id`` must not take the batch after it:
+        ``batch_id`` is being posted or checked again (the ledger lost it)
+        and the ledger has not accepted it yet. Its submission's end walks on."""
+        return (
+            batch_id is not None and batch_id in self._in_flight and batch_id not in self._accepting
+        )
 
     def _walk_on(self, service_id: str, final: str) -> None:
         """``final`` (of a pipelined service) is final, or new batches of
