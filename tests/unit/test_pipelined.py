@@ -4,11 +4,14 @@ their order kept by a ledger that enforces declared dependencies."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ledgerq.clock import ManualClock
 from ledgerq.config import load_settings
@@ -610,3 +613,79 @@ def test_a_ledger_that_does_not_enforce_dependencies_is_refused() -> None:
     load_settings(
         {"ledger": "sawtooth+http://127.0.0.1:8008", "queuer.strategy": "pipelined"}, environ={}
     )
+
+
+# -- the property: a pipelined run commits what a serial run commits ----------
+
+_EVENTS = st.lists(
+    st.one_of(
+        st.just(("commit", [])),
+        # The ledger forgets some of the batches it holds then: these
+        # numbers pick them (modulo how many it holds), drawn beforehand.
+        st.tuples(st.just("forget"), st.lists(st.integers(0, 99), min_size=1, max_size=3)),
+        st.just(("wait", [])),
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=2),
+    invalid_at=st.lists(st.one_of(st.none(), st.integers(0, 5)), min_size=2, max_size=2),
+    depth=st.integers(1, 4),
+    events=_EVENTS,
+)
+async def test_a_pipelined_run_commits_what_a_serial_run_commits(
+    lengths: list[int],
+    invalid_at: list[int | None],
+    depth: int,
+    events: list[tuple[str, list[int]]],
+) -> None:
+    # Random chains (each batch depends on the one before), an INVALID batch
+    # somewhere in some of them, and the ledger committing and forgetting
+    # held batches at random points: every batch ends as a serial run ends
+    # it — the chain up to its INVALID batch committed, in order, that batch
+    # and those after it INVALID — no batch the ledger held or committed is
+    # posted again, and nothing arrives ahead of the batch it depends on.
+    chains = [chain(f"s{n}", length) for n, length in enumerate(lengths)]
+    batches = [b for c in chains for b in c]
+    ledger = Ordering(batches)
+    expected: dict[str, BatchStatusName] = {}
+    for c, bad in zip(chains, invalid_at, strict=False):
+        cut = len(c) if bad is None or bad >= len(c) else bad
+        if cut < len(c):
+            ledger.invalid.add(c[cut].batch_id)
+        for i, b in enumerate(c):
+            expected[b.batch_id] = BatchStatusName.COMMITTED if i < cut else BatchStatusName.INVALID
+    rig = Rig(ledger=ledger, strategies=PIPELINED, pipeline_depth=depth)
+    await rig.add(*batches)
+    async with rig:
+        for kind, picks in events:
+            if kind == "commit":
+                await ledger.commit()
+            elif kind == "forget":
+                held = [b for b, s in ledger.statuses.items() if isinstance(s, Pending)]
+                if held:
+                    await ledger.forget(sorted({held[p % len(held)] for p in picks}))
+            await asyncio.sleep(0.002)  # the producer's turn, however far it gets
+        # Then the ledger commits until every batch is final in the store.
+        for _ in range(200):
+            await ledger.commit()
+            seen = {b.batch_id: await rig.status(b) for b in batches}
+            if all(
+                s in (BatchStatusName.COMMITTED, BatchStatusName.INVALID) for s in seen.values()
+            ):
+                break
+            await asyncio.sleep(0.01)
+    assert seen == expected
+    for c in chains:
+        ids = [b.batch_id for b in c]
+        assert [b for b in ledger.committed if b in ids] == [
+            b for b in ids if expected[b] is BatchStatusName.COMMITTED
+        ]
+        # Each batch arrived (every time) only after the one before it had.
+        for before, after in itertools.pairwise(ids):
+            if after in ledger.arrived:
+                assert ledger.arrived.index(before) < ledger.arrived.index(after)
+    assert ledger.violations == []
