@@ -59,7 +59,9 @@ class PipelineStore(DependencyStore, Protocol):
         ...
 
 
-#: Batches the first read of a walk from the middle of a lane reads at most.
+#: Batches the first read of a walk reads at most (each next read twice as
+#: many): most walks stop at the next batch (being posted, or one that does
+#: not declare the batch before it), and a batch read is a row with its blob.
 _FIRST_PAGE = 4
 
 
@@ -258,9 +260,8 @@ class Pipelines:
             limit = min(steps - looked, max(room - beyond, 0) + ahead)
             if limit <= 0:
                 break
-            if ahead:
-                limit = min(limit, page_size)
-                page_size *= 2
+            limit = min(limit, page_size)
+            page_size *= 2
             page = await self._store.batches_following(service_id, previous, limit=limit)
             for nxt in page:
                 looked += 1
