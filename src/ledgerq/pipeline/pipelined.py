@@ -253,9 +253,8 @@ class Pipelines:
         page_size = _FIRST_PAGE
         while looked < steps:
             # The page: what the run may still take, and the lane's batches
-            # after ``previous``, which are looked past — a few at first: a
-            # walk from the middle of the lane mostly stops at the next
-            # batch, being posted.
+            # after ``previous``, which are looked past; at most _FIRST_PAGE,
+            # then twice as many each read.
             ahead = self._in_lane_after(service_id, previous, run)
             limit = min(steps - looked, max(room - beyond, 0) + ahead)
             if limit <= 0:
